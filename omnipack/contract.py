@@ -1,0 +1,189 @@
+"""The packed-row data contract: what one Energon sample of an omnipack dataset holds.
+
+One place for part names, dtypes and invariants; the writer produces it, the loader reads it and
+``omnipack verify`` proves it. ``schemas/packed_row.schema.json`` documents the same contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+IGNORE_INDEX = -100
+FORMAT_VERSION = 1
+
+# Per-token arrays, each of length W (the pack width); mrope ids are [3, W].
+TOKEN_PARTS = ("tokens", "labels", "loss_mask", "position_ids", "padding_mask")
+BOUNDARY_PARTS = ("cu_seqlens", "cu_seqlens_padded")
+OPTIONAL_TOKEN_PARTS = ("mrope_position_ids",)
+META_PART = "meta.json"
+
+
+def part_name(field_name: str) -> str:
+    """Tar part (extension) of an array field."""
+    return f"{field_name}.npy"
+
+
+@dataclass
+class MediaItem:
+    """One media block of a row, in placeholder order.
+
+    ``token_start`` is the row position of the block's first placeholder token and ``num_tokens`` how many
+    placeholder tokens it spans; ``part`` names the tar part holding its data (already at the model's
+    target size / sample rate).
+    """
+
+    kind: str  # "image" | "video" | "audio"
+    part: str
+    sample_index: int  # index of the owning sequence within the row
+    token_start: int
+    num_tokens: int
+    grid_thw: list[int] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "kind": self.kind,
+            "part": self.part,
+            "sample_index": self.sample_index,
+            "token_start": self.token_start,
+            "num_tokens": self.num_tokens,
+        }
+        if self.grid_thw is not None:
+            out["grid_thw"] = list(self.grid_thw)
+        if self.info:
+            out["info"] = self.info
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> MediaItem:
+        return cls(
+            kind=d["kind"],
+            part=d["part"],
+            sample_index=d["sample_index"],
+            token_start=d["token_start"],
+            num_tokens=d["num_tokens"],
+            grid_thw=d.get("grid_thw"),
+            info=d.get("info", {}),
+        )
+
+
+@dataclass
+class PackedRowArrays:
+    """A packed THD row as numpy arrays plus JSON metadata (no media payloads)."""
+
+    tokens: np.ndarray  # int32 [W]
+    labels: np.ndarray  # int32 [W], IGNORE_INDEX where not supervised
+    loss_mask: np.ndarray  # int32 [W], 1 exactly where labels != IGNORE_INDEX
+    position_ids: np.ndarray  # int32 [W], restart at 0 per sequence, gaps continue last+1
+    padding_mask: np.ndarray  # bool [W], True exactly on alignment / tail padding
+    cu_seqlens: np.ndarray  # int32 [n+1], logical (real) boundaries
+    cu_seqlens_padded: np.ndarray  # int32 [n+1], physical boundaries, last == W
+    sample_ids: list[str]
+    media: list[MediaItem] = field(default_factory=list)
+    mrope_position_ids: np.ndarray | None = None  # int32 [3, W]
+    extra_meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seq_length(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def seqlens(self) -> np.ndarray:
+        return np.diff(self.cu_seqlens)
+
+    @property
+    def seqlens_padded(self) -> np.ndarray:
+        return np.diff(self.cu_seqlens_padded)
+
+    @property
+    def max_seqlen(self) -> int:
+        return int(self.seqlens.max())
+
+    @property
+    def max_seqlen_padded(self) -> int:
+        return int(self.seqlens_padded.max())
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "seq_length": self.seq_length,
+            "sample_ids": list(self.sample_ids),
+            "max_seqlen": self.max_seqlen,
+            "max_seqlen_padded": self.max_seqlen_padded,
+            "num_real_tokens": int(self.seqlens.sum()),
+            "media": [m.to_json() for m in self.media],
+            **self.extra_meta,
+        }
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = {name: getattr(self, name) for name in TOKEN_PARTS + BOUNDARY_PARTS}
+        if self.mrope_position_ids is not None:
+            out["mrope_position_ids"] = self.mrope_position_ids
+        return out
+
+
+def row_invariant_errors(row: PackedRowArrays, align: int) -> list[str]:
+    """Every broken invariant of a row, as readable messages (empty list = valid)."""
+    errs: list[str] = []
+    w = row.seq_length
+    for name in TOKEN_PARTS:
+        arr = getattr(row, name)
+        if arr.shape != (w,):
+            errs.append(f"{name} has shape {arr.shape}, expected ({w},)")
+    if errs:
+        return errs
+    for name in ("tokens", "labels", "loss_mask", "position_ids", "cu_seqlens", "cu_seqlens_padded"):
+        if getattr(row, name).dtype != np.int32:
+            errs.append(f"{name} dtype {getattr(row, name).dtype}, expected int32")
+    if row.padding_mask.dtype != np.bool_:
+        errs.append(f"padding_mask dtype {row.padding_mask.dtype}, expected bool")
+    cu, cup = row.cu_seqlens.astype(np.int64), row.cu_seqlens_padded.astype(np.int64)
+    n = len(row.sample_ids)
+    if cu.shape != (n + 1,) or cup.shape != (n + 1,):
+        return errs + [f"cu_seqlens {cu.shape} / cu_seqlens_padded {cup.shape} do not match {n} samples"]
+    if cu[0] != 0 or cup[0] != 0:
+        errs.append("boundaries must start at 0")
+    lens, plens = np.diff(cu), np.diff(cup)
+    if (lens <= 0).any():
+        errs.append("cu_seqlens not strictly increasing")
+    if (plens <= 0).any():
+        errs.append("cu_seqlens_padded not strictly increasing")
+    if cup[-1] != w:
+        errs.append(f"cu_seqlens_padded ends at {cup[-1]}, expected W={w}")
+    if (lens > plens).any():
+        errs.append("a logical length exceeds its padded length")
+    if (plens % align).any():
+        errs.append(f"padded lengths {plens[plens % align != 0].tolist()} not multiples of align={align}")
+    if errs:
+        return errs
+    starts = cup[:-1]
+    expected_pad = np.ones(w, dtype=bool)
+    expected_pos = np.empty(w, dtype=np.int64)
+    for s, length, plen in zip(starts, lens, plens):
+        expected_pad[s : s + length] = False
+        expected_pos[s : s + plen] = np.arange(plen)
+    if not np.array_equal(row.padding_mask, expected_pad):
+        errs.append("padding_mask is not exactly the alignment gaps")
+    if not np.array_equal(row.position_ids.astype(np.int64), expected_pos):
+        errs.append("position_ids do not restart at 0 per sequence (gaps continuing last+1)")
+    supervised = row.labels != IGNORE_INDEX
+    if not np.array_equal(supervised, row.loss_mask.astype(bool)):
+        errs.append("loss_mask disagrees with labels != -100")
+    if (row.loss_mask & ~np.isin(row.loss_mask, (0, 1))).any():
+        errs.append("loss_mask holds values other than 0/1")
+    if supervised[row.padding_mask].any():
+        errs.append("a padding position is supervised")
+    sup_idx = np.flatnonzero(supervised)
+    if len(sup_idx) and (sup_idx[-1] + 1 >= w or (row.labels[sup_idx] != row.tokens[sup_idx + 1]).any()):
+        errs.append("a label is not the next token of its sequence")
+    last = (starts + lens - 1).astype(np.int64)
+    if supervised[last].any():
+        errs.append("the last token of a sequence has a label (it would predict the next sample)")
+    for i, m in enumerate(row.media):
+        a, b = cup[m.sample_index], cup[m.sample_index] + lens[m.sample_index]
+        if not (a <= m.token_start and m.token_start + m.num_tokens <= b):
+            errs.append(f"media {i} ({m.part}) lies outside its sequence {m.sample_index}")
+    return errs
