@@ -162,7 +162,7 @@ def row_invariant_errors(row: PackedRowArrays, align: int) -> list[str]:
     starts = cup[:-1]
     expected_pad = np.ones(w, dtype=bool)
     expected_pos = np.empty(w, dtype=np.int64)
-    for s, length, plen in zip(starts, lens, plens):
+    for s, length, plen in zip(starts, lens, plens, strict=True):
         expected_pad[s : s + length] = False
         expected_pos[s : s + plen] = np.arange(plen)
     if not np.array_equal(row.padding_mask, expected_pad):
