@@ -1,0 +1,53 @@
+"""Images: header-only probing, decoding, resizing to the profile's target size, lossless encoding."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from ..profiles.base import MediaMeta
+from .errors import MediaError
+
+# Resampling the model's image processor uses (Qwen: bicubic); the trainer never resizes again.
+RESAMPLE = Image.Resampling.BICUBIC
+IMAGE_ENCODINGS = ("png", "npy")
+
+
+def probe_image(path: Path) -> MediaMeta:
+    """Size from the header, plus PIL's structural check; no pixel decode."""
+    try:
+        with Image.open(path) as img:
+            width, height = img.size
+            img.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise MediaError(f"unreadable image: {type(e).__name__}: {e}") from None
+    if width <= 0 or height <= 0:
+        raise MediaError(f"image has a zero side ({width}x{height})")
+    return MediaMeta(kind="image", width=width, height=height)
+
+
+def load_image(path: Path, target_hw: tuple[int, int] | None = None) -> np.ndarray:
+    """Decoded RGB uint8 [H, W, 3], resized to ``target_hw`` = (height, width) when given."""
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+            if target_hw is not None and (img.height, img.width) != tuple(target_hw):
+                img = img.resize((target_hw[1], target_hw[0]), resample=RESAMPLE)
+            return np.asarray(img, dtype=np.uint8).copy()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise MediaError(f"image decode failed: {type(e).__name__}: {e}") from None
+
+
+def encode_image(pixels: np.ndarray, encoding: str = "png") -> tuple[str, bytes]:
+    """(extension, bytes) of an RGB uint8 image; both encodings are lossless."""
+    buf = io.BytesIO()
+    if encoding == "png":
+        Image.fromarray(pixels).save(buf, format="PNG", compress_level=1)
+    elif encoding == "npy":
+        np.save(buf, pixels, allow_pickle=False)
+    else:
+        raise ValueError(f"unknown image encoding {encoding!r}; choose from {IMAGE_ENCODINGS}")
+    return encoding, buf.getvalue()

@@ -1,0 +1,142 @@
+"""What a model profile is: the model-specific rules as pure functions of media metadata.
+
+A profile answers, for one media item, how it is materialised (target size, sampled frames, sample rate)
+and how many placeholder tokens it expands to, and which tokens the chat template writes for it.
+Nothing outside ``omnipack/profiles`` knows which model it serves.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+MEDIA_KINDS = ("image", "video", "audio")
+
+
+class MediaRejected(ValueError):
+    """The media item cannot be used with this profile; the message is the reject reason."""
+
+
+@dataclass(frozen=True)
+class MediaMeta:
+    """Cheaply probed facts about one media file (no full decode)."""
+
+    kind: str
+    width: int | None = None
+    height: int | None = None
+    num_frames: int | None = None  # video
+    fps: float | None = None  # video
+    num_samples: int | None = None  # audio, at ``sample_rate``
+    sample_rate: int | None = None  # audio
+    has_audio: bool = False  # video with an audio track
+    audio_num_samples: int | None = None  # the video's audio track, at the profile's rate
+
+    @property
+    def duration(self) -> float | None:
+        if self.kind == "audio" and self.num_samples is not None and self.sample_rate:
+            return self.num_samples / self.sample_rate
+        if self.kind == "video" and self.num_frames is not None and self.fps:
+            return self.num_frames / self.fps
+        return None
+
+
+@dataclass(frozen=True)
+class MediaPlan:
+    """A profile's decision for one media item.
+
+    ``num_tokens`` is the exact number of placeholder tokens (= encoder features) for the item;
+    ``vision_patches`` / ``audio_frames`` are the encoder-side costs used for per-row budgets.
+    """
+
+    kind: str
+    num_tokens: int
+    grid_thw: tuple[int, int, int] | None = None
+    target_hw: tuple[int, int] | None = None  # resized (height, width) for images and video frames
+    frame_indices: tuple[int, ...] | None = None  # video frames to sample, padded to the temporal patch
+    sample_rate: int | None = None  # audio
+    num_audio_samples: int | None = None  # audio samples after resampling (and truncation)
+    audio_num_tokens: int = 0  # audio-in-video tokens interleaved into a video block
+    vision_patches: int = 0
+    audio_frames: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> MediaPlan:
+        kw = dict(d)
+        for k in ("grid_thw", "target_hw", "frame_indices"):
+            if kw.get(k) is not None:
+                kw[k] = tuple(kw[k])
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of an expanded media block: literal text, or a special token repeated ``count`` times."""
+
+    text: str | None = None
+    token: str | None = None
+    count: int = 1
+    placeholder: bool = False  # counts toward the item's feature count
+
+
+class ModelProfile(ABC):
+    """Base class of a model family profile. Subclasses are registered by name."""
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    # Text the chat template emits for one media item of each kind (a run of special tokens).
+    template_blocks: ClassVar[dict[str, tuple[str, ...]]]
+    # End-of-turn marker: the last supervised token of an assistant turn.
+    turn_end: ClassVar[str] = "<|im_end|>"
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self.template_blocks)
+
+    def plan(self, meta: MediaMeta) -> MediaPlan:
+        if meta.kind not in self.template_blocks:
+            raise MediaRejected(f"profile {self.name} does not support {meta.kind} inputs")
+        return getattr(self, f"plan_{meta.kind}")(meta)
+
+    def plan_image(self, meta: MediaMeta) -> MediaPlan:
+        raise MediaRejected(f"profile {self.name} does not support image inputs")
+
+    def plan_video(self, meta: MediaMeta) -> MediaPlan:
+        raise MediaRejected(f"profile {self.name} does not support video inputs")
+
+    def plan_audio(self, meta: MediaMeta) -> MediaPlan:
+        raise MediaRejected(f"profile {self.name} does not support audio inputs")
+
+    @abstractmethod
+    def expand(self, plan: MediaPlan) -> list[Segment]:
+        """The token segments that replace ``template_blocks[plan.kind]`` for this item."""
+
+    def special_tokens(self) -> list[str]:
+        """Every special token the profile emits (the demo tokenizer registers them)."""
+        toks: list[str] = [self.turn_end]
+        for block in self.template_blocks.values():
+            toks.extend(t for t in block if t not in toks)
+        return toks
+
+    def settings(self) -> dict[str, Any]:
+        """JSON-able settings recorded in the dataset metadata."""
+        return {}
+
+
+def read_preprocessor_config(path: str | Path | None) -> dict[str, Any]:
+    """A local ``preprocessor_config.json`` (file or model directory), or {}."""
+    if path is None:
+        return {}
+    p = Path(path)
+    if p.is_dir():
+        p = p / "preprocessor_config.json"
+    if not p.exists():
+        return {}
+    return json.loads(p.read_text())
