@@ -86,6 +86,22 @@ class Segment:
     placeholder: bool = False  # counts toward the item's feature count
 
 
+@dataclass(frozen=True)
+class MediaSpan:
+    """Where one expanded media block sits in a sample's token ids.
+
+    ``[start, end)`` is the whole block (start/end markers, timestamps text, placeholders);
+    ``placeholder_start`` / ``num_placeholders`` locate the first placeholder and how many there are
+    (placeholders of one block may be interleaved with other tokens, e.g. audio-in-video).
+    """
+
+    plan: MediaPlan
+    start: int
+    end: int
+    placeholder_start: int
+    num_placeholders: int
+
+
 class ModelProfile(ABC):
     """Base class of a model family profile. Subclasses are registered by name."""
 
@@ -117,6 +133,10 @@ class ModelProfile(ABC):
     @abstractmethod
     def expand(self, plan: MediaPlan) -> list[Segment]:
         """The token segments that replace ``template_blocks[plan.kind]`` for this item."""
+
+    def mrope_position_ids(self, input_ids: Any, spans: list[MediaSpan]) -> Any | None:
+        """Per-sample 3-D rotary position ids ``int32 [3, L]`` for mRoPE models; None if not used."""
+        return None
 
     def special_tokens(self) -> list[str]:
         """Every special token the profile emits (the demo tokenizer registers them)."""
