@@ -1,0 +1,237 @@
+"""Measure stage: a pure function per sample from a manifest line to a measured record or a reject.
+
+Each record holds the expanded token ids and labels, media plans with their spans, and the lengths the
+packer needs. Records go to a Parquet table (``samples.parquet``), rejects to ``rejects.parquet``, so
+the pack stage can be rerun alone, and measuring can be split across machines and packed once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .alignment import pad_to_multiple
+from .manifest import ManifestError, RawSample, resolve_media
+from .media.errors import MediaError
+from .profiles import MediaRejected, get_profile
+from .text.chat import ChatTokenizer, SampleRejected
+
+SAMPLES_SCHEMA = pa.schema(
+    [
+        ("sample_index", pa.int64()),
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("num_tokens", pa.int32()),
+        ("padded_length", pa.int32()),
+        ("num_images", pa.int16()),
+        ("num_videos", pa.int16()),
+        ("num_audios", pa.int16()),
+        ("num_media", pa.int16()),
+        ("image_tokens", pa.int32()),
+        ("video_tokens", pa.int32()),
+        ("audio_tokens", pa.int32()),
+        ("vision_patches", pa.int64()),
+        ("audio_frames", pa.int64()),
+        ("media_json", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("labels", pa.list_(pa.int32())),
+        ("mrope_position_ids", pa.list_(pa.int32())),  # flattened [3, L], null when not computed
+    ]
+)
+REJECTS_SCHEMA = pa.schema(
+    [
+        ("sample_index", pa.int64()),
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("stage", pa.string()),
+        ("reason", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """Everything a worker needs to measure samples; plain data so it can cross process boundaries."""
+
+    profile: str
+    tokenizer: str
+    media_root: str
+    align: int = 1
+    profile_options: dict[str, Any] = field(default_factory=dict)
+
+
+def reject(raw: RawSample, stage: str, reason: str) -> dict[str, Any]:
+    return {
+        "sample_index": raw.index,
+        "sample_id": raw.sample_id,
+        "source": raw.source,
+        "stage": stage,
+        "reason": reason,
+    }
+
+
+class Measurer:
+    """Per-process measuring context: the profile and the tokenizer, loaded once."""
+
+    def __init__(self, config: MeasureConfig) -> None:
+        self.config = config
+        self.profile = get_profile(config.profile, **config.profile_options)
+        self.chat = ChatTokenizer(config.tokenizer, self.profile)
+        self.media_root = Path(config.media_root)
+
+    def __call__(self, raw: RawSample) -> tuple[str, dict[str, Any]]:
+        """("sample", record) or ("reject", reject record)."""
+        if raw.error is not None:
+            return "reject", reject(raw, "read", raw.error)
+        try:
+            refs = raw.media_refs()
+            plans = []
+            for ref in refs:
+                from .media.probe import probe
+
+                path = resolve_media(self.media_root, ref.path)
+                meta = probe(path, ref.kind)
+                plans.append(self.profile.plan(meta))
+            enc = self.chat.encode(raw.messages, plans)
+        except (ManifestError, MediaError, MediaRejected, SampleRejected) as e:
+            return "reject", reject(raw, "measure", str(e))
+        except Exception as e:  # an unexpected failure is recorded, never silently dropped
+            return "reject", reject(raw, "measure", f"unexpected {type(e).__name__}: {e}")
+
+        tokens_by_kind = {"image": 0, "video": 0, "audio": 0}
+        media = []
+        for ref, span in zip(refs, enc.spans, strict=True):
+            tokens_by_kind[ref.kind] += span.num_placeholders
+            media.append(
+                {
+                    "kind": ref.kind,
+                    "ref": ref.path,
+                    "plan": span.plan.to_json(),
+                    "span": [span.start, span.end, span.placeholder_start, span.num_placeholders],
+                }
+            )
+        n = enc.num_tokens
+        record = {
+            "sample_index": raw.index,
+            "sample_id": raw.sample_id,
+            "source": raw.source,
+            "num_tokens": n,
+            "padded_length": pad_to_multiple(n, self.config.align),
+            "num_images": sum(r.kind == "image" for r in refs),
+            "num_videos": sum(r.kind == "video" for r in refs),
+            "num_audios": sum(r.kind == "audio" for r in refs),
+            "num_media": len(refs),
+            "image_tokens": tokens_by_kind["image"],
+            "video_tokens": tokens_by_kind["video"],
+            "audio_tokens": tokens_by_kind["audio"],
+            "vision_patches": sum(s.plan.vision_patches for s in enc.spans),
+            "audio_frames": sum(s.plan.audio_frames for s in enc.spans),
+            "media_json": json.dumps(media),
+            "input_ids": enc.input_ids,
+            "labels": enc.labels,
+            "mrope_position_ids": None
+            if enc.mrope_position_ids is None
+            else enc.mrope_position_ids.reshape(-1),
+        }
+        return "sample", record
+
+
+_WORKER: Measurer | None = None  # one per worker process, set by the pool initializer
+
+
+def _init_worker(config: MeasureConfig) -> None:
+    global _WORKER
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _WORKER = Measurer(config)
+
+
+def _measure_in_worker(raw: RawSample) -> tuple[str, dict[str, Any]]:
+    assert _WORKER is not None
+    return _WORKER(raw)
+
+
+def measure_all(
+    samples: Iterable[RawSample], config: MeasureConfig, workers: int = 1
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Measure samples in input order, in this process or on a process pool."""
+    if workers <= 1:
+        measurer = Measurer(config)
+        for raw in samples:
+            yield measurer(raw)
+        return
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # tokenizers and fork do not mix
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(config,)) as pool:
+        yield from pool.imap(_measure_in_worker, samples, chunksize=16)
+
+
+class TableWriter:
+    """Streams dict records into a Parquet file in row groups."""
+
+    def __init__(self, path: Path, schema: pa.Schema, batch_rows: int = 2048) -> None:
+        self.path, self.schema, self.batch_rows = path, schema, batch_rows
+        self._buf: list[dict[str, Any]] = []
+        self._writer = pq.ParquetWriter(path, schema)
+        self.count = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        self._buf.append(record)
+        self.count += 1
+        if len(self._buf) >= self.batch_rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._buf:
+            self._writer.write_table(pa.Table.from_pylist(self._buf, schema=self.schema))
+            self._buf = []
+
+    def close(self) -> None:
+        self.flush()
+        self._writer.close()
+
+    def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_measure(
+    samples: Iterable[RawSample],
+    config: MeasureConfig,
+    out_dir: Path,
+    *,
+    workers: int = 1,
+    progress: bool = True,
+    total: int | None = None,
+) -> dict[str, int]:
+    """Measure every sample into ``out_dir/samples.parquet`` and ``out_dir/rejects.parquet``."""
+    from tqdm import tqdm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        TableWriter(out_dir / "samples.parquet", SAMPLES_SCHEMA) as good,
+        TableWriter(out_dir / "rejects.parquet", REJECTS_SCHEMA) as bad,
+    ):
+        results = measure_all(samples, config, workers)
+        for kind, rec in tqdm(results, total=total, desc="measure", unit="sample", disable=not progress):
+            (good if kind == "sample" else bad).add(rec)
+    return {"measured": good.count, "rejected": bad.count}
+
+
+def sample_arrays(record: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """input_ids, labels and mRoPE ids of a measured record as int32 arrays."""
+    ids = np.asarray(record["input_ids"], dtype=np.int32)
+    labels = np.asarray(record["labels"], dtype=np.int32)
+    mrope = record.get("mrope_position_ids")
+    mrope = None if mrope is None else np.asarray(mrope, dtype=np.int32).reshape(3, -1)
+    return ids, labels, mrope

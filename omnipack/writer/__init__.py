@@ -1,0 +1,1 @@
+"""Write stage: packed rows into Energon webdataset shards with their metadata."""
