@@ -24,6 +24,19 @@ def reference_indices(cu_padded: list[int], cp: int, rank: int) -> list[int]:
     return out
 
 
+def te_kernel_formula_indices(cu_padded: np.ndarray, cp: int, rank: int) -> list[int]:
+    """The per-token source-index formula documented for TE's THD partition kernel (second oracle)."""
+    cu_s = np.asarray(cu_padded, np.int64) // cp
+    out = []
+    for token in range(int(cu_s[-1])):
+        s = int(np.searchsorted(cu_s, token, side="right")) - 1
+        seq_len = int(cu_s[s + 1] - cu_s[s])
+        index = token - int(cu_s[s])
+        offset = rank if index < seq_len // 2 else 2 * cp - 2 - rank
+        out.append(index + int(cu_s[s]) * cp + (seq_len // 2) * offset)
+    return out
+
+
 def test_te_golden_vector() -> None:
     cu = torch.tensor([0, 8, 16], dtype=torch.int32)
     assert cp_partition_indices(cu, 2, 0).tolist() == [0, 1, 6, 7, 8, 9, 14, 15]
@@ -49,6 +62,8 @@ def test_indices_match_reference_and_partition(cp: int, plens: list[int]) -> Non
         idx = cp_partition_indices(cu, cp, r)
         assert idx.dtype == torch.int64
         assert idx.tolist() == reference_indices(cu.tolist(), cp, r)
+        if cp > 1:
+            assert idx.tolist() == te_kernel_formula_indices(cu, cp, r)
         assert len(idx) == total // cp
         seen.append(idx)
     allidx = torch.cat(seen).sort().values if seen else torch.empty(0)

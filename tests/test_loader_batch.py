@@ -140,6 +140,18 @@ def test_concat_rows_boundaries(seed: int, mbs: int, align: int, width_mult: int
         assert not pad[s : s + n_real].any() and pad[s + n_real : s + p].all()
 
 
+def test_concat_rows_unequal_widths() -> None:
+    rng = np.random.default_rng(8)
+    rows = [make_row(rng, 16, 4), make_row(rng, 32, 4)]
+    b = concat_rows(rows)
+    assert b["total_tokens"] == 48 and b["tokens"].shape == (1, 48)
+    n0 = len(rows[0]["cu_seqlens_padded"])
+    assert b["cu_seqlens_q_padded"][n0 - 1 :].tolist() == (rows[1]["cu_seqlens_padded"] + 16).tolist()
+    assert (
+        b["cu_seqlens_q"][n0 - 1 :].tolist() == (rows[1]["cu_seqlens"] + rows[0]["cu_seqlens"][-1]).tolist()
+    )
+
+
 def test_concat_rows_errors() -> None:
     rng = np.random.default_rng(4)
     with pytest.raises(ValueError, match="at least one"):
