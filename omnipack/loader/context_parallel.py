@@ -26,6 +26,12 @@ def _validate_cp(cp_size: int, cp_rank: int) -> None:
         raise ValueError(f"cp_rank must be in [0, {cp_size}), got {cp_rank}")
 
 
+def _show(t: torch.Tensor, limit: int = 8) -> str:
+    """Short form of a boundary tensor for error messages (real ones hold thousands of entries)."""
+    vals = t.tolist()
+    return str(vals) if len(vals) <= limit else f"{vals[:limit]}... ({len(vals)} entries)"
+
+
 def cp_partition_indices(cu_seqlens_padded: ArrayLike, cp_size: int, cp_rank: int) -> torch.Tensor:
     """Indices (int64, ascending) into the ``[.., T]`` token axis that CP rank ``cp_rank`` keeps.
 
@@ -38,10 +44,10 @@ def cp_partition_indices(cu_seqlens_padded: ArrayLike, cp_size: int, cp_rank: in
     else:
         cup = torch.from_numpy(np.asarray(cu_seqlens_padded, dtype=np.int64).copy())
     if cup.ndim != 1 or cup.numel() < 1 or int(cup[0]) != 0:
-        raise ValueError(f"cu_seqlens_padded must be 1-D starting at 0, got {cup.tolist()}")
+        raise ValueError(f"cu_seqlens_padded must be 1-D starting at 0, got {_show(cup)}")
     plens = cup.diff()
     if bool((plens < 0).any()):
-        raise ValueError(f"cu_seqlens_padded must be non-decreasing, got {cup.tolist()}")
+        raise ValueError(f"cu_seqlens_padded must be non-decreasing, got {_show(cup)}")
     total = int(cup[-1])
     if cp_size == 1:
         return torch.arange(total, dtype=torch.int64)
