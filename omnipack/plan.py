@@ -14,7 +14,15 @@ from . import packing
 from .alignment import check_seq_length
 
 PLAN_SCHEMA = pa.schema([("row", pa.int32()), ("sample_index", pa.int64())])
-PACK_COLUMNS = ["sample_index", "sample_id", "source", "num_tokens", "num_media", "vision_patches", "audio_frames"]
+PACK_COLUMNS = [
+    "sample_index",
+    "sample_id",
+    "source",
+    "num_tokens",
+    "num_media",
+    "vision_patches",
+    "audio_frames",
+]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,209 @@
+"""The ``omnipack`` command line: prepare, demo, and the dataset tools."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("--manifest",), {"nargs": "+", "help": "JSONL manifest file(s), one chat sample per line"}),
+    (("--media-root",), {"help": "folder that media paths in the manifest are relative to"}),
+    (("--tokenizer",), {"help": "local Hugging Face tokenizer directory (carries the chat template)"}),
+    (("--output", "-o"), {"help": "dataset folder to create"}),
+    (("--profile",), {"help": "model profile, e.g. qwen2_5_vl, qwen3_vl"}),
+    (("--seq-length",), {"type": int, "help": "pack width W (tokens per row)"}),
+    (("--tp",), {"type": int, "help": "tensor-parallel size of the trainer"}),
+    (("--cp",), {"type": int, "help": "context-parallel size of the trainer"}),
+    (("--sequence-parallel",), {"action": argparse.BooleanOptionalAction, "default": None}),
+    (
+        ("--fp8",),
+        {"choices": ["none", "fp8", "mxfp8", "fp4"], "help": "low-precision recipe (alignment 16/32)"},
+    ),
+    (("--algorithm",), {"choices": ["bfd", "ffd"], "help": "packing algorithm"}),
+    (("--window",), {"type": int, "help": "streaming packing window (samples); default: whole dataset"}),
+    (
+        ("--balance",),
+        {"action": argparse.BooleanOptionalAction, "default": None, "help": "balance attention cost"},
+    ),
+    (("--seed",), {"type": int, "help": "seed of the row-order shuffle"}),
+    (
+        ("--shuffle",),
+        {"action": argparse.BooleanOptionalAction, "default": None, "help": "shuffle row order"},
+    ),
+    (("--max-samples-per-row",), {"type": int}),
+    (("--max-media-per-row",), {"type": int}),
+    (("--max-vision-patches-per-row",), {"type": int}),
+    (("--max-audio-frames-per-row",), {"type": int}),
+    (("--image-encoding",), {"choices": ["png", "npy"], "help": "lossless storage of resized images"}),
+    (("--shard-size-mb",), {"type": float, "help": "roll shards over at this size"}),
+    (("--shard-max-rows",), {"type": int}),
+    (("--workers", "-j"), {"type": int, "help": "processes for measuring and writing"}),
+    (("--overwrite",), {"action": argparse.BooleanOptionalAction, "default": None}),
+    (("--progress",), {"action": argparse.BooleanOptionalAction, "default": None, "help": "progress bars"}),
+]
+PROFILE_FLAGS: list[tuple[str, dict[str, Any]]] = [
+    ("--min-pixels", {"type": int, "help": "profile: minimum image pixels"}),
+    ("--max-pixels", {"type": int, "help": "profile: maximum image pixels"}),
+    ("--preprocessor-config", {"help": "profile: a local preprocessor_config.json (or model dir) to read"}),
+    (
+        "--profile-option",
+        {"action": "append", "metavar": "KEY=VALUE", "help": "any other profile option (JSON value)"},
+    ),
+]
+
+
+def _load_config_file(path: str) -> dict[str, Any]:
+    text = Path(path).read_text()
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        return yaml.safe_load(text) or {}
+    return json.loads(text)
+
+
+def _prepare_config(args: argparse.Namespace) -> Any:
+    from .pipeline import PrepareConfig
+
+    d: dict[str, Any] = _load_config_file(args.config) if args.config else {}
+    for flags, _ in PREPARE_FLAGS:
+        key = flags[0].lstrip("-").replace("-", "_")
+        if getattr(args, key) is not None:
+            d[key] = getattr(args, key)
+    opts = dict(d.get("profile_options") or {})
+    for flag in ("min_pixels", "max_pixels", "preprocessor_config"):
+        if getattr(args, flag) is not None:
+            opts[flag] = getattr(args, flag)
+    for item in args.profile_option or []:
+        key, _, value = item.partition("=")
+        try:
+            opts[key] = json.loads(value)
+        except json.JSONDecodeError:
+            opts[key] = value
+    d["profile_options"] = opts
+    missing = [k for k in ("manifest", "media_root", "tokenizer", "output") if not d.get(k)]
+    if missing:
+        raise SystemExit(
+            f"omnipack prepare: missing required setting(s): {', '.join(missing)} (flag or --config)"
+        )
+    return PrepareConfig.from_dict(d)
+
+
+def _print_summary(summary: dict[str, Any], out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c, p = summary["counts"], summary["packing"]
+    t = Table(title=f"omnipack dataset {out}", show_header=False)
+    for k, v in [
+        ("input samples", c["input"]),
+        ("packed samples", c["packed"]),
+        ("rejected samples", f"{c['rejected']} {c['rejected_by_stage']}"),
+        ("rows", c["rows"]),
+        ("seq_length / align", f"{summary['seq_length']} / {summary['align']}"),
+        ("real-token efficiency", f"{p.get('real_efficiency_written', 0):.2%}"),
+        ("padded efficiency", f"{p.get('padded_efficiency', 0):.2%}"),
+        ("lower bound (rows)", p.get("l1")),
+        ("shards", len(summary["shards"])),
+    ]:
+        t.add_row(k, str(v))
+    Console(stderr=True).print(t)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from .pipeline import NothingPacked, run_prepare
+
+    cfg = _prepare_config(args)
+    try:
+        summary = run_prepare(cfg)
+    except NothingPacked as e:
+        print(f"omnipack prepare: {e}", file=sys.stderr)
+        return 1
+    _print_summary(summary, cfg.output)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo.corpus import build_demo_corpus
+    from .demo.tokenizer import build_demo_tokenizer
+    from .pipeline import PrepareConfig, run_prepare
+
+    root = Path(args.output)
+    src = root / "source"
+    tok = build_demo_tokenizer(src / "tokenizer")
+    manifest, media = build_demo_corpus(src, num_samples=args.samples)
+    cfg = PrepareConfig(
+        manifest=[str(manifest)],
+        media_root=str(media),
+        tokenizer=str(tok),
+        output=str(root / "dataset"),
+        profile=args.profile,
+        seq_length=args.seq_length,
+        cp=args.cp,
+        overwrite=True,
+        workers=args.workers,
+        shard_max_rows=args.shard_max_rows,
+    )
+    summary = run_prepare(cfg)
+    _print_summary(summary, cfg.output)
+    print(f"dataset: {cfg.output}\nrejects: {Path(cfg.output) / summary['rejects_file']}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="omnipack",
+        description="Prepare multimodal training data offline into packed Megatron-Energon THD datasets.",
+    )
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"omnipack {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    pp = sub.add_parser(
+        "prepare",
+        help="measure, pack and write a dataset",
+        description="Measure every sample (exact placeholder counts), pack rows, write Energon shards. "
+        "Settings come from --config (YAML/JSON with the same names, underscores) and flags override them.",
+    )
+    pp.add_argument("--config", "-c", help="YAML or JSON config file")
+    for flags, kw in PREPARE_FLAGS:
+        pp.add_argument(*flags, **kw)
+    for flag, kw in PROFILE_FLAGS:
+        pp.add_argument(flag, **kw)
+    pp.set_defaults(func=cmd_prepare)
+
+    pd = sub.add_parser(
+        "demo",
+        help="build a small synthetic corpus and pack it",
+        description="Build a tiny tokenizer, synthetic images and a manifest (with a few broken samples), "
+        "then prepare them into an Energon dataset under OUTPUT/dataset.",
+    )
+    pd.add_argument("output", nargs="?", default="demo_out", help="folder for the corpus and dataset")
+    pd.add_argument("--samples", type=int, default=200)
+    pd.add_argument("--profile", default="qwen2_5_vl")
+    pd.add_argument("--seq-length", type=int, default=4096)
+    pd.add_argument("--cp", type=int, default=2)
+    pd.add_argument("--workers", "-j", type=int, default=1)
+    pd.add_argument("--shard-max-rows", type=int, default=16)
+    pd.set_defaults(func=cmd_demo)
+
+    from .tools import register_tools
+
+    register_tools(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        print(f"omnipack {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

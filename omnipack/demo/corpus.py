@@ -1,0 +1,98 @@
+"""A small synthetic corpus: chat samples with generated images, plus a few broken ones.
+
+The broken samples show that bad input becomes a reject with a reason instead of a crash or a silent drop.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+WORDS = [
+    "red",
+    "blue",
+    "green",
+    "square",
+    "circle",
+    "picture",
+    "shows",
+    "left",
+    "right",
+    "corner",
+    "small",
+    "large",
+    "bright",
+    "dark",
+    "object",
+]
+
+
+def _sentence(rng: np.random.Generator, n: int) -> str:
+    return " ".join(rng.choice(WORDS, size=n)).capitalize() + "."
+
+
+def _image(rng: np.random.Generator, path: Path, height: int, width: int) -> None:
+    # Smooth gradients with a little noise: realistic enough to exercise resizing, small as PNG.
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1), (x + y) % 256], axis=-1)
+    noise = rng.integers(0, 8, size=(height, width, 3))
+    Image.fromarray((base + noise).clip(0, 255).astype(np.uint8)).save(path)
+
+
+def build_demo_corpus(root: Path, num_samples: int = 200, seed: int = 0) -> tuple[Path, Path]:
+    """Write ``root/media/*`` and ``root/manifest.jsonl``; returns (manifest, media_root)."""
+    rng = np.random.default_rng(seed)
+    media = root / "media"
+    media.mkdir(parents=True, exist_ok=True)
+    sizes = [(480, 640), (224, 224), (100, 1000), (20, 30), (900, 600), (64, 64)]
+    for i, (h, w) in enumerate(sizes):
+        _image(rng, media / f"img{i}.png", h, w)
+    Image.fromarray(rng.integers(0, 255, (50, 80, 3), dtype=np.uint8)).save(media / "photo.jpg", quality=90)
+    lines = []
+    for i in range(num_samples):
+        kind = i % 4
+        user: list[dict] = []
+        if kind in (1, 2):
+            user.append({"type": "image", "image": f"img{rng.integers(len(sizes))}.png"})
+        if kind == 2:
+            user.append({"type": "image", "image": "photo.jpg"})
+        user.append({"type": "text", "text": _sentence(rng, int(rng.integers(3, 40)))})
+        messages = [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": _sentence(rng, int(rng.integers(2, 60)))},
+        ]
+        if kind == 3:
+            messages += [
+                {"role": "user", "content": _sentence(rng, 8)},
+                {"role": "assistant", "content": [{"type": "text", "text": _sentence(rng, 20)}]},
+            ]
+        lines.append({"id": f"demo-{i:05d}", "messages": messages})
+    # Deliberately broken samples, each rejected with its own reason.
+    (media / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really a png")
+    ask = {"role": "assistant", "content": "ok"}
+    lines += [
+        {
+            "id": "bad-missing",
+            "messages": [{"role": "user", "content": [{"type": "image", "image": "nope.png"}]}, ask],
+        },
+        {
+            "id": "bad-corrupt",
+            "messages": [{"role": "user", "content": [{"type": "image", "image": "corrupt.png"}]}, ask],
+        },
+        {
+            "id": "bad-escape",
+            "messages": [{"role": "user", "content": [{"type": "image", "image": "../../etc/passwd"}]}, ask],
+        },
+        {"id": "bad-role", "messages": [{"role": "robot", "content": "hi"}, ask]},
+        {
+            "id": "bad-empty",
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}],
+        },
+        {"id": "bad-long", "messages": [{"role": "user", "content": "word " * 5000}, ask]},
+    ]
+    manifest = root / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return manifest, media

@@ -1,0 +1,79 @@
+"""The Energon sample type of an omnipack row and the cooker that builds it from a crude sample."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
+
+from ..codec import decode_row
+from ..contract import MediaItem
+
+
+@edataclass
+class PackedRowSample(Sample):
+    """One packed THD row as tensors. ``meta`` is the row's meta.json; ``media`` its media payloads."""
+
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    padding_mask: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cu_seqlens_padded: torch.Tensor
+    meta: dict[str, Any]
+    mrope_position_ids: torch.Tensor | None = None
+    media: dict[str, bytes] | None = None
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return list(self.meta["sample_ids"])
+
+    @property
+    def media_items(self) -> list[MediaItem]:
+        return [MediaItem.from_json(m) for m in self.meta.get("media", [])]
+
+    def arrays(self) -> dict[str, torch.Tensor]:
+        """The row's token and boundary tensors by contract name (what ``loader.batch`` consumes)."""
+        names = (
+            "tokens",
+            "labels",
+            "loss_mask",
+            "position_ids",
+            "padding_mask",
+            "cu_seqlens",
+            "cu_seqlens_padded",
+        )
+        out = {n: getattr(self, n) for n in names}
+        if self.mrope_position_ids is not None:
+            out["mrope_position_ids"] = self.mrope_position_ids
+        return out
+
+
+def _tensor(a: Any) -> torch.Tensor:
+    if isinstance(a, np.ndarray):
+        return torch.from_numpy(np.array(a))  # copy: arrays from np.load over bytes are read-only
+    return torch.as_tensor(a)
+
+
+@stateless
+def cook_packed_row(crude: dict[str, Any]) -> PackedRowSample:
+    """Crude sample (raw part bytes, decoder=None) -> PackedRowSample. No pickle is ever loaded."""
+    parts = {k: v for k, v in crude.items() if not k.startswith("__")}
+    row, meta = decode_row(parts)
+    media = {m.part: parts[m.part] for m in row.media}
+    return PackedRowSample(
+        **basic_sample_keys(crude),
+        tokens=_tensor(row.tokens),
+        labels=_tensor(row.labels),
+        loss_mask=_tensor(row.loss_mask),
+        position_ids=_tensor(row.position_ids),
+        padding_mask=_tensor(row.padding_mask),
+        cu_seqlens=_tensor(row.cu_seqlens),
+        cu_seqlens_padded=_tensor(row.cu_seqlens_padded),
+        meta=meta,
+        mrope_position_ids=None if row.mrope_position_ids is None else _tensor(row.mrope_position_ids),
+        media=media,
+    )

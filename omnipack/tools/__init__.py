@@ -1,0 +1,11 @@
+"""Dataset tools (inspect, verify, convert) registered as ``omnipack`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register_tools(sub: argparse._SubParsersAction) -> None:
+    from . import convert
+
+    convert.register(sub)

@@ -1,0 +1,117 @@
+"""LLaVA / ShareGPT JSON (``conversations`` with ``from: human/gpt`` and ``<image>`` markers) -> manifest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+MARKERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
+
+
+class ConvertError(ValueError):
+    pass
+
+
+def _as_list(v: Any) -> list[str]:
+    if v is None:
+        return []
+    return [v] if isinstance(v, str) else list(v)
+
+
+def convert_record(rec: dict[str, Any], index: int) -> dict[str, Any]:
+    """One LLaVA record -> one manifest line; media markers become content parts in place."""
+    media = {kind: _as_list(rec.get(kind) or rec.get(kind + "s")) for kind in MARKERS}
+    convs = rec.get("conversations")
+    if not isinstance(convs, list) or not convs:
+        raise ConvertError("no conversations")
+    n_markers = {k: sum(str(c.get("value", "")).count(m) for c in convs) for k, m in MARKERS.items()}
+    for kind, refs in media.items():
+        if n_markers[kind] == 0 and refs:
+            # LLaVA convention: media without markers belongs before the first human turn's text.
+            first = next((c for c in convs if ROLES.get(c.get("from")) == "user"), None)
+            if first is None:
+                raise ConvertError(f"{kind} given but no human turn to attach it to")
+            first["value"] = MARKERS[kind] * len(refs) + "\n" + str(first.get("value", ""))
+        elif n_markers[kind] != len(refs):
+            raise ConvertError(f"{n_markers[kind]} {MARKERS[kind]} markers but {len(refs)} {kind} files")
+    cursor = dict.fromkeys(MARKERS, 0)
+    messages = []
+    for turn in convs:
+        role = ROLES.get(turn.get("from") or turn.get("role"))
+        if role is None:
+            raise ConvertError(f"unknown role {turn.get('from')!r}")
+        text = str(turn.get("value", ""))
+        parts: list[dict[str, Any]] = []
+        buf = ""
+        i = 0
+        while i < len(text):
+            hit = next((k for k, m in MARKERS.items() if text.startswith(m, i)), None)
+            if hit is None:
+                buf += text[i]
+                i += 1
+                continue
+            if buf:
+                parts.append({"type": "text", "text": buf})
+                buf = ""
+            parts.append({"type": hit, hit: media[hit][cursor[hit]]})
+            cursor[hit] += 1
+            i += len(MARKERS[hit])
+        if buf:
+            parts.append({"type": "text", "text": buf})
+        content: Any = parts
+        if all(p["type"] == "text" for p in parts):
+            content = "".join(p["text"] for p in parts)
+        messages.append({"role": role, "content": content})
+    return {"id": str(rec.get("id", index)), "messages": messages}
+
+
+def read_llava(path: Path) -> Iterator[dict[str, Any]]:
+    """A JSON array file or a JSONL file of LLaVA records."""
+    text = path.read_text()
+    if text.lstrip().startswith("["):
+        yield from json.loads(text)
+    else:
+        yield from (json.loads(line) for line in text.splitlines() if line.strip())
+
+
+def convert(records: Iterable[dict[str, Any]], out: Path, errors_out: Path) -> tuple[int, int]:
+    ok = bad = 0
+    with open(out, "w") as f, open(errors_out, "w") as ferr:
+        for i, rec in enumerate(records):
+            try:
+                line = convert_record(rec, i)
+            except ConvertError as e:
+                ferr.write(json.dumps({"index": i, "id": rec.get("id"), "reason": str(e)}) + "\n")
+                bad += 1
+                continue
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+            ok += 1
+    return ok, bad
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    out = Path(args.output)
+    errors = Path(args.errors) if args.errors else out.with_suffix(".rejects.jsonl")
+    ok, bad = convert(read_llava(Path(args.input)), out, errors)
+    print(f"converted {ok} records to {out}; {bad} rejected (reasons in {errors})", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "convert-llava",
+        help="convert LLaVA/ShareGPT JSON to an omnipack manifest",
+        description="Convert LLaVA/ShareGPT records ('conversations' with from: human/gpt and <image>/<video>/"
+        "<audio> markers, media in 'image'/'images'/'video'/'audio') to omnipack's JSONL manifest.",
+    )
+    p.add_argument("input", help="LLaVA JSON array or JSONL file")
+    p.add_argument("output", help="manifest JSONL to write")
+    p.add_argument(
+        "--errors", help="where to write records that cannot be converted (default: OUTPUT.rejects.jsonl)"
+    )
+    p.set_defaults(func=cmd_convert)
