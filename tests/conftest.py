@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def demo_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+
+    return build_demo_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(manifest, media_root) of a 60-sample demo corpus including the deliberately broken samples."""
+    from omnipack.demo.corpus import build_demo_corpus
+
+    return build_demo_corpus(tmp_path_factory.mktemp("corpus"), num_samples=60)
