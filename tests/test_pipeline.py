@@ -178,3 +178,17 @@ def test_nothing_packed_is_an_error(tmp_path, demo_tokenizer, demo_corpus):
 
     with pytest.raises(NothingPacked, match="all .* samples were rejected"):
         _prepare(tmp_path, demo_tokenizer, demo_corpus, seq_length=8)
+
+
+def test_row_meta_follows_the_published_schema(dataset):
+    import jsonschema
+
+    from omnipack.manifest import load_schema
+
+    root, _ = dataset
+    validator = jsonschema.Draft202012Validator(load_schema("packed_row.schema.json"))
+    rows = read_rows_from_tars(root)
+    for parts in rows.values():
+        validator.validate(json.loads(parts["meta.json"]))
+        declared = set(load_schema("packed_row.schema.json")["x-array-parts"])
+        assert {p for p in parts if p.endswith(".npy") and not p.startswith("media.")} <= declared

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from omnipack.cli import build_parser, main
+
+
+def _subcommands() -> list[str]:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sorted(sub.choices)
+
+
+@pytest.mark.parametrize("command", [None, *_subcommands()])
+def test_help_everywhere(command):
+    args = [sys.executable, "-m", "omnipack"] + ([command] if command else []) + ["--help"]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "usage: omnipack" in res.stdout
+
+
+def test_config_file_with_flag_overrides(tmp_path, demo_tokenizer, demo_corpus):
+    manifest, media = demo_corpus
+    cfg = tmp_path / "prepare.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "manifest": str(manifest),
+                "media_root": str(media),
+                "tokenizer": str(demo_tokenizer),
+                "output": str(tmp_path / "ds"),
+                "seq_length": 4096,
+                "cp": 4,
+                "progress": False,
+            }
+        )
+    )
+    assert (
+        main(["prepare", "-c", str(cfg), "--seq-length", "2048", "--cp", "2", "--max-pixels", "50176"]) == 0
+    )
+    meta = json.loads((tmp_path / "ds" / ".nv-meta" / "omnipack.json").read_text())
+    assert meta["seq_length"] == 2048 and meta["align"] == 4
+    assert meta["profile"]["settings"]["image"]["max_pixels"] == 50176
+
+
+def test_usage_errors_exit_non_zero(tmp_path, demo_tokenizer, demo_corpus, capsys):
+    manifest, media = demo_corpus
+    with pytest.raises(SystemExit, match="missing required setting"):
+        main(["prepare", "--manifest", str(manifest)])
+    base = [
+        "prepare",
+        "--manifest",
+        str(manifest),
+        "--media-root",
+        str(media),
+        "--tokenizer",
+        str(demo_tokenizer),
+        "--no-progress",
+    ]
+    assert main([*base, "-o", str(tmp_path / "a"), "--seq-length", "1002", "--cp", "4"]) == 2
+    assert "not a multiple of the alignment 8" in capsys.readouterr().err
+    assert main([*base, "-o", str(tmp_path / "b"), "--profile", "nope"]) == 2
+    assert "unknown profile 'nope'" in capsys.readouterr().err
+    # nothing packable: exit 1, with the rejects file written
+    assert main([*base, "-o", str(tmp_path / "c"), "--seq-length", "16"]) == 1
+    assert (tmp_path / "c" / "rejects.jsonl").exists()
+    # refuses to overwrite a non-empty output without --overwrite
+    assert main([*base, "-o", str(tmp_path / "c"), "--seq-length", "2048"]) == 2
+
+
+def test_demo_command(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "omnipack", "demo", str(tmp_path / "demo"), "--samples", "24"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    meta = json.loads((tmp_path / "demo" / "dataset" / ".nv-meta" / "omnipack.json").read_text())
+    assert (
+        meta["counts"]["input"] == 30 and meta["counts"]["packed"] == 24 and meta["counts"]["rejected"] == 6
+    )
+    assert "packed samples" in res.stderr

@@ -1,0 +1,96 @@
+"""Row assembly holds the THD contract for any mix of sequence lengths and alignments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omnipack.alignment import ParallelLayout, check_seq_length, pad_to_multiple, required_alignment
+from omnipack.contract import IGNORE_INDEX, row_invariant_errors
+from omnipack.rows import SequenceInput, assemble_row
+
+PAD = 0
+
+
+def _seq(rng: np.random.Generator, i: int, n: int) -> SequenceInput:
+    ids = rng.integers(5, 500, size=n).astype(np.int32)
+    mask = rng.random(n) < 0.5
+    labels = np.full(n, IGNORE_INDEX, dtype=np.int32)
+    labels[:-1] = np.where(mask[1:], ids[1:], IGNORE_INDEX)
+    return SequenceInput(f"s{i}", ids, labels)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=12),
+    align=st.sampled_from([1, 2, 4, 8, 16, 32, 48]),
+    slack=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_assembled_rows_hold_every_invariant(lengths, align, slack, seed):
+    rng = np.random.default_rng(seed)
+    w = sum(pad_to_multiple(n, align) for n in lengths) + slack * align
+    seqs = [_seq(rng, i, n) for i, n in enumerate(lengths)]
+    row = assemble_row(seqs, w, align, PAD)
+    assert row_invariant_errors(row, align) == []
+    assert np.array_equal(np.diff(row.cu_seqlens), lengths)
+    padded = [pad_to_multiple(n, align) for n in lengths]
+    padded[-1] += w - sum(padded)  # the row tail belongs to the last sequence
+    assert np.array_equal(np.diff(row.cu_seqlens_padded), padded)
+    assert row.max_seqlen == max(lengths) and row.max_seqlen_padded == max(padded)
+    assert int((~row.padding_mask).sum()) == sum(lengths)
+    for s, a in zip(seqs, row.cu_seqlens_padded[:-1], strict=True):
+        assert np.array_equal(row.tokens[a : a + len(s.input_ids)], s.input_ids)
+        assert row.position_ids[a] == 0
+
+
+def test_invariant_checker_catches_broken_rows():
+    rng = np.random.default_rng(0)
+    row = assemble_row([_seq(rng, 0, 10), _seq(rng, 1, 7)], 24, 4, PAD)
+    assert row_invariant_errors(row, 4) == []
+    bad = assemble_row([_seq(rng, 0, 10), _seq(rng, 1, 7)], 24, 4, PAD)
+    bad.padding_mask[11] = False
+    assert any("padding_mask" in e for e in row_invariant_errors(bad, 4))
+    bad = assemble_row([_seq(rng, 0, 10), _seq(rng, 1, 7)], 24, 4, PAD)
+    bad.position_ids[12] = 5
+    assert any("position_ids" in e for e in row_invariant_errors(bad, 4))
+    bad = assemble_row([_seq(rng, 0, 10), _seq(rng, 1, 7)], 24, 4, PAD)
+    bad.labels[9] = bad.tokens[10]  # last token of sequence 0 predicting the next sample
+    bad.loss_mask[9] = 1
+    assert any("next token" in e or "last token" in e for e in row_invariant_errors(bad, 4))
+    assert any("multiples of align" in e for e in row_invariant_errors(row, 8))
+
+
+def test_row_overflow_is_an_error():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="need 16 positions"):
+        assemble_row([_seq(rng, 0, 7), _seq(rng, 1, 7)], 12, 8, PAD)
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [
+        (ParallelLayout(), 1),
+        (ParallelLayout(cp=2), 4),
+        (ParallelLayout(tp=4, cp=2, sequence_parallel=True), 8),  # lcm(2*2, 2*4)
+        (ParallelLayout(tp=4, sequence_parallel=True), 4),
+        (ParallelLayout(tp=4), 1),  # no SP, no constraint from TP
+        (ParallelLayout(cp=2, fp8="fp8"), 16),
+        (ParallelLayout(cp=4, fp8="mxfp8"), 32),
+        (ParallelLayout(tp=3, cp=2, sequence_parallel=True), 12),
+    ],
+)
+def test_alignment_rule(layout, expected):
+    assert (
+        layout.alignment
+        == expected
+        == required_alignment(layout.tp, layout.cp, layout.sequence_parallel, layout.fp8)
+    )
+
+
+def test_seq_length_must_be_multiple_of_alignment():
+    check_seq_length(4096, 32)
+    with pytest.raises(ValueError, match="not a multiple of the alignment 12; use 4104 or 4092"):
+        check_seq_length(4096, 12)
