@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..profiles.base import MediaMeta
+from ..profiles.base import resampled_length as _resampled_length
 from .errors import MediaError
 
 AUDIO_RATE = 16000  # every supported profile's encoder consumes 16 kHz mono
@@ -31,14 +32,10 @@ LENGTH_SLACK_S = 0.1
 
 
 def resampled_length(num_samples: int, src_rate: int, dst_rate: int = AUDIO_RATE) -> int:
-    """Samples after resampling ``num_samples`` from ``src_rate`` to ``dst_rate``: ceil(n * dst / src).
-
-    ceil matches the usual resamplers (soxr / librosa) for a whole clip; the stored waveform is cut or
-    padded to this count, so it is also the definition used for token counts.
-    """
+    """Samples after resampling a whole clip (see :func:`omnipack.profiles.base.resampled_length`)."""
     if src_rate <= 0:
         raise MediaError(f"audio sample rate is {src_rate}")
-    return -(-num_samples * dst_rate // src_rate)
+    return _resampled_length(num_samples, src_rate, dst_rate)
 
 
 def _open(path: Path):
