@@ -20,6 +20,8 @@ from .qwen_vl import QwenVLProfile, VideoSettings, VisionSettings
 
 AUDIO_RATE = 16000
 HOP_LENGTH = 160
+# WhisperFeatureExtractor reflect-pads by n_fft // 2 = 200 samples, which needs a longer input.
+MIN_SAMPLES = 201
 
 
 def mel_frames(num_samples: int) -> int:
@@ -137,6 +139,10 @@ class Qwen3OmniProfile(QwenVLProfile):
         if self.max_audio_seconds is not None and num_samples_16k > self.max_audio_seconds * AUDIO_RATE:
             raise MediaRejected(
                 f"audio is {num_samples_16k / AUDIO_RATE:.1f} s, longer than max_audio_seconds={self.max_audio_seconds}"
+            )
+        if num_samples_16k < MIN_SAMPLES:
+            raise MediaRejected(
+                f"audio too short: {num_samples_16k} samples at 16 kHz (the mel front end needs {MIN_SAMPLES})"
             )
         mel = mel_frames(num_samples_16k)
         tokens = audio_output_length(mel, self.n_window) if mel > 0 else 0
