@@ -94,8 +94,14 @@ def load_frames(path: Path, indices: tuple[int, ...], target_hw: tuple[int, int]
     uniq = sorted(set(indices))
     try:
         batch = vr.get_batch(uniq).asnumpy()
-    except Exception as e:  # decord raises its own error types from C++; all mean undecodable frames
-        raise MediaError(f"video decode failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    except Exception as e:  # decord raises its own error types from C++
+        # decord's frame copy fails on some small frame widths (e.g. 96 px); PyAV decodes the same stream
+        # in the same order, so its i-th frame is decord's frame i.
+        batch = _decode_frames_av(path, uniq)
+        if batch is None:
+            raise MediaError(
+                f"video decode failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            ) from None
     if batch.shape[0] != len(uniq):
         raise MediaError("video decode returned fewer frames than requested")
     pos = {idx: i for i, idx in enumerate(uniq)}
@@ -106,6 +112,26 @@ def load_frames(path: Path, indices: tuple[int, ...], target_hw: tuple[int, int]
             f = np.asarray(Image.fromarray(f).resize((target_hw[1], target_hw[0]), resample=RESAMPLE))
         frames.append(f)
     return np.ascontiguousarray(np.stack(frames).astype(np.uint8))
+
+
+def _decode_frames_av(path: Path, wanted: list[int]) -> np.ndarray | None:
+    """Frames at sorted ``wanted`` indices by sequential PyAV decode; None if they cannot all be decoded."""
+    import av
+
+    want = set(wanted)
+    got: dict[int, np.ndarray] = {}
+    try:
+        with av.open(str(path)) as c:
+            for i, frame in enumerate(c.decode(video=0)):
+                if i in want:
+                    got[i] = frame.to_ndarray(format="rgb24")
+                if i >= wanted[-1]:
+                    break
+    except av.error.FFmpegError:
+        return None
+    if len(got) != len(want):
+        return None
+    return np.stack([got[i] for i in wanted])
 
 
 def encode_video(frames: np.ndarray, audio: np.ndarray | None = None) -> tuple[str, bytes]:
