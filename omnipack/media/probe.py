@@ -10,19 +10,45 @@ from .errors import MediaError
 
 def probe(path: Path, kind: str) -> MediaMeta:
     """Cheap metadata of a media file (header / container only)."""
+    path = Path(path)
     if not path.is_file():
         raise MediaError(f"missing {kind} file: {path}")
+    if path.stat().st_size == 0:
+        raise MediaError(f"empty {kind} file")
     if kind == "image":
         from .image import probe_image
 
         return probe_image(path)
+    if kind == "video":
+        from .video import probe_video
+
+        return probe_video(path)
+    if kind == "audio":
+        from .audio import probe_audio
+
+        return probe_audio(path)
     raise MediaError(f"unsupported media kind {kind!r}")
 
 
 def materialize(path: Path, plan: MediaPlan, *, image_encoding: str = "png") -> tuple[str, bytes]:
-    """Decode ``path`` exactly as ``plan`` says and return (extension, bytes) for the shard."""
+    """Decode ``path`` exactly as ``plan`` says and return (extension, bytes) for the shard.
+
+    image: png/npy uint8 RGB; video: npy uint8 [T,H,W,3], or npz {frames, audio} when the plan
+    interleaves the video's own audio; audio: npy int16 mono at ``plan.sample_rate``.
+    """
+    path = Path(path)
     if plan.kind == "image":
         from .image import encode_image, load_image
 
         return encode_image(load_image(path, plan.target_hw), image_encoding)
+    if plan.kind == "video":
+        from .video import materialize_video
+
+        return materialize_video(path, plan)
+    if plan.kind == "audio":
+        from .audio import AUDIO_RATE, encode_audio, load_audio
+
+        if not plan.num_audio_samples:
+            raise MediaError("audio plan has no sample count")
+        return encode_audio(load_audio(path, plan.num_audio_samples, plan.sample_rate or AUDIO_RATE))
     raise MediaError(f"unsupported media kind {plan.kind!r}")

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import MediaMeta, MediaPlan, MediaRejected, ModelProfile, Segment
+from .base import MediaMeta, MediaPlan, MediaRejected, MediaSpan, ModelProfile, Segment
+from .nemotron_omni import NemotronOmniProfile
+from .qwen3_omni import Qwen3OmniProfile
 from .qwen_vl import Qwen3VLProfile, Qwen25VLProfile
 
-PROFILES: dict[str, type[ModelProfile]] = {cls.name: cls for cls in (Qwen25VLProfile, Qwen3VLProfile)}
+PROFILES: dict[str, type[ModelProfile]] = {
+    cls.name: cls for cls in (Qwen25VLProfile, Qwen3VLProfile, Qwen3OmniProfile, NemotronOmniProfile)
+}
 
 
 def get_profile(name: str, **options: Any) -> ModelProfile:
@@ -19,4 +23,13 @@ def get_profile(name: str, **options: Any) -> ModelProfile:
     return cls(**options)
 
 
-__all__ = ["PROFILES", "MediaMeta", "MediaPlan", "MediaRejected", "ModelProfile", "Segment", "get_profile"]
+__all__ = [
+    "PROFILES",
+    "MediaMeta",
+    "MediaPlan",
+    "MediaRejected",
+    "MediaSpan",
+    "ModelProfile",
+    "Segment",
+    "get_profile",
+]

@@ -150,6 +150,16 @@ class ModelProfile(ABC):
         return {}
 
 
+def resampled_length(num_samples: int, src_rate: int, dst_rate: int) -> int:
+    """Samples after resampling a whole clip: ``ceil(n * dst / src)`` (soxr / librosa convention).
+
+    The stored waveform is cut or padded to exactly this count, so it also defines token counts.
+    """
+    if src_rate <= 0:
+        raise MediaRejected(f"audio sample rate is {src_rate}")
+    return -(-num_samples * dst_rate // src_rate)
+
+
 def read_preprocessor_config(path: str | Path | None) -> dict[str, Any]:
     """A local ``preprocessor_config.json`` (file or model directory), or {}."""
     if path is None:

@@ -1,8 +1,12 @@
-"""Qwen2.5-VL and Qwen3-VL: smart_resize grids and ``<|image_pad|>`` expansion.
+"""Qwen2.5-VL and Qwen3-VL: smart_resize grids, video frame sampling, placeholder expansion, mRoPE.
 
 Images are resized so both sides are multiples of ``patch_size * merge_size`` within a pixel budget,
 cut into ``patch_size`` patches (repeated to ``temporal_patch_size`` frames, so ``t = 1``), and every
 ``merge_size x merge_size`` patch group becomes one LLM token.
+
+Videos are sampled and resized as the transformers 5.x video processors do (``Qwen2VLVideoProcessor``
+for Qwen2.5-VL and Qwen3-Omni, ``Qwen3VLVideoProcessor`` for Qwen3-VL); every ``temporal_patch_size``
+sampled frames form one temporal grid step (the last frame is repeated to fill the last step).
 """
 
 from __future__ import annotations
@@ -12,7 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import MediaMeta, MediaPlan, MediaRejected, ModelProfile, Segment, read_preprocessor_config
+import numpy as np
+
+from .base import (
+    MediaMeta,
+    MediaPlan,
+    MediaRejected,
+    MediaSpan,
+    ModelProfile,
+    Segment,
+    read_preprocessor_config,
+)
 
 MAX_ASPECT_RATIO = 200
 
@@ -65,15 +79,151 @@ class VisionSettings:
         )
 
 
+def smart_resize_3d(
+    num_frames: int,
+    height: int,
+    width: int,
+    temporal_factor: int,
+    factor: int,
+    min_pixels: int,
+    max_pixels: int,
+) -> tuple[int, int]:
+    """Qwen3-VL's video resize: like :func:`smart_resize` but the pixel budget counts the frames too.
+
+    Sides below ``factor`` are first scaled up (int truncation, as the processor does).
+    """
+    if min(height, width) <= 0:
+        raise MediaRejected(f"video frame has a zero side ({height}x{width})")
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise MediaRejected(
+            f"aspect ratio {max(height, width) / min(height, width):.1f} exceeds {MAX_ASPECT_RATIO} ({height}x{width})"
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(num_frames / temporal_factor) * temporal_factor
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """Frame sampling and per-frame pixel budget of a video processor.
+
+    ``fps=None`` disables sampling (every decoded frame is used, as ``do_sample_frames=False``).
+    ``cap_pixels_per_frame`` is the 5.x processors' optional qwen-vl-utils style cap (off by default in 5.24).
+    """
+
+    fps: float | None
+    min_frames: int
+    max_frames: int
+    min_pixels: int
+    max_pixels: int
+    cap_pixels_per_frame: bool = False
+    max_video_tokens: int = 768
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], default: VideoSettings, **overrides: Any) -> VideoSettings:
+        size = cfg.get("size") or {}
+        d = dict(default.__dict__)
+        if "fps" in cfg or "do_sample_frames" in cfg:
+            d["fps"] = cfg.get("fps", d["fps"]) if cfg.get("do_sample_frames", True) else None
+        for k in ("min_frames", "max_frames", "max_video_tokens"):
+            if cfg.get(k) is not None:
+                d[k] = int(cfg[k])
+        d["min_pixels"] = int(cfg.get("min_pixels") or size.get("shortest_edge") or d["min_pixels"])
+        d["max_pixels"] = int(cfg.get("max_pixels") or size.get("longest_edge") or d["max_pixels"])
+        if cfg.get("cap_pixels_per_frame") is not None:
+            d["cap_pixels_per_frame"] = bool(cfg["cap_pixels_per_frame"])
+        d.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**d)
+
+
+def _pad_to_multiple(indices: list[int], multiple: int) -> tuple[int, ...]:
+    """Repeat the last index so the count is a multiple of the temporal patch (the processors' padding)."""
+    if pad := -len(indices) % multiple:
+        indices = indices + [indices[-1]] * pad
+    return tuple(indices)
+
+
+def sample_frames_qwen2(total: int, src_fps: float, tps: int, v: VideoSettings) -> list[int]:
+    """Frame indices as ``Qwen2VLVideoProcessor.sample_frames`` (5.x) picks them (before padding).
+
+    ``n = floor(min(max(total/src_fps*fps, min_frames), floor(min(max_frames, total)/tps)*tps, total)/tps)*tps``
+    and ``indices = arange(0, total, total/n).int()`` computed in float32 as torch does. With fewer than
+    ``tps`` frames the processor divides by zero; we fall back to all frames (the model then sees the
+    padded clip, as with ``do_sample_frames=False``).
+    """
+    if v.fps is None:
+        return list(range(total))
+    max_frames = math.floor(min(v.max_frames, total) / tps) * tps
+    n = min(max(total / src_fps * v.fps, v.min_frames), max_frames, total)
+    n = math.floor(n / tps) * tps
+    if n <= 0:
+        return list(range(total))
+    step = total / n
+    # torch.arange(0, total, step): length ceil(total/step), value i*step rounded to float32, then .int().
+    count = math.ceil(total / step)
+    vals = (np.arange(count, dtype=np.float64) * step).astype(np.float32)
+    return [int(x) for x in vals]
+
+
+def sample_frames_qwen3(total: int, src_fps: float, v: VideoSettings) -> list[int]:
+    """Frame indices as ``Qwen3VLVideoProcessor.sample_frames`` (5.x) picks them (before padding).
+
+    ``n = min(max(int(total/src_fps*fps), min_frames), max_frames, total)``, indices
+    ``round(linspace(0, total-1, n))`` (numpy's round half to even).
+    """
+    if v.fps is None:
+        n = min(max(total, v.min_frames), v.max_frames)
+    else:
+        n = int(total / src_fps * v.fps)
+        n = min(max(n, v.min_frames), v.max_frames, total)
+    return [int(i) for i in np.linspace(0, total - 1, n).round().astype(int)]
+
+
+def frame_group_timestamps(indices: tuple[int, ...], src_fps: float, tps: int) -> list[float]:
+    """Qwen3-VL's per-group timestamp: mean time of the first and last frame of each temporal group."""
+    ts = [i / src_fps for i in indices]
+    return [(ts[i] + ts[i + tps - 1]) / 2 for i in range(0, len(ts), tps)]
+
+
+MROPE_RULES = ("hf4", "hf5")
+
+
 class QwenVLProfile(ModelProfile):
-    """Shared Qwen-VL image rules; subclasses set the family defaults."""
+    """Shared Qwen-VL image and video rules; subclasses set the family defaults.
+
+    Options (constructor keywords): ``min_pixels``/``max_pixels`` (images), ``video_fps``,
+    ``video_min_frames``, ``video_max_frames``, ``video_min_pixels``, ``video_max_pixels``,
+    ``cap_pixels_per_frame``, ``preprocessor_config`` / ``video_preprocessor_config`` (local json or model
+    dir), ``mrope_rule`` ("hf5": next text position after a block is ``p + max(h', w')`` as transformers
+    5.x; "hf4": ``max(block) + 1`` as transformers 4.x and Megatron-Bridge's own ports) and
+    ``tokens_per_second`` (Qwen2.5-VL's temporal position scale; the released configs use 2).
+    """
 
     family = "qwen_vl"
     default_image: ClassVar[VisionSettings]
+    default_video: ClassVar[VideoSettings]
+    video_sampler: ClassVar[str] = "qwen2"  # "qwen2" | "qwen3"
+    per_frame_timestamps: ClassVar[bool] = False  # Qwen3-VL writes a block per temporal group
     template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
         "image": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
+        "video": ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
     }
     image_pad: ClassVar[str] = "<|image_pad|>"
+    video_pad: ClassVar[str] = "<|video_pad|>"
+    vision_start: ClassVar[str] = "<|vision_start|>"
+    vision_end: ClassVar[str] = "<|vision_end|>"
 
     def __init__(
         self,
@@ -81,6 +231,15 @@ class QwenVLProfile(ModelProfile):
         min_pixels: int | None = None,
         max_pixels: int | None = None,
         preprocessor_config: str | Path | None = None,
+        video_preprocessor_config: str | Path | None = None,
+        video_fps: float | None = None,
+        video_min_frames: int | None = None,
+        video_max_frames: int | None = None,
+        video_min_pixels: int | None = None,
+        video_max_pixels: int | None = None,
+        cap_pixels_per_frame: bool | None = None,
+        mrope_rule: str = "hf5",
+        tokens_per_second: float = 2.0,
     ) -> None:
         image = VisionSettings.from_preprocessor_config(
             read_preprocessor_config(preprocessor_config), self.default_image
@@ -96,6 +255,27 @@ class QwenVLProfile(ModelProfile):
         if image.min_pixels > image.max_pixels:
             raise ValueError(f"min_pixels {image.min_pixels} > max_pixels {image.max_pixels}")
         self.image = image
+        vcfg = read_preprocessor_config(video_preprocessor_config) if video_preprocessor_config else {}
+        self.video = VideoSettings.from_config(
+            vcfg,
+            self.default_video,
+            fps=video_fps,
+            min_frames=video_min_frames,
+            max_frames=video_max_frames,
+            min_pixels=video_min_pixels,
+            max_pixels=video_max_pixels,
+            cap_pixels_per_frame=cap_pixels_per_frame,
+        )
+        if self.video.min_pixels > self.video.max_pixels:
+            raise ValueError(
+                f"video_min_pixels {self.video.min_pixels} > video_max_pixels {self.video.max_pixels}"
+            )
+        if mrope_rule not in MROPE_RULES:
+            raise ValueError(f"mrope_rule must be one of {MROPE_RULES}, got {mrope_rule!r}")
+        self.mrope_rule = mrope_rule
+        self.tokens_per_second = tokens_per_second
+
+    # ---- images ----
 
     def image_grid(self, height: int, width: int) -> tuple[tuple[int, int], tuple[int, int, int]]:
         """Resized (h, w) and patch grid (t, gh, gw) of an image."""
@@ -116,26 +296,178 @@ class QwenVLProfile(ModelProfile):
             vision_patches=patches,
         )
 
+    # ---- video ----
+
+    def sample_video_frames(self, total: int, src_fps: float) -> list[int]:
+        """Indices of the sampled frames, before padding to the temporal patch."""
+        if self.video_sampler == "qwen3":
+            return sample_frames_qwen3(total, src_fps, self.video)
+        return sample_frames_qwen2(total, src_fps, self.image.temporal_patch_size, self.video)
+
+    def video_resize(self, num_frames: int, height: int, width: int) -> tuple[int, int]:
+        """Per-frame target (h, w) for ``num_frames`` sampled (unpadded) frames."""
+        v, s = self.video, self.image
+        factor, tps = s.factor, s.temporal_patch_size
+        if self.video_sampler == "qwen3":
+            max_pixels = v.max_pixels
+            if v.cap_pixels_per_frame:
+                frame_cap = v.max_video_tokens * factor * factor
+                per_frame = max(min(frame_cap, v.max_pixels // num_frames), int(v.min_pixels * 1.05))
+                max_pixels = per_frame * num_frames
+            # The processor raises below one temporal patch; a padded clip has tps frames, so budget for that.
+            return smart_resize_3d(max(num_frames, tps), height, width, tps, factor, v.min_pixels, max_pixels)
+        max_pixels = v.max_pixels
+        if v.cap_pixels_per_frame:
+            total_pixels = int(v.max_video_tokens * factor * factor * 0.9)
+            max_pixels = max(min(max_pixels, total_pixels * tps // num_frames), int(v.min_pixels * 1.05))
+        return smart_resize(height, width, factor, v.min_pixels, max_pixels)
+
+    def plan_video(self, meta: MediaMeta) -> MediaPlan:
+        if not meta.num_frames or meta.num_frames <= 0:
+            raise MediaRejected("video has no frames")
+        if not meta.fps or meta.fps <= 0:
+            raise MediaRejected("video fps unknown or zero")
+        if not meta.height or not meta.width:
+            raise MediaRejected("video frame size unknown or zero")
+        s = self.image
+        tps = s.temporal_patch_size
+        sampled = self.sample_video_frames(meta.num_frames, meta.fps)
+        rh, rw = self.video_resize(len(sampled), meta.height, meta.width)
+        indices = _pad_to_multiple(sampled, tps)
+        grid = (len(indices) // tps, rh // s.patch_size, rw // s.patch_size)
+        patches = grid[0] * grid[1] * grid[2]
+        # The processor's sampled_fps (frames kept per second of source) and seconds per temporal step.
+        sampled_fps = len(sampled) / meta.num_frames * meta.fps
+        info: dict[str, Any] = {
+            "src_fps": meta.fps,
+            "num_sampled_frames": len(sampled),
+            "second_per_grid": tps / sampled_fps,
+        }
+        if self.per_frame_timestamps:
+            info["timestamps"] = frame_group_timestamps(indices, meta.fps, tps)
+        return MediaPlan(
+            kind="video",
+            num_tokens=patches // s.merge_size**2,
+            grid_thw=grid,
+            target_hw=(rh, rw),
+            frame_indices=indices,
+            vision_patches=patches,
+            info=info,
+        )
+
+    # ---- expansion ----
+
     def expand(self, plan: MediaPlan) -> list[Segment]:
         if plan.kind == "image":
             return [
-                Segment(token="<|vision_start|>"),
+                Segment(token=self.vision_start),
                 Segment(token=self.image_pad, count=plan.num_tokens, placeholder=True),
-                Segment(token="<|vision_end|>"),
+                Segment(token=self.vision_end),
             ]
+        if plan.kind == "video":
+            if not self.per_frame_timestamps:
+                return [
+                    Segment(token=self.vision_start),
+                    Segment(token=self.video_pad, count=plan.num_tokens, placeholder=True),
+                    Segment(token=self.vision_end),
+                ]
+            assert plan.grid_thw is not None
+            t, gh, gw = plan.grid_thw
+            per_frame = gh * gw // self.image.merge_size**2
+            segs: list[Segment] = []
+            for ts in plan.info["timestamps"]:
+                segs += [
+                    Segment(text=f"<{ts:.1f} seconds>"),
+                    Segment(token=self.vision_start),
+                    Segment(token=self.video_pad, count=per_frame, placeholder=True),
+                    Segment(token=self.vision_end),
+                ]
+            return segs
         raise MediaRejected(f"profile {self.name} cannot expand {plan.kind}")
 
+    # ---- mRoPE ----
+
+    def vision_runs(self, input_ids: np.ndarray, span: MediaSpan) -> list[tuple[int, int, int, int, float]]:
+        """(start, t, h', w', interval) of each vision grid run of a block; placeholders are contiguous."""
+        plan = span.plan
+        assert plan.grid_thw is not None
+        t, gh, gw = plan.grid_thw
+        m = self.image.merge_size
+        if plan.kind == "video" and self.per_frame_timestamps:
+            # One [1, h, w] run per temporal group, each starting at a run of the placeholder id.
+            pad_id = input_ids[span.placeholder_start]
+            per = gh * gw // m**2
+            runs, i = [], span.placeholder_start
+            while i < span.end and len(runs) < t:
+                if input_ids[i] == pad_id:
+                    runs.append((i, 1, gh // m, gw // m, 1.0))
+                    i += per
+                else:
+                    i += 1
+            if len(runs) != t:
+                raise ValueError(f"found {len(runs)} frame groups in a video block, expected {t}")
+            return runs
+        interval = 1.0
+        if plan.kind == "video":
+            interval = self.video_time_interval(plan)
+        return [(span.placeholder_start, t, gh // m, gw // m, interval)]
+
+    def video_time_interval(self, plan: MediaPlan) -> float:
+        """Temporal position step per grid step: Qwen2.5-VL ``tokens_per_second * second_per_grid``."""
+        # float32 as the model computes it (second_per_grid_ts is a float32 tensor).
+        return float(np.float32(self.tokens_per_second) * np.float32(plan.info["second_per_grid"]))
+
+    def mrope_position_ids(self, input_ids: Any, spans: list[MediaSpan]) -> np.ndarray:
+        """int32 [3, L] positions of one sample: text runs count up, vision grids get (T, H, W) offsets.
+
+        After a grid, the next text position is ``p + max(h', w')`` (hf5) or ``max(grid) + 1`` (hf4).
+        """
+        ids = np.asarray(input_ids)
+        n = ids.shape[0]
+        runs = sorted(
+            r for sp in spans if sp.plan.kind in ("image", "video") for r in self.vision_runs(ids, sp)
+        )
+        out = np.empty((3, n), dtype=np.int64)
+        i, p = 0, 0
+        for start, t, h, w, interval in runs:
+            k = start - i
+            out[:, i:start] = np.arange(k) + p
+            p += k
+            tt = (np.arange(t, dtype=np.float32) * np.float32(interval)).astype(np.int64)
+            grid = np.stack(np.meshgrid(tt, np.arange(h), np.arange(w), indexing="ij")).reshape(3, -1) + p
+            out[:, start : start + t * h * w] = grid
+            p = int(grid.max()) + 1 if self.mrope_rule == "hf4" else p + max(h, w)
+            i = start + t * h * w
+        out[:, i:] = np.arange(n - i) + p
+        return out.astype(np.int32)
+
     def settings(self) -> dict[str, Any]:
-        return {"image": self.image.__dict__}
+        return {
+            "image": self.image.__dict__,
+            "video": self.video.__dict__,
+            "video_sampler": self.video_sampler,
+            "mrope_rule": self.mrope_rule,
+            "tokens_per_second": self.tokens_per_second,
+        }
 
 
 class Qwen25VLProfile(QwenVLProfile):
     name = "qwen2_5_vl"
     # Qwen2.5-VL's released preprocessor_config: patch 14, merge 2, min 56*56, max 12845056 pixels.
     default_image = VisionSettings(14, 2, 2, 3136, 12845056)
+    # Qwen2VLVideoProcessor class defaults (per-frame budget 128..768 tokens), sampled at 2 fps.
+    default_video = VideoSettings(2.0, 4, 768, 128 * 28 * 28, 28 * 28 * 768, False, 128000)
+    video_sampler = "qwen2"
 
 
 class Qwen3VLProfile(QwenVLProfile):
     name = "qwen3_vl"
     # Qwen3-VL: patch 16 (factor 32); size.shortest_edge / longest_edge in its preprocessor_config.
     default_image = VisionSettings(16, 2, 2, 65536, 16777216)
+    # Qwen3VLVideoProcessor class defaults: fps 2, 4..768 frames, budget over all frames 128..768 tokens.
+    default_video = VideoSettings(2.0, 4, 768, 128 * 32 * 32, 32 * 32 * 768, False, 768)
+    video_sampler = "qwen3"
+    per_frame_timestamps = True
+
+    def video_time_interval(self, plan: MediaPlan) -> float:
+        return 1.0  # every frame group is its own t=1 block

@@ -1,0 +1,276 @@
+"""Nemotron Omni (Nemotron-H + RADIO vision + Parakeet sound), as Megatron-Bridge consumes it.
+
+Images use RADIO's dynamic resolution: the patch grid (patch 16) stays close to the image's own grid,
+scaled into ``[min_num_patches, budget]`` and made even on both sides; a 2x2 pixel shuffle then turns
+every 4 patches into one token. Videos follow Bridge's temporal path: frames resized to a fixed square,
+two frames per tubelet. Audio follows Parakeet: ``n // 160`` valid mel frames, three stride-2 convs.
+
+Where Bridge and the HF processor disagree, the consumer (Bridge) wins; the choice is a named option:
+``audio_count_rule`` ("bridge": ``max(1, h(h(h(n // 160))))`` after 30 s truncation; "hf": the HF
+processor's estimate from ``1 + n // 160``) and ``video_path`` ("bridge_temporal": fixed 512x512 frames).
+No mRoPE: the LLM uses ordinary 1-D positions.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import (
+    MediaMeta,
+    MediaPlan,
+    MediaRejected,
+    ModelProfile,
+    Segment,
+    read_preprocessor_config,
+    resampled_length,
+)
+
+AUDIO_RATE = 16000
+HOP_LENGTH = 160
+AUDIO_COUNT_RULES = ("bridge", "hf")
+
+
+def patch_grid(
+    height: int, width: int, patch_size: int, merge: int, min_patches: int, max_patches: int
+) -> tuple[int, int]:
+    """RADIO dynamic-resolution patch grid (gh, gw) of an image, both sides multiples of ``merge``.
+
+    Starts from ``floor(side/patch) + 1`` (the side itself when it divides evenly), scales down with
+    ``floor(sqrt(budget/area) * side)`` to fit, up with ``ceil`` to reach ``min_patches``, then rounds each
+    side to a multiple of ``merge``, upward only while the area stays within budget.
+    """
+    gh = round(height / patch_size + 0.5)  # round(x + .5) is floor(x) + 1, or x when x is an integer
+    gw = round(width / patch_size + 0.5)
+    scale = min(math.sqrt(max_patches / (gh * gw)), 1.0)
+    gh, gw = math.floor(scale * gh), math.floor(scale * gw)
+    if max_patches > min_patches and gh * gw < min_patches:
+        scale = math.sqrt(min_patches / (gh * gw))
+        gh, gw = math.ceil(scale * gh), math.ceil(scale * gw)
+    if r := gh % merge:
+        gh = gh + merge - r if (gh + merge - r) * gw <= max_patches else max(merge, gh - r)
+    if r := gw % merge:
+        gw = gw + merge - r if gh * (gw + merge - r) <= max_patches else max(merge, gw - r)
+    return gh, gw
+
+
+def _half(x: int) -> int:
+    """One Parakeet subsampling conv (kernel 3, stride 2, padding 1)."""
+    return (x - 1) // 2 + 1
+
+
+def parakeet_tokens(mel_frames: int, stages: int = 3) -> int:
+    """Sound-encoder output length for ``mel_frames`` valid mel frames (subsampling ``2**stages``)."""
+    x = mel_frames
+    for _ in range(stages):
+        x = _half(x)
+    return x
+
+
+class NemotronOmniProfile(ModelProfile):
+    """Nemotron Omni inputs for Megatron-Bridge.
+
+    Options: ``max_model_len`` / ``min_num_patches`` / ``max_num_patches`` (image budget, per image:
+    ``clamp((max_model_len - 4) * 4, min, max)`` since each image is processed alone), ``patch_size``,
+    ``video_frame_size`` (Bridge's ``VISION_FRAME_SIZE``, 512), ``video_fps`` / ``video_max_frames``
+    (omnipack's frame sampling; Bridge receives sampled frames), ``audio_count_rule`` ("bridge" | "hf"),
+    ``max_audio_seconds`` (Bridge truncates waveforms to 30 s; None disables), ``preprocessor_config``.
+    """
+
+    name = "nemotron_omni"
+    family = "nemotron_omni"
+    turn_end = "<|im_end|>"
+    template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "image": ("<image>",),
+        "video": ("<video>",),
+        "audio": ("<so_embedding>",),
+    }
+    image_start: ClassVar[str] = "<img>"
+    image_end: ClassVar[str] = "</img>"
+    image_token: ClassVar[str] = "<image>"
+    audio_start: ClassVar[str] = "<so_start>"
+    audio_end: ClassVar[str] = "<so_end>"
+    audio_token: ClassVar[str] = "<so_embedding>"
+    video_path: ClassVar[str] = (
+        "bridge_temporal"  # HF's video processor picks an aspect-preserving grid instead
+    )
+    temporal_patch: ClassVar[int] = 2  # frames per tubelet
+
+    def __init__(
+        self,
+        *,
+        max_model_len: int = 16384,
+        min_num_patches: int = 1024,
+        max_num_patches: int = 13312,
+        patch_size: int = 16,
+        downsample_ratio: float = 0.5,
+        video_frame_size: int = 512,
+        video_fps: float = 2.0,
+        video_max_frames: int = 128,
+        audio_count_rule: str = "bridge",
+        max_audio_seconds: float | None = 30.0,
+        preprocessor_config: str | Path | None = None,
+    ) -> None:
+        cfg = read_preprocessor_config(preprocessor_config)
+        self.patch_size = int(cfg.get("patch_size", patch_size))
+        self.merge = round(1 / float(cfg.get("downsample_ratio", downsample_ratio)))
+        self.min_num_patches = int(cfg.get("min_num_patches", min_num_patches))
+        self.max_num_patches = int(cfg.get("max_num_patches", max_num_patches))
+        self.max_model_len = int(cfg.get("max_model_len", max_model_len))
+        if audio_count_rule not in AUDIO_COUNT_RULES:
+            raise ValueError(f"audio_count_rule must be one of {AUDIO_COUNT_RULES}, got {audio_count_rule!r}")
+        if video_frame_size % (self.patch_size * self.merge):
+            raise ValueError(
+                f"video_frame_size {video_frame_size} is not a multiple of {self.patch_size * self.merge}"
+            )
+        self.video_frame_size = video_frame_size
+        self.video_fps = video_fps
+        self.video_max_frames = video_max_frames
+        self.audio_count_rule = audio_count_rule
+        self.max_audio_seconds = max_audio_seconds
+
+    # ---- images ----
+
+    def image_budget(self, images_per_call: int = 1) -> int:
+        """Patch budget per image: the processor clamps the context length (in patches) to [min, max]."""
+        n = max((self.max_model_len - 4) * self.merge**2, self.min_num_patches * images_per_call)
+        if self.max_num_patches:
+            n = min(n, self.max_num_patches)
+        return max(n, self.min_num_patches)
+
+    def plan_image(self, meta: MediaMeta) -> MediaPlan:
+        if not meta.height or not meta.width:
+            raise MediaRejected("image size unknown or zero")
+        gh, gw = patch_grid(
+            meta.height, meta.width, self.patch_size, self.merge, self.min_num_patches, self.image_budget()
+        )
+        patches = gh * gw
+        return MediaPlan(
+            kind="image",
+            num_tokens=patches // self.merge**2,
+            grid_thw=(1, gh, gw),
+            target_hw=(gh * self.patch_size, gw * self.patch_size),
+            vision_patches=patches,
+        )
+
+    # ---- video ----
+
+    def sample_video_frames(self, total: int, src_fps: float) -> list[int]:
+        """``n = clamp(floor(duration * video_fps), 1, min(video_max_frames, total))`` uniform frames."""
+        n = min(max(math.floor(total / src_fps * self.video_fps), 1), self.video_max_frames, total)
+        return [int(i) for i in np.linspace(0, total - 1, n).round().astype(int)]
+
+    def plan_video(self, meta: MediaMeta) -> MediaPlan:
+        if not meta.num_frames or meta.num_frames <= 0:
+            raise MediaRejected("video has no frames")
+        if not meta.fps or meta.fps <= 0:
+            raise MediaRejected("video fps unknown or zero")
+        sampled = self.sample_video_frames(meta.num_frames, meta.fps)
+        # A lone frame is duplicated and an odd count padded with the last frame: every tubelet has 2 frames.
+        padded = sampled + [sampled[-1]] * (-len(sampled) % self.temporal_patch)
+        tubelets = len(padded) // self.temporal_patch
+        side = self.video_frame_size // self.patch_size
+        per_tubelet = side * side // self.merge**2
+        frame_ms = int(1000.0 / meta.fps)
+        return MediaPlan(
+            kind="video",
+            num_tokens=tubelets * per_tubelet,
+            grid_thw=(tubelets, side, side),
+            target_hw=(self.video_frame_size, self.video_frame_size),
+            frame_indices=tuple(padded),
+            vision_patches=len(padded) * side * side,
+            info={
+                "src_fps": meta.fps,
+                "num_sampled_frames": len(sampled),
+                "tokens_per_tubelet": per_tubelet,
+                # the processor's label time: source index * whole milliseconds per frame
+                "timestamps": [i * frame_ms / 1000.0 for i in sampled],
+            },
+        )
+
+    # ---- audio ----
+
+    def audio_tokens(self, num_samples_16k: int) -> int:
+        if self.audio_count_rule == "hf":
+            return max(1, parakeet_tokens(1 + num_samples_16k // HOP_LENGTH))
+        return max(1, parakeet_tokens(num_samples_16k // HOP_LENGTH))
+
+    def plan_audio(self, meta: MediaMeta) -> MediaPlan:
+        if not meta.sample_rate:
+            raise MediaRejected("audio sample rate unknown or zero")
+        if not meta.num_samples or meta.num_samples <= 0:
+            raise MediaRejected("zero-length audio")
+        n = resampled_length(meta.num_samples, meta.sample_rate, AUDIO_RATE)
+        truncated = False
+        if self.max_audio_seconds is not None and n > int(self.max_audio_seconds * AUDIO_RATE):
+            n, truncated = int(self.max_audio_seconds * AUDIO_RATE), True
+        return MediaPlan(
+            kind="audio",
+            num_tokens=self.audio_tokens(n),
+            sample_rate=AUDIO_RATE,
+            num_audio_samples=n,
+            audio_frames=n // HOP_LENGTH,
+            info={"truncated": truncated},
+        )
+
+    # ---- expansion ----
+
+    def expand(self, plan: MediaPlan) -> list[Segment]:
+        if plan.kind == "image":
+            return [
+                Segment(token=self.image_start),
+                Segment(token=self.image_token, count=plan.num_tokens, placeholder=True),
+                Segment(token=self.image_end),
+            ]
+        if plan.kind == "audio":
+            return [
+                Segment(token=self.audio_start),
+                Segment(token=self.audio_token, count=plan.num_tokens, placeholder=True),
+                Segment(token=self.audio_end),
+            ]
+        if plan.kind == "video":
+            ts = plan.info["timestamps"]
+            per = plan.info["tokens_per_tubelet"]
+            segs: list[Segment] = []
+            for g in range(plan.grid_thw[0] if plan.grid_thw else 0):
+                parts = []
+                for off in range(self.temporal_patch):
+                    k = g * self.temporal_patch + off
+                    if k >= len(ts):
+                        break  # the last tubelet of an odd count is labelled with its one real frame
+                    parts.append(f"{'Frame' if off == 0 else 'frame'} {k + 1} sampled at {ts[k]:.2f} seconds")
+                segs += [
+                    Segment(text=("\n" if g else "") + " and ".join(parts) + ": "),
+                    Segment(token=self.image_start),
+                    Segment(token=self.image_token, count=per, placeholder=True),
+                    Segment(token=self.image_end),
+                ]
+            return segs
+        raise MediaRejected(f"profile {self.name} cannot expand {plan.kind}")
+
+    def special_tokens(self) -> list[str]:
+        toks = super().special_tokens()
+        for t in (self.image_start, self.image_end, self.audio_start, self.audio_end):
+            if t not in toks:
+                toks.append(t)
+        return toks
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "patch_size": self.patch_size,
+            "pixel_shuffle": self.merge,
+            "min_num_patches": self.min_num_patches,
+            "max_num_patches": self.max_num_patches,
+            "max_model_len": self.max_model_len,
+            "image_budget": self.image_budget(),
+            "video_path": self.video_path,
+            "video_frame_size": self.video_frame_size,
+            "video_fps": self.video_fps,
+            "video_max_frames": self.video_max_frames,
+            "audio_count_rule": self.audio_count_rule,
+            "max_audio_seconds": self.max_audio_seconds,
+            "audio_rate": AUDIO_RATE,
+        }

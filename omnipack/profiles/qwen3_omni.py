@@ -1,0 +1,306 @@
+"""Qwen3-Omni (thinker): Qwen-VL images and video at factor 32, Whisper-mel audio, audio-in-video.
+
+Images use ``Qwen2VLImageProcessor`` and videos ``Qwen2VLVideoProcessor`` (2-D smart_resize, fps sampling)
+with patch 16 / merge 2, as transformers maps ``qwen3_omni_moe``. Audio is 16 kHz mono; one clip alone
+gives ``n // 160`` Whisper mel frames (``feature_size=128``, hop 160, ``padding=True``), and the audio
+encoder turns ``L`` mel frames into 13 tokens per full 100-frame chunk plus three stride-2 halvings of
+the rest. With ``use_audio_in_video`` the video's own audio track is interleaved into the video block by
+comparing each video grid step's temporal position with the audio token index, as the HF processor does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .base import MediaMeta, MediaPlan, MediaRejected, MediaSpan, Segment, resampled_length
+from .qwen_vl import QwenVLProfile, VideoSettings, VisionSettings
+
+AUDIO_RATE = 16000
+HOP_LENGTH = 160
+# WhisperFeatureExtractor reflect-pads by n_fft // 2 = 200 samples, which needs a longer input.
+MIN_SAMPLES = 201
+
+
+def mel_frames(num_samples: int) -> int:
+    """Whisper mel frames of one clip run alone with ``padding=True`` (the last STFT frame is dropped)."""
+    return num_samples // HOP_LENGTH
+
+
+def audio_output_length(mel_len: int, n_window: int = 50) -> int:
+    """Qwen3-Omni audio tokens for ``mel_len`` mel frames: 13 per full ``2*n_window`` chunk + the tail."""
+    chunk = 2 * n_window
+    rest = mel_len % chunk
+    f = (rest - 1) // 2 + 1
+    return ((f - 1) // 2 + 1 - 1) // 2 + 1 + (mel_len // chunk) * 13
+
+
+def interleave_runs(
+    grid_t: int, tokens_per_step: int, num_audio: int, step_positions: float
+) -> list[tuple[str, int]]:
+    """Run-length order of video ("v") and audio ("a") tokens in an audio-in-video block.
+
+    Video step ``t`` sits at temporal position ``t * step_positions`` (float64, as the processor computes
+    it); audio token ``a`` at ``a``; a video token goes first when its position is ``<=`` the audio index.
+    """
+    runs: list[tuple[str, int]] = []
+    a = 0
+    audio_idx = np.arange(num_audio)
+    for t in range(grid_t):
+        vt = np.float64(t) * step_positions
+        upto = int(np.searchsorted(audio_idx, vt, side="left"))  # audio indices strictly below vt
+        if upto > a:
+            runs.append(("a", upto - a))
+            a = upto
+        runs.append(("v", tokens_per_step))
+    if a < num_audio:
+        runs.append(("a", num_audio - a))
+    merged: list[tuple[str, int]] = []
+    for k, n in runs:
+        if merged and merged[-1][0] == k:
+            merged[-1] = (k, merged[-1][1] + n)
+        else:
+            merged.append((k, n))
+    return merged
+
+
+class Qwen3OmniProfile(QwenVLProfile):
+    """Qwen3-Omni thinker inputs.
+
+    Options (besides the Qwen-VL ones): ``use_audio_in_video`` (interleave the video's own audio track;
+    a video without one is rejected), ``position_id_per_seconds`` (temporal positions per second; the
+    released thinker config and the processor use 13), ``n_window`` (audio chunk half-size, 50),
+    ``position_fps`` (the ``fps`` the HF processor is told, from which ``video_second_per_grid =
+    temporal_patch_size / fps``; the processor falls back to 1.0 when no fps is passed; None here means
+    "the sampling fps", i.e. the caller passes its fps), ``max_audio_seconds`` (reject longer clips;
+    None = no limit, Qwen3-Omni does not truncate).
+
+    Positions are int32: fractional temporal positions are truncated as Megatron-Bridge's port does
+    (HF keeps them as floats). ``mrope_rule`` is not used: Qwen3-Omni always continues at ``max + 1``.
+    """
+
+    name = "qwen3_omni"
+    family = "qwen3_omni"
+    default_image = VisionSettings(16, 2, 2, 3136, 12845056)
+    default_video = VideoSettings(2.0, 4, 768, 128 * 28 * 28, 28 * 28 * 768, False, 128000)
+    video_sampler = "qwen2"
+    template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "image": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
+        "video": ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
+        "audio": ("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"),
+    }
+    audio_start: ClassVar[str] = "<|audio_start|>"
+    audio_pad: ClassVar[str] = "<|audio_pad|>"
+    audio_end: ClassVar[str] = "<|audio_end|>"
+
+    def __init__(
+        self,
+        *,
+        use_audio_in_video: bool = False,
+        position_id_per_seconds: float = 13.0,
+        n_window: int = 50,
+        position_fps: float | None = None,
+        max_audio_seconds: float | None = None,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        preprocessor_config: str | Path | None = None,
+        video_preprocessor_config: str | Path | None = None,
+        video_fps: float | None = None,
+        video_min_frames: int | None = None,
+        video_max_frames: int | None = None,
+        video_min_pixels: int | None = None,
+        video_max_pixels: int | None = None,
+        cap_pixels_per_frame: bool | None = None,
+    ) -> None:
+        super().__init__(
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+            preprocessor_config=preprocessor_config,
+            video_preprocessor_config=video_preprocessor_config,
+            video_fps=video_fps,
+            video_min_frames=video_min_frames,
+            video_max_frames=video_max_frames,
+            video_min_pixels=video_min_pixels,
+            video_max_pixels=video_max_pixels,
+            cap_pixels_per_frame=cap_pixels_per_frame,
+        )
+        self.use_audio_in_video = use_audio_in_video
+        self.position_id_per_seconds = float(position_id_per_seconds)
+        self.n_window = n_window
+        self.position_fps = position_fps
+        self.max_audio_seconds = max_audio_seconds
+
+    # ---- audio ----
+
+    def audio_counts(self, num_samples_16k: int) -> tuple[int, int]:
+        """(mel frames, tokens) of a 16 kHz clip; rejects clips too short for one token or too long."""
+        if self.max_audio_seconds is not None and num_samples_16k > self.max_audio_seconds * AUDIO_RATE:
+            raise MediaRejected(
+                f"audio is {num_samples_16k / AUDIO_RATE:.1f} s, longer than max_audio_seconds={self.max_audio_seconds}"
+            )
+        if num_samples_16k < MIN_SAMPLES:
+            raise MediaRejected(
+                f"audio too short: {num_samples_16k} samples at 16 kHz (the mel front end needs {MIN_SAMPLES})"
+            )
+        mel = mel_frames(num_samples_16k)
+        tokens = audio_output_length(mel, self.n_window) if mel > 0 else 0
+        if tokens <= 0:
+            raise MediaRejected(f"audio too short: {num_samples_16k} samples give {mel} mel frames")
+        return mel, tokens
+
+    def plan_audio(self, meta: MediaMeta) -> MediaPlan:
+        if not meta.sample_rate:
+            raise MediaRejected("audio sample rate unknown or zero")
+        if not meta.num_samples or meta.num_samples <= 0:
+            raise MediaRejected("zero-length audio")
+        n = resampled_length(meta.num_samples, meta.sample_rate, AUDIO_RATE)
+        mel, tokens = self.audio_counts(n)
+        return MediaPlan(
+            kind="audio",
+            num_tokens=tokens,
+            sample_rate=AUDIO_RATE,
+            num_audio_samples=n,
+            audio_frames=mel,
+            info={"mel_frames": mel},
+        )
+
+    # ---- video ----
+
+    def plan_video(self, meta: MediaMeta) -> MediaPlan:
+        plan = super().plan_video(meta)
+        tps = self.image.temporal_patch_size
+        fps = self.position_fps if self.position_fps is not None else (self.video.fps or 1.0)
+        info = dict(plan.info, second_per_grid=tps / fps)
+        if not self.use_audio_in_video:
+            return MediaPlan(**{**plan.__dict__, "info": info})
+        if not meta.has_audio or not meta.audio_num_samples:
+            raise MediaRejected("use_audio_in_video requested but the video has no audio track")
+        mel, a_tokens = self.audio_counts(meta.audio_num_samples)
+        assert plan.grid_thw is not None
+        t, gh, gw = plan.grid_thw
+        per_step = gh * gw // self.image.merge_size**2
+        info["interleave"] = interleave_runs(
+            t, per_step, a_tokens, info["second_per_grid"] * self.position_id_per_seconds
+        )
+        info["mel_frames"] = mel
+        info["video_tokens"] = plan.num_tokens
+        return MediaPlan(
+            **{
+                **plan.__dict__,
+                "num_tokens": plan.num_tokens + a_tokens,  # every placeholder of the block
+                "audio_num_tokens": a_tokens,
+                "sample_rate": AUDIO_RATE,
+                "num_audio_samples": meta.audio_num_samples,
+                "audio_frames": mel,
+                "info": info,
+            }
+        )
+
+    # ---- expansion ----
+
+    def expand(self, plan: MediaPlan) -> list[Segment]:
+        if plan.kind == "audio":
+            return [
+                Segment(token=self.audio_start),
+                Segment(token=self.audio_pad, count=plan.num_tokens, placeholder=True),
+                Segment(token=self.audio_end),
+            ]
+        if plan.kind == "video" and plan.audio_num_tokens:
+            pads = {"v": self.video_pad, "a": self.audio_pad}
+            return [
+                Segment(token=self.vision_start),
+                Segment(token=self.audio_start),
+                *(Segment(token=pads[k], count=n, placeholder=True) for k, n in plan.info["interleave"]),
+                Segment(token=self.audio_end),
+                Segment(token=self.vision_end),
+            ]
+        return super().expand(plan)
+
+    # ---- mRoPE ----
+
+    def _vision_positions(self, plan: MediaPlan, start: int) -> np.ndarray:
+        """float [3, t*h'*w'] positions of a vision grid starting at ``start`` (t fastest-outer, w inner)."""
+        assert plan.grid_thw is not None
+        t, gh, gw = plan.grid_thw
+        m = self.image.merge_size
+        if plan.kind == "image":
+            tt = np.arange(t, dtype=np.float32) * np.float32(self.position_id_per_seconds)
+        else:
+            # float32 as the model: arange * second_per_grid (float32 tensor) * position_id_per_seconds
+            tt = (np.arange(t, dtype=np.float32) * np.float32(plan.info["second_per_grid"])) * np.float32(
+                self.position_id_per_seconds
+            )
+        tt = np.floor(tt)  # Bridge casts to long; positions are >= 0 so floor == truncation
+        g = np.stack(np.meshgrid(tt, np.arange(gh // m), np.arange(gw // m), indexing="ij")).reshape(3, -1)
+        return g + start
+
+    def mrope_position_ids(self, input_ids: Any, spans: list[MediaSpan]) -> np.ndarray:
+        """int32 [3, L]: HF ``get_rope_index`` layout: 1 or 2 start tokens, body, end tokens at ``max + 1``."""
+        n = len(input_ids)
+        out = np.empty((3, n), dtype=np.float64)
+        cur, nxt = 0, 0
+        for sp in sorted(spans, key=lambda s: s.start):
+            plan = sp.plan
+            k = sp.start - cur
+            out[:, cur : sp.start] = np.arange(k) + nxt
+            nxt += k
+            i = sp.start
+            interleaved = plan.kind == "video" and plan.audio_num_tokens > 0
+            bos = 2 if interleaved else 1
+            out[:, i : i + bos] = np.arange(bos) + nxt
+            i += bos
+            body_start = nxt + bos
+            if plan.kind == "audio":
+                body = np.arange(plan.num_tokens, dtype=np.float64) + body_start
+                out[:, i : i + plan.num_tokens] = body
+                i += plan.num_tokens
+                last_max = body[-1]
+            elif not interleaved:
+                body = self._vision_positions(plan, body_start)
+                out[:, i : i + body.shape[1]] = body
+                i += body.shape[1]
+                last_max = body.max()
+            else:
+                vid = self._vision_positions(plan, body_start)
+                aud = np.arange(plan.audio_num_tokens, dtype=np.float64) + body_start
+                vi = ai = 0
+                for kind, cnt in plan.info["interleave"]:
+                    if kind == "v":
+                        chunk = vid[:, vi : vi + cnt]
+                        vi += cnt
+                    else:
+                        chunk = np.broadcast_to(aud[ai : ai + cnt], (3, cnt))
+                        ai += cnt
+                    out[:, i : i + cnt] = chunk
+                    i += cnt
+                # HF continues from the last appended chunk: the trailing run, which is a whole remainder.
+                last_max = chunk.max()
+            eos = n_eos = bos
+            out[:, i : i + n_eos] = np.arange(eos) + last_max + 1
+            i += n_eos
+            if i != sp.end:
+                raise ValueError(
+                    f"{plan.kind} block spans {sp.end - sp.start} tokens, layout gives {i - sp.start}"
+                )
+            nxt = int(last_max) + 1 + n_eos
+            cur = sp.end
+        out[:, cur:] = np.arange(n - cur) + nxt
+        return out.astype(np.int32)
+
+    def settings(self) -> dict[str, Any]:
+        d = super().settings()
+        d.pop("mrope_rule")
+        d.pop("tokens_per_second")
+        d.update(
+            use_audio_in_video=self.use_audio_in_video,
+            position_id_per_seconds=self.position_id_per_seconds,
+            n_window=self.n_window,
+            position_fps=self.position_fps,
+            max_audio_seconds=self.max_audio_seconds,
+            audio_rate=AUDIO_RATE,
+            mel="whisper feature_size=128 hop=160, one clip per call (n // 160 frames)",
+            fractional_positions="truncate (Megatron-Bridge)",
+        )
+        return d

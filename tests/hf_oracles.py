@@ -1,0 +1,55 @@
+"""Import transformers modules used as oracles.
+
+Some 5.24 modules import torchvision at module level only for their tensor resize paths; the pure
+functions we compare against (``sample_frames``, ``smart_resize``, ``get_patch_grid_size``) do not use it.
+When torchvision is missing (or its build does not match torch), a throwaway stub lets the module import;
+those functions are then called unbound, never the torchvision-backed ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+import pytest
+
+
+def _torchvision_ok() -> bool:
+    try:
+        import torchvision  # noqa: F401
+        import torchvision.transforms.v2.functional  # noqa: F401
+
+        return True
+    except Exception:
+        return False
+
+
+def import_hf(module: str):
+    """Import ``transformers.<module>``, stubbing torchvision if needed; skip if torch is missing."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    name = f"transformers.{module}"
+    if name in sys.modules or _torchvision_ok():
+        return importlib.import_module(name)
+    stubs = {}
+    for sub in ("torchvision", "torchvision.transforms", "torchvision.transforms.v2"):
+        stubs[sub] = types.ModuleType(sub)
+    fn = types.ModuleType("torchvision.transforms.v2.functional")
+    fn.InterpolationMode = type("InterpolationMode", (), {})
+    stubs["torchvision.transforms.v2.functional"] = fn
+    stubs["torchvision"].transforms = stubs["torchvision.transforms"]
+    stubs["torchvision.transforms"].v2 = stubs["torchvision.transforms.v2"]
+    stubs["torchvision.transforms.v2"].functional = fn
+    saved = {k: sys.modules.get(k) for k in stubs}
+    sys.modules.update(stubs)
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # pragma: no cover - depends on the installed transformers
+        pytest.skip(f"cannot import {name} without torchvision: {e}")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
