@@ -5,11 +5,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loader_rowgen import make_row
 
 from omnipack.alignment import required_alignment
 from omnipack.loader.batch import concat_rows, row_to_batch
 from omnipack.loader.context_parallel import cp_partition_indices, slice_batch_for_cp
+from tests.loader_rowgen import make_row
 
 
 def reference_indices(cu_padded: list[int], cp: int, rank: int) -> list[int]:

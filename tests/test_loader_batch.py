@@ -8,10 +8,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loader_rowgen import make_row
 
 from omnipack.loader.batch import concat_rows, packed_seq_params, row_to_batch
 from omnipack.loader.compat import DatasetAlignmentError, check_dataset_alignment
+from tests.loader_rowgen import make_row
 
 BOUNDARY_KEYS = ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")
 
