@@ -14,6 +14,10 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--tokenizer",), {"help": "local Hugging Face tokenizer directory (carries the chat template)"}),
     (("--output", "-o"), {"help": "dataset folder to create"}),
     (("--profile",), {"help": "model profile, e.g. qwen2_5_vl, qwen3_vl"}),
+    (
+        ("--mrope",),
+        {"action": argparse.BooleanOptionalAction, "default": None, "help": "store 3-D mRoPE ids"},
+    ),
     (("--seq-length",), {"type": int, "help": "pack width W (tokens per row)"}),
     (("--tp",), {"type": int, "help": "tensor-parallel size of the trainer"}),
     (("--cp",), {"type": int, "help": "context-parallel size of the trainer"}),
@@ -132,8 +136,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     root = Path(args.output)
     src = root / "source"
-    tok = build_demo_tokenizer(src / "tokenizer")
-    manifest, media = build_demo_corpus(src, num_samples=args.samples)
+    from .profiles import get_profile
+
+    tok = build_demo_tokenizer(src / "tokenizer", profile=args.profile)
+    manifest, media = build_demo_corpus(src, num_samples=args.samples, kinds=get_profile(args.profile).kinds)
     cfg = PrepareConfig(
         manifest=[str(manifest)],
         media_root=str(media),
@@ -145,6 +151,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overwrite=True,
         workers=args.workers,
         shard_max_rows=args.shard_max_rows,
+        mrope=args.profile != "nemotron_omni",
     )
     summary = run_prepare(cfg)
     _print_summary(summary, cfg.output)

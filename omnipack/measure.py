@@ -66,6 +66,7 @@ class MeasureConfig:
     media_root: str
     align: int = 1
     profile_options: dict[str, Any] = field(default_factory=dict)
+    mrope: bool = False
 
 
 def reject(raw: RawSample, stage: str, reason: str) -> dict[str, Any]:
@@ -84,7 +85,7 @@ class Measurer:
     def __init__(self, config: MeasureConfig) -> None:
         self.config = config
         self.profile = get_profile(config.profile, **config.profile_options)
-        self.chat = ChatTokenizer(config.tokenizer, self.profile)
+        self.chat = ChatTokenizer(config.tokenizer, self.profile, mrope=config.mrope)
         self.media_root = Path(config.media_root)
 
     def __call__(self, raw: RawSample) -> tuple[str, dict[str, Any]]:

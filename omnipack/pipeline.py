@@ -37,6 +37,7 @@ class PrepareConfig:
     output: str
     profile: str = "qwen2_5_vl"
     profile_options: dict[str, Any] = field(default_factory=dict)
+    mrope: bool = False
     seq_length: int = 4096
     tp: int = 1
     cp: int = 1
@@ -90,7 +91,9 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         if not p.is_file():
             raise FileNotFoundError(f"manifest {p} not found")
 
-    mcfg = MeasureConfig(cfg.profile, cfg.tokenizer, cfg.media_root, align, dict(cfg.profile_options))
+    mcfg = MeasureConfig(
+        cfg.profile, cfg.tokenizer, cfg.media_root, align, dict(cfg.profile_options), cfg.mrope
+    )
     n_input = sum(1 for _ in read_manifest(manifests))
     measured = run_measure(
         read_manifest(manifests),
@@ -148,7 +151,11 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
 
     summary = {
         "omnipack_version": __version__,
-        "profile": {"name": cfg.profile, "settings": chat.profile.settings()},
+        "profile": {
+            "name": cfg.profile,
+            "options": dict(cfg.profile_options),
+            "settings": chat.profile.settings(),
+        },
         "tokenizer": {
             "path": str(cfg.tokenizer),
             "fingerprint": chat.fingerprint(),
@@ -158,6 +165,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         "align": align,
         "parallel": asdict(cfg.layout),
         "image_encoding": cfg.image_encoding,
+        "mrope_position_ids": cfg.mrope,
         "counts": {
             "input": n_input,
             "packed": packed,

@@ -7,10 +7,10 @@ import io
 import numpy as np
 import pytest
 
+from omnipack.demo.media import sine, write_audio
 from omnipack.media.errors import MediaError
 from omnipack.media.probe import materialize, probe
 from omnipack.profiles import get_profile
-from tests.media_synth import sine, write_audio
 
 pytest.importorskip("av")
 

@@ -7,10 +7,10 @@ import io
 import numpy as np
 import pytest
 
+from omnipack.demo.media import write_video
 from omnipack.media.errors import MediaError
 from omnipack.media.probe import materialize, probe
 from omnipack.profiles import get_profile
-from tests.media_synth import write_video
 
 pytest.importorskip("av")
 pytest.importorskip("decord")
@@ -89,7 +89,7 @@ def test_bad_videos(tmp_path):
     with pytest.raises(MediaError):
         probe(trunc, "video")
     audio_only = tmp_path / "a.wav"
-    from tests.media_synth import sine, write_audio
+    from omnipack.demo.media import sine, write_audio
 
     write_audio(audio_only, sine(16000, 16000), 16000)
     with pytest.raises(MediaError):

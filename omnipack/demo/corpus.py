@@ -42,8 +42,34 @@ def _image(rng: np.random.Generator, path: Path, height: int, width: int) -> Non
     Image.fromarray((base + noise).clip(0, 255).astype(np.uint8)).save(path)
 
 
-def build_demo_corpus(root: Path, num_samples: int = 200, seed: int = 0) -> tuple[Path, Path]:
-    """Write ``root/media/*`` and ``root/manifest.jsonl``; returns (manifest, media_root)."""
+def _video_and_audio(rng: np.random.Generator, media: Path, kinds: tuple[str, ...]) -> dict[str, list[str]]:
+    from .media import sine, write_audio, write_video
+
+    out: dict[str, list[str]] = {"video": [], "audio": []}
+    if "video" in kinds:
+        # (frames, fps, width, height): odd counts, a one-frame clip, a clip with its own audio track
+        for i, (n, fps, w, h) in enumerate(
+            [(12, 6, 96, 64), (5, 5, 64, 64), (1, 1, 80, 48), (9, 3, 128, 96)]
+        ):
+            write_video(media / f"clip{i}.mp4", n=n, fps=fps, w=w, h=h, audio_rate=16000 if i != 2 else None)
+            out["video"].append(f"clip{i}.mp4")
+    if "audio" in kinds:
+        for i, (secs, rate, ext) in enumerate(
+            [(1.0, 16000, "wav"), (2.3, 44100, "flac"), (0.62, 22050, "wav")]
+        ):
+            write_audio(media / f"sound{i}.{ext}", sine(int(secs * rate), rate, 220.0 * (i + 1)), rate)
+            out["audio"].append(f"sound{i}.{ext}")
+    return out
+
+
+def build_demo_corpus(
+    root: Path, num_samples: int = 200, seed: int = 0, kinds: tuple[str, ...] = ("image",)
+) -> tuple[Path, Path]:
+    """Write ``root/media/*`` and ``root/manifest.jsonl``; returns (manifest, media_root).
+
+    ``kinds`` selects the media the corpus uses (a profile's ``kinds``): images always, video and audio
+    when listed.
+    """
     rng = np.random.default_rng(seed)
     media = root / "media"
     media.mkdir(parents=True, exist_ok=True)
@@ -51,10 +77,15 @@ def build_demo_corpus(root: Path, num_samples: int = 200, seed: int = 0) -> tupl
     for i, (h, w) in enumerate(sizes):
         _image(rng, media / f"img{i}.png", h, w)
     Image.fromarray(rng.integers(0, 255, (50, 80, 3), dtype=np.uint8)).save(media / "photo.jpg", quality=90)
+    av_media = _video_and_audio(rng, media, kinds)
     lines = []
     for i in range(num_samples):
         kind = i % 4
         user: list[dict] = []
+        if i % 3 == 0 and av_media["video"]:
+            user.append({"type": "video", "video": str(rng.choice(av_media["video"]))})
+        if i % 5 == 0 and av_media["audio"]:
+            user.append({"type": "audio", "audio": str(rng.choice(av_media["audio"]))})
         if kind in (1, 2):
             user.append({"type": "image", "image": f"img{rng.integers(len(sizes))}.png"})
         if kind == 2:

@@ -1,4 +1,4 @@
-"""A tiny byte-level BPE tokenizer with Qwen-style special tokens and a ChatML chat template.
+"""A tiny byte-level BPE tokenizer with every profile's special tokens and a ChatML chat template.
 
 It stands in for a model's tokenizer directory in the demo and the tests (nothing is downloaded):
 ``AutoTokenizer.from_pretrained(dir)`` loads it exactly like a real checkpoint's tokenizer.
@@ -9,24 +9,18 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-    "<|audio_start|>",
-    "<|audio_end|>",
-    "<|audio_pad|>",
-    "<img>",
-    "</img>",
-    "<image>",
-    "<so_start>",
-    "<so_end>",
-    "<so_embedding>",
-]
+BASE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def special_tokens() -> list[str]:
+    """The ChatML tokens plus every registered profile's special tokens."""
+    from ..profiles import PROFILES
+
+    toks = list(BASE_SPECIAL_TOKENS)
+    for cls in PROFILES.values():
+        toks += [t for t in cls().special_tokens() if t not in toks]
+    return toks
+
 
 TRAINING_TEXT = [
     "You are a helpful assistant.",
@@ -39,12 +33,19 @@ TRAINING_TEXT = [
 ]
 
 
-def chat_template() -> str:
-    return resources.files("omnipack.demo").joinpath("chat_template.jinja").read_text()
+def chat_template(profile: str = "qwen2_5_vl") -> str:
+    """The demo template with media items rendered as ``profile``'s template blocks."""
+    from ..profiles import PROFILES
+
+    blocks = PROFILES[profile].template_blocks
+    text = resources.files("omnipack.demo").joinpath("chat_template.jinja").read_text()
+    for kind in ("image", "video", "audio"):
+        text = text.replace(f"@{kind.upper()}_BLOCK@", "".join(blocks.get(kind, ())))
+    return text
 
 
-def build_demo_tokenizer(out_dir: str | Path, vocab_size: int = 600) -> Path:
-    """Train and save the demo tokenizer to ``out_dir``; returns the directory."""
+def build_demo_tokenizer(out_dir: str | Path, profile: str = "qwen2_5_vl", vocab_size: int = 600) -> Path:
+    """Train and save the demo tokenizer (chat template for ``profile``) to ``out_dir``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -55,7 +56,7 @@ def build_demo_tokenizer(out_dir: str | Path, vocab_size: int = 600) -> Path:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens(),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -64,8 +65,8 @@ def build_demo_tokenizer(out_dir: str | Path, vocab_size: int = 600) -> Path:
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL_TOKENS[3:],
+        additional_special_tokens=special_tokens()[len(BASE_SPECIAL_TOKENS) :],
     )
-    fast.chat_template = chat_template()
+    fast.chat_template = chat_template(profile)
     fast.save_pretrained(out)
     return out

@@ -111,6 +111,8 @@ class ModelProfile(ABC):
     template_blocks: ClassVar[dict[str, tuple[str, ...]]]
     # End-of-turn marker: the last supervised token of an assistant turn.
     turn_end: ClassVar[str] = "<|im_end|>"
+    # Special tokens an expansion writes beyond the template blocks (e.g. Nemotron's <img>, </img>).
+    expansion_tokens: ClassVar[tuple[str, ...]] = ()
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -141,8 +143,11 @@ class ModelProfile(ABC):
     def special_tokens(self) -> list[str]:
         """Every special token the profile emits (the demo tokenizer registers them)."""
         toks: list[str] = [self.turn_end]
-        for block in self.template_blocks.values():
-            toks.extend(t for t in block if t not in toks)
+        for tok in [t for block in self.template_blocks.values() for t in block] + list(
+            self.expansion_tokens
+        ):
+            if tok not in toks:
+                toks.append(tok)
         return toks
 
     def settings(self) -> dict[str, Any]:

@@ -88,6 +88,7 @@ class NemotronOmniProfile(ModelProfile):
         "video": ("<video>",),
         "audio": ("<so_embedding>",),
     }
+    expansion_tokens: ClassVar[tuple[str, ...]] = ("<img>", "</img>", "<so_start>", "<so_end>")
     image_start: ClassVar[str] = "<img>"
     image_end: ClassVar[str] = "</img>"
     image_token: ClassVar[str] = "<image>"

@@ -53,13 +53,14 @@ def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]
 class ChatTokenizer:
     """Turns a conversation plus its media plans into token ids and labels for one profile."""
 
-    def __init__(self, tokenizer_dir: str | Path, profile: ModelProfile) -> None:
+    def __init__(self, tokenizer_dir: str | Path, profile: ModelProfile, *, mrope: bool = False) -> None:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer at {tokenizer_dir} carries no chat template")
         self.profile = profile
+        self.mrope = mrope
         self._ids: dict[str, int] = {}
         for tok in profile.special_tokens():
             tid = self.tokenizer.convert_tokens_to_ids(tok)
@@ -152,7 +153,9 @@ class ChatTokenizer:
         labels = np.full(len(input_ids), IGNORE_INDEX, dtype=np.int32)
         # Position p predicts token p+1; the last token never predicts (the next sample in a pack).
         labels[:-1] = np.where(mask[1:], input_ids[1:], IGNORE_INDEX)
-        mrope = self.profile.mrope_position_ids(input_ids, spans)
+        mrope = self.profile.mrope_position_ids(input_ids, spans) if self.mrope else None
+        if self.mrope and mrope is None:
+            raise ValueError(f"profile {self.profile.name} has no mRoPE position ids")
         return EncodedSample(input_ids, labels, spans, mrope)
 
     def _find_blocks(self, ids: np.ndarray) -> list[tuple[int, str]]:

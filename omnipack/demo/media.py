@@ -1,4 +1,4 @@
-"""Synthesize media files with PyAV for tests (no fixtures on disk)."""
+"""Synthesize media files with PyAV for the demo and the tests (nothing is downloaded)."""
 
 from __future__ import annotations
 
