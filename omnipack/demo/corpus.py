@@ -47,11 +47,11 @@ def _video_and_audio(rng: np.random.Generator, media: Path, kinds: tuple[str, ..
 
     out: dict[str, list[str]] = {"video": [], "audio": []}
     if "video" in kinds:
-        # (frames, fps, width, height): odd counts, a one-frame clip, a clip with its own audio track
+        # (frames, fps, width, height): odd frame counts and a one-frame clip, each with its own audio track
         for i, (n, fps, w, h) in enumerate(
             [(12, 6, 96, 64), (5, 5, 64, 64), (1, 1, 80, 48), (9, 3, 128, 96)]
         ):
-            write_video(media / f"clip{i}.mp4", n=n, fps=fps, w=w, h=h, audio_rate=16000 if i != 2 else None)
+            write_video(media / f"clip{i}.mp4", n=n, fps=fps, w=w, h=h, audio_rate=16000)
             out["video"].append(f"clip{i}.mp4")
     if "audio" in kinds:
         for i, (secs, rate, ext) in enumerate(

@@ -47,7 +47,8 @@ class MediaMeta:
 class MediaPlan:
     """A profile's decision for one media item.
 
-    ``num_tokens`` is the exact number of placeholder tokens (= encoder features) for the item;
+    ``num_tokens`` is the exact number of placeholder tokens (= encoder features) for the item, all of
+    them, also when a video block interleaves its own audio (``audio_num_tokens`` is that audio share);
     ``vision_patches`` / ``audio_frames`` are the encoder-side costs used for per-row budgets.
     """
 

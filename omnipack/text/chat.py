@@ -184,10 +184,9 @@ class ChatTokenizer:
                 count += len(seg_ids)
             parts.append(seg_ids)
             length += len(seg_ids)
-        if count != plan.num_tokens + plan.audio_num_tokens:
+        if count != plan.num_tokens:
             raise AssertionError(
-                f"profile {self.profile.name} expanded {count} placeholders for a plan of "
-                f"{plan.num_tokens + plan.audio_num_tokens}"
+                f"profile {self.profile.name} expanded {count} placeholders for a plan of {plan.num_tokens}"
             )
         return np.asarray([t for p in parts for t in p], dtype=np.int64), first, count
 
