@@ -330,7 +330,7 @@ def print_row(v: dict[str, Any], only_sample: str | None = None) -> None:
     )
     t = Table()
     for col in ("#", "sample", "logical", "padded", "len", "pad", "media", "supervised"):
-        t.add_column(col, justify="left" if col in ("sample", "media") else "right", no_wrap=col != "sample")
+        t.add_column(col, justify="left" if col in ("sample", "media") else "right", no_wrap=col != "media")
     for s in v["sequences"]:
         kinds = Counter(m["kind"] for m in s["media"])
         t.add_row(
