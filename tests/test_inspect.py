@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -102,3 +103,10 @@ def test_plot_writes_png(small: Path, tmp_path: Path) -> None:
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     assert np.frombuffer(data[16:24], dtype=">u4").min() > 300  # a real figure, not a stub
+
+
+def test_plot_without_matplotlib(small: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    assert main(["inspect", str(small), "--plot", str(tmp_path / "x.png"), "-j", "1"]) == 1
+    assert "pip install" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()

@@ -376,6 +376,14 @@ def print_row(v: dict[str, Any], only_sample: str | None = None) -> None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     ds = open_dataset(args.dataset)
     progress = False if args.json else args.progress
+    if args.plot:  # fail before the scan, not after it
+        from .plot import MissingMatplotlib, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except MissingMatplotlib as e:
+            print(f"omnipack inspect: {e}", file=sys.stderr)
+            return 1
     need_scan = args.sample is not None or args.plot or (args.row is None)
     rows = scan_rows(ds, args.workers, progress) if need_scan else []
     out: dict[str, Any] = {}

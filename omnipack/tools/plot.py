@@ -19,6 +19,11 @@ class MissingMatplotlib(RuntimeError):
     """matplotlib is not installed."""
 
 
+def require_matplotlib() -> None:
+    """Raise MissingMatplotlib with an install hint when matplotlib is absent."""
+    _pyplot()
+
+
 def _pyplot():
     try:
         import matplotlib

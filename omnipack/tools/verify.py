@@ -84,6 +84,7 @@ class ShardReport:
     rows: int = 0
     failures: dict[str, list[str]] = field(default_factory=dict)
     samples: list[tuple[str, str]] = field(default_factory=list)  # (sample id, where)
+    notes: set[str] = field(default_factory=set)  # media checks that could not run
 
     def fail(self, check: str, msg: str) -> None:
         self.failures.setdefault(check, []).append(msg)
@@ -160,6 +161,9 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
         if name in meta and meta[name] != expected:
             rep.fail("row-meta", f"{where}: meta.json {name}={meta[name]}, the arrays say {expected}")
 
+    unknown = {m.kind for m in row.media} - set(job.placeholder_ids or {})
+    if unknown and job.placeholder_ids is not None:
+        rep.notes.update(f"{k} blocks not counted: no placeholder id recorded for {k}" for k in unknown)
     if row.media and job.placeholder_ids is not None:
         for e in media_placeholder_errors(row, job.placeholder_ids, job.merge_sizes):
             rep.fail("media", f"{where}: {e}")
@@ -406,6 +410,7 @@ def run_verify(
     for rep in reports:
         for check, msgs in rep.failures.items():
             results[check].failures.extend(msgs)
+    results["media"].notes += sorted({n for rep in reports for n in rep.notes})
     _accounting(ds, reports, results["accounting"])
     return [results[n] for n in CHECK_NAMES]
 
@@ -427,9 +432,9 @@ def print_report(results: list[CheckResult], root: str, max_shown: int = MAX_SHO
         if len(r.failures) > max_shown:
             con.print(f"         … and {len(r.failures) - max_shown} more (use --json or --max-shown)")
         if r.skipped:
-            con.print(f"         [yellow]{escape(r.skipped)}[/]")
+            con.print(f"         [yellow]{escape(r.skipped)}[/]", soft_wrap=True)
         for note in r.notes:
-            con.print(f"         [dim]{escape(note)}[/]")
+            con.print(f"         [dim]{escape(note)}[/]", soft_wrap=True)
     failed = [r.name for r in results if r.status == "fail"]
     if failed:
         con.print(f"[bold red]FAILED[/]: {len(failed)} of {len(results)} checks ({', '.join(failed)})")
@@ -464,7 +469,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print_report(results, args.dataset, args.max_shown)
-    return 1 if any(r.status == "fail" for r in results) else 0
+    bad = ("fail", "skip") if args.strict else ("fail",)
+    return 1 if any(r.status in bad for r in results) else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -481,6 +487,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--tokenizer", help="tokenizer directory for placeholder ids (default: from omnipack.json)"
     )
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    p.add_argument(
+        "--strict", action="store_true", help="a skipped check (e.g. no placeholder ids) fails too"
+    )
     p.add_argument("--max-shown", type=int, default=MAX_SHOWN, help="failures printed per check")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.set_defaults(func=cmd_verify)
