@@ -439,7 +439,9 @@ def print_report(results: list[CheckResult], root: str, max_shown: int = MAX_SHO
     if failed:
         con.print(f"[bold red]FAILED[/]: {len(failed)} of {len(results)} checks ({', '.join(failed)})")
     else:
-        con.print(f"[bold green]OK[/]: all {len(results)} checks passed")
+        skipped = [r.name for r in results if r.status == "skip"]
+        note = f", {len(skipped)} skipped ({', '.join(skipped)})" if skipped else ""
+        con.print(f"[bold green]OK[/]: {len(results) - len(skipped)} of {len(results)} checks passed{note}")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
