@@ -187,3 +187,75 @@ def row_invariant_errors(row: PackedRowArrays, align: int) -> list[str]:
         if not (a <= m.token_start and m.token_start + m.num_tokens <= b):
             errs.append(f"media {i} ({m.part}) lies outside its sequence {m.sample_index}")
     return errs
+
+
+def media_placeholder_errors(
+    row: PackedRowArrays,
+    placeholder_ids: dict[str, int],
+    merge_sizes: dict[str, int] | None = None,
+) -> list[str]:
+    """Every media block whose placeholder tokens disagree with its recorded count or grid.
+
+    ``placeholder_ids`` maps a media kind to its placeholder token id; ``merge_sizes`` (optional) maps a
+    kind with a patch grid to its spatial merge size, so ``prod(grid_thw) / merge**2`` must equal the
+    block's feature count. Items of a kind missing from ``placeholder_ids`` are not checked (the caller
+    should say so). A block with interleaved placeholders (``info.audio_num_tokens``, audio inside
+    a video) is counted over the span up to the next block instead of as one contiguous run.
+    """
+    errs: list[str] = []
+    tokens = row.tokens
+    w = int(tokens.shape[0])
+    known = [int(v) for v in placeholder_ids.values()]
+    cu, cup = row.cu_seqlens.astype(np.int64), row.cu_seqlens_padded.astype(np.int64)
+    lens = np.diff(cu)
+    starts = sorted({m.token_start for m in row.media})
+    ends = {m.token_start + m.num_tokens for m in row.media}
+
+    def who(i: int, m: MediaItem) -> str:
+        sid = row.sample_ids[m.sample_index] if 0 <= m.sample_index < len(row.sample_ids) else "?"
+        return f"media {i} ({m.kind} {m.part}, sample {sid})"
+
+    for i, m in enumerate(row.media):
+        if not 0 <= m.sample_index < len(lens):
+            errs.append(f"{who(i, m)}: sample_index {m.sample_index} out of range")
+            continue
+        pid = placeholder_ids.get(m.kind)
+        if pid is None:  # the caller reports unknown kinds; nothing to count against here
+            continue
+        a, n = int(m.token_start), int(m.num_tokens)
+        extra = int((m.info or {}).get("audio_num_tokens") or 0)
+        if n <= 0 or a < 0 or a + n > w:
+            errs.append(f"{who(i, m)}: span [{a}, {a + n}) is empty or outside the row")
+            continue
+        if extra == 0:
+            found = int((tokens[a : a + n] == pid).sum())
+            if found != n:
+                errs.append(
+                    f"{who(i, m)}: {found} of its {n} positions [{a}, {a + n}) hold placeholder id {pid}"
+                )
+            # A run continuing past the block means the recorded count is too small.
+            elif (a + n < w and tokens[a + n] == pid and (a + n) not in starts) or (
+                a > 0 and tokens[a - 1] == pid and a not in ends
+            ):
+                errs.append(
+                    f"{who(i, m)}: placeholder run around [{a}, {a + n}) is longer than num_tokens={n}"
+                )
+        else:
+            seq_end = int(cup[m.sample_index] + lens[m.sample_index])
+            nxt = min([s for s in starts if s > a] + [seq_end])
+            found = int(np.isin(tokens[a:nxt], known).sum())
+            if found != n:
+                errs.append(f"{who(i, m)}: {found} placeholder tokens in [{a}, {nxt}), recorded {n}")
+        merge = (merge_sizes or {}).get(m.kind)
+        if m.grid_thw is not None and merge:
+            expected = int(np.prod(m.grid_thw)) // (merge * merge)
+            if expected != n - extra:
+                errs.append(
+                    f"{who(i, m)}: grid_thw {list(m.grid_thw)} / merge {merge}^2 gives {expected} "
+                    f"features, block has {n - extra}"
+                )
+    total = int(np.isin(tokens, known).sum()) if known else 0
+    recorded = sum(int(m.num_tokens) for m in row.media if m.kind in placeholder_ids)
+    if total != recorded:
+        errs.append(f"row holds {total} placeholder tokens but its media items account for {recorded}")
+    return errs

@@ -23,6 +23,26 @@ STAGES_DIR = "stages"
 REJECTS_FILE = "rejects.jsonl"
 
 
+def placeholder_token_ids(chat: Any) -> dict[str, int]:
+    """Token id of each media kind's placeholder (the token counted per feature), recorded so that
+    ``omnipack verify`` can count placeholders without loading the tokenizer.
+
+    Found by expanding a minimal plan of each kind the profile supports; a kind whose profile cannot
+    expand such a plan is left out (verify then falls back to the tokenizer).
+    """
+    from .profiles.base import MediaPlan
+
+    out: dict[str, int] = {}
+    for kind in chat.profile.kinds:
+        try:
+            segs = chat.profile.expand(MediaPlan(kind=kind, num_tokens=1, grid_thw=(1, 2, 2)))
+            token = next(s.token for s in segs if s.placeholder and s.token is not None)
+            out[kind] = chat._token_id(token)
+        except Exception:  # a profile with richer plan requirements; verify has a fallback
+            continue
+    return out
+
+
 class NothingPacked(RuntimeError):
     """Every input sample was rejected."""
 
@@ -160,6 +180,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
             "path": str(cfg.tokenizer),
             "fingerprint": chat.fingerprint(),
             "pad_token_id": int(pad_id),
+            "placeholder_token_ids": placeholder_token_ids(chat),
         },
         "seq_length": cfg.seq_length,
         "align": align,

@@ -6,6 +6,8 @@ import argparse
 
 
 def register_tools(sub: argparse._SubParsersAction) -> None:
-    from . import convert
+    from . import convert, inspect, verify
 
     convert.register(sub)
+    inspect.register(sub)
+    verify.register(sub)
