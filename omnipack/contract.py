@@ -30,9 +30,11 @@ def part_name(field_name: str) -> str:
 class MediaItem:
     """One media block of a row, in placeholder order.
 
-    ``token_start`` is the row position of the block's first placeholder token and ``num_tokens`` how many
-    placeholder tokens it spans; ``part`` names the tar part holding its data (already at the model's
-    target size / sample rate).
+    ``[block_start, block_end)`` is the whole expanded block in the row (markers, timestamp text and
+    placeholders, which may be interleaved with other tokens, e.g. per-frame text or audio-in-video);
+    ``token_start`` is the row position of its first placeholder and ``num_tokens`` how many placeholder
+    tokens the block holds; ``part`` names the tar part holding its data (already at the model's target
+    size / sample rate).
     """
 
     kind: str  # "image" | "video" | "audio"
@@ -40,6 +42,8 @@ class MediaItem:
     sample_index: int  # index of the owning sequence within the row
     token_start: int
     num_tokens: int
+    block_start: int
+    block_end: int
     grid_thw: list[int] | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -50,6 +54,7 @@ class MediaItem:
             "sample_index": self.sample_index,
             "token_start": self.token_start,
             "num_tokens": self.num_tokens,
+            "block": [self.block_start, self.block_end],
         }
         if self.grid_thw is not None:
             out["grid_thw"] = list(self.grid_thw)
@@ -65,6 +70,8 @@ class MediaItem:
             sample_index=d["sample_index"],
             token_start=d["token_start"],
             num_tokens=d["num_tokens"],
+            block_start=d["block"][0],
+            block_end=d["block"][1],
             grid_thw=d.get("grid_thw"),
             info=d.get("info", {}),
         )
@@ -184,78 +191,60 @@ def row_invariant_errors(row: PackedRowArrays, align: int) -> list[str]:
         errs.append("the last token of a sequence has a label (it would predict the next sample)")
     for i, m in enumerate(row.media):
         a, b = cup[m.sample_index], cup[m.sample_index] + lens[m.sample_index]
-        if not (a <= m.token_start and m.token_start + m.num_tokens <= b):
+        if not (a <= m.block_start <= m.token_start < m.block_end <= b):
             errs.append(f"media {i} ({m.part}) lies outside its sequence {m.sample_index}")
     return errs
 
 
 def media_placeholder_errors(
     row: PackedRowArrays,
-    placeholder_ids: dict[str, int],
+    placeholder_ids: dict[str, list[int]],
     merge_sizes: dict[str, int] | None = None,
 ) -> list[str]:
     """Every media block whose placeholder tokens disagree with its recorded count or grid.
 
-    ``placeholder_ids`` maps a media kind to its placeholder token id; ``merge_sizes`` (optional) maps a
-    kind with a patch grid to its spatial merge size, so ``prod(grid_thw) / merge**2`` must equal the
-    block's feature count. Items of a kind missing from ``placeholder_ids`` are not checked (the caller
-    should say so). A block with interleaved placeholders (``info.audio_num_tokens``, audio inside
-    a video) is counted over the span up to the next block instead of as one contiguous run.
+    ``placeholder_ids`` maps a media kind to the token ids that count as its features (a video with
+    its own audio counts video and audio pads). Each block's placeholders are counted over its extent
+    ``[block_start, block_end)``, so interleaved layouts (per-frame text, audio-in-video) need no special
+    case; and every placeholder token of the row must belong to some block. ``merge_sizes`` (optional)
+    maps a kind with a patch grid to its spatial merge size: ``prod(grid_thw) / merge**2`` must equal the
+    block's vision features. Kinds missing from ``placeholder_ids`` are not checked (the caller says so).
     """
     errs: list[str] = []
     tokens = row.tokens
-    w = int(tokens.shape[0])
-    known = [int(v) for v in placeholder_ids.values()]
-    cu, cup = row.cu_seqlens.astype(np.int64), row.cu_seqlens_padded.astype(np.int64)
-    lens = np.diff(cu)
-    starts = sorted({m.token_start for m in row.media})
-    ends = {m.token_start + m.num_tokens for m in row.media}
 
     def who(i: int, m: MediaItem) -> str:
         sid = row.sample_ids[m.sample_index] if 0 <= m.sample_index < len(row.sample_ids) else "?"
         return f"media {i} ({m.kind} {m.part}, sample {sid})"
 
     for i, m in enumerate(row.media):
-        if not 0 <= m.sample_index < len(lens):
-            errs.append(f"{who(i, m)}: sample_index {m.sample_index} out of range")
+        ids = placeholder_ids.get(m.kind)
+        if ids is None:
             continue
-        pid = placeholder_ids.get(m.kind)
-        if pid is None:  # the caller reports unknown kinds; nothing to count against here
+        a, b = int(m.block_start), int(m.block_end)
+        if not 0 <= a <= m.token_start < b <= len(tokens):
+            errs.append(f"{who(i, m)}: block [{a}, {b}) / first placeholder {m.token_start} outside the row")
             continue
-        a, n = int(m.token_start), int(m.num_tokens)
-        extra = int((m.info or {}).get("audio_num_tokens") or 0)
-        if n <= 0 or a < 0 or a + n > w:
-            errs.append(f"{who(i, m)}: span [{a}, {a + n}) is empty or outside the row")
-            continue
-        if extra == 0:
-            found = int((tokens[a : a + n] == pid).sum())
-            if found != n:
-                errs.append(
-                    f"{who(i, m)}: {found} of its {n} positions [{a}, {a + n}) hold placeholder id {pid}"
-                )
-            # A run continuing past the block means the recorded count is too small.
-            elif (a + n < w and tokens[a + n] == pid and (a + n) not in starts) or (
-                a > 0 and tokens[a - 1] == pid and a not in ends
-            ):
-                errs.append(
-                    f"{who(i, m)}: placeholder run around [{a}, {a + n}) is longer than num_tokens={n}"
-                )
-        else:
-            seq_end = int(cup[m.sample_index] + lens[m.sample_index])
-            nxt = min([s for s in starts if s > a] + [seq_end])
-            found = int(np.isin(tokens[a:nxt], known).sum())
-            if found != n:
-                errs.append(f"{who(i, m)}: {found} placeholder tokens in [{a}, {nxt}), recorded {n}")
+        found = int(np.isin(tokens[a:b], ids).sum())
+        if found != m.num_tokens:
+            errs.append(
+                f"{who(i, m)}: {found} placeholder tokens in its block [{a}, {b}), recorded {m.num_tokens}"
+            )
+        if tokens[m.token_start] not in ids:
+            errs.append(f"{who(i, m)}: token {m.token_start} is not a placeholder")
         merge = (merge_sizes or {}).get(m.kind)
+        extra = int((m.info or {}).get("audio_num_tokens") or 0)
         if m.grid_thw is not None and merge:
             expected = int(np.prod(m.grid_thw)) // (merge * merge)
-            if expected != n - extra:
+            if expected != m.num_tokens - extra:
                 errs.append(
                     f"{who(i, m)}: grid_thw {list(m.grid_thw)} / merge {merge}^2 gives {expected} "
-                    f"features, block has {n - extra}"
+                    f"features, block has {m.num_tokens - extra}"
                 )
+    checked = [m for m in row.media if m.kind in placeholder_ids]
+    known = sorted({int(t) for m in checked for t in placeholder_ids[m.kind]})
     total = int(np.isin(tokens, known).sum()) if known else 0
-    recorded = sum(int(m.num_tokens) for m in row.media if m.kind in placeholder_ids)
+    recorded = sum(int(m.num_tokens) for m in checked)
     if total != recorded:
         errs.append(f"row holds {total} placeholder tokens but its media items account for {recorded}")
     return errs

@@ -23,24 +23,12 @@ STAGES_DIR = "stages"
 REJECTS_FILE = "rejects.jsonl"
 
 
-def placeholder_token_ids(chat: Any) -> dict[str, int]:
-    """Token id of each media kind's placeholder (the token counted per feature), recorded so that
-    ``omnipack verify`` can count placeholders without loading the tokenizer.
-
-    Found by expanding a minimal plan of each kind the profile supports; a kind whose profile cannot
-    expand such a plan is left out (verify then falls back to the tokenizer).
-    """
-    from .profiles.base import MediaPlan
-
-    out: dict[str, int] = {}
-    for kind in chat.profile.kinds:
-        try:
-            segs = chat.profile.expand(MediaPlan(kind=kind, num_tokens=1, grid_thw=(1, 2, 2)))
-            token = next(s.token for s in segs if s.placeholder and s.token is not None)
-            out[kind] = chat._token_id(token)
-        except Exception:  # a profile with richer plan requirements; verify has a fallback
-            continue
-    return out
+def placeholder_token_ids(chat: Any) -> dict[str, list[int]]:
+    """Token ids that count as features, per media kind; recorded so that ``omnipack verify`` can
+    count placeholders without loading the tokenizer."""
+    return {
+        kind: [chat._token_id(t) for t in tokens] for kind, tokens in chat.profile.placeholder_tokens.items()
+    }
 
 
 class NothingPacked(RuntimeError):

@@ -61,7 +61,7 @@ def assemble_row(
             mrope[:, a : a + n] = s.mrope_position_ids
             nxt = int(s.mrope_position_ids.max()) + 1 if n else 0
             mrope[:, a + n : a + p] = np.arange(nxt, nxt + p - n, dtype=np.int32)
-        for plan, (_start, _end, ph_start, n_ph), part in s.media:
+        for plan, (start, end, ph_start, n_ph), part in s.media:
             info = {k: v for k, v in plan.to_json().items() if k not in ("kind", "num_tokens", "grid_thw")}
             media.append(
                 MediaItem(
@@ -70,6 +70,8 @@ def assemble_row(
                     sample_index=i,
                     token_start=a + ph_start,
                     num_tokens=n_ph,
+                    block_start=a + start,
+                    block_end=a + end,
                     grid_thw=None if plan.grid_thw is None else list(plan.grid_thw),
                     info={k: v for k, v in info.items() if v not in (None, 0, {})},
                 )

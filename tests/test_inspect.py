@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from tools_dataset import build_small_dataset
 
 from omnipack.cli import main
 from omnipack.tools.dataset_reader import open_dataset, read_row
 from omnipack.tools.inspect import find_sample, row_view, scan_rows, summary
+from tests.tools_dataset import build_small_dataset
 
 
 @pytest.fixture(scope="module")

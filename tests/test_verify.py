@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tools_dataset import build_small_dataset, copy_dataset, edit_json, rewrite_shard
 
 from omnipack.cli import main
 from omnipack.codec import load_npy, npy_bytes
 from omnipack.tools.verify import CHECK_NAMES, run_verify
+from tests.tools_dataset import build_small_dataset, copy_dataset, edit_json, rewrite_shard
 
 SHARD = "shards/shard-000001.tar"
 

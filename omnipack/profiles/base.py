@@ -112,6 +112,8 @@ class ModelProfile(ABC):
     template_blocks: ClassVar[dict[str, tuple[str, ...]]]
     # End-of-turn marker: the last supervised token of an assistant turn.
     turn_end: ClassVar[str] = "<|im_end|>"
+    # The tokens that count as one encoder feature each, per kind (what placeholder counts count).
+    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]]
     # Special tokens an expansion writes beyond the template blocks (e.g. Nemotron's <img>, </img>).
     expansion_tokens: ClassVar[tuple[str, ...]] = ()
 

@@ -88,6 +88,12 @@ class NemotronOmniProfile(ModelProfile):
         "video": ("<video>",),
         "audio": ("<so_embedding>",),
     }
+    # Video tubelets reuse the image token (each tubelet is an <image> run after its frame text).
+    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {
+        "image": ("<image>",),
+        "video": ("<image>",),
+        "audio": ("<so_embedding>",),
+    }
     expansion_tokens: ClassVar[tuple[str, ...]] = ("<img>", "</img>", "<so_start>", "<so_end>")
     image_start: ClassVar[str] = "<img>"
     image_end: ClassVar[str] = "</img>"

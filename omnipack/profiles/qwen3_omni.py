@@ -91,6 +91,12 @@ class Qwen3OmniProfile(QwenVLProfile):
         "video": ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
         "audio": ("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"),
     }
+    # A video block with its own audio interleaves audio pads: both count as that block's features.
+    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {
+        "image": ("<|image_pad|>",),
+        "video": ("<|video_pad|>", "<|audio_pad|>"),
+        "audio": ("<|audio_pad|>",),
+    }
     audio_start: ClassVar[str] = "<|audio_start|>"
     audio_pad: ClassVar[str] = "<|audio_pad|>"
     audio_end: ClassVar[str] = "<|audio_end|>"

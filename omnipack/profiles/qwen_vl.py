@@ -220,6 +220,10 @@ class QwenVLProfile(ModelProfile):
         "image": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
         "video": ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
     }
+    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {
+        "image": ("<|image_pad|>",),
+        "video": ("<|video_pad|>",),
+    }
     image_pad: ClassVar[str] = "<|image_pad|>"
     video_pad: ClassVar[str] = "<|video_pad|>"
     vision_start: ClassVar[str] = "<|vision_start|>"

@@ -236,7 +236,7 @@ class RowSummary:
     sample_ids: list[str]
     cu_seqlens: list[int]
     cu_seqlens_padded: list[int]
-    media: list[dict[str, Any]]  # kind, sample_index, token_start, num_tokens
+    media: list[dict[str, Any]]  # kind, sample_index, token_start, num_tokens, block
 
     @property
     def width(self) -> int:
@@ -260,7 +260,7 @@ def summarize_raw(shard: str, raw: RawRow) -> RowSummary:
         cu_seqlens=load_npy(raw.parts[part_name("cu_seqlens")]).astype(int).tolist(),
         cu_seqlens_padded=load_npy(raw.parts[part_name("cu_seqlens_padded")]).astype(int).tolist(),
         media=[
-            {k: m[k] for k in ("kind", "sample_index", "token_start", "num_tokens")}
+            {k: m[k] for k in ("kind", "sample_index", "token_start", "num_tokens", "block")}
             for m in meta.get("media", [])
         ],
     )

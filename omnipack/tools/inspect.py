@@ -132,11 +132,12 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist(), strict=True))
 
 
-def _token_names(tok: Any, ph_ids: dict[str, int]) -> dict[int, str]:
+def _token_names(tok: Any, ph_ids: dict[str, list[int]]) -> dict[int, str]:
     names = {}
-    for kind, tid in ph_ids.items():
-        name = tok.convert_ids_to_tokens(int(tid)) if tok is not None else None
-        names[int(tid)] = name or f"<{kind} placeholder>"
+    for kind, tids in ph_ids.items():
+        for tid in tids:
+            name = tok.convert_ids_to_tokens(int(tid)) if tok is not None else None
+            names.setdefault(int(tid), name or f"<{kind} placeholder>")
     return names
 
 
@@ -183,7 +184,7 @@ def _turns(ids: np.ndarray, tok: Any, offset: int) -> list[dict[str, Any]]:
 
 
 def row_view(
-    ds: Dataset, index: int, tokenizer: str | None = None, ph_ids: dict[str, int] | None = None
+    ds: Dataset, index: int, tokenizer: str | None = None, ph_ids: dict[str, list[int]] | None = None
 ) -> dict[str, Any]:
     """One row laid out sequence by sequence (positions are row positions)."""
     shard, local = ds.locate(index)
@@ -192,7 +193,7 @@ def row_view(
     tok = _load_tokenizer(tokenizer or ds.tokenizer_path)
     if ph_ids is None:
         ph_ids = {
-            k: int(v)
+            k: [int(t) for t in v]
             for k, v in ((ds.meta.get("tokenizer") or {}).get("placeholder_token_ids") or {}).items()
         }
     ph_names = _token_names(tok, ph_ids)
@@ -359,8 +360,8 @@ def print_row(v: dict[str, Any], only_sample: str | None = None) -> None:
         for m in s["media"]:
             grid = f" grid_thw {tuple(m['grid_thw'])}" if m.get("grid_thw") else ""
             con.print(
-                f"{m['kind']} {m['part']}: [{m['token_start']},{m['token_start'] + m['num_tokens']}) "
-                f"×{m['num_tokens']}{grid}",
+                f"{m['kind']} {m['part']}: block [{m['block'][0]},{m['block'][1]}) "
+                f"×{m['num_tokens']} placeholders from {m['token_start']}{grid}",
                 soft_wrap=True,
             )
         sup = " ".join(f"[{a},{b})" for a, b in s["supervised_spans"])

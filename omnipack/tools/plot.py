@@ -64,7 +64,7 @@ def plot_dataset(
             )
         for m in r.media:
             ax.broken_barh(
-                [(m["token_start"], m["num_tokens"])],
+                [(m["block"][0], m["block"][1] - m["block"][0])],
                 (y - 0.28, 0.56),
                 facecolors=KIND_COLORS.get(m["kind"], "#e15759"),
                 edgecolor="none",

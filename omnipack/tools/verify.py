@@ -74,7 +74,7 @@ class ShardJob:
     align: int
     expected_count: int | None
     recorded: dict[str, Any] | None  # omnipack.json's record: count, num_bytes, sha256
-    placeholder_ids: dict[str, int] | None
+    placeholder_ids: dict[str, list[int]] | None
     merge_sizes: dict[str, int]
 
 
@@ -245,11 +245,11 @@ def _merge_sizes(ds: Dataset) -> dict[str, int]:
     return out
 
 
-def placeholder_ids_for(ds: Dataset, tokenizer: str | None = None) -> tuple[dict[str, int] | None, str]:
-    """Placeholder token id per kind and where it came from: omnipack.json, else the tokenizer."""
+def placeholder_ids_for(ds: Dataset, tokenizer: str | None = None) -> tuple[dict[str, list[int]] | None, str]:
+    """Placeholder token ids per kind and where they came from: omnipack.json, else the tokenizer."""
     recorded = (ds.meta.get("tokenizer") or {}).get("placeholder_token_ids")
     if recorded and tokenizer is None:
-        return {k: int(v) for k, v in recorded.items()}, "omnipack.json"
+        return {k: [int(t) for t in v] for k, v in recorded.items()}, "omnipack.json"
     path = tokenizer or ds.tokenizer_path
     if not path or not Path(path).exists():
         return None, f"not recorded in omnipack.json and no tokenizer at {path!r} (use --tokenizer)"
@@ -259,7 +259,7 @@ def placeholder_ids_for(ds: Dataset, tokenizer: str | None = None) -> tuple[dict
         from ..text.chat import ChatTokenizer
 
         profile = ds.meta.get("profile") or {}
-        chat = ChatTokenizer(path, get_profile(profile.get("name", "")))
+        chat = ChatTokenizer(path, get_profile(profile.get("name", ""), **(profile.get("options") or {})))
         return placeholder_token_ids(chat), f"tokenizer {path}"
     except Exception as e:
         return None, f"tokenizer {path} unusable: {type(e).__name__}: {e}"
