@@ -102,5 +102,9 @@ def test_mixed_corpus_rows_match_their_media(tmp_path, profile, options, mrope):
     assert {"image", "video", "audio"} <= kinds_seen
     if options.get("use_audio_in_video"):
         assert "video+audio" in kinds_seen
+    from omnipack.tools.verify import run_verify
+
+    results = run_verify(str(tmp_path / "ds"), workers=1, progress=False)
+    assert [r.name for r in results if r.status != "pass"] == []
     meta = json.loads((tmp_path / "ds" / ".nv-meta" / "omnipack.json").read_text())
     assert meta["profile"]["options"] == options and meta["mrope_position_ids"] is mrope
