@@ -45,6 +45,13 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--shard-size-mb",), {"type": float, "help": "roll shards over at this size"}),
     (("--shard-max-rows",), {"type": int}),
     (("--workers", "-j"), {"type": int, "help": "processes for measuring and writing"}),
+    (
+        ("--from-stage",),
+        {
+            "choices": ["measure", "pack"],
+            "help": "pack: reuse the measure tables of an earlier run (repack/rewrite)",
+        },
+    ),
     (("--overwrite",), {"action": argparse.BooleanOptionalAction, "default": None}),
     (("--progress",), {"action": argparse.BooleanOptionalAction, "default": None, "help": "progress bars"}),
 ]

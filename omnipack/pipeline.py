@@ -31,6 +31,24 @@ def placeholder_token_ids(chat: Any) -> dict[str, list[int]]:
     }
 
 
+FROM_STAGES = ("measure", "pack")
+MEASURE_KEY_FILE = "measure.json"
+
+
+def _check_measure_reusable(measure_dir: Path, key: dict[str, Any]) -> int:
+    """The input count of an earlier measure run, after checking it measured with the same settings."""
+    path = measure_dir / MEASURE_KEY_FILE
+    if not path.exists() or not (measure_dir / "samples.parquet").exists():
+        raise FileNotFoundError(f"no earlier measure run under {measure_dir}; run without --from-stage first")
+    recorded = json.loads(path.read_text())
+    changed = [k for k, v in key.items() if recorded.get(k) != v]
+    if changed:
+        raise ValueError(
+            f"measure settings changed since the last run ({', '.join(changed)}): re-measure instead"
+        )
+    return int(recorded["input"])
+
+
 class NothingPacked(RuntimeError):
     """Every input sample was rejected."""
 
@@ -66,6 +84,7 @@ class PrepareConfig:
     workers: int = 1
     overwrite: bool = False
     progress: bool = True
+    from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PrepareConfig:
@@ -87,31 +106,52 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
     align = cfg.layout.alignment
     check_seq_length(cfg.seq_length, align)
     out = Path(cfg.output)
-    if out.exists() and any(out.iterdir()):
-        if not cfg.overwrite:
-            raise FileExistsError(f"output {out} is not empty (use --overwrite)")
-        for sub in ("shards", NV_META, STAGES_DIR):
-            shutil.rmtree(out / sub, ignore_errors=True)
     stages = out / STAGES_DIR
+    measure_dir = stages / "measure"
+    if cfg.from_stage not in FROM_STAGES:
+        raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
+    resume = cfg.from_stage == "pack"
+    if out.exists() and any(out.iterdir()):
+        if not (cfg.overwrite or resume):
+            raise FileExistsError(
+                f"output {out} is not empty (use --overwrite, or --from-stage pack to repack)"
+            )
+        for sub in ("shards", NV_META) + (() if resume else (STAGES_DIR,)):
+            shutil.rmtree(out / sub, ignore_errors=True)
     stages.mkdir(parents=True, exist_ok=True)
-    manifests = [Path(p) for p in cfg.manifest]
-    for p in manifests:
-        if not p.is_file():
-            raise FileNotFoundError(f"manifest {p} not found")
-
     mcfg = MeasureConfig(
         cfg.profile, cfg.tokenizer, cfg.media_root, align, dict(cfg.profile_options), cfg.mrope
     )
-    n_input = sum(1 for _ in read_manifest(manifests))
-    measured = run_measure(
-        read_manifest(manifests),
-        mcfg,
-        stages / "measure",
-        workers=cfg.workers,
-        progress=cfg.progress,
-        total=n_input,
-    )
-    samples_path = stages / "measure" / "samples.parquet"
+    from .profiles import get_profile
+    from .text.chat import ChatTokenizer
+
+    chat = ChatTokenizer(cfg.tokenizer, get_profile(cfg.profile, **cfg.profile_options))
+    measure_key = {
+        "profile": cfg.profile,
+        "profile_options": dict(cfg.profile_options),
+        "tokenizer_fingerprint": chat.fingerprint(),
+        "mrope": cfg.mrope,
+        "manifest": [str(p) for p in cfg.manifest],
+    }
+    if resume:
+        n_input = _check_measure_reusable(measure_dir, measure_key)
+        measured = {"measured": pq.read_metadata(measure_dir / "samples.parquet").num_rows}
+    else:
+        manifests = [Path(p) for p in cfg.manifest]
+        for p in manifests:
+            if not p.is_file():
+                raise FileNotFoundError(f"manifest {p} not found")
+        n_input = sum(1 for _ in read_manifest(manifests))
+        measured = run_measure(
+            read_manifest(manifests),
+            mcfg,
+            measure_dir,
+            workers=cfg.workers,
+            progress=cfg.progress,
+            total=n_input,
+        )
+        (measure_dir / MEASURE_KEY_FILE).write_text(json.dumps({**measure_key, "input": n_input}, indent=2))
+    samples_path = measure_dir / "samples.parquet"
 
     pcfg = PackConfig(
         seq_length=cfg.seq_length,
@@ -129,10 +169,6 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
     plan = run_pack(samples_path, pcfg)
     write_plan(plan, stages / "plan.parquet")
 
-    from .profiles import get_profile
-    from .text.chat import ChatTokenizer
-
-    chat = ChatTokenizer(cfg.tokenizer, get_profile(cfg.profile, **cfg.profile_options))
     pad_id = chat.tokenizer.pad_token_id
     if pad_id is None:
         pad_id = chat.tokenizer.eos_token_id
@@ -148,7 +184,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
     )
     shards, write_rejects, write_stats = write_rows(samples_path, plan, out, wcfg, progress=cfg.progress)
 
-    rejects = pq.read_table(stages / "measure" / "rejects.parquet").to_pylist() + plan.rejects + write_rejects
+    rejects = pq.read_table(measure_dir / "rejects.parquet").to_pylist() + plan.rejects + write_rejects
     rejects.sort(key=lambda r: r["sample_index"])
     with open(out / REJECTS_FILE, "w") as f:
         for r in rejects:

@@ -192,3 +192,22 @@ def test_row_meta_follows_the_published_schema(dataset):
         validator.validate(json.loads(parts["meta.json"]))
         declared = set(load_schema("packed_row.schema.json")["x-array-parts"])
         assert {p for p in parts if p.endswith(".npy") and not p.startswith("media.")} <= declared
+
+
+def test_repack_from_measure_tables(tmp_path, demo_tokenizer, demo_corpus):
+    root, first = _prepare(tmp_path / "ds", demo_tokenizer, demo_corpus, seq_length=4096)
+    samples = root / "stages" / "measure" / "samples.parquet"
+    before = samples.stat().st_mtime_ns
+    _, second = _prepare(root, demo_tokenizer, demo_corpus, seq_length=2048, cp=4, from_stage="pack")
+    assert samples.stat().st_mtime_ns == before  # nothing re-measured
+    assert second["align"] == 8 and second["seq_length"] == 2048
+    assert (
+        second["counts"]["input"]
+        == first["counts"]["input"]
+        == second["counts"]["packed"] + second["counts"]["rejected"]
+    )
+    assert second["counts"]["rows"] > first["counts"]["rows"]
+    for parts in read_rows_from_tars(root).values():
+        assert row_invariant_errors(decode_row(parts)[0], 8) == []
+    with pytest.raises(ValueError, match="measure settings changed .*profile_options"):
+        _prepare(root, demo_tokenizer, demo_corpus, from_stage="pack", profile_options={"max_pixels": 50176})
