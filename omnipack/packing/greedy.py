@@ -59,13 +59,25 @@ class _RowBuckets:
         return taken[0] if len(taken) == 1 else np.concatenate(taken)
 
 
-def bfd_classes(values: np.ndarray, counts: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
-    """Best-fit decreasing: each item goes to the open row with the least remaining space that fits it."""
+def bfd_classes(
+    values: np.ndarray, counts: np.ndarray, capacity: int, open_space: np.ndarray | None = None
+) -> tuple[np.ndarray, int]:
+    """Best-fit decreasing: each item goes to the open row with the least remaining space that fits it.
+
+    ``open_space[r]`` optionally gives rows ``0..len-1`` that are already partly filled; new rows follow.
+    """
     if len(values) == 0:
-        return _EMPTY, 0
+        return _EMPTY, 0 if open_space is None else len(open_space)
     buckets = _RowBuckets(int(values[-1]))
-    slot_parts: list[np.ndarray] = []
+    slot_parts: list[np.ndarray] = [_EMPTY]
     num_rows = 0
+    if open_space is not None and len(open_space):
+        num_rows = len(open_space)
+        by_space = np.argsort(open_space, kind="stable")
+        sorted_space = open_space[by_space]
+        cuts = np.flatnonzero(np.diff(sorted_space)) + 1
+        for group in np.split(by_space, cuts):
+            buckets.push(int(open_space[group[0]]), group.astype(np.int64))
     for v, c in zip(values.tolist(), counts.tolist(), strict=True):
         while c:
             i = bisect_left(buckets.nonempty, v)
