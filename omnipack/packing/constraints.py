@@ -56,56 +56,82 @@ def constrained_bfd(
     """Item-by-item best-fit decreasing with sample-count and resource limits.
 
     Returns ``(row_of, num_rows)``. Among rows with enough space it picks the one with the least space
-    that also satisfies every limit (ties: oldest row). Rows that reach a limit on count are closed.
+    that also satisfies every limit (ties: oldest row). Rows that reach the sample cap are closed.
+    Open rows sit in buckets by remaining space; per bucket an upper bound of its rows' remaining
+    budgets (a numpy array over buckets) lets an item that needs resources skip, in one vectorised
+    test, every bucket whose rows cannot take it.
     """
     n = len(lengths)
     amounts, budgets = constraints.amounts_matrix(n)
     num_resources = len(budgets)
     max_samples = constraints.max_samples_per_row or n + 1
-    budget_list = budgets.tolist()
+    # Spaces are multiples of the lengths' common divisor (the alignment): index buckets by that unit.
+    unit = int(np.gcd.reduce(np.append(lengths, capacity)))
     min_length = int(lengths.min())
-    order = np.argsort(-lengths.astype(np.int64), kind="stable")
+    order = np.argsort(-lengths, kind="stable")
     row_of = np.empty(n, dtype=np.int32)
-    # Per-row state as Python lists: space, sample count, remaining resource budgets.
     row_space: list[int] = []
     row_count: list[int] = []
-    row_left: list[list[int]] = []
-    buckets: dict[int, dict[int, None]] = {}  # space -> insertion-ordered set of open rows
-    nonempty: list[int] = []
+    row_left: list[list[int]] = []  # remaining resource budgets per row
+    buckets: dict[int, dict[int, None]] = {}  # space unit -> insertion-ordered set of open rows
+    nonempty: list[int] = []  # sorted bucket ids that hold rows
+    headroom = np.full((capacity // unit + 1, num_resources), -1, dtype=np.int64)  # -1: empty bucket
 
-    def add(space: int, row: int) -> None:
-        bucket = buckets.setdefault(space, {})
+    def add(bucket_id: int, row: int) -> None:
+        bucket = buckets.setdefault(bucket_id, {})
         if not bucket:
-            insort(nonempty, space)
+            insort(nonempty, bucket_id)
+            headroom[bucket_id] = row_left[row]
+        elif num_resources:
+            np.maximum(headroom[bucket_id], row_left[row], out=headroom[bucket_id])
         bucket[row] = None
 
-    def remove(space: int, row: int) -> None:
-        bucket = buckets[space]
+    def remove(bucket_id: int, row: int) -> None:
+        bucket = buckets[bucket_id]
         del bucket[row]
         if not bucket:
-            nonempty.pop(bisect_left(nonempty, space))
+            nonempty.pop(bisect_left(nonempty, bucket_id))
+            headroom[bucket_id] = -1
 
-    order_list = order.tolist()
+    def scan(bucket_id: int, need: list[int]) -> int:
+        """First row of the bucket within budget; on failure tighten the bucket's bound."""
+        exact = [0] * num_resources
+        for row in buckets[bucket_id]:
+            left = row_left[row]
+            if all(need[k] <= left[k] for k in range(num_resources)):
+                return row
+            exact = [max(a, b) for a, b in zip(exact, left, strict=True)]
+        headroom[bucket_id] = exact
+        return -1
+
     lengths_list = lengths.tolist()
-    needs_rows = amounts[order].tolist() if num_resources else None
-    for pos, i in enumerate(order_list):
+    needs = amounts[order]
+    needs_any = needs.any(axis=1).tolist() if num_resources else [False] * n
+    needs_list = needs.tolist()
+    for pos, i in enumerate(order.tolist()):
         v = lengths_list[i]
-        need = needs_rows[pos] if needs_rows is not None else ()
-        chosen = -1
-        for space in nonempty[bisect_left(nonempty, v) :]:
-            for row in buckets[space]:
-                left = row_left[row]
-                if all(need[k] <= left[k] for k in range(num_resources)):
-                    chosen = row
+        need = needs_list[pos]
+        first = -(-v // unit)
+        chosen, chosen_bucket = -1, -1
+        if not needs_any[pos]:
+            k = bisect_left(nonempty, first)
+            if k < len(nonempty):
+                chosen_bucket = nonempty[k]
+                chosen = next(iter(buckets[chosen_bucket]))
+        else:
+            candidates = np.flatnonzero((headroom[first:] >= need).all(axis=1)) + first
+            for bucket_id in candidates.tolist():
+                chosen = scan(bucket_id, need)
+                if chosen >= 0:
+                    chosen_bucket = bucket_id
                     break
-            if chosen >= 0:
-                remove(space, chosen)
-                break
-        if chosen < 0:
+        if chosen >= 0:
+            remove(chosen_bucket, chosen)
+        else:
             chosen = len(row_space)
             row_space.append(capacity)
             row_count.append(0)
-            row_left.append(list(budget_list))
+            row_left.append(budgets.tolist())
         row_of[i] = chosen
         space = row_space[chosen] - v
         row_space[chosen] = space
@@ -114,5 +140,5 @@ def constrained_bfd(
         for k in range(num_resources):
             left[k] -= need[k]
         if space >= min_length and row_count[chosen] < max_samples:
-            add(space, chosen)
+            add(space // unit, chosen)
     return row_of, len(row_space)
