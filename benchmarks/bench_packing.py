@@ -75,6 +75,7 @@ def timed(fn):
 
 
 def measure(name, algo, row_of, num_rows, seconds, real, lengths, width, cv_base=None):
+    print(f"#   {algo}: {num_rows} rows, {seconds:.2f} s", file=sys.stderr, flush=True)
     bounds = lower_bounds(lengths, width)
     slots = num_rows * width
     cost_cv = coefficient_of_variation(attention_cost(row_of, num_rows, lengths))
@@ -97,6 +98,7 @@ def bench_set(name, data, width, *, peers=True, window=None, constraints=None):
     lengths = padded(real, width)
     results = []
     base_cv = None
+    print(f"# {name}: n={len(real)}", file=sys.stderr, flush=True)
     for algo, kwargs in (("omnipack bfd", {}), ("omnipack ffd", {"algorithm": "ffd"})):
         plan, sec = timed(lambda kw=kwargs: pack(lengths, width, **kw))
         results.append(measure(name, algo, plan.row_of, plan.num_rows, sec, real, lengths, width))

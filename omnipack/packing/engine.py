@@ -86,7 +86,9 @@ def pack(
     ``algorithm`` is "bfd" (best-fit decreasing; if it misses the lower bound, FFD is also tried and the
     better kept) or "ffd" (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
     each block of N consecutive samples separately (bounded memory; rows never span blocks).
-    ``balance`` evens out per-row attention cost (sum of squared lengths) without adding rows.
+    ``constraints`` (sample cap, per-row resource budgets) switch to an exact item-by-item constrained
+    BFD, whatever ``algorithm`` says. ``balance`` evens out per-row attention cost (sum of squared
+    lengths) with at most +0.1% rows.
     Rows are shuffled with ``seed`` unless ``shuffle=False``; results are deterministic.
     """
     lengths = validate_lengths(lengths, capacity)
@@ -132,9 +134,9 @@ def _balance(
     """Even out per-row attention cost; at most +0.1% rows over the packing it starts from."""
     if constraints is None:
         dealt = balanced_assign(lengths, capacity, num_rows, extra_rows=num_rows // 1000)
-        if dealt is not None:
-            return dealt
-    # With constraints (or if dealing needs too many rows) only re-split row pairs: keeps the row count.
+        # If dealing needs too many rows, keep the plain packing (pair re-splitting gains little there).
+        return dealt if dealt is not None else (row_of, num_rows)
+    # With constraints only re-split row pairs, which keeps the row count and every limit.
     return rebalance_rows(row_of, num_rows, lengths, capacity, constraints), num_rows
 
 
