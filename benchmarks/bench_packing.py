@@ -175,15 +175,6 @@ def main() -> None:
         "text 1M W=4096", text_sft(rng, big, 4096), 4096, peers=not args.quick, window=100_000
     )
     if not args.quick:
-        # The constrained path is an item-by-item loop: 200k samples keep this under a minute.
-        img_200k = image_text(rng, 200_000, 8192)
-        results += bench_set(
-            "image-text 200k W=8192",
-            img_200k,
-            8192,
-            peers=False,
-            constraints=media_constraints(img_200k, 8192),
-        )
         # Peers are skipped at 10M: pure-Python per-item loops take minutes there.
         results += bench_set(
             "text 10M W=4096", text_sft(rng, 10 * big, 4096), 4096, peers=False, window=1_000_000
