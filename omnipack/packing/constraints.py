@@ -1,0 +1,144 @@
+"""Per-row limits beyond the token width (media items, encoder patches, audio frames) and the
+best-fit-decreasing variant that respects them."""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PackConstraints:
+    """Extra per-row limits, respected exactly.
+
+    ``max_samples_per_row`` caps the samples in a row; each ``resources[name] = (amounts, budget)`` gives a
+    per-sample integer amount (e.g. media items, vision patches, audio frames) and the per-row budget.
+    """
+
+    max_samples_per_row: int | None = None
+    resources: dict[str, tuple[np.ndarray, int]] = field(default_factory=dict)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.max_samples_per_row is None and not self.resources
+
+    def validate(self, num_samples: int) -> None:
+        """Raise ValueError for malformed constraints or a sample that alone breaks a budget."""
+        if self.max_samples_per_row is not None and self.max_samples_per_row < 1:
+            raise ValueError(f"max_samples_per_row must be >= 1, got {self.max_samples_per_row}")
+        for name, (amounts, budget) in self.resources.items():
+            amounts = np.asarray(amounts)
+            if amounts.shape != (num_samples,):
+                raise ValueError(f"resource {name!r}: expected shape ({num_samples},), got {amounts.shape}")
+            if not np.issubdtype(amounts.dtype, np.integer):
+                raise ValueError(f"resource {name!r}: amounts must be integers, got {amounts.dtype}")
+            bad = np.flatnonzero((amounts < 0) | (amounts > budget))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(
+                    f"resource {name!r}: sample {i} needs {int(amounts[i])}, outside [0, budget {budget}]"
+                )
+
+    def amounts_matrix(self, num_samples: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per-sample amounts as int64 [n, K] and budgets as int64 [K]."""
+        if not self.resources:
+            return np.zeros((num_samples, 0), dtype=np.int64), np.zeros(0, dtype=np.int64)
+        amounts = np.stack([np.asarray(a, dtype=np.int64) for a, _ in self.resources.values()], axis=1)
+        budgets = np.array([b for _, b in self.resources.values()], dtype=np.int64)
+        return amounts, budgets
+
+
+def constrained_bfd(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints
+) -> tuple[np.ndarray, int]:
+    """Item-by-item best-fit decreasing with sample-count and resource limits.
+
+    Returns ``(row_of, num_rows)``. Among rows with enough space it picks the one with the least space
+    that also satisfies every limit (ties: oldest row). Rows that reach the sample cap are closed.
+    Open rows sit in buckets by remaining space; per bucket an upper bound of its rows' remaining
+    budgets (a numpy array over buckets) lets an item that needs resources skip, in one vectorised
+    test, every bucket whose rows cannot take it.
+    """
+    n = len(lengths)
+    amounts, budgets = constraints.amounts_matrix(n)
+    num_resources = len(budgets)
+    max_samples = constraints.max_samples_per_row or n + 1
+    # Spaces are multiples of the lengths' common divisor (the alignment): index buckets by that unit.
+    unit = int(np.gcd.reduce(np.append(lengths, capacity)))
+    min_length = int(lengths.min())
+    order = np.argsort(-lengths, kind="stable")
+    row_of = np.empty(n, dtype=np.int32)
+    row_space: list[int] = []
+    row_count: list[int] = []
+    row_left: list[list[int]] = []  # remaining resource budgets per row
+    buckets: dict[int, dict[int, None]] = {}  # space unit -> insertion-ordered set of open rows
+    nonempty: list[int] = []  # sorted bucket ids that hold rows
+    headroom = np.full((capacity // unit + 1, num_resources), -1, dtype=np.int64)  # -1: empty bucket
+
+    def add(bucket_id: int, row: int) -> None:
+        bucket = buckets.setdefault(bucket_id, {})
+        if not bucket:
+            insort(nonempty, bucket_id)
+            headroom[bucket_id] = row_left[row]
+        elif num_resources:
+            np.maximum(headroom[bucket_id], row_left[row], out=headroom[bucket_id])
+        bucket[row] = None
+
+    def remove(bucket_id: int, row: int) -> None:
+        bucket = buckets[bucket_id]
+        del bucket[row]
+        if not bucket:
+            nonempty.pop(bisect_left(nonempty, bucket_id))
+            headroom[bucket_id] = -1
+
+    def scan(bucket_id: int, need: list[int]) -> int:
+        """First row of the bucket within budget; on failure tighten the bucket's bound."""
+        exact = [0] * num_resources
+        for row in buckets[bucket_id]:
+            left = row_left[row]
+            if all(need[k] <= left[k] for k in range(num_resources)):
+                return row
+            exact = [max(a, b) for a, b in zip(exact, left, strict=True)]
+        headroom[bucket_id] = exact
+        return -1
+
+    lengths_list = lengths.tolist()
+    needs = amounts[order]
+    needs_any = needs.any(axis=1).tolist() if num_resources else [False] * n
+    needs_list = needs.tolist()
+    for pos, i in enumerate(order.tolist()):
+        v = lengths_list[i]
+        need = needs_list[pos]
+        first = -(-v // unit)
+        chosen, chosen_bucket = -1, -1
+        if not needs_any[pos]:
+            k = bisect_left(nonempty, first)
+            if k < len(nonempty):
+                chosen_bucket = nonempty[k]
+                chosen = next(iter(buckets[chosen_bucket]))
+        else:
+            candidates = np.flatnonzero((headroom[first:] >= need).all(axis=1)) + first
+            for bucket_id in candidates.tolist():
+                chosen = scan(bucket_id, need)
+                if chosen >= 0:
+                    chosen_bucket = bucket_id
+                    break
+        if chosen >= 0:
+            remove(chosen_bucket, chosen)
+        else:
+            chosen = len(row_space)
+            row_space.append(capacity)
+            row_count.append(0)
+            row_left.append(budgets.tolist())
+        row_of[i] = chosen
+        space = row_space[chosen] - v
+        row_space[chosen] = space
+        row_count[chosen] += 1
+        left = row_left[chosen]
+        for k in range(num_resources):
+            left[k] -= need[k]
+        if space >= min_length and row_count[chosen] < max_samples:
+            add(space // unit, chosen)
+    return row_of, len(row_space)
