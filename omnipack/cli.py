@@ -114,10 +114,23 @@ def _print_summary(summary: dict[str, Any], out: str) -> None:
         ("rejected samples", f"{c['rejected']} {c['rejected_by_stage']}"),
         ("rows", c["rows"]),
         ("seq_length / align", f"{summary['seq_length']} / {summary['align']}"),
+        ("rows lower bounds", f"L1 {p.get('l1')}  L2 (Martello-Toth) {p.get('l2')}  ({p.get('algorithm')})"),
         ("real-token efficiency", f"{p.get('real_efficiency_written', 0):.2%}"),
         ("padded efficiency", f"{p.get('padded_efficiency', 0):.2%}"),
-        ("lower bound (rows)", p.get("l1")),
-        ("shards", len(summary["shards"])),
+        ("alignment overhead", f"{p.get('alignment_overhead', 0):.2%}"),
+        (
+            "samples per row",
+            " ".join(
+                f"{k}:{v}"
+                for k, v in sorted(
+                    (p.get("samples_per_row_histogram") or {}).items(), key=lambda kv: int(kv[0])
+                )
+            ),
+        ),
+        (
+            "shards",
+            f"{len(summary['shards'])} ({sum(s['num_bytes'] for s in summary['shards']) / 2**20:.1f} MiB)",
+        ),
     ]:
         t.add_row(k, str(v))
     Console(stderr=True).print(t)

@@ -26,8 +26,10 @@ def test_probe_plan_materialize(tmp_path, name, n):
     kw = {} if name == "nemotron_omni" else {"video_min_pixels": 3136, "video_max_pixels": 96 * 64}
     plan = get_profile(name, **kw).plan(meta)
     ext, data = materialize(p, plan)
-    assert ext == "npy"
-    frames = np.load(io.BytesIO(data))
+    assert ext == "npz"
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        assert z.files == ["frames"]
+        frames = z["frames"]
     assert frames.dtype == np.uint8 and frames.shape == (len(plan.frame_indices), *plan.target_hw, 3)
     # solid frames: the stored frame k is source frame frame_indices[k] (lossless x264, then resized)
     levels = frames.reshape(len(frames), -1).mean(axis=1)

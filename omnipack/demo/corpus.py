@@ -35,11 +35,11 @@ def _sentence(rng: np.random.Generator, n: int) -> str:
 
 
 def _image(rng: np.random.Generator, path: Path, height: int, width: int) -> None:
-    # Smooth gradients with a little noise: realistic enough to exercise resizing, small as PNG.
+    # Gradients and a checkerboard: structure for resizing to act on, yet small as PNG.
     y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1), (x + y) % 256], axis=-1)
-    noise = rng.integers(0, 8, size=(height, width, 3))
-    Image.fromarray((base + noise).clip(0, 255).astype(np.uint8)).save(path)
+    checker = ((x // 16 + y // 16) % 2) * int(rng.integers(32, 96))
+    base = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1), checker], axis=-1)
+    Image.fromarray(base.clip(0, 255).astype(np.uint8)).save(path)
 
 
 def _video_and_audio(rng: np.random.Generator, media: Path, kinds: tuple[str, ...]) -> dict[str, list[str]]:

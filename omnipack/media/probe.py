@@ -33,8 +33,8 @@ def probe(path: Path, kind: str) -> MediaMeta:
 def materialize(path: Path, plan: MediaPlan, *, image_encoding: str = "png") -> tuple[str, bytes]:
     """Decode ``path`` exactly as ``plan`` says and return (extension, bytes) for the shard.
 
-    image: png/npy uint8 RGB; video: npy uint8 [T,H,W,3], or npz {frames, audio} when the plan
-    interleaves the video's own audio; audio: npy int16 mono at ``plan.sample_rate``.
+    image: png/npy uint8 RGB; video: compressed npz with ``frames`` uint8 [T,H,W,3] (plus ``audio`` when the
+    plan interleaves the video's own audio); audio: npy int16 mono at ``plan.sample_rate``.
     """
     path = Path(path)
     if plan.kind == "image":

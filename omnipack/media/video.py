@@ -5,10 +5,10 @@ Frame counts come from decord, not from the container header: decord is what dec
 be missing or disagree with what actually decodes, e.g. after edit lists or B-frame reordering).
 Size and the audio track come from PyAV's container metadata (no decode).
 
-Frames are stored as the model will see them: uint8 RGB ``[T, H, W, 3]`` ``.npy`` (lossless), already
-sampled (incl. the repeated frames that pad to the temporal patch) and resized to the plan's target size.
-A video whose own audio track is used (audio-in-video) is stored as ``.npz`` with ``frames`` and ``audio``
-(int16 mono at 16 kHz, exact plan length).
+Frames are stored as the model will see them: uint8 RGB ``frames`` ``[T, H, W, 3]``, already sampled
+(incl. the repeated frames that pad to the temporal patch) and resized to the plan's target size, in a
+deflate-compressed ``.npz`` (lossless, numpy-only to read, never pickled; raw frames are large). A video
+whose own audio track is used (audio-in-video) adds ``audio`` (int16 mono at 16 kHz, exact plan length).
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ from ..profiles.base import MediaMeta, MediaPlan
 from .audio import AUDIO_RATE, load_audio, probe_audio_stream, resampled_length
 from .errors import MediaError
 
-VIDEO_ENCODING = "npy"
-VIDEO_AUDIO_ENCODING = "npz"
+VIDEO_ENCODING = "npz"
 RESAMPLE = Image.Resampling.BICUBIC  # as for images; the trainer never resizes again
 
 
@@ -135,13 +134,11 @@ def _decode_frames_av(path: Path, wanted: list[int]) -> np.ndarray | None:
 
 
 def encode_video(frames: np.ndarray, audio: np.ndarray | None = None) -> tuple[str, bytes]:
-    """(extension, bytes): ``.npy`` frames, or ``.npz`` with ``frames`` and ``audio`` for audio-in-video."""
+    """(extension, bytes): compressed ``.npz`` with ``frames`` (and ``audio`` for audio-in-video)."""
     buf = io.BytesIO()
-    if audio is None:
-        np.save(buf, frames, allow_pickle=False)
-        return VIDEO_ENCODING, buf.getvalue()
-    np.savez(buf, frames=frames, audio=audio.astype(np.int16))
-    return VIDEO_AUDIO_ENCODING, buf.getvalue()
+    arrays = {"frames": frames} if audio is None else {"frames": frames, "audio": audio.astype(np.int16)}
+    np.savez_compressed(buf, **arrays)
+    return VIDEO_ENCODING, buf.getvalue()
 
 
 def materialize_video(path: Path, plan: MediaPlan) -> tuple[str, bytes]:
