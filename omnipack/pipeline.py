@@ -153,18 +153,9 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         (measure_dir / MEASURE_KEY_FILE).write_text(json.dumps({**measure_key, "input": n_input}, indent=2))
     samples_path = measure_dir / "samples.parquet"
 
+    # The pack settings are the same-named fields of the prepare config.
     pcfg = PackConfig(
-        seq_length=cfg.seq_length,
-        align=align,
-        algorithm=cfg.algorithm,
-        seed=cfg.seed,
-        shuffle=cfg.shuffle,
-        window=cfg.window,
-        balance=cfg.balance,
-        max_samples_per_row=cfg.max_samples_per_row,
-        max_media_per_row=cfg.max_media_per_row,
-        max_vision_patches_per_row=cfg.max_vision_patches_per_row,
-        max_audio_frames_per_row=cfg.max_audio_frames_per_row,
+        align=align, **{f.name: getattr(cfg, f.name) for f in fields(PackConfig) if f.name != "align"}
     )
     plan = run_pack(samples_path, pcfg)
     write_plan(plan, stages / "plan.parquet")

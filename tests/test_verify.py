@@ -54,18 +54,21 @@ def test_flipped_byte_in_a_shard(ds: Path) -> None:
 
 
 def test_corrupted_tokens_break_the_row_contract(ds: Path) -> None:
+    corrupted = []
+
     def corrupt(rows):
-        toks = load_npy(rows[1].parts["tokens.npy"]).copy()
+        corrupted.append(len(rows) - 1)
+        toks = load_npy(rows[-1].parts["tokens.npy"]).copy()
         toks[5] += 1  # a supervised neighbour's label no longer matches, or a role marker breaks
-        toks[np.flatnonzero(load_npy(rows[1].parts["labels.npy"]) != -100)[0] + 1] += 1
-        rows[1].parts["tokens.npy"] = npy_bytes(toks)
+        toks[np.flatnonzero(load_npy(rows[-1].parts["labels.npy"]) != -100)[0] + 1] += 1
+        rows[-1].parts["tokens.npy"] = npy_bytes(toks)
         return rows
 
     rewrite_shard(ds, SHARD, corrupt)
     fails = failing(ds)
     assert set(fails) == {"row-contract"}
     msg = fails["row-contract"][0]
-    assert SHARD in msg and "row 1" in msg and "samples" in msg and "label" in msg
+    assert SHARD in msg and f"row {corrupted[0]} " in msg and "samples" in msg and "label" in msg
 
 
 def test_edited_media_count_in_row_meta(ds: Path) -> None:
@@ -86,10 +89,11 @@ def test_edited_media_count_in_row_meta(ds: Path) -> None:
 
 
 def test_edited_count_in_info_json(ds: Path) -> None:
-    edit_json(ds / ".nv-meta" / ".info.json", lambda d: d["shard_counts"].__setitem__(SHARD, 1))
+    real = json.loads((ds / ".nv-meta" / ".info.json").read_text())["shard_counts"][SHARD]
+    edit_json(ds / ".nv-meta" / ".info.json", lambda d: d["shard_counts"].__setitem__(SHARD, real + 1))
     fails = failing(ds)
     assert set(fails) == {"shard-counts"}
-    assert ".info.json says 1" in fails["shard-counts"][0] and SHARD in fails["shard-counts"][0]
+    assert f".info.json says {real + 1}" in fails["shard-counts"][0] and SHARD in fails["shard-counts"][0]
 
 
 def test_edited_real_token_count_in_row_meta(ds: Path) -> None:
@@ -147,7 +151,10 @@ def test_wrong_alignment(ds: Path, align: int, check: str) -> None:
 
 
 def test_cli_exit_status_and_report(ds: Path, capsys: pytest.CaptureFixture) -> None:
-    edit_json(ds / ".nv-meta" / ".info.json", lambda d: d["shard_counts"].__setitem__(SHARD, 1))
+    edit_json(
+        ds / ".nv-meta" / ".info.json",
+        lambda d: d["shard_counts"].__setitem__(SHARD, d["shard_counts"][SHARD] + 1),
+    )
     assert main(["verify", str(ds), "-j", "1"]) == 1
     out = capsys.readouterr().out
     assert "FAIL shard-counts" in out and "PASS checksums" in out and "FAILED" in out

@@ -158,6 +158,15 @@ class ModelProfile(ABC):
         return {}
 
 
+def audio_samples_at(meta: MediaMeta, rate: int) -> int:
+    """The probed clip's sample count after resampling to ``rate``; rejects unusable audio."""
+    if not meta.sample_rate:
+        raise MediaRejected("audio sample rate unknown or zero")
+    if not meta.num_samples or meta.num_samples <= 0:
+        raise MediaRejected("zero-length audio")
+    return resampled_length(meta.num_samples, meta.sample_rate, rate)
+
+
 def resampled_length(num_samples: int, src_rate: int, dst_rate: int) -> int:
     """Samples after resampling a whole clip: ``ceil(n * dst / src)`` (soxr / librosa convention).
 

@@ -25,8 +25,8 @@ from .base import (
     MediaRejected,
     ModelProfile,
     Segment,
+    audio_samples_at,
     read_preprocessor_config,
-    resampled_length,
 )
 
 AUDIO_RATE = 16000
@@ -206,11 +206,7 @@ class NemotronOmniProfile(ModelProfile):
         return max(1, parakeet_tokens(num_samples_16k // HOP_LENGTH))
 
     def plan_audio(self, meta: MediaMeta) -> MediaPlan:
-        if not meta.sample_rate:
-            raise MediaRejected("audio sample rate unknown or zero")
-        if not meta.num_samples or meta.num_samples <= 0:
-            raise MediaRejected("zero-length audio")
-        n = resampled_length(meta.num_samples, meta.sample_rate, AUDIO_RATE)
+        n = audio_samples_at(meta, AUDIO_RATE)
         truncated = False
         if self.max_audio_seconds is not None and n > int(self.max_audio_seconds * AUDIO_RATE):
             n, truncated = int(self.max_audio_seconds * AUDIO_RATE), True

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import MediaMeta, MediaPlan, MediaRejected, MediaSpan, Segment, resampled_length
+from .base import MediaMeta, MediaPlan, MediaRejected, MediaSpan, Segment, audio_samples_at
 from .qwen_vl import QwenVLProfile, VideoSettings, VisionSettings
 
 AUDIO_RATE = 16000
@@ -157,11 +157,7 @@ class Qwen3OmniProfile(QwenVLProfile):
         return mel, tokens
 
     def plan_audio(self, meta: MediaMeta) -> MediaPlan:
-        if not meta.sample_rate:
-            raise MediaRejected("audio sample rate unknown or zero")
-        if not meta.num_samples or meta.num_samples <= 0:
-            raise MediaRejected("zero-length audio")
-        n = resampled_length(meta.num_samples, meta.sample_rate, AUDIO_RATE)
+        n = audio_samples_at(meta, AUDIO_RATE)
         mel, tokens = self.audio_counts(n)
         return MediaPlan(
             kind="audio",
