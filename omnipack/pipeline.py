@@ -122,6 +122,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
     write_plan(plan, stages / "plan.parquet")
 
     from .profiles import get_profile
+    from .profiles.base import placeholder_token_ids
     from .text.chat import ChatTokenizer
 
     chat = ChatTokenizer(cfg.tokenizer, get_profile(cfg.profile, **cfg.profile_options))
@@ -160,6 +161,8 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
             "path": str(cfg.tokenizer),
             "fingerprint": chat.fingerprint(),
             "pad_token_id": int(pad_id),
+            # lets the loader count placeholders without the tokenizer directory
+            "placeholder_token_ids": placeholder_token_ids(chat.profile, chat.tokenizer),
         },
         "seq_length": cfg.seq_length,
         "align": align,
