@@ -23,14 +23,6 @@ STAGES_DIR = "stages"
 REJECTS_FILE = "rejects.jsonl"
 
 
-def placeholder_token_ids(chat: Any) -> dict[str, list[int]]:
-    """Token ids that count as features, per media kind; recorded so that ``omnipack verify`` can
-    count placeholders without loading the tokenizer."""
-    return {
-        kind: [chat._token_id(t) for t in tokens] for kind, tokens in chat.profile.placeholder_tokens.items()
-    }
-
-
 FROM_STAGES = ("measure", "pack")
 MEASURE_KEY_FILE = "measure.json"
 
@@ -123,6 +115,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         cfg.profile, cfg.tokenizer, cfg.media_root, align, dict(cfg.profile_options), cfg.mrope
     )
     from .profiles import get_profile
+    from .profiles.base import placeholder_token_ids
     from .text.chat import ChatTokenizer
 
     chat = ChatTokenizer(cfg.tokenizer, get_profile(cfg.profile, **cfg.profile_options))
@@ -195,7 +188,8 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
             "path": str(cfg.tokenizer),
             "fingerprint": chat.fingerprint(),
             "pad_token_id": int(pad_id),
-            "placeholder_token_ids": placeholder_token_ids(chat),
+            # lets the loader count placeholders without the tokenizer directory
+            "placeholder_token_ids": placeholder_token_ids(chat.profile, chat.tokenizer),
         },
         "seq_length": cfg.seq_length,
         "align": align,

@@ -26,6 +26,8 @@ class PackedRowSample(Sample):
     meta: dict[str, Any]
     mrope_position_ids: torch.Tensor | None = None
     media: dict[str, bytes] | None = None
+    # Per-item encoder inputs in placeholder order (numpy; set by the task encoder's encode_sample).
+    media_inputs: list[dict[str, Any]] | None = None
 
     @property
     def sample_ids(self) -> list[str]:

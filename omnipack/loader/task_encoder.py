@@ -1,19 +1,45 @@
-"""The Energon task encoder: omnipack rows -> Megatron-ready THD batches.
+"""The Energon task encoder: omnipack rows -> Megatron-ready THD batches (with media encoder inputs).
 
 Rows are already packed, so the loader runs with ``packing_buffer_size=None``; a micro-batch of MBS rows
-becomes one ``[1, MBS*W]`` THD stream, optionally sliced for a context-parallel rank.
+becomes one ``[1, MBS*W]`` THD stream, optionally sliced for a context-parallel rank. With a profile
+(``from_dataset``), ``encode_sample`` (in the Energon worker processes) decodes every stored media part,
+checks it against the row's placeholders and turns it into the model's encoder inputs; ``batch`` joins
+them across the micro-batch in placeholder order.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from megatron.energon import Batch, Cooker, DefaultTaskEncoder, edataclass, stateless
+from megatron.energon.errors import FatalSampleError
 
+from ..profiles.base import ModelProfile, placeholder_token_ids
 from .batch import concat_rows, packed_seq_params
 from .context_parallel import slice_batch_for_cp
+from .media import MediaMismatchError, check_row_media, decode_payload, row_media_inputs
 from .sample import PackedRowSample, cook_packed_row
+
+# Encoder inputs a batch can carry, named as the HF model forward arguments.
+MEDIA_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+    "video_second_per_grid",
+    "input_features",
+    "feature_attention_mask",
+    "audio_feature_lengths",
+)
+
+
+class FatalMediaMismatch(FatalSampleError, MediaMismatchError):
+    """A MediaMismatchError that Energon's error handler must not skip: a wrong row stops the loader."""
 
 
 @edataclass
@@ -36,6 +62,19 @@ class PackedBatch(Batch):
     row_meta: list[dict[str, Any]]
     mrope_position_ids: torch.Tensor | None = None
     media: list[dict[str, bytes]] | None = None
+    pixel_values: torch.Tensor | None = None  # float32 [image patches, 3*tps*ps*ps]
+    image_grid_thw: torch.Tensor | None = None  # int64 [n_images, 3]
+    pixel_values_videos: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None  # int64 [n_videos, 3]
+    second_per_grid_ts: torch.Tensor | None = None  # Qwen2.5-VL, float32 [n_videos]
+    video_second_per_grid: torch.Tensor | None = None  # Qwen3-Omni, float32 [n_videos]
+    input_features: torch.Tensor | None = None  # float32 [n_clips, 128, max mel frames]
+    feature_attention_mask: torch.Tensor | None = None  # int64 [n_clips, max mel frames]
+    audio_feature_lengths: torch.Tensor | None = None  # int64 [n_clips]
+
+    def media_inputs(self) -> dict[str, torch.Tensor]:
+        """The encoder inputs present in this batch (placeholder order across the micro-batch)."""
+        return {k: getattr(self, k) for k in MEDIA_KEYS if getattr(self, k) is not None}
 
     def as_dict(self) -> dict[str, Any]:
         keys = [
@@ -55,6 +94,7 @@ class PackedBatch(Batch):
         out = {k: getattr(self, k) for k in keys}
         if self.mrope_position_ids is not None:
             out["mrope_position_ids"] = self.mrope_position_ids
+        out.update(self.media_inputs())
         return out
 
     def packed_seq_params(self) -> Any:
@@ -63,22 +103,112 @@ class PackedBatch(Batch):
 
 
 class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, PackedBatch, PackedBatch]):
-    """Cooks omnipack rows and batches them into THD micro-batches (CP-sliced when ``cp_size > 1``)."""
+    """Cooks omnipack rows and batches them into THD micro-batches (CP-sliced when ``cp_size > 1``).
+
+    Without ``profile`` media parts pass through as bytes (``batch.media``). With one, every row's media is
+    decoded in ``encode_sample``; ``check_media`` asserts placeholder counts against the stored media
+    (``MediaMismatchError`` names the row and sample) and ``decode_media`` builds encoder inputs (then the
+    bytes are dropped so workers do not ship them twice). Prefer ``from_dataset``.
+    """
 
     decoder = None  # parts arrive as raw bytes; the cooker decodes .npy without pickle
     cookers = [Cooker(cook_packed_row)]
 
     def __init__(
-        self, *, cp_size: int = 1, cp_rank: int = 0, tp_size: int = 1, sequence_parallel: bool = False
+        self,
+        *,
+        cp_size: int = 1,
+        cp_rank: int = 0,
+        tp_size: int = 1,
+        sequence_parallel: bool = False,
+        profile: ModelProfile | None = None,
+        decode_media: bool = False,
+        check_media: bool = True,
+        placeholder_ids: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         super().__init__(raw_batch_type=PackedBatch, batch_type=PackedBatch)
         if not 0 <= cp_rank < cp_size:
             raise ValueError(f"cp_rank {cp_rank} outside [0, {cp_size})")
+        if decode_media and profile is None:
+            raise ValueError("decode_media needs a profile (use OmnipackTaskEncoder.from_dataset)")
         self.cp_size, self.cp_rank = cp_size, cp_rank
         self.tp_size, self.sequence_parallel = tp_size, sequence_parallel
+        self.profile = profile
+        self.decode_media = decode_media
+        self.check_media = check_media and profile is not None
+        self.placeholder_ids = (
+            None if placeholder_ids is None else {k: list(v) for k, v in placeholder_ids.items()}
+        )
+
+    @classmethod
+    def from_dataset(
+        cls,
+        path: str | Path,
+        *,
+        tp: int = 1,
+        cp: int = 1,
+        cp_rank: int = 0,
+        sequence_parallel: bool = False,
+        fp8: str = "none",
+        decode_media: bool = True,
+        check_media: bool = True,
+    ) -> OmnipackTaskEncoder:
+        """An encoder for the dataset at ``path``, configured from its ``.nv-meta/omnipack.json``.
+
+        Checks that the dataset's alignment serves ``tp/cp/sequence_parallel/fp8`` (``DatasetAlignmentError``
+        otherwise) and rebuilds the profile from the recorded name and options (``ValueError`` if it no
+        longer reproduces the recorded settings, e.g. a preprocessor_config that changed or is missing).
+        """
+        from ..profiles import get_profile
+        from ..writer.energon_meta import read_omnipack_meta
+        from .compat import check_dataset_alignment
+
+        meta = read_omnipack_meta(Path(path))
+        check_dataset_alignment(
+            int(meta["align"]),
+            tp=tp,
+            cp=cp,
+            sequence_parallel=sequence_parallel,
+            fp8=fp8,
+            seq_length=int(meta["seq_length"]),
+        )
+        rec = meta["profile"]
+        profile = get_profile(rec["name"], **rec.get("options", {}))
+        _check_settings(profile, rec.get("settings", {}), path)
+        return cls(
+            cp_size=cp,
+            cp_rank=cp_rank,
+            tp_size=tp,
+            sequence_parallel=sequence_parallel,
+            profile=profile,
+            decode_media=decode_media,
+            check_media=check_media,
+            placeholder_ids=_placeholder_ids(meta, profile),
+        )
 
     @stateless
     def encode_sample(self, sample: PackedRowSample) -> PackedRowSample:
+        if self.profile is None or not (self.check_media or self.decode_media):
+            return sample
+        items = sample.media_items
+        parts = sample.media or {}
+        payloads = [decode_payload(m.part, parts[m.part]) for m in items]
+        if self.check_media:
+            try:
+                check_row_media(
+                    self.profile,
+                    items,
+                    payloads,
+                    sample.tokens.numpy(),
+                    placeholder_ids=self.placeholder_ids,
+                    row_key=sample.__key__,
+                    sample_ids=sample.sample_ids,
+                )
+            except MediaMismatchError as e:
+                raise FatalMediaMismatch(str(e)) from None
+        if self.decode_media:
+            sample.media_inputs = row_media_inputs(self.profile, items, payloads)
+            sample.media = None
         return sample
 
     @stateless
@@ -92,14 +222,57 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                 tp_size=self.tp_size,
                 sequence_parallel=self.sequence_parallel,
             )
+        media: dict[str, Any] = dict.fromkeys(MEDIA_KEYS)
+        if self.decode_media and self.profile is not None:
+            per_item = [d for s in samples for d in (s.media_inputs or [])]
+            if per_item:
+                collated = self.profile.collate_media(per_item)
+                unknown = set(collated) - set(MEDIA_KEYS)
+                if unknown:
+                    raise ValueError(
+                        f"profile {self.profile.name} produced unknown batch keys {sorted(unknown)}"
+                    )
+                media.update(collated)
         return PackedBatch.from_samples(
             samples,
             **fields,
+            **media,
             sample_ids=[s.sample_ids for s in samples],
             row_meta=[s.meta for s in samples],
-            media=[s.media or {} for s in samples],
+            media=None if self.decode_media else [s.media or {} for s in samples],
         )
 
     @stateless
     def encode_batch(self, batch: PackedBatch) -> PackedBatch:
         return batch
+
+
+def _jsonable(x: Any) -> Any:
+    return json.loads(json.dumps(x))
+
+
+def _check_settings(profile: ModelProfile, recorded: Mapping[str, Any], path: str | Path) -> None:
+    """The rebuilt profile must reproduce every recorded setting (new settings keys are allowed)."""
+    now = _jsonable(profile.settings())
+    diff = {k: (v, now.get(k)) for k, v in recorded.items() if now.get(k) != v}
+    if diff:
+        detail = "; ".join(f"{k}: recorded {a!r}, now {b!r}" for k, (a, b) in diff.items())
+        raise ValueError(
+            f"profile {profile.name!r} rebuilt from {path} does not match the settings the dataset was "
+            f"prepared with ({detail}); make the recorded options (e.g. preprocessor_config) available"
+        )
+
+
+def _placeholder_ids(meta: Mapping[str, Any], profile: ModelProfile) -> dict[str, list[int]] | None:
+    """Token ids of each kind's placeholders: recorded in omnipack.json, else from the recorded tokenizer
+    (if it is still at its path), else None (the load-time check then compares num_tokens only)."""
+    tok = meta.get("tokenizer", {})
+    if tok.get("placeholder_token_ids"):
+        return {k: [int(i) for i in v] for k, v in tok["placeholder_token_ids"].items()}
+    path = tok.get("path")
+    if not path or not Path(path).exists():
+        return None
+    from transformers import AutoTokenizer
+
+    t = AutoTokenizer.from_pretrained(path)
+    return placeholder_token_ids(profile, t)

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+import numpy as np
 
 MEDIA_KINDS = ("image", "video", "audio")
 
@@ -112,8 +115,6 @@ class ModelProfile(ABC):
     template_blocks: ClassVar[dict[str, tuple[str, ...]]]
     # End-of-turn marker: the last supervised token of an assistant turn.
     turn_end: ClassVar[str] = "<|im_end|>"
-    # The tokens that count as one encoder feature each, per kind (what placeholder counts count).
-    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]]
     # Special tokens an expansion writes beyond the template blocks (e.g. Nemotron's <img>, </img>).
     expansion_tokens: ClassVar[tuple[str, ...]] = ()
 
@@ -156,6 +157,83 @@ class ModelProfile(ABC):
     def settings(self) -> dict[str, Any]:
         """JSON-able settings recorded in the dataset metadata."""
         return {}
+
+    # ---- trainer side: stored payloads -> encoder inputs ----
+    # Placeholder tokens of a block of each kind (every token that stands for one encoder feature).
+    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    def feature_count(self, item: Any, payload: Payload) -> int:
+        """Encoder features (= placeholder tokens) the stored ``payload`` of ``item`` produces.
+
+        ``item`` is a row's media entry (``contract.MediaItem`` or its JSON dict); ``payload`` the decoded
+        part (see ``omnipack.loader.media.decode_payload``). Computed from the stored data, not from the
+        recorded plan, so a mismatch between what was written and what was planned shows up.
+        """
+        raise NotImplementedError(f"profile {self.name} has no feature count for {item_kind(item)} media")
+
+    def media_inputs(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
+        """One item's encoder inputs (numpy), keyed by the HF model forward argument names."""
+        raise NotImplementedError(
+            f"profile {self.name} cannot build encoder inputs for {item_kind(item)} media yet; "
+            "load with decode_media=False"
+        )
+
+    def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        """Items' inputs (placeholder order across the micro-batch) -> batch tensors.
+
+        Default: concatenate every key along dim 0 (patch rows, grid rows, per-item scalars).
+        """
+        import torch
+
+        keys: list[str] = []
+        for d in per_item:
+            keys += [k for k in d if k not in keys]
+        return {k: torch.from_numpy(np.concatenate([d[k] for d in per_item if k in d])) for k in keys}
+
+
+def placeholder_token_ids(profile: ModelProfile, tokenizer: Any) -> dict[str, list[int]]:
+    """{kind: token ids} of ``profile.placeholder_tokens`` under an HF ``tokenizer``."""
+    out = {}
+    for kind, toks in profile.placeholder_tokens.items():
+        ids = [tokenizer.convert_tokens_to_ids(t) for t in toks]
+        if any(i is None or i == tokenizer.unk_token_id for i in ids):
+            raise ValueError(f"tokenizer lacks a {kind} placeholder token of {toks}")
+        out[kind] = [int(i) for i in ids]
+    return out
+
+
+# A decoded media part: an array (image [H,W,3], video [T,H,W,3], audio [n]) or named arrays (npz).
+Payload = np.ndarray | Mapping[str, np.ndarray]
+
+
+def item_kind(item: Any) -> str:
+    return item["kind"] if isinstance(item, Mapping) else item.kind
+
+
+def item_info(item: Any) -> dict[str, Any]:
+    """The plan facts the writer recorded for an item (``MediaItem.info``)."""
+    return dict(item.get("info", {}) if isinstance(item, Mapping) else item.info)
+
+
+def payload_frames(payload: Payload) -> np.ndarray:
+    """Vision frames uint8 [T, H, W, 3] of an image or video payload."""
+    arr = payload["frames"] if isinstance(payload, Mapping) else payload
+    arr = np.asarray(arr)
+    if arr.ndim == 3:
+        arr = arr[None]
+    if arr.ndim != 4 or arr.shape[-1] != 3:
+        raise ValueError(f"vision payload has shape {arr.shape}, expected [H,W,3] or [T,H,W,3]")
+    return arr
+
+
+def payload_audio(payload: Payload) -> np.ndarray | None:
+    """Mono waveform int16 [n] of an audio payload (or a video's own track); None when there is none."""
+    if isinstance(payload, Mapping):
+        return np.asarray(payload["audio"]) if "audio" in payload else None
+    arr = np.asarray(payload)
+    if arr.ndim != 1:
+        raise ValueError(f"audio payload has shape {arr.shape}, expected [n]")
+    return arr
 
 
 def audio_samples_at(meta: MediaMeta, rate: int) -> int:

@@ -24,8 +24,12 @@ from .base import (
     MediaPlan,
     MediaRejected,
     ModelProfile,
+    Payload,
     Segment,
     audio_samples_at,
+    item_kind,
+    payload_audio,
+    payload_frames,
     read_preprocessor_config,
 )
 
@@ -253,6 +257,24 @@ class NemotronOmniProfile(ModelProfile):
                 ]
             return segs
         raise MediaRejected(f"profile {self.name} cannot expand {plan.kind}")
+
+    # ---- trainer side ----
+
+    def feature_count(self, item: Any, payload: Payload) -> int:
+        """Image: pixel-shuffled patches ``(H/16)*(W/16)/4``; video: ``ceil(T/2)`` tubelets of the same;
+        audio: the configured Parakeet rule on the stored sample count."""
+        kind = item_kind(item)
+        if kind == "audio":
+            return self.audio_tokens(int(payload_audio(payload).shape[0]))
+        frames = payload_frames(payload)
+        unit = self.patch_size * self.merge
+        t, h, w = frames.shape[:3]
+        if h % unit or w % unit:
+            raise ValueError(f"stored frame size {h}x{w} is not a multiple of {unit} (patch * pixel shuffle)")
+        per_frame = (h // self.patch_size) * (w // self.patch_size) // self.merge**2
+        if kind == "image":
+            return per_frame
+        return -(-t // self.temporal_patch) * per_frame
 
     def special_tokens(self) -> list[str]:
         toks = super().special_tokens()

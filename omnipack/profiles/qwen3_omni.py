@@ -10,13 +10,26 @@ comparing each video grid step's temporal position with the audio token index, a
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import MediaMeta, MediaPlan, MediaRejected, MediaSpan, Segment, audio_samples_at
-from .qwen_vl import QwenVLProfile, VideoSettings, VisionSettings
+from .base import (
+    MediaMeta,
+    MediaPlan,
+    MediaRejected,
+    MediaSpan,
+    Payload,
+    Segment,
+    audio_samples_at,
+    item_kind,
+    payload_audio,
+    payload_frames,
+)
+from .qwen_vl import HALF, QwenVLProfile, VideoSettings, VisionSettings
 
 AUDIO_RATE = 16000
 HOP_LENGTH = 160
@@ -35,6 +48,30 @@ def audio_output_length(mel_len: int, n_window: int = 50) -> int:
     rest = mel_len % chunk
     f = (rest - 1) // 2 + 1
     return ((f - 1) // 2 + 1 - 1) // 2 + 1 + (mel_len // chunk) * 13
+
+
+@functools.cache
+def whisper_extractor(feature_size: int = 128) -> Any:
+    """The Whisper mel front end (built once per process: its mel filter bank is not free)."""
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor(feature_size=feature_size)
+
+
+def whisper_features(wave_int16: np.ndarray) -> np.ndarray:
+    """float32 [128, n // 160] log-mel of one clip alone (``padding=True, truncation=False``)."""
+    wave = np.asarray(wave_int16, dtype=np.float32) / 32768.0
+    out = whisper_extractor()(
+        wave,
+        sampling_rate=AUDIO_RATE,
+        padding=True,
+        truncation=False,
+        return_attention_mask=True,
+        return_tensors="np",
+    )
+    feats = out["input_features"][0]
+    valid = int(out["attention_mask"][0].sum())
+    return np.ascontiguousarray(feats[:, :valid], dtype=np.float32)
 
 
 def interleave_runs(
@@ -100,6 +137,10 @@ class Qwen3OmniProfile(QwenVLProfile):
     audio_start: ClassVar[str] = "<|audio_start|>"
     audio_pad: ClassVar[str] = "<|audio_pad|>"
     audio_end: ClassVar[str] = "<|audio_end|>"
+    # Assumed as Qwen3-VL's SigLIP-style encoder; pass the checkpoint's preprocessor_config to be sure.
+    default_mean = HALF
+    default_std = HALF
+    second_per_grid_key = "video_second_per_grid"
 
     def __init__(
         self,
@@ -290,6 +331,55 @@ class Qwen3OmniProfile(QwenVLProfile):
             cur = sp.end
         out[:, cur:] = np.arange(n - cur) + nxt
         return out.astype(np.int32)
+
+    # ---- trainer side: stored media -> encoder inputs ----
+
+    def audio_feature_count(self, wave: np.ndarray) -> int:
+        mel = mel_frames(int(wave.shape[0]))
+        return audio_output_length(mel, self.n_window) if mel > 0 else 0
+
+    def feature_count(self, item: Any, payload: Payload) -> int:
+        kind = item_kind(item)
+        if kind == "audio":
+            return self.audio_feature_count(payload_audio(payload))
+        n = super().feature_count(item, payload)
+        if kind == "video" and isinstance(payload, Mapping) and (wave := payload_audio(payload)) is not None:
+            n += self.audio_feature_count(wave)  # audio-in-video: both kinds of placeholder in one block
+        return n
+
+    def media_inputs(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
+        kind = item_kind(item)
+        out: dict[str, np.ndarray] = {}
+        if kind in ("image", "video"):
+            out.update(self.vision_inputs(kind, item, payload_frames(payload)))
+        wave = payload_audio(payload) if kind == "audio" or isinstance(payload, Mapping) else None
+        if wave is not None:
+            out["input_features"] = whisper_features(wave)  # [128, L]; collate pads and masks
+        if not out:
+            return super().media_inputs(item, payload)
+        return out
+
+    def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        """Vision keys concatenated; mel features padded to the longest clip with a mask, as HF batches them.
+
+        ``input_features`` [N, 128, Lmax], ``feature_attention_mask`` [N, Lmax] (int64, 1 = valid frame),
+        ``audio_feature_lengths`` [N]: N audio clips (audio items and videos' own tracks) in placeholder order.
+        """
+        import torch
+
+        feats = [d["input_features"] for d in per_item if "input_features" in d]
+        out = super().collate_media([{k: v for k, v in d.items() if k != "input_features"} for d in per_item])
+        if feats:
+            lens = [f.shape[1] for f in feats]
+            x = np.zeros((len(feats), feats[0].shape[0], max(lens)), dtype=np.float32)
+            mask = np.zeros((len(feats), max(lens)), dtype=np.int64)
+            for i, f in enumerate(feats):
+                x[i, :, : f.shape[1]] = f
+                mask[i, : f.shape[1]] = 1
+            out["input_features"] = torch.from_numpy(x)
+            out["feature_attention_mask"] = torch.from_numpy(mask)
+            out["audio_feature_lengths"] = torch.tensor(lens, dtype=torch.int64)
+        return out
 
     def settings(self) -> dict[str, Any]:
         d = super().settings()

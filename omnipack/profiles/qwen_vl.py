@@ -24,9 +24,17 @@ from .base import (
     MediaRejected,
     MediaSpan,
     ModelProfile,
+    Payload,
     Segment,
+    item_info,
+    item_kind,
+    payload_frames,
     read_preprocessor_config,
 )
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+HALF = (0.5, 0.5, 0.5)
 
 MAX_ASPECT_RATIO = 200
 
@@ -191,6 +199,34 @@ def sample_frames_qwen3(total: int, src_fps: float, v: VideoSettings) -> list[in
     return [int(i) for i in np.linspace(0, total - 1, n).round().astype(int)]
 
 
+def normalize_lut(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """float32 [3, 256]: ``(v / 255 - mean[c]) / std[c]`` for every uint8 value (rescale + normalize)."""
+    v = np.arange(256, dtype=np.float64) / 255.0
+    return ((v[None, :] - np.asarray(mean)[:, None]) / np.asarray(std)[:, None]).astype(np.float32)
+
+
+def qwen_patches(
+    frames: np.ndarray, lut: np.ndarray, patch_size: int, merge_size: int, tps: int
+) -> np.ndarray:
+    """uint8 [T, H, W, 3] -> float32 ``(t*gh*gw, 3*tps*ps*ps)`` in the Qwen-VL processors' layout.
+
+    Frames are padded with the last one to a multiple of ``tps`` (an image becomes ``tps`` copies).
+    Rows run over (t, h-block, w-block, merge-h, merge-w), so each ``merge**2`` consecutive rows form one
+    LLM token; a row holds (channel, temporal, patch-h, patch-w).
+    """
+    t_in, h, w, c = frames.shape
+    if h % (patch_size * merge_size) or w % (patch_size * merge_size):
+        raise ValueError(f"frame size {h}x{w} is not a multiple of {patch_size * merge_size}")
+    if pad := -t_in % tps:
+        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
+    # A table lookup per channel does rescale and normalize at once (and is much cheaper than float math).
+    x = np.stack([lut[ch][frames[..., ch]] for ch in range(c)], axis=1)  # [T, C, H, W]
+    gt, gh, gw, m, ps = x.shape[0] // tps, h // patch_size, w // patch_size, merge_size, patch_size
+    x = x.reshape(gt, tps, c, gh // m, m, ps, gw // m, m, ps)
+    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return np.ascontiguousarray(x).reshape(gt * gh * gw, c * tps * ps * ps)
+
+
 def frame_group_timestamps(indices: tuple[int, ...], src_fps: float, tps: int) -> list[float]:
     """Qwen3-VL's per-group timestamp: mean time of the first and last frame of each temporal group."""
     ts = [i / src_fps for i in indices]
@@ -228,6 +264,11 @@ class QwenVLProfile(ModelProfile):
     video_pad: ClassVar[str] = "<|video_pad|>"
     vision_start: ClassVar[str] = "<|vision_start|>"
     vision_end: ClassVar[str] = "<|vision_end|>"
+    # The image processor's normalisation (a preprocessor_config's image_mean / image_std override it).
+    default_mean: ClassVar[tuple[float, ...]] = OPENAI_CLIP_MEAN
+    default_std: ClassVar[tuple[float, ...]] = OPENAI_CLIP_STD
+    # Name of the per-video seconds-per-temporal-step input of the model forward (None: not an input).
+    second_per_grid_key: ClassVar[str | None] = "second_per_grid_ts"
 
     def __init__(
         self,
@@ -245,9 +286,10 @@ class QwenVLProfile(ModelProfile):
         mrope_rule: str = "hf5",
         tokens_per_second: float = 2.0,
     ) -> None:
-        image = VisionSettings.from_preprocessor_config(
-            read_preprocessor_config(preprocessor_config), self.default_image
-        )
+        pcfg = read_preprocessor_config(preprocessor_config)
+        image = VisionSettings.from_preprocessor_config(pcfg, self.default_image)
+        self.image_mean = tuple(float(x) for x in pcfg.get("image_mean", self.default_mean))
+        self.image_std = tuple(float(x) for x in pcfg.get("image_std", self.default_std))
         if min_pixels is not None or max_pixels is not None:
             image = VisionSettings(
                 image.patch_size,
@@ -452,7 +494,55 @@ class QwenVLProfile(ModelProfile):
             "video_sampler": self.video_sampler,
             "mrope_rule": self.mrope_rule,
             "tokens_per_second": self.tokens_per_second,
+            "normalize": {"mean": list(self.image_mean), "std": list(self.image_std)},
         }
+
+    # ---- trainer side: stored frames -> pixel patches ----
+
+    def stored_grid(self, frames: np.ndarray) -> tuple[int, int, int]:
+        """(t, gh, gw) of stored frames [T, H, W, 3]; sides must be multiples of patch * merge."""
+        s = self.image
+        t, h, w = frames.shape[:3]
+        if h % s.factor or w % s.factor:
+            raise ValueError(f"stored frame size {h}x{w} is not a multiple of {s.factor} (patch * merge)")
+        return -(-t // s.temporal_patch_size), h // s.patch_size, w // s.patch_size
+
+    def vision_feature_count(self, frames: np.ndarray) -> int:
+        t, gh, gw = self.stored_grid(frames)
+        return t * gh * gw // self.image.merge_size**2
+
+    def feature_count(self, item: Any, payload: Payload) -> int:
+        kind = item_kind(item)
+        if kind not in ("image", "video"):
+            return super().feature_count(item, payload)
+        frames = payload_frames(payload)
+        if kind == "image" and frames.shape[0] != 1:
+            raise ValueError(f"image payload holds {frames.shape[0]} frames")
+        return self.vision_feature_count(frames)
+
+    def _lut(self) -> np.ndarray:
+        lut = getattr(self, "_lut_cache", None)
+        if lut is None:
+            lut = self._lut_cache = normalize_lut(self.image_mean, self.image_std)
+        return lut
+
+    def vision_inputs(self, kind: str, item: Any, frames: np.ndarray) -> dict[str, np.ndarray]:
+        s = self.image
+        grid = np.asarray([self.stored_grid(frames)], dtype=np.int64)
+        patches = qwen_patches(frames, self._lut(), s.patch_size, s.merge_size, s.temporal_patch_size)
+        if kind == "image":
+            return {"pixel_values": patches, "image_grid_thw": grid}
+        out = {"pixel_values_videos": patches, "video_grid_thw": grid}
+        spg = item_info(item).get("info", {}).get("second_per_grid")
+        if self.second_per_grid_key and spg is not None:
+            out[self.second_per_grid_key] = np.asarray([spg], dtype=np.float32)
+        return out
+
+    def media_inputs(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
+        kind = item_kind(item)
+        if kind not in ("image", "video"):
+            return super().media_inputs(item, payload)
+        return self.vision_inputs(kind, item, payload_frames(payload))
 
 
 class Qwen25VLProfile(QwenVLProfile):
@@ -472,6 +562,9 @@ class Qwen3VLProfile(QwenVLProfile):
     default_video = VideoSettings(2.0, 4, 768, 128 * 32 * 32, 32 * 32 * 768, False, 768)
     video_sampler = "qwen3"
     per_frame_timestamps = True
+    default_mean = HALF
+    default_std = HALF
+    second_per_grid_key = None  # Qwen3-VL carries time as timestamp text in the prompt
 
     def video_time_interval(self, plan: MediaPlan) -> float:
         return 1.0  # every frame group is its own t=1 block

@@ -254,13 +254,13 @@ def placeholder_ids_for(ds: Dataset, tokenizer: str | None = None) -> tuple[dict
     if not path or not Path(path).exists():
         return None, f"not recorded in omnipack.json and no tokenizer at {path!r} (use --tokenizer)"
     try:
-        from ..pipeline import placeholder_token_ids
         from ..profiles import get_profile
+        from ..profiles.base import placeholder_token_ids
         from ..text.chat import ChatTokenizer
 
         profile = ds.meta.get("profile") or {}
         chat = ChatTokenizer(path, get_profile(profile.get("name", ""), **(profile.get("options") or {})))
-        return placeholder_token_ids(chat), f"tokenizer {path}"
+        return placeholder_token_ids(chat.profile, chat.tokenizer), f"tokenizer {path}"
     except Exception as e:
         return None, f"tokenizer {path} unusable: {type(e).__name__}: {e}"
 

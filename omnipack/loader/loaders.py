@@ -1,0 +1,105 @@
+"""Thin Energon loader factories for an omnipack dataset (the task encoder does the work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .task_encoder import OmnipackTaskEncoder
+
+
+def _worker_config(num_workers: int, rank: int, world_size: int, data_parallel_group: Any) -> Any:
+    from megatron.energon import WorkerConfig
+
+    if data_parallel_group is not None:
+        return WorkerConfig.default_worker_config(num_workers, data_parallel_group)
+    return WorkerConfig(rank=rank, world_size=world_size, num_workers=num_workers)
+
+
+def get_train_loader(
+    path: str | Path,
+    *,
+    batch_size: int = 1,
+    num_workers: int = 2,
+    rank: int = 0,
+    world_size: int = 1,
+    data_parallel_group: Any = None,
+    tp: int = 1,
+    cp: int = 1,
+    cp_rank: int = 0,
+    sequence_parallel: bool = False,
+    fp8: str = "none",
+    decode_media: bool = True,
+    shuffle_buffer_size: int | None = None,
+    max_samples_per_sequence: int | None = None,
+    savable: bool = True,
+    **dataset_kwargs: Any,
+) -> Any:
+    """An endless (repeating) Energon loader of ``PackedBatch`` micro-batches of ``batch_size`` rows.
+
+    ``rank``/``world_size`` (or ``data_parallel_group``) are the data-parallel coordinates; tp/cp/sp/fp8
+    are checked against the dataset's alignment. ``savable`` returns a loader with
+    ``save_state_rank``/``restore_state_rank``.
+    """
+    from megatron.energon import get_loader, get_savable_loader, get_train_dataset
+
+    te = OmnipackTaskEncoder.from_dataset(
+        path,
+        tp=tp,
+        cp=cp,
+        cp_rank=cp_rank,
+        sequence_parallel=sequence_parallel,
+        fp8=fp8,
+        decode_media=decode_media,
+    )
+    ds = get_train_dataset(
+        str(path),
+        worker_config=_worker_config(num_workers, rank, world_size, data_parallel_group),
+        batch_size=batch_size,
+        shuffle_buffer_size=shuffle_buffer_size,
+        max_samples_per_sequence=max_samples_per_sequence,
+        packing_buffer_size=None,  # rows are packed offline
+        task_encoder=te,
+        **dataset_kwargs,
+    )
+    return get_savable_loader(ds) if savable else get_loader(ds)
+
+
+def get_val_loader(
+    path: str | Path,
+    *,
+    split_part: str = "val",
+    batch_size: int = 1,
+    num_workers: int = 2,
+    rank: int = 0,
+    world_size: int = 1,
+    data_parallel_group: Any = None,
+    tp: int = 1,
+    cp: int = 1,
+    cp_rank: int = 0,
+    sequence_parallel: bool = False,
+    fp8: str = "none",
+    decode_media: bool = True,
+    **dataset_kwargs: Any,
+) -> Any:
+    """One deterministic pass over ``split_part`` (``omnipack prepare`` writes every row to "train")."""
+    from megatron.energon import get_loader, get_val_dataset
+
+    te = OmnipackTaskEncoder.from_dataset(
+        path,
+        tp=tp,
+        cp=cp,
+        cp_rank=cp_rank,
+        sequence_parallel=sequence_parallel,
+        fp8=fp8,
+        decode_media=decode_media,
+    )
+    ds = get_val_dataset(
+        str(path),
+        split_part=split_part,
+        worker_config=_worker_config(num_workers, rank, world_size, data_parallel_group),
+        batch_size=batch_size,
+        task_encoder=te,
+        **dataset_kwargs,
+    )
+    return get_loader(ds)

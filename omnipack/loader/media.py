@@ -1,0 +1,86 @@
+"""Stored media parts -> arrays, and the load-time check that a row's placeholders match its media.
+
+Parts are what ``omnipack.media.probe.materialize`` wrote: images png/npy uint8 RGB already at the target
+size, videos npy uint8 [T,H,W,3] (or npz {frames, audio} for audio-in-video), audio npy int16 mono at
+16 kHz. PIL is imported only when a png is actually decoded.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..codec import load_npy
+from ..contract import MediaItem
+from ..profiles.base import ModelProfile, Payload
+
+
+class MediaMismatchError(ValueError):
+    """A row's placeholder tokens disagree with the features its stored media produce."""
+
+
+def decode_payload(part: str, data: bytes) -> Payload:
+    """The array(s) of one stored media part, chosen by its extension."""
+    ext = part.rsplit(".", 1)[-1]
+    if ext == "npy":
+        return load_npy(data)
+    if ext == "npz":
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    if ext == "png":
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as img:
+            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+    raise ValueError(f"unsupported media part {part!r}")
+
+
+def check_row_media(
+    profile: ModelProfile,
+    items: Sequence[MediaItem],
+    payloads: Sequence[Payload],
+    tokens: np.ndarray,
+    *,
+    placeholder_ids: Mapping[str, Sequence[int]] | None,
+    row_key: str,
+    sample_ids: Sequence[str],
+) -> None:
+    """Raise ``MediaMismatchError`` unless every item's ``num_tokens``, the placeholder ids counted in its
+    block (when ``placeholder_ids`` is known) and the feature count of its stored payload all agree."""
+    tokens = np.asarray(tokens)
+    for idx, (m, payload) in enumerate(zip(items, payloads, strict=True)):
+        a, b = m.block_start, m.block_end
+        where = (
+            f"row {row_key!r}, sample {sample_ids[m.sample_index]!r}, media {idx} ({m.kind}, part {m.part!r})"
+        )
+        try:
+            features = profile.feature_count(m, payload)
+        except ValueError as e:
+            raise MediaMismatchError(f"{where}: stored media unusable: {e}") from None
+        counted = None
+        if placeholder_ids is not None and m.kind in placeholder_ids:
+            counted = int(np.isin(tokens[a:b], np.asarray(placeholder_ids[m.kind])).sum())
+        if features != m.num_tokens or (counted is not None and counted != m.num_tokens):
+            seen = "" if counted is None else f", placeholder tokens in tokens[{a}:{b}] = {counted}"
+            raise MediaMismatchError(
+                f"{where}: placeholder count mismatch: meta num_tokens = {m.num_tokens}{seen}, "
+                f"features of the stored {m.kind} = {features} ({_shape(payload)}). The row would feed the "
+                "model misaligned embeddings; re-prepare the dataset (or check it with `omnipack verify`)."
+            )
+
+
+def _shape(payload: Payload) -> str:
+    if isinstance(payload, Mapping):
+        return ", ".join(f"{k} {tuple(np.shape(v))}" for k, v in payload.items())
+    return f"shape {tuple(np.shape(payload))}"
+
+
+def row_media_inputs(
+    profile: ModelProfile, items: Sequence[MediaItem], payloads: Sequence[Any]
+) -> list[dict]:
+    """Per-item encoder inputs of one row, in placeholder order."""
+    order = sorted(range(len(items)), key=lambda i: (items[i].sample_index, items[i].token_start))
+    return [profile.media_inputs(items[i], payloads[i]) for i in order]

@@ -1,0 +1,196 @@
+"""Energon round trips of a Qwen3-Omni demo dataset (images, video, audio) through the omnipack encoder."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
+from megatron.energon.errors import FatalSampleError
+
+from omnipack.codec import decode_row
+from omnipack.loader.compat import DatasetAlignmentError
+from omnipack.loader.media import MediaMismatchError, decode_payload
+from omnipack.loader.sample import cook_packed_row
+from omnipack.loader.task_encoder import OmnipackTaskEncoder
+from tests.test_pipeline import read_rows_from_tars
+
+PROFILE = "qwen3_omni"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    from omnipack.demo.corpus import build_demo_corpus
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+    from omnipack.pipeline import PrepareConfig, run_prepare
+    from omnipack.profiles import get_profile
+
+    root = tmp_path_factory.mktemp("omni")
+    tok = build_demo_tokenizer(root / "tok", profile=PROFILE)
+    manifest, media = build_demo_corpus(root / "src", num_samples=20, kinds=get_profile(PROFILE).kinds)
+    out = root / "ds"
+    run_prepare(
+        PrepareConfig(
+            manifest=[str(manifest)],
+            media_root=str(media),
+            tokenizer=str(tok),
+            output=str(out),
+            profile=PROFILE,
+            seq_length=1024,
+            cp=2,
+            shard_max_rows=3,
+            progress=False,
+        )
+    )
+    return out
+
+
+def _wc(n: int) -> WorkerConfig:
+    return WorkerConfig(rank=0, world_size=1, num_workers=n)
+
+
+def _val(path: Path, te, workers: int = 0, mbs: int = 2):
+    ds = get_val_dataset(
+        str(path), split_part="train", worker_config=_wc(workers), batch_size=mbs, task_encoder=te
+    )
+    return get_loader(ds)
+
+
+def _expected_media(te: OmnipackTaskEncoder, rows: list[dict[str, bytes]]) -> dict[str, torch.Tensor]:
+    per_item = []
+    for parts in rows:
+        row, _ = decode_row(parts)
+        per_item += [te.profile.media_inputs(m, decode_payload(m.part, parts[m.part])) for m in row.media]
+    return te.profile.collate_media(per_item) if per_item else {}
+
+
+def test_from_dataset_checks_alignment(dataset):
+    te = OmnipackTaskEncoder.from_dataset(dataset, cp=2, cp_rank=1)
+    assert te.profile.name == PROFILE and te.cp_size == 2 and te.placeholder_ids["audio"]
+    with pytest.raises(DatasetAlignmentError, match="alignment 4.*need a multiple of 8"):
+        OmnipackTaskEncoder.from_dataset(dataset, cp=4)
+    with pytest.raises(DatasetAlignmentError):
+        OmnipackTaskEncoder.from_dataset(dataset, fp8="fp8")
+
+
+def test_two_workers_mbs2_batches_carry_media_in_placeholder_order(dataset):
+    te = OmnipackTaskEncoder.from_dataset(dataset)
+    tars = read_rows_from_tars(dataset)
+    seen, kinds = [], set()
+    for batch in _val(dataset, te, workers=2, mbs=2):
+        keys = list(batch.__key__)
+        seen += keys
+        assert batch.tokens.shape == (1, 1024 * len(keys)) and batch.media is None
+        expect = _expected_media(te, [tars[k] for k in keys])
+        got = batch.media_inputs()
+        assert set(got) == set(expect)
+        for k, v in expect.items():
+            assert torch.equal(got[k], v), k
+        d = batch.as_dict()
+        toks = d["tokens"][0]
+        if "image_grid_thw" in got:  # one image_pad per merged patch, across the whole micro-batch
+            assert (
+                int((toks == te.placeholder_ids["image"][0]).sum())
+                == int(got["image_grid_thw"].prod(1).sum()) // 4
+            )
+        kinds |= {k for k in got}
+    assert sorted(seen) == sorted(tars)
+    assert {"pixel_values", "pixel_values_videos", "input_features"} <= kinds
+
+
+def test_cp_rank_batches_are_sliced(dataset):
+    full = next(iter(_val(dataset, OmnipackTaskEncoder.from_dataset(dataset, decode_media=False), mbs=1)))
+    half = next(
+        iter(
+            _val(
+                dataset, OmnipackTaskEncoder.from_dataset(dataset, cp=2, cp_rank=1, decode_media=False), mbs=1
+            )
+        )
+    )
+    assert half.tokens.shape == (1, 512) and torch.equal(half.cu_seqlens_q_padded, full.cu_seqlens_q_padded)
+    assert full.media is not None and full.pixel_values is None  # text-only consumers get bytes, no decode
+
+
+def test_val_order_is_deterministic(dataset):
+    te = OmnipackTaskEncoder.from_dataset(dataset, decode_media=False)
+    passes = [[k for b in _val(dataset, te, mbs=2) for k in b.__key__] for _ in range(2)]
+    assert passes[0] == passes[1] and len(passes[0]) == len(read_rows_from_tars(dataset))
+
+
+def test_savable_loader_restores_to_the_same_next_batches(dataset):
+    def loader():
+        ds = get_train_dataset(
+            str(dataset),
+            worker_config=_wc(2),
+            batch_size=2,
+            shuffle_buffer_size=4,
+            max_samples_per_sequence=2,
+            packing_buffer_size=None,
+            task_encoder=OmnipackTaskEncoder.from_dataset(dataset),
+        )
+        return get_savable_loader(ds)
+
+    a = loader()
+    it = iter(a)
+    for _ in range(3):
+        next(it)
+    state = a.save_state_rank()
+    after = [next(it) for _ in range(3)]
+    b = loader()
+    b.restore_state_rank(state)
+    restored = [x for x, _ in zip(b, range(3), strict=False)]
+    assert [x.__key__ for x in restored] == [x.__key__ for x in after]
+    assert torch.equal(restored[-1].tokens, after[-1].tokens)
+    for x, y in zip(restored, after, strict=True):
+        assert set(x.media_inputs()) == set(y.media_inputs())
+        assert all(torch.equal(x.media_inputs()[k], v) for k, v in y.media_inputs().items())
+
+
+def test_a_row_whose_media_disagrees_with_its_placeholders_fails_loudly(dataset):
+    te = OmnipackTaskEncoder.from_dataset(dataset)
+    key, parts = next((k, p) for k, p in read_rows_from_tars(dataset).items() if b"image" in p["meta.json"])
+    row, meta = decode_row(parts)
+    img = next(m for m in row.media if m.kind == "image")
+    from omnipack.codec import npy_bytes
+
+    bad = dict(parts)
+    bad[img.part] = npy_bytes(np.zeros((64, 64, 3), np.uint8))  # 4 tokens, whatever was planned
+    if img.part.endswith(".png"):  # keep the part name, store a different-size png
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.fromarray(np.zeros((32, 1024, 3), np.uint8)).save(buf, format="PNG")
+        bad[img.part] = buf.getvalue()
+    sample = cook_packed_row(
+        {"__key__": key, "__restore_key__": (), "__subflavors__": {}, "__sources__": (), **bad}
+    )
+    sid = meta["sample_ids"][img.sample_index]
+    with pytest.raises(MediaMismatchError, match=rf"row '{key}', sample '{sid}'") as e:
+        te.encode_sample(sample)
+    assert isinstance(e.value, FatalSampleError)  # Energon's error handler must not skip it
+
+
+def test_import_omnipack_stays_light_and_needs_no_av_or_decord():
+    code = (
+        "import sys\n"
+        "import omnipack\n"
+        "heavy = [m for m in ('torch', 'megatron', 'av', 'decord', 'PIL', 'transformers') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        # megatron-energon imports PyAV itself when installed (optional); block both to prove omnipack's
+        # trainer side never needs them.
+        "sys.modules['av'] = None; sys.modules['decord'] = None\n"
+        "te = omnipack.OmnipackTaskEncoder\n"
+        "assert omnipack.get_train_loader and omnipack.PackedBatch\n"
+        "import omnipack.loader.media, omnipack.profiles\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

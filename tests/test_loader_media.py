@@ -1,0 +1,215 @@
+"""Media parts -> encoder inputs: layouts against the HF processors, feature counts, the load-time check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from omnipack.contract import MediaItem
+from omnipack.loader.media import MediaMismatchError, check_row_media, decode_payload
+from omnipack.profiles import get_profile
+from omnipack.profiles.qwen3_omni import audio_output_length
+
+RNG = np.random.default_rng(0)
+
+
+def _hf_image_processor(profile):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    s = profile.image
+    return Qwen2VLImageProcessorPil(
+        patch_size=s.patch_size,
+        merge_size=s.merge_size,
+        temporal_patch_size=s.temporal_patch_size,
+        min_pixels=s.min_pixels,
+        max_pixels=s.max_pixels,
+        image_mean=list(profile.image_mean),
+        image_std=list(profile.image_std),
+    )
+
+
+def _hf(proc, img: np.ndarray, **kw) -> dict:
+    return proc(images=[img], return_tensors="np", **kw)
+
+
+def _item(kind: str, num_tokens: int = 0, **kw) -> MediaItem:
+    return MediaItem(
+        kind=kind,
+        part=f"media.0.{'npz' if kw.pop('npz', False) else 'npy'}",
+        sample_index=0,
+        token_start=kw.pop("token_start", 0),
+        num_tokens=num_tokens,
+        block_start=0,
+        block_end=num_tokens,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "hw"), [("qwen2_5_vl", (56, 84)), ("qwen3_vl", (256, 320)), ("qwen3_omni", (96, 64))]
+)
+def test_image_patches_match_the_hf_image_processor(name, hw):
+    profile = get_profile(name)
+    img = RNG.integers(0, 256, (*hw, 3), dtype=np.uint8)  # already at a target size (multiple of factor)
+    ours = profile.media_inputs(_item("image"), img)
+    ref = _hf(_hf_image_processor(profile), img)
+    assert ours["pixel_values"].shape == ref["pixel_values"].shape
+    np.testing.assert_allclose(ours["pixel_values"], ref["pixel_values"], atol=1e-5, rtol=0)
+    assert ours["image_grid_thw"].tolist() == ref["image_grid_thw"].tolist()
+    t, gh, gw = ref["image_grid_thw"][0]
+    assert profile.feature_count(_item("image"), img) == t * gh * gw // 4
+
+
+def _reference_video_patches(frames: np.ndarray, mean, std, ps: int, m: int, tps: int) -> np.ndarray:
+    """Row-by-row construction from the documented layout (independent of reshape/transpose)."""
+    if pad := -len(frames) % tps:
+        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, 0)])
+    x = (frames.astype(np.float64) / 255 - np.asarray(mean)) / np.asarray(std)  # [T, H, W, C]
+    gt, gh, gw = len(frames) // tps, frames.shape[1] // ps, frames.shape[2] // ps
+    rows = []
+    for t in range(gt):
+        for bh in range(gh // m):
+            for bw in range(gw // m):
+                for mh in range(m):
+                    for mw in range(m):
+                        h0, w0 = (bh * m + mh) * ps, (bw * m + mw) * ps
+                        block = x[t * tps : (t + 1) * tps, h0 : h0 + ps, w0 : w0 + ps, :]  # [tps, ps, ps, C]
+                        rows.append(block.transpose(3, 0, 1, 2).reshape(-1))  # (C, tps, ph, pw)
+    return np.stack(rows).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "qwen3_omni"])
+def test_video_patches_follow_the_processor_layout(name):
+    profile = get_profile(name)
+    s = profile.image
+    h, w = 2 * s.factor, s.factor
+    frames = RNG.integers(0, 256, (5, h, w, 3), dtype=np.uint8)  # odd count: the last frame pads
+    item = _item("video", info={"info": {"second_per_grid": 1.0}})
+    ours = profile.media_inputs(item, frames)
+    ref = _reference_video_patches(frames, profile.image_mean, profile.image_std, s.patch_size, 2, 2)
+    np.testing.assert_allclose(ours["pixel_values_videos"], ref, atol=1e-5, rtol=0)
+    assert ours["video_grid_thw"].tolist() == [[3, h // s.patch_size, w // s.patch_size]]
+    assert profile.feature_count(item, frames) == 3 * (h // s.patch_size) * (w // s.patch_size) // 4
+    # Pairs of equal frames are what the image processor sees for one image: same patches, per step.
+    a, b = frames[0], frames[1]
+    pairs = profile.media_inputs(item, np.stack([a, a, b, b]))["pixel_values_videos"]
+    proc = _hf_image_processor(profile)
+    expect = np.concatenate([_hf(proc, f, do_resize=False)["pixel_values"] for f in (a, b)])
+    np.testing.assert_allclose(pairs, expect, atol=1e-5, rtol=0)
+
+
+def _whisper_reference(wave: np.ndarray) -> np.ndarray:
+    from transformers import WhisperFeatureExtractor
+
+    fe = WhisperFeatureExtractor(feature_size=128)
+    out = fe(
+        wave.astype(np.float32) / 32768.0,
+        sampling_rate=16000,
+        return_attention_mask=True,
+        padding=True,
+        truncation=False,
+        return_tensors="np",
+    )
+    return out["input_features"][0][:, : int(out["attention_mask"][0].sum())]
+
+
+def test_qwen3_omni_audio_features_match_whisper_and_the_token_rule():
+    profile = get_profile("qwen3_omni")
+    waves = [(RNG.standard_normal(n) * 3000).astype(np.int16) for n in (16000, 9920, 33333)]
+    per_item = []
+    for wave in waves:
+        item = _item("audio")
+        got = profile.media_inputs(item, wave)
+        ref = _whisper_reference(wave)
+        assert got["input_features"].shape == (128, len(wave) // 160) == ref.shape
+        np.testing.assert_allclose(got["input_features"], ref, atol=1e-5, rtol=0)
+        assert profile.feature_count(item, wave) == audio_output_length(len(wave) // 160)
+        per_item.append(got)
+    assert [profile.feature_count(_item("audio"), w) for w in waves[:2]] == [13, 8]
+    batch = profile.collate_media(per_item)
+    lens = [len(w) // 160 for w in waves]
+    assert batch["input_features"].shape == (3, 128, max(lens))
+    assert batch["audio_feature_lengths"].tolist() == lens
+    assert batch["feature_attention_mask"].sum(1).tolist() == lens
+    assert float(batch["input_features"][1, :, lens[1] :].abs().sum()) == 0.0
+
+
+def test_qwen3_omni_audio_in_video_counts_and_inputs_both():
+    profile = get_profile("qwen3_omni", use_audio_in_video=True)
+    payload = {
+        "frames": RNG.integers(0, 256, (4, 32, 64, 3), dtype=np.uint8),
+        "audio": (RNG.standard_normal(16000) * 1000).astype(np.int16),
+    }
+    item = _item("video", npz=True, info={"info": {"second_per_grid": 2.0}})
+    assert profile.feature_count(item, payload) == 2 * 2 * 4 // 4 + 13
+    got = profile.media_inputs(item, payload)
+    assert got["video_grid_thw"].tolist() == [[2, 2, 4]]
+    assert got["input_features"].shape == (128, 100)
+    assert got["video_second_per_grid"].tolist() == [2.0]
+    batch = profile.collate_media([got, profile.media_inputs(_item("image"), payload["frames"][0])])
+    assert batch["pixel_values"].shape[0] == 8 and batch["pixel_values_videos"].shape[0] == 16
+    assert batch["input_features"].shape == (1, 128, 100)
+
+
+def test_nemotron_feature_counts_from_stored_media():
+    p = get_profile("nemotron_omni")
+    assert p.feature_count(_item("image"), np.zeros((448, 640, 3), np.uint8)) == 28 * 40 // 4
+    assert p.feature_count(_item("video"), np.zeros((3, 512, 512, 3), np.uint8)) == 2 * 256
+    assert p.feature_count(_item("audio"), np.zeros(16000, np.int16)) == 13
+    assert p.feature_count(_item("audio"), np.zeros(1300, np.int16)) == 1  # max(1, ...) as Bridge
+    with pytest.raises(ValueError, match="multiple of 32"):
+        p.feature_count(_item("image"), np.zeros((40, 64, 3), np.uint8))
+    with pytest.raises(NotImplementedError, match="decode_media=False"):
+        p.media_inputs(_item("image"), np.zeros((64, 64, 3), np.uint8))
+
+
+def test_decode_payload_kinds():
+    import io
+
+    from PIL import Image
+
+    img = RNG.integers(0, 256, (8, 6, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="PNG")
+    assert np.array_equal(decode_payload("media.0.png", buf.getvalue()), img)
+    buf = io.BytesIO()
+    np.savez(buf, frames=img[None], audio=np.arange(5, dtype=np.int16))
+    z = decode_payload("media.1.npz", buf.getvalue())
+    assert set(z) == {"frames", "audio"} and z["audio"].tolist() == list(range(5))
+    with pytest.raises(ValueError, match="unsupported"):
+        decode_payload("media.2.pkl", b"")
+
+
+def test_check_row_media_names_row_and_sample_on_mismatch():
+    profile = get_profile("qwen2_5_vl")
+    pad = 7
+    tokens = np.array([1, 2] + [pad] * 4 + [3, 9, 9, 9] + [1] + [pad] * 4 + [3], np.int32)
+    items = [
+        MediaItem("image", "media.0.png", 0, 2, 4, 1, 7),
+        MediaItem("image", "media.1.png", 1, 11, 4, 10, 16),
+    ]
+    img = np.zeros((56, 56, 3), np.uint8)  # 4x4 patches -> 4 tokens
+    kw = dict(placeholder_ids={"image": [pad]}, row_key="000000007", sample_ids=["s-a", "s-b"])
+    check_row_media(profile, items, [img, img], tokens, **kw)
+    with pytest.raises(
+        MediaMismatchError, match=r"row '000000007', sample 's-b'.*features of the stored image = 16"
+    ):
+        check_row_media(profile, items, [img, np.zeros((112, 112, 3), np.uint8)], tokens, **kw)
+    bad = tokens.copy()
+    bad[3] = 5  # one placeholder token lost in the first block
+    with pytest.raises(MediaMismatchError, match=r"sample 's-a'.*placeholder tokens in tokens\[1:7\] = 3"):
+        check_row_media(profile, items, [img, img], bad, **kw)
+
+
+def test_default_collate_concatenates_in_order():
+    p = get_profile("qwen2_5_vl")
+    a = p.media_inputs(_item("image"), np.zeros((28, 56, 3), np.uint8))
+    b = p.media_inputs(_item("image"), np.full((56, 28, 3), 255, np.uint8))
+    out = p.collate_media([a, b])
+    assert out["image_grid_thw"].tolist() == [[1, 2, 4], [1, 4, 2]]
+    assert isinstance(out["pixel_values"], torch.Tensor) and out["pixel_values"].shape == (
+        16,
+        3 * 2 * 14 * 14,
+    )
+    assert torch.equal(out["pixel_values"][8:], torch.from_numpy(b["pixel_values"]))
