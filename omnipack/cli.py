@@ -44,6 +44,7 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--image-encoding",), {"choices": ["png", "npy"], "help": "lossless storage of resized images"}),
     (("--shard-size-mb",), {"type": float, "help": "roll shards over at this size"}),
     (("--shard-max-rows",), {"type": int}),
+    (("--val-fraction",), {"type": float, "help": "fraction of rows written to separate 'val' shards"}),
     (("--workers", "-j"), {"type": int, "help": "processes for measuring and writing"}),
     (
         ("--from-stage",),

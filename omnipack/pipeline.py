@@ -41,6 +41,15 @@ def _check_measure_reusable(measure_dir: Path, key: dict[str, Any]) -> int:
     return int(recorded["input"])
 
 
+def _val_rows(fraction: float, num_rows: int) -> int:
+    """Rows held out for validation: at least one when asked for, never all of them."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {fraction}")
+    if fraction == 0.0 or num_rows < 2:
+        return 0
+    return min(num_rows - 1, max(1, round(fraction * num_rows)))
+
+
 class NothingPacked(RuntimeError):
     """Every input sample was rejected."""
 
@@ -73,6 +82,7 @@ class PrepareConfig:
     image_encoding: str = "png"
     shard_size_mb: float = 1024.0
     shard_max_rows: int | None = None
+    val_fraction: float = 0.0
     workers: int = 1
     overwrite: bool = False
     progress: bool = True
@@ -165,6 +175,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         shard_max_bytes=int(cfg.shard_size_mb * (1 << 20)),
         shard_max_rows=cfg.shard_max_rows,
         workers=cfg.workers,
+        val_rows=_val_rows(cfg.val_fraction, plan.num_rows),
     )
     shards, write_rejects, write_stats = write_rows(samples_path, plan, out, wcfg, progress=cfg.progress)
 
@@ -201,6 +212,9 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
             "packed": packed,
             "rejected": len(rejects),
             "rows": write_stats["rows_written"],
+            "rows_by_split": {
+                part: sum(s.count for s in shards if s.split == part) for part in ("train", "val")
+            },
             "rejected_by_stage": dict(Counter(r["stage"] for r in rejects)),
             "measured": measured["measured"],
         },

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from omnipack.codec import decode_row
 from omnipack.contract import row_invariant_errors
@@ -211,3 +212,38 @@ def test_repack_from_measure_tables(tmp_path, demo_tokenizer, demo_corpus):
         assert row_invariant_errors(decode_row(parts)[0], 8) == []
     with pytest.raises(ValueError, match="measure settings changed .*profile_options"):
         _prepare(root, demo_tokenizer, demo_corpus, from_stage="pack", profile_options={"max_pixels": 50176})
+
+
+def test_val_fraction_writes_separate_val_shards(tmp_path, demo_tokenizer, demo_corpus):
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    from omnipack.loader.task_encoder import OmnipackTaskEncoder
+
+    root, summary = _prepare(
+        tmp_path / "ds", demo_tokenizer, demo_corpus, val_fraction=0.25, shard_max_rows=2
+    )
+    by_split = summary["counts"]["rows_by_split"]
+    assert (
+        by_split["val"] == round(0.25 * summary["packing"]["rows"])
+        and by_split["train"] + by_split["val"] == summary["counts"]["rows"]
+    )
+    split = yaml.safe_load((root / ".nv-meta" / "split.yaml").read_text())["split_parts"]
+    assert (
+        split["val"]
+        and all("/val-" in p for p in split["val"])
+        and not set(split["val"]) & set(split["train"])
+    )
+
+    def keys(part):
+        ds = get_val_dataset(
+            str(root),
+            split_part=part,
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+            batch_size=1,
+            task_encoder=OmnipackTaskEncoder(),
+        )
+        return [b.__key__[0] for b in get_loader(ds)]
+
+    val_keys, train_keys = keys("val"), keys("train")
+    assert len(val_keys) == by_split["val"] and len(train_keys) == by_split["train"]
+    assert not set(val_keys) & set(train_keys)

@@ -37,6 +37,7 @@ class WriteConfig:
     shard_max_bytes: int = 1 << 30
     shard_max_rows: int | None = None
     workers: int = 1
+    val_rows: int = 0  # the last planned rows (row order is shuffled) go to separate "val" shards
 
 
 @dataclass
@@ -127,22 +128,27 @@ def write_rows(
     """Write every planned row; returns shard infos, write-time rejects and row statistics."""
     from tqdm import tqdm
 
-    writer = ShardWriter(out_root, max_bytes=cfg.shard_max_bytes, max_count=cfg.shard_max_rows)
+    train = ShardWriter(out_root, max_bytes=cfg.shard_max_bytes, max_count=cfg.shard_max_rows)
+    val = ShardWriter(out_root, "shards/val", cfg.shard_max_bytes, cfg.shard_max_rows, split="val")
+    first_val = plan.num_rows - cfg.val_rows
     rejects: list[dict[str, Any]] = []
     samples_per_row: list[int] = []
     real_tokens = 0
     try:
         results = _results(_row_jobs(samples_path, plan), cfg)
-        for res in tqdm(results, total=plan.num_rows, desc="write", unit="row", disable=not progress):
+        for r, res in enumerate(
+            tqdm(results, total=plan.num_rows, desc="write", unit="row", disable=not progress)
+        ):
             rejects.extend(res.rejects)
             if res.parts is not None:
-                writer.write(res.key, res.parts)
+                (val if r >= first_val else train).write(res.key, res.parts)
                 samples_per_row.append(res.num_samples)
                 real_tokens += res.real_tokens
     except BaseException:
-        writer.abort()
+        train.abort()
+        val.abort()
         raise
-    shards = writer.close()
+    shards = train.close() + val.close()
     stats = {
         "rows_written": len(samples_per_row),
         "samples_written": int(sum(samples_per_row)),

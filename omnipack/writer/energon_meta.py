@@ -42,7 +42,9 @@ def write_energon_meta(
         info = {"energon_version": v, **info}
     (meta / ".info.json").write_text(json.dumps(info, indent=2) + "\n")
     split = {
-        "split_parts": {"train": [s.path for s in shards], "val": [s.path for s in val_shards], "test": []},
+        "split_parts": {
+            part: [s.path for s in shards if s.split == part] for part in ("train", "val", "test")
+        },
         "exclude": [],
     }
     (meta / "split.yaml").write_text(yaml.safe_dump(split, sort_keys=False))

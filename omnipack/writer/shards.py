@@ -29,6 +29,7 @@ class ShardInfo:
     count: int
     num_bytes: int
     sha256: str
+    split: str = "train"
 
 
 def file_sha256(path: Path) -> str:
@@ -43,9 +44,14 @@ class ShardWriter:
     """Rolls samples into ``{prefix}-{n:06d}.tar`` shards of at most ``max_bytes`` / ``max_count``."""
 
     def __init__(
-        self, root: Path, prefix: str = "shards/shard", max_bytes: int = 1 << 30, max_count: int | None = None
+        self,
+        root: Path,
+        prefix: str = "shards/shard",
+        max_bytes: int = 1 << 30,
+        max_count: int | None = None,
+        split: str = "train",
     ):
-        self.root, self.prefix = root, prefix
+        self.root, self.prefix, self.split = root, prefix, split
         self.max_bytes, self.max_count = max_bytes, max_count
         self.shards: list[ShardInfo] = []
         self._tar: tarfile.TarFile | None = None
@@ -86,7 +92,9 @@ class ShardWriter:
         idx_path = Path(str(path) + ".idx")
         tmp_idx = Path(str(idx_path) + TMP_SUFFIX)
         tmp_idx.write_bytes(offsets.tobytes())
-        info = ShardInfo(self._rel, len(self._offsets), tmp_tar.stat().st_size, file_sha256(tmp_tar))
+        info = ShardInfo(
+            self._rel, len(self._offsets), tmp_tar.stat().st_size, file_sha256(tmp_tar), self.split
+        )
         os.replace(tmp_idx, idx_path)
         os.replace(tmp_tar, path)  # the tar appears last: a present tar always has its index
         self.shards.append(info)
