@@ -1,7 +1,7 @@
 """Packing benchmark: omnipack vs re-implemented peer packers on seeded synthetic length sets.
 
     python benchmarks/bench_packing.py           # full run (a few minutes on 2 cores)
-    python benchmarks/bench_packing.py --quick   # < 1 minute
+    python benchmarks/bench_packing.py --quick   # < 1 minute (constrained speed sets at 200k)
 
 Lengths are padded to ALIGN before packing (as the writer does); real efficiency counts real tokens.
 """
@@ -21,6 +21,7 @@ from peers import PEERS  # noqa: E402
 
 from omnipack.packing import PackConstraints, lower_bounds, pack  # noqa: E402
 from omnipack.packing.balance import attention_cost, coefficient_of_variation  # noqa: E402
+from omnipack.packing.constraints import constrained_bfd  # noqa: E402
 
 ALIGN = 8
 
@@ -93,7 +94,7 @@ def measure(name, algo, row_of, num_rows, seconds, real, lengths, width, cv_base
     }
 
 
-def bench_set(name, data, width, *, peers=True, window=None, constraints=None):
+def bench_set(name, data, width, *, peers=True, window=None, constraints=None, reference=False):
     real = data["real"]
     lengths = padded(real, width)
     results = []
@@ -117,8 +118,13 @@ def bench_set(name, data, width, *, peers=True, window=None, constraints=None):
         plan, sec = timed(lambda: pack(lengths, width, constraints=constraints))
         # Resource budgets give their own lower bound: ceil(total amount / per-row budget).
         bound = max(-(-int(a.sum()) // b) for a, b in constraints.resources.values())
-        label = f"omnipack bfd+constraints (rows/resource bound {plan.num_rows / bound:.4f})"
+        label = f"omnipack constrained (rows/resource bound {plan.num_rows / bound:.4f})"
         results.append(measure(name, label, plan.row_of, plan.num_rows, sec, real, lengths, width))
+        if reference:
+            # The previous default: exact item-by-item constrained BFD (superlinear; small sets only).
+            (row_of, num_rows), sec = timed(lambda: constrained_bfd(lengths, width, constraints))
+            label = f"exact constrained bfd, old (rows/resource bound {num_rows / bound:.4f})"
+            results.append(measure(name, label, row_of, num_rows, sec, real, lengths, width))
     if peers:
         for algo, fn in PEERS.items():
             row_of, sec = timed(lambda fn=fn: fn(lengths, width))
@@ -162,17 +168,26 @@ def main() -> None:
     results += bench_set("text W=4096", text_sft(rng, n, 4096), 4096, window=window)
     results += bench_set("text W=16384", text_sft(rng, n, 16384), 16384, window=window)
     img = image_text(rng, n, 8192)
-    results += bench_set(
-        "image-text W=8192", img, 8192, window=window, constraints=media_constraints(img, 8192)
-    )
+    img_c = media_constraints(img, 8192)
+    results += bench_set("image-text W=8192", img, 8192, window=window, constraints=img_c, reference=True)
     omni = omni_mix(rng, n, 16384)
-    results += bench_set(
-        "omni W=16384", omni, 16384, window=window, constraints=media_constraints(omni, 16384)
-    )
+    omni_c = media_constraints(omni, 16384)
+    results += bench_set("omni W=16384", omni, 16384, window=window, constraints=omni_c, reference=True)
     results += bench_set("adversarial W=8192", adversarial(rng, 45_000, 8192), 8192, window=window)
     big = 1_000_000
     results += bench_set(
         "text 1M W=4096", text_sft(rng, big, 4096), 4096, peers=not args.quick, window=100_000
+    )
+    # Constrained speed sets with binding budgets (peers skipped: they have no resource budgets).
+    media_n = 200_000 if args.quick else big
+    tag = "200k" if args.quick else "1M"
+    img = image_text(rng, media_n, 8192)
+    results += bench_set(
+        f"image-text {tag} W=8192", img, 8192, peers=False, constraints=media_constraints(img, 8192)
+    )
+    omni = omni_mix(rng, media_n, 16384)
+    results += bench_set(
+        f"omni {tag} W=16384", omni, 16384, peers=False, constraints=media_constraints(omni, 16384)
     )
     if not args.quick:
         # Peers are skipped at 10M: pure-Python per-item loops take minutes there.

@@ -6,7 +6,7 @@ import numpy as np
 
 from .balance import balanced_assign, rebalance_rows
 from .bounds import lower_bounds
-from .constraints import PackConstraints, constrained_bfd
+from .constraints import PackConstraints, constrained_pack
 from .greedy import bfd_classes, ffd_classes
 from .plan import PackPlan, build_plan
 
@@ -57,7 +57,7 @@ def _assign(
     improve: bool,
 ) -> tuple[np.ndarray, int, str]:
     if constraints is not None:
-        row_of, num_rows = constrained_bfd(lengths, capacity, constraints)
+        row_of, num_rows = constrained_pack(lengths, capacity, constraints)
         return row_of, num_rows, "bfd+constraints"
     row_of, num_rows = _assign_by_classes(lengths, capacity, algorithm)
     if improve and algorithm == "bfd":
@@ -86,8 +86,8 @@ def pack(
     ``algorithm`` is "bfd" (best-fit decreasing; if it misses the lower bound, FFD is also tried and the
     better kept) or "ffd" (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
     each block of N consecutive samples separately (bounded memory; rows never span blocks).
-    ``constraints`` (sample cap, per-row resource budgets) switch to an exact item-by-item constrained
-    BFD, whatever ``algorithm`` says. ``balance`` evens out per-row attention cost (sum of squared
+    ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
+    constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says. ``balance`` evens out per-row attention cost (sum of squared
     lengths) with at most +0.1% rows.
     Rows are shuffled with ``seed`` unless ``shuffle=False``; results are deterministic.
     """
