@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from .alignment import pad_to_multiple
 from .manifest import ManifestError, RawSample, resolve_media
 from .media.errors import MediaError
+from .media.probe import probe
 from .profiles import MediaRejected, get_profile
 from .text.chat import ChatTokenizer, SampleRejected
 
@@ -96,8 +97,6 @@ class Measurer:
             refs = raw.media_refs()
             plans = []
             for ref in refs:
-                from .media.probe import probe
-
                 path = resolve_media(self.media_root, ref.path)
                 meta = probe(path, ref.kind)
                 plans.append(self.profile.plan(meta))
