@@ -160,8 +160,8 @@ def test_nemotron_feature_counts_from_stored_media():
     assert p.feature_count(_item("audio"), np.zeros(1300, np.int16)) == 1  # max(1, ...) as Bridge
     with pytest.raises(ValueError, match="multiple of 32"):
         p.feature_count(_item("image"), np.zeros((40, 64, 3), np.uint8))
-    with pytest.raises(NotImplementedError, match="decode_media=False"):
-        p.media_inputs(_item("image"), np.zeros((64, 64, 3), np.uint8))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        p.media_inputs(_item("image"), np.zeros((40, 64, 3), np.uint8))
 
 
 def test_decode_payload_kinds():

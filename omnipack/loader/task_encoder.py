@@ -28,6 +28,7 @@ from .sample import PackedRowSample, cook_packed_row
 MEDIA_KEYS = (
     "pixel_values",
     "image_grid_thw",
+    "image_grid_hw",
     "pixel_values_videos",
     "video_grid_thw",
     "second_per_grid_ts",
@@ -35,6 +36,7 @@ MEDIA_KEYS = (
     "input_features",
     "feature_attention_mask",
     "audio_feature_lengths",
+    "input_features_mask",
 )
 
 
@@ -62,15 +64,19 @@ class PackedBatch(Batch):
     row_meta: list[dict[str, Any]]
     mrope_position_ids: torch.Tensor | None = None
     media: list[dict[str, bytes]] | None = None
-    pixel_values: torch.Tensor | None = None  # float32 [image patches, 3*tps*ps*ps]
+    pixel_values: torch.Tensor | None = None  # float32 [image patches, 3*tps*ps*ps] (Nemotron: 3*ps*ps)
     image_grid_thw: torch.Tensor | None = None  # int64 [n_images, 3]
-    pixel_values_videos: torch.Tensor | None = None
+    image_grid_hw: torch.Tensor | None = None  # Nemotron Omni, int64 [n_images, 2]
+    pixel_values_videos: torch.Tensor | None = None  # Nemotron Omni: float32 [1, tubelets, 2*3, H, W]
     video_grid_thw: torch.Tensor | None = None  # int64 [n_videos, 3]
     second_per_grid_ts: torch.Tensor | None = None  # Qwen2.5-VL, float32 [n_videos]
     video_second_per_grid: torch.Tensor | None = None  # Qwen3-Omni, float32 [n_videos]
-    input_features: torch.Tensor | None = None  # float32 [n_clips, 128, max mel frames]
+    input_features: torch.Tensor | None = (
+        None  # float32 [n_clips, 128, max mel frames] (Nemotron: [n, T, bins])
+    )
     feature_attention_mask: torch.Tensor | None = None  # int64 [n_clips, max mel frames]
     audio_feature_lengths: torch.Tensor | None = None  # int64 [n_clips]
+    input_features_mask: torch.Tensor | None = None  # Nemotron Omni, bool [n_clips, max mel frames]
 
     def media_inputs(self) -> dict[str, torch.Tensor]:
         """The encoder inputs present in this batch (placeholder order across the micro-batch)."""

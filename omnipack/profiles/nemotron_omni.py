@@ -9,11 +9,17 @@ Where Bridge and the HF processor disagree, the consumer (Bridge) wins; the choi
 ``audio_count_rule`` ("bridge": ``max(1, h(h(h(n // 160))))`` after 30 s truncation; "hf": the HF
 processor's estimate from ``1 + n // 160``) and ``video_path`` ("bridge_temporal": fixed 512x512 frames).
 No mRoPE: the LLM uses ordinary 1-D positions.
+
+Trainer side (``media_inputs`` / ``collate_media``) emits the HF ``NemotronH_Omni_Reasoning_V3`` forward
+arguments (transformers 5.24): ``pixel_values`` + ``image_grid_hw`` (images), ``pixel_values_videos``
+(tubelets), ``input_features`` + ``input_features_mask`` (Parakeet mel). ``bridge_media_inputs`` renames
+a collated batch to what Megatron-Bridge's ``nemotron_omni_collate_fn`` hands its model.
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +38,7 @@ from .base import (
     payload_frames,
     read_preprocessor_config,
 )
+from .qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, normalize_lut
 
 AUDIO_RATE = 16000
 HOP_LENGTH = 160
@@ -74,6 +81,58 @@ def parakeet_tokens(mel_frames: int, stages: int = 3) -> int:
     return x
 
 
+def radio_patches(frames: np.ndarray, lut: np.ndarray, patch_size: int) -> np.ndarray:
+    """uint8 [T, H, W, 3] -> float32 ``(T*gh*gw, 3*ps*ps)``: HF ``convert_image_to_patches`` layout.
+
+    Rows run over (frame, patch row, patch col) in row-major order; a row holds (channel, ph, pw).
+    ``lut`` (``normalize_lut``) does rescale and normalize in one lookup.
+    """
+    t, h, w, c = frames.shape
+    if h % patch_size or w % patch_size:
+        raise ValueError(f"frame size {h}x{w} is not a multiple of patch {patch_size}")
+    gh, gw = h // patch_size, w // patch_size
+    x = np.stack([lut[ch][frames[..., ch]] for ch in range(c)], axis=1)  # [T, C, H, W]
+    x = x.reshape(t, c, gh, patch_size, gw, patch_size).transpose(0, 2, 4, 1, 3, 5)
+    return np.ascontiguousarray(x).reshape(t * gh * gw, c * patch_size * patch_size)
+
+
+def radio_tubelets(frames: np.ndarray, lut: np.ndarray, tps: int) -> np.ndarray:
+    """uint8 [T, H, W, 3] -> float32 ``(ceil(T/tps), tps*3, H, W)``: the HF video processor's tubelets.
+
+    An incomplete last tubelet is filled with the last frame (as the processor and MCore do); channels of
+    a tubelet run frame-major (frame 0's RGB, then frame 1's).
+    """
+    if pad := -len(frames) % tps:
+        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
+    t, h, w, c = frames.shape
+    x = np.stack([lut[ch][frames[..., ch]] for ch in range(c)], axis=1)  # [T, C, H, W]
+    return np.ascontiguousarray(x.reshape(t // tps, tps * c, h, w))
+
+
+@lru_cache(maxsize=4)
+def parakeet_extractor(num_mel_bins: int) -> Any:
+    """A cached ``transformers.ParakeetFeatureExtractor`` (needs torch; imported lazily)."""
+    from transformers import ParakeetFeatureExtractor
+
+    return ParakeetFeatureExtractor(feature_size=num_mel_bins, sampling_rate=AUDIO_RATE)
+
+
+def parakeet_features(wave_int16: np.ndarray, num_mel_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """One clip alone -> (float32 [n // 160 + 1, bins], bool [n // 160 + 1]) as the extractor returns them.
+
+    The extractor keeps a zeroed boundary frame after the ``n // 160`` valid ones (the mask marks them).
+    A clip runs alone because its mel normalisation statistics are per clip.
+    """
+    wave = np.asarray(wave_int16, dtype=np.float32) / 32768.0
+    out = parakeet_extractor(num_mel_bins)(
+        wave, sampling_rate=AUDIO_RATE, return_attention_mask=True, return_tensors="np"
+    )
+    return (
+        np.ascontiguousarray(out["input_features"][0], dtype=np.float32),
+        np.asarray(out["attention_mask"][0], dtype=bool),
+    )
+
+
 class NemotronOmniProfile(ModelProfile):
     """Nemotron Omni inputs for Megatron-Bridge.
 
@@ -81,7 +140,9 @@ class NemotronOmniProfile(ModelProfile):
     ``clamp((max_model_len - 4) * 4, min, max)`` since each image is processed alone), ``patch_size``,
     ``video_frame_size`` (Bridge's ``VISION_FRAME_SIZE``, 512), ``video_fps`` / ``video_max_frames``
     (omnipack's frame sampling; Bridge receives sampled frames), ``audio_count_rule`` ("bridge" | "hf"),
-    ``max_audio_seconds`` (Bridge truncates waveforms to 30 s; None disables), ``preprocessor_config``.
+    ``max_audio_seconds`` (Bridge truncates waveforms to 30 s; None disables), ``num_mel_bins`` (Parakeet
+    mel bins; Bridge's default 128), ``preprocessor_config`` (also ``image_mean``/``norm_mean`` and
+    ``image_std``/``norm_std``; RADIO uses the OpenAI CLIP statistics by default).
     """
 
     name = "nemotron_omni"
@@ -123,9 +184,16 @@ class NemotronOmniProfile(ModelProfile):
         video_max_frames: int = 128,
         audio_count_rule: str = "bridge",
         max_audio_seconds: float | None = 30.0,
+        num_mel_bins: int = 128,
         preprocessor_config: str | Path | None = None,
     ) -> None:
         cfg = read_preprocessor_config(preprocessor_config)
+        # Released checkpoints name the statistics norm_mean/norm_std (the HF processor accepts both).
+        self.image_mean = tuple(
+            float(x) for x in cfg.get("image_mean", cfg.get("norm_mean", OPENAI_CLIP_MEAN))
+        )
+        self.image_std = tuple(float(x) for x in cfg.get("image_std", cfg.get("norm_std", OPENAI_CLIP_STD)))
+        self.num_mel_bins = int(num_mel_bins)
         self.patch_size = int(cfg.get("patch_size", patch_size))
         self.merge = round(1 / float(cfg.get("downsample_ratio", downsample_ratio)))
         self.min_num_patches = int(cfg.get("min_num_patches", min_num_patches))
@@ -276,6 +344,113 @@ class NemotronOmniProfile(ModelProfile):
             return per_frame
         return -(-t // self.temporal_patch) * per_frame
 
+    def _lut(self) -> np.ndarray:
+        lut = getattr(self, "_lut_cache", None)
+        if lut is None:
+            lut = self._lut_cache = normalize_lut(self.image_mean, self.image_std)
+        return lut
+
+    def media_inputs(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
+        """One item's HF forward inputs (numpy), with a leading item axis the collate joins on.
+
+        Image: ``pixel_values`` float32 [gh*gw, 3*16*16] (the stored image is already at the planned size,
+        so this is the image processor's output without its resize) and ``image_grid_hw`` int64 [1, 2].
+        Video: ``pixel_values_videos`` float32 [1, tubelets, 2*3, H, W] (Bridge's fixed square frames).
+        Audio: ``input_features`` float32 [1, n//160 + 1, num_mel_bins] and ``input_features_mask`` bool
+        [1, n//160 + 1] from ``ParakeetFeatureExtractor`` on the clip alone.
+        """
+        kind = item_kind(item)
+        if kind == "audio":
+            feats, mask = parakeet_features(payload_audio(payload), self.num_mel_bins)
+            return {"input_features": feats[None], "input_features_mask": mask[None]}
+        frames = payload_frames(payload)
+        self.feature_count(item, payload)  # rejects sizes the pixel shuffle cannot take
+        if kind == "image":
+            if len(frames) != 1:
+                raise ValueError(f"image payload holds {len(frames)} frames")
+            h, w = frames.shape[1:3]
+            grid = np.asarray([[h // self.patch_size, w // self.patch_size]], dtype=np.int64)
+            return {
+                "pixel_values": radio_patches(frames, self._lut(), self.patch_size),
+                "image_grid_hw": grid,
+            }
+        if kind == "video":
+            return {"pixel_values_videos": radio_tubelets(frames, self._lut(), self.temporal_patch)[None]}
+        return super().media_inputs(item, payload)
+
+    def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        """Items' inputs (placeholder order) -> HF batch tensors.
+
+        ``pixel_values`` [patches, 768] and ``image_grid_hw`` [n_images, 2] are concatenated. Videos become
+        one ``pixel_values_videos`` [1, total tubelets, 6, H, W]: HF stacks videos only when their tubelet
+        counts agree, and since the tower encodes tubelets independently and the forward concatenates the
+        video embeddings in order, one joined "video" gives the same embeddings (not with EVS pruning,
+        ``video_pruning_rate > 0``, which works per video). Mel features are right-padded to the longest
+        clip: ``input_features`` [clips, frames, bins], ``input_features_mask`` bool [clips, frames].
+        """
+        import torch
+
+        out: dict[str, Any] = {}
+        images = [d for d in per_item if "pixel_values" in d]
+        if images:
+            out["pixel_values"] = torch.from_numpy(np.concatenate([d["pixel_values"] for d in images]))
+            out["image_grid_hw"] = torch.from_numpy(np.concatenate([d["image_grid_hw"] for d in images]))
+        videos = [d["pixel_values_videos"] for d in per_item if "pixel_values_videos" in d]
+        if videos:
+            if len({v.shape[2:] for v in videos}) > 1:
+                raise ValueError(f"videos of one batch differ in tubelet shape: {[v.shape for v in videos]}")
+            out["pixel_values_videos"] = torch.from_numpy(np.concatenate(videos, axis=1))
+        clips = [d for d in per_item if "input_features" in d]
+        if clips:
+            frames = max(d["input_features"].shape[1] for d in clips)
+            x = np.zeros((len(clips), frames, self.num_mel_bins), dtype=np.float32)
+            mask = np.zeros((len(clips), frames), dtype=bool)
+            for i, d in enumerate(clips):
+                n = d["input_features"].shape[1]
+                x[i, :n] = d["input_features"][0]
+                mask[i, :n] = d["input_features_mask"][0]
+            out["input_features"] = torch.from_numpy(x)
+            out["input_features_mask"] = torch.from_numpy(mask)
+        return out
+
+    def bridge_media_inputs(self, media: dict[str, Any]) -> dict[str, Any]:
+        """A collated batch under Megatron-Bridge ``nemotron_omni_collate_fn`` names (torch tensors).
+
+        Dynamic images: ``pixel_values`` [1, patches, 768], ``imgs_sizes`` (pixels), ``num_frames`` (ones),
+        ``num_image_tiles`` (tokens per image). Temporal video: ``pixel_values`` [1, frames*patches, 768]
+        per frame (tubelets unpacked; the padding frame of an odd count is kept, which MCore would add
+        anyway), ``imgs_sizes`` per frame, ``num_frames`` (all videos' frames as one item, as collated).
+        Audio: ``sound_clips`` [clips, frames, bins], ``sound_length`` (valid mel frames). Bridge batches
+        either images or videos (its temporal path also squares images), so a batch with both is refused.
+        The trainer casts pixels to bf16.
+        """
+        import torch
+
+        if "pixel_values" in media and "pixel_values_videos" in media:
+            raise ValueError(
+                "Bridge's Omni collation does not mix dynamic-resolution images and temporal video"
+            )
+        out: dict[str, Any] = {}
+        ps, m = self.patch_size, self.merge
+        if "pixel_values" in media:
+            grid = media["image_grid_hw"].to(torch.long)
+            out["pixel_values"] = media["pixel_values"].unsqueeze(0)
+            out["imgs_sizes"] = grid * ps
+            out["num_frames"] = torch.ones(len(grid), dtype=torch.long)
+            out["num_image_tiles"] = (grid.prod(-1) // m**2).to(torch.int)
+        if "pixel_values_videos" in media:
+            v = media["pixel_values_videos"]
+            _, n, tc, h, w = v.shape
+            frames = v.reshape(n * self.temporal_patch, tc // self.temporal_patch, h, w)
+            patches = frames.reshape(-1, 3, h // ps, ps, w // ps, ps).permute(0, 2, 4, 1, 3, 5)
+            out["pixel_values"] = patches.reshape(1, -1, 3 * ps * ps)
+            out["imgs_sizes"] = torch.tensor([[h, w]] * len(frames), dtype=torch.long)
+            out["num_frames"] = torch.tensor([len(frames)], dtype=torch.long)
+        if "input_features" in media:
+            out["sound_clips"] = media["input_features"]
+            out["sound_length"] = media["input_features_mask"].sum(-1).to(torch.long)
+        return out
+
     def special_tokens(self) -> list[str]:
         toks = super().special_tokens()
         for t in (self.image_start, self.image_end, self.audio_start, self.audio_end):
@@ -298,4 +473,8 @@ class NemotronOmniProfile(ModelProfile):
             "audio_count_rule": self.audio_count_rule,
             "max_audio_seconds": self.max_audio_seconds,
             "audio_rate": AUDIO_RATE,
+            "image_mean": list(self.image_mean),
+            "image_std": list(self.image_std),
+            "num_mel_bins": self.num_mel_bins,
+            "mel": "parakeet, one clip per call (n // 160 valid frames + 1 zeroed boundary frame)",
         }
