@@ -179,7 +179,7 @@ def row_invariant_errors(row: PackedRowArrays, align: int) -> list[str]:
     supervised = row.labels != IGNORE_INDEX
     if not np.array_equal(supervised, row.loss_mask.astype(bool)):
         errs.append("loss_mask disagrees with labels != -100")
-    if (row.loss_mask & ~np.isin(row.loss_mask, (0, 1))).any():
+    if not np.isin(row.loss_mask, (0, 1)).all():
         errs.append("loss_mask holds values other than 0/1")
     if supervised[row.padding_mask].any():
         errs.append("a padding position is supervised")
@@ -242,7 +242,8 @@ def media_placeholder_errors(
                     f"features, block has {m.num_tokens - extra}"
                 )
     checked = [m for m in row.media if m.kind in placeholder_ids]
-    known = sorted({int(t) for m in checked for t in placeholder_ids[m.kind]})
+    # Every placeholder id of the profile, also of kinds this row has no media of (a stray one is an error).
+    known = sorted({int(t) for ids in placeholder_ids.values() for t in ids})
     total = int(np.isin(tokens, known).sum()) if known else 0
     recorded = sum(int(m.num_tokens) for m in checked)
     if total != recorded:

@@ -103,6 +103,8 @@ class Measurer:
             enc = self.chat.encode(raw.messages, plans)
         except (ManifestError, MediaError, MediaRejected, SampleRejected) as e:
             return "reject", reject(raw, "measure", str(e))
+        except AssertionError:  # a broken invariant of omnipack itself: stop, don't reject the corpus
+            raise
         except Exception as e:  # an unexpected failure is recorded, never silently dropped
             return "reject", reject(raw, "measure", f"unexpected {type(e).__name__}: {e}")
 

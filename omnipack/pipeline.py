@@ -176,6 +176,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         shard_max_rows=cfg.shard_max_rows,
         workers=cfg.workers,
         val_rows=_val_rows(cfg.val_fraction, plan.num_rows),
+        val_seed=cfg.seed,
     )
     shards, write_rejects, write_stats = write_rows(samples_path, plan, out, wcfg, progress=cfg.progress)
 

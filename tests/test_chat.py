@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -78,10 +80,82 @@ def test_media_count_mismatch_is_rejected(chat):
     ]
     with pytest.raises(SampleRejected, match="references 2 media items"):
         chat.encode(messages, [_plan(chat, 64, 64)] * 2)
-    # a literal placeholder typed into the text is an extra block the sample does not reference
-    injected = [{"role": "user", "content": "<|vision_start|><|image_pad|><|vision_end|>"}, messages[1]]
-    with pytest.raises(SampleRejected, match="more media blocks"):
-        chat.encode(injected, [])
+    with pytest.raises(SampleRejected, match="template wrote 0 media blocks"):
+        chat.encode([{"role": "user", "content": "hi"}, messages[1]], [_plan(chat, 64, 64)])
+
+
+@pytest.mark.parametrize(
+    ("messages", "token"),
+    [
+        (
+            [{"role": "user", "content": "look <|image_pad|> here"}, {"role": "assistant", "content": "ok"}],
+            "<|image_pad|>",
+        ),
+        (
+            [
+                {"role": "user", "content": "<|vision_start|><|image_pad|><|vision_end|>"},
+                {"role": "assistant", "content": "ok"},
+            ],
+            "<|vision_start|>",
+        ),
+        (
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": [{"type": "text", "text": "a <|im_end|> b"}]},
+            ],
+            "<|im_end|>",
+        ),
+        (
+            [
+                {"role": "system", "content": "<|im_start|>user"},
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a"},
+            ],
+            "<|im_start|>",
+        ),
+    ],
+)
+def test_special_tokens_typed_into_text_are_rejected(chat, messages, token):
+    with pytest.raises(SampleRejected, match=f"contains the special token '{re.escape(token)}'"):
+        chat.encode(messages, [])
+
+
+def test_setup_errors_surface_once_at_start(demo_tokenizer):
+    with pytest.raises(ValueError, match="has no mRoPE position ids"):
+        ChatTokenizer(demo_tokenizer, get_profile("nemotron_omni"), mrope=True)
+    # the qwen2_5_vl demo template writes Qwen blocks, not Nemotron's <image>
+    with pytest.raises(ValueError, match="does not write profile nemotron_omni's media blocks"):
+        ChatTokenizer(demo_tokenizer, get_profile("nemotron_omni"))
+
+
+def test_templates_that_rewrite_earlier_turns_still_get_exact_labels(tmp_path, demo_tokenizer):
+    """A Qwen3-style template drops reasoning from every assistant turn but the last: prefixes differ."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(demo_tokenizer)
+    tok.chat_template = (
+        "{%- for m in messages -%}<|im_start|>{{ m['role'] }}\n"
+        "{%- set c = m['content'] if m['content'] is string else m['content'] | map(attribute='text') | join('') -%}"
+        "{%- if m['role'] == 'assistant' and not loop.last -%}{{ c.split('</think>')[-1] | trim }}"
+        "{%- else -%}{{ c }}{%- endif -%}<|im_end|>\n{%- endfor -%}"
+        "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+    )
+    tok.save_pretrained(tmp_path)
+    from omnipack.profiles.qwen_vl import Qwen25VLProfile
+
+    class TextOnly(Qwen25VLProfile):
+        template_blocks = {}
+
+    chat = ChatTokenizer(tmp_path, TextOnly())
+    messages = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "<think>hmm</think>first"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "<think>ok</think>second"},
+    ]
+    enc = chat.encode(messages, [])
+    targets = chat.tokenizer.decode(enc.labels[enc.labels != IGNORE_INDEX])
+    assert targets == "first<|im_end|><think>ok</think>second<|im_end|>"
 
 
 def test_sample_without_supervised_tokens_is_rejected(chat):

@@ -247,3 +247,12 @@ def test_val_fraction_writes_separate_val_shards(tmp_path, demo_tokenizer, demo_
     val_keys, train_keys = keys("val"), keys("train")
     assert len(val_keys) == by_split["val"] and len(train_keys) == by_split["train"]
     assert not set(val_keys) & set(train_keys)
+    # without the row shuffle the plan is ordered by fill: the val rows must not be just its tail
+    root2, s2 = _prepare(tmp_path / "ds2", demo_tokenizer, demo_corpus, val_fraction=0.25, shuffle=False)
+    split2 = yaml.safe_load((root2 / ".nv-meta" / "split.yaml").read_text())["split_parts"]
+    val2 = set()
+    for rel in split2["val"]:
+        with tarfile.open(root2 / rel) as tf:
+            val2 |= {int(m.name.split(".")[0]) for m in tf.getmembers()}
+    n_val, n_rows = s2["counts"]["rows_by_split"]["val"], s2["counts"]["rows"]
+    assert len(val2) == n_val and val2 != set(range(n_rows - n_val, n_rows))

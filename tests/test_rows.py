@@ -61,6 +61,22 @@ def test_invariant_checker_catches_broken_rows():
     bad.loss_mask[9] = 1
     assert any("next token" in e or "last token" in e for e in row_invariant_errors(bad, 4))
     assert any("multiples of align" in e for e in row_invariant_errors(row, 8))
+    bad = assemble_row([_seq(rng, 0, 10), _seq(rng, 1, 7)], 24, 4, PAD)
+    bad.loss_mask[np.flatnonzero(bad.loss_mask)[0]] = 2  # not 0/1, yet nonzero where labels are set
+    assert any("other than 0/1" in e for e in row_invariant_errors(bad, 4))
+
+
+def test_stray_placeholders_are_caught_in_rows_without_media():
+    from omnipack.contract import media_placeholder_errors
+
+    rng = np.random.default_rng(1)
+    row = assemble_row([_seq(rng, 0, 10), _seq(rng, 1, 7)], 24, 4, PAD)
+    ids = {"image": [900], "video": [901]}
+    assert media_placeholder_errors(row, ids) == []
+    row.tokens[3] = 901
+    assert media_placeholder_errors(row, ids) == [
+        "row holds 1 placeholder tokens but its media items account for 0"
+    ]
 
 
 def test_row_overflow_is_an_error():

@@ -72,6 +72,35 @@ class ChatTokenizer:
         self._blocks = {
             kind: [self._ids[t] for t in block] for kind, block in profile.template_blocks.items()
         }
+        # Strings a sample's text may not contain: they would tokenize as control or placeholder tokens.
+        specials = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special}
+        reserved = set(profile.special_tokens()) | set(self.tokenizer.all_special_tokens) | specials
+        self._reserved = sorted(reserved, key=len, reverse=True)
+        self._check_setup(tokenizer_dir)
+
+    def _check_setup(self, tokenizer_dir: str | Path) -> None:
+        """Fail once, at start-up, on a setup that would reject every sample."""
+        if not self.tokenizer.is_fast:
+            raise ValueError(
+                f"tokenizer at {tokenizer_dir} is not a fast tokenizer (character offsets are needed)"
+            )
+        if self.mrope and type(self.profile).mrope_position_ids is ModelProfile.mrope_position_ids:
+            raise ValueError(f"profile {self.profile.name} has no mRoPE position ids (drop --mrope)")
+        probe = [
+            {
+                "role": "user",
+                "content": [{"type": k} for k in self.profile.kinds] + [{"type": "text", "text": "x"}],
+            },
+            {"role": "assistant", "content": "y"},
+        ]
+        ids = np.asarray(self.tokenizer(self.render(probe), add_special_tokens=False)["input_ids"])
+        found = [kind for _, kind in self._find_blocks(ids)]
+        if found != list(self.profile.kinds):
+            raise ValueError(
+                f"the chat template of {tokenizer_dir} does not write profile {self.profile.name}'s media blocks "
+                f"{ {k: ''.join(v) for k, v in self.profile.template_blocks.items()} } (found {found}): "
+                "wrong tokenizer for this profile?"
+            )
 
     def fingerprint(self) -> str:
         """A stable hash of the vocabulary, special tokens and chat template."""
@@ -90,22 +119,48 @@ class ChatTokenizer:
         )
 
     def supervised_char_spans(self, messages: list[dict[str, Any]], full: str) -> list[tuple[int, int]]:
+        """Character spans of ``full`` to supervise: each assistant turn's text through its turn-end marker.
+
+        Found by rendering prefixes (exact, for templates where earlier turns render the same once later
+        turns follow); templates that rewrite earlier turns (e.g. dropping reasoning from all but the last
+        assistant turn) fall back to locating each turn with a sentinel.
+        """
         spans = []
-        turn_end = self.profile.turn_end
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
             prefix = self.render(messages[:i], add_generation_prompt=True)
             through = self.render(messages[: i + 1])
             if not (through.startswith(prefix) and full.startswith(through)):
-                raise SampleRejected("chat template is not prefix-stable; cannot locate assistant turns")
-            delta = through[len(prefix) :]
-            cut = delta.find(turn_end)
-            end = len(prefix) + (cut + len(turn_end) if cut >= 0 else len(delta))
-            spans.append((len(prefix), end))
+                return self._spans_by_search(messages, full)
+            spans.append((len(prefix), self._through_turn_end(through, len(prefix))))
+        return spans
+
+    def _through_turn_end(self, text: str, start: int) -> int:
+        cut = text.find(self.profile.turn_end, start)
+        return cut + len(self.profile.turn_end) if cut >= 0 else len(text)
+
+    def _spans_by_search(self, messages: list[dict[str, Any]], full: str) -> list[tuple[int, int]]:
+        """Locate each assistant turn by rendering the conversation with that turn's content replaced by a
+        sentinel: everything else renders the same, so the turn's rendered text is where the sentinel is,
+        and its length is what ``full`` has beyond the sentinel rendering."""
+        spans = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            sentinel = f"OMNIPACKTURN{i}SENTINEL"
+            marked = self.render([*messages[:i], {**m, "content": sentinel}, *messages[i + 1 :]])
+            at = marked.find(sentinel)
+            if at < 0 or marked.count(sentinel) != 1 or full[:at] != marked[:at]:
+                raise SampleRejected(
+                    f"cannot locate assistant turn messages/{i} in the rendered chat template"
+                )
+            end = at + len(full) - len(marked) + len(sentinel)
+            spans.append((at, self._through_turn_end(full, end)))
         return spans
 
     def encode(self, messages: Sequence[dict[str, Any]], plans: Sequence[MediaPlan]) -> EncodedSample:
+        self._check_text(messages)
         msgs = template_messages(messages)
         full = self.render(msgs)
         char_spans = self.supervised_char_spans(msgs, full)
@@ -157,6 +212,17 @@ class ChatTokenizer:
         if self.mrope and mrope is None:
             raise ValueError(f"profile {self.profile.name} has no mRoPE position ids")
         return EncodedSample(input_ids, labels, spans, mrope)
+
+    def _check_text(self, messages: Sequence[dict[str, Any]]) -> None:
+        """Reject text that contains special tokens: a typed ``<|image_pad|>`` would become a placeholder
+        without features, a typed ``<|im_end|>`` would end a turn early."""
+        for i, m in enumerate(messages):
+            c = m["content"]
+            texts = [c] if isinstance(c, str) else [p["text"] for p in c if p["type"] == "text"]
+            for text in texts:
+                hit = next((t for t in self._reserved if t in text), None)
+                if hit is not None:
+                    raise SampleRejected(f"text of messages/{i} contains the special token {hit!r}")
 
     def _find_blocks(self, ids: np.ndarray) -> list[tuple[int, str]]:
         """Start positions of every template media block, in order."""

@@ -164,7 +164,7 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
     unknown = {m.kind for m in row.media} - set(job.placeholder_ids or {})
     if unknown and job.placeholder_ids is not None:
         rep.notes.update(f"{k} blocks not counted: no placeholder id recorded for {k}" for k in unknown)
-    if row.media and job.placeholder_ids is not None:
+    if job.placeholder_ids is not None:  # rows without media too: a stray placeholder is an error
         for e in media_placeholder_errors(row, job.placeholder_ids, job.merge_sizes):
             rep.fail("media", f"{where}: {e}")
     for i, m in enumerate(row.media):

@@ -37,7 +37,8 @@ class WriteConfig:
     shard_max_bytes: int = 1 << 30
     shard_max_rows: int | None = None
     workers: int = 1
-    val_rows: int = 0  # the last planned rows (row order is shuffled) go to separate "val" shards
+    val_rows: int = 0  # this many rows, drawn with ``val_seed``, go to separate "val" shards
+    val_seed: int = 0
 
 
 @dataclass
@@ -130,7 +131,10 @@ def write_rows(
 
     train = ShardWriter(out_root, max_bytes=cfg.shard_max_bytes, max_count=cfg.shard_max_rows)
     val = ShardWriter(out_root, "shards/val", cfg.shard_max_bytes, cfg.shard_max_rows, split="val")
-    first_val = plan.num_rows - cfg.val_rows
+    # Drawn at random, not the plan's tail: unshuffled plans are ordered by length.
+    val_picks = np.random.default_rng(cfg.val_seed).permutation(plan.num_rows)[: cfg.val_rows]
+    is_val = np.zeros(plan.num_rows, dtype=bool)
+    is_val[val_picks] = True
     rejects: list[dict[str, Any]] = []
     samples_per_row: list[int] = []
     real_tokens = 0
@@ -141,7 +145,7 @@ def write_rows(
         ):
             rejects.extend(res.rejects)
             if res.parts is not None:
-                (val if r >= first_val else train).write(res.key, res.parts)
+                (val if is_val[r] else train).write(res.key, res.parts)
                 samples_per_row.append(res.num_samples)
                 real_tokens += res.real_tokens
     except BaseException:
