@@ -20,15 +20,25 @@ class ConvertError(ValueError):
 def _as_list(v: Any) -> list[str]:
     if v is None:
         return []
-    return [v] if isinstance(v, str) else list(v)
+    return list(v) if isinstance(v, list | tuple) else [v]
 
 
-def convert_record(rec: dict[str, Any], index: int) -> dict[str, Any]:
+def convert_record(rec: Any, index: int) -> dict[str, Any]:
     """One LLaVA record -> one manifest line; media markers become content parts in place."""
+    if not isinstance(rec, dict):
+        raise ConvertError(f"record is a {type(rec).__name__}, not an object")
     media = {kind: _as_list(rec.get(kind) or rec.get(kind + "s")) for kind in MARKERS}
+    for kind, refs in media.items():
+        if not all(isinstance(r, str) and r for r in refs):
+            raise ConvertError(
+                f"{kind} must be a path or a list of paths, got {rec.get(kind) or rec.get(kind + 's')!r}"
+            )
     convs = rec.get("conversations")
     if not isinstance(convs, list) or not convs:
         raise ConvertError("no conversations")
+    if not all(isinstance(c, dict) for c in convs):
+        raise ConvertError("conversations must be a list of objects")
+    convs = [dict(c) for c in convs]  # the marker insertion below must not edit the caller's record
     n_markers = {k: sum(str(c.get("value", "")).count(m) for c in convs) for k, m in MARKERS.items()}
     for kind, refs in media.items():
         if n_markers[kind] == 0 and refs:
@@ -70,13 +80,19 @@ def convert_record(rec: dict[str, Any], index: int) -> dict[str, Any]:
     return {"id": str(rec.get("id", index)), "messages": messages}
 
 
-def read_llava(path: Path) -> Iterator[dict[str, Any]]:
-    """A JSON array file or a JSONL file of LLaVA records."""
+def read_llava(path: Path) -> Iterator[Any]:
+    """A JSON array file or a JSONL file of LLaVA records; an unparsable JSONL line comes back as a
+    ``ConvertError`` in its place, so it is recorded rather than ending the run."""
     text = path.read_text()
     if text.lstrip().startswith("["):
         yield from json.loads(text)
-    else:
-        yield from (json.loads(line) for line in text.splitlines() if line.strip())
+        return
+    for line_no, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                yield ConvertError(f"line {line_no}: invalid JSON: {e.msg}")
 
 
 def convert(records: Iterable[dict[str, Any]], out: Path, errors_out: Path) -> tuple[int, int]:
@@ -84,9 +100,17 @@ def convert(records: Iterable[dict[str, Any]], out: Path, errors_out: Path) -> t
     with open(out, "w") as f, open(errors_out, "w") as ferr:
         for i, rec in enumerate(records):
             try:
-                line = convert_record(rec, i)
+                if isinstance(rec, ConvertError):
+                    raise rec
+                try:
+                    line = convert_record(rec, i)
+                except (TypeError, AttributeError, KeyError, ValueError) as e:
+                    if isinstance(e, ConvertError):
+                        raise
+                    raise ConvertError(f"malformed record: {type(e).__name__}: {e}") from None
             except ConvertError as e:
-                ferr.write(json.dumps({"index": i, "id": rec.get("id"), "reason": str(e)}) + "\n")
+                rid = rec.get("id") if isinstance(rec, dict) else None
+                ferr.write(json.dumps({"index": i, "id": rid, "reason": str(e)}) + "\n")
                 bad += 1
                 continue
             f.write(json.dumps(line, ensure_ascii=False) + "\n")
