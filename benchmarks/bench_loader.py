@@ -20,8 +20,8 @@ Both sides run single-threaded per process (workers give the parallelism). Timin
 batch of each loader (worker start-up and imports excluded on both sides). samples/s is the fair measure:
 the omnipack rows are packed over the whole dataset, the online rows only within a batch (more, emptier rows).
 
-    PYTHONPATH=. python benchmarks/bench_loader.py --quick    # < 1 min
-    PYTHONPATH=. python benchmarks/bench_loader.py            # a few minutes
+    PYTHONPATH=. python benchmarks/bench_loader.py --quick    # < 1 min (npy-image datasets only)
+    PYTHONPATH=. python benchmarks/bench_loader.py            # a few minutes (png and npy datasets)
 """
 
 from __future__ import annotations
@@ -153,7 +153,10 @@ def build_corpus(root: Path, samples: int, kinds: tuple[str, ...], seed: int = 0
     return manifest, media
 
 
-def prepare(root: Path, profile: str, samples: int, seq_length: int) -> tuple[Path, Path, Path, Path]:
+def prepare(
+    root: Path, profile: str, samples: int, seq_length: int, encodings: list[str]
+) -> tuple[Path, Path, Path, dict[str, Path]]:
+    """The raw corpus and one omnipack dataset per image encoding (png: compact; npy: no inflate at load)."""
     from omnipack.demo.tokenizer import build_demo_tokenizer
     from omnipack.pipeline import PrepareConfig, run_prepare
     from omnipack.profiles import get_profile
@@ -162,19 +165,22 @@ def prepare(root: Path, profile: str, samples: int, seq_length: int) -> tuple[Pa
     # qwen2_5_vl: the image-only case; qwen3_omni: every kind it takes.
     kinds = ("image",) if profile == "qwen2_5_vl" else get_profile(profile).kinds
     manifest, media = build_corpus(root / "src", samples, kinds)
-    out = root / "ds"
-    run_prepare(
-        PrepareConfig(
-            manifest=[str(manifest)],
-            media_root=str(media),
-            tokenizer=str(tok),
-            output=str(out),
-            profile=profile,
-            seq_length=seq_length,
-            shard_max_rows=8,
-            progress=False,
+    out = {}
+    for enc in encodings:
+        out[enc] = root / f"ds-{enc}"
+        run_prepare(
+            PrepareConfig(
+                manifest=[str(manifest)],
+                media_root=str(media),
+                tokenizer=str(tok),
+                output=str(out[enc]),
+                profile=profile,
+                seq_length=seq_length,
+                shard_max_rows=8,
+                image_encoding=enc,
+                progress=False,
+            )
         )
-    )
     return tok, manifest, media, out
 
 
@@ -358,23 +364,28 @@ def bench_online(
 # ---------------------------------------------------------------- main
 
 
-def run_profile(profile: str, samples: int, seq_length: int, passes: int, online_batch: int) -> list[str]:
+def run_profile(
+    profile: str, samples: int, seq_length: int, passes: int, online_batch: int, encodings: list[str]
+) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
-        tok, manifest, media, ds = prepare(Path(tmp), profile, samples, seq_length)
-        prep = time.perf_counter() - t
+        tok, manifest, media, dss = prepare(Path(tmp), profile, samples, seq_length, encodings)
+        prep = (time.perf_counter() - t) / len(encodings)
         online = OnlineSamples(manifest, media, tok, profile)
         res: dict[tuple[str, int], tuple[int, int, float]] = {}
         for w in (0, 2):
-            res[("omnipack f32", w)] = bench_omnipack(ds, w, passes, "float32")
-            res[("omnipack u8", w)] = bench_omnipack(ds, w, passes, "uint8")
+            for enc, ds in dss.items():
+                for dtype, short in (("float32", "f32"), ("uint8", "u8")):
+                    res[(f"omnipack {enc} {short}", w)] = bench_omnipack(ds, w, passes, dtype)
             res[("online", w)] = bench_online(online, seq_length, w, passes, online_batch)
     kinds = (
         "images only" if profile == "qwen2_5_vl" else "1/4 photo(s), 1/4 video, 1/4 audio, 1/4 photo+audio"
     )
     out = [
         f"### {profile} ({kinds}; {samples} samples, W={seq_length}, {passes} pass(es); "
-        f"prepare {prep:.1f} s offline, once)",
+        f"prepare ~{prep:.0f} s per dataset, offline, once)",
+        "",
+        "omnipack `png`/`npy`: how the dataset stores images (`--image-encoding`); `f32`/`u8`: `pixel_dtype`.",
         "",
         "| pipeline | workers | rows | samples | sec | rows/s | samples/s | samples/s vs online |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -393,14 +404,18 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--seq-length", type=int, default=8192)
     ap.add_argument("--passes", type=int, default=None)
-    ap.add_argument("--online-batch", type=int, default=16, help="raw samples per online batch")
+    ap.add_argument("--online-batch", type=int, default=None, help="raw samples per online batch")
+    ap.add_argument("--image-encodings", default=None, help="omnipack datasets to build (png,npy)")
     args = ap.parse_args()
-    samples = args.samples or (32 if args.quick else 160)
+    samples = args.samples or (24 if args.quick else 96)
     passes = args.passes or 1
+    online_batch = args.online_batch or (8 if args.quick else 16)
+    encodings = (args.image_encodings or ("npy" if args.quick else "png,npy")).split(",")
     torch.set_num_threads(1)  # both sides single-threaded per process; workers give the parallelism
     print(f"cpus={os.cpu_count()}; timing starts after each loader's first batch\n")
     for profile in args.profiles.split(","):
-        print("\n".join(run_profile(profile, samples, args.seq_length, passes, args.online_batch)) + "\n")
+        lines = run_profile(profile, samples, args.seq_length, passes, online_batch, encodings)
+        print("\n".join(lines) + "\n", flush=True)
 
 
 if __name__ == "__main__":
