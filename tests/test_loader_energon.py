@@ -102,6 +102,27 @@ def test_two_workers_mbs2_batches_carry_media_in_placeholder_order(dataset):
     assert {"pixel_values", "pixel_values_videos", "input_features"} <= kinds
 
 
+def test_uint8_pixels_normalize_to_the_float32_batches(dataset):
+    f32 = list(_val(dataset, OmnipackTaskEncoder.from_dataset(dataset), workers=0, mbs=2))
+    te = OmnipackTaskEncoder.from_dataset(dataset, pixel_dtype="uint8")
+    u8 = list(_val(dataset, te, workers=0, mbs=2))
+    assert len(u8) == len(f32)
+    seen = set()
+    for a, b in zip(f32, u8, strict=True):
+        assert b.pixel_mean.tolist() == pytest.approx(list(te.profile.image_mean))
+        assert b.pixel_std.tolist() == pytest.approx(list(te.profile.image_std))
+        fa, fb = a.media_inputs(), b.normalized_media_inputs()
+        assert set(fa) == set(fb)
+        for k, v in fa.items():
+            if k in ("pixel_values", "pixel_values_videos"):
+                assert b.media_inputs()[k].dtype == torch.uint8
+                seen.add(k)
+            torch.testing.assert_close(fb[k], v, atol=1e-6, rtol=0)
+    assert seen == {"pixel_values", "pixel_values_videos"}
+    with pytest.raises(ValueError, match="pixel_dtype"):
+        OmnipackTaskEncoder.from_dataset(dataset, pixel_dtype="float16")
+
+
 def test_cp_rank_batches_are_sliced(dataset):
     full = next(iter(_val(dataset, OmnipackTaskEncoder.from_dataset(dataset, decode_media=False), mbs=1)))
     half = next(

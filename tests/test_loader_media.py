@@ -99,6 +99,43 @@ def test_video_patches_follow_the_processor_layout(name):
     np.testing.assert_allclose(pairs, expect, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "qwen3_omni"])
+def test_fused_normalize_is_within_1e6_of_the_exact_table(name):
+    from omnipack.profiles.qwen_vl import normalize_affine, normalize_lut
+
+    profile = get_profile(name)
+    scale, offset = normalize_affine(profile.image_mean, profile.image_std)
+    v = np.arange(256, dtype=np.float32)
+    fused = v[None, :] * scale[:, None] + offset[:, None]  # what qwen_patches computes, per channel
+    exact = normalize_lut(profile.image_mean, profile.image_std)
+    assert np.abs(fused - exact).max() <= 1e-6
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "qwen3_omni"])
+@pytest.mark.parametrize("frames", [1, 4, 5])
+def test_uint8_patches_normalize_to_the_float32_patches(name, frames):
+    from omnipack.loader.media import normalize_pixels
+
+    profile = get_profile(name)
+    f = profile.image.factor
+    x = RNG.integers(0, 256, (frames, 2 * f, 3 * f, 3), dtype=np.uint8)
+    kind, key = ("image", "pixel_values") if frames == 1 else ("video", "pixel_values_videos")
+    item = _item(kind, info={"info": {"second_per_grid": 1.0}})
+    payload = x[0] if kind == "image" else x
+    f32 = profile.media_inputs(item, payload)
+    u8 = profile.media_inputs(item, payload, pixel_dtype="uint8")
+    assert u8[key].dtype == np.uint8 and u8[key].shape == f32[key].shape
+    assert {k: v.tolist() for k, v in u8.items() if k != key} == {
+        k: v.tolist() for k, v in f32.items() if k != key
+    }
+    mean, std = profile.pixel_normalization()
+    got = normalize_pixels(torch.from_numpy(u8[key]), mean, std)
+    np.testing.assert_allclose(got.numpy(), f32[key], atol=1e-6, rtol=0)
+    # The uint8 rows are the stored pixel values themselves, in the documented layout.
+    ref = _reference_video_patches(x, (0.0,) * 3, (1 / 255,) * 3, profile.image.patch_size, 2, 2)
+    np.testing.assert_array_equal(u8[key], ref.astype(np.uint8))
+
+
 def _whisper_reference(wave: np.ndarray) -> np.ndarray:
     from transformers import WhisperFeatureExtractor
 

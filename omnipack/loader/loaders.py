@@ -30,6 +30,7 @@ def get_train_loader(
     sequence_parallel: bool = False,
     fp8: str = "none",
     decode_media: bool = True,
+    pixel_dtype: str = "float32",
     shuffle_buffer_size: int | None = None,
     max_samples_per_sequence: int | None = None,
     savable: bool = True,
@@ -39,7 +40,8 @@ def get_train_loader(
 
     ``rank``/``world_size`` (or ``data_parallel_group``) are the data-parallel coordinates; tp/cp/sp/fp8
     are checked against the dataset's alignment. ``savable`` returns a loader with
-    ``save_state_rank``/``restore_state_rank``.
+    ``save_state_rank``/``restore_state_rank``. ``pixel_dtype="uint8"`` returns raw uint8 pixel patches
+    plus ``batch.pixel_mean``/``pixel_std`` for normalizing on the GPU (see ``OmnipackTaskEncoder``).
     """
     from megatron.energon import get_loader, get_savable_loader, get_train_dataset
 
@@ -51,6 +53,7 @@ def get_train_loader(
         sequence_parallel=sequence_parallel,
         fp8=fp8,
         decode_media=decode_media,
+        pixel_dtype=pixel_dtype,
     )
     ds = get_train_dataset(
         str(path),
@@ -80,6 +83,7 @@ def get_val_loader(
     sequence_parallel: bool = False,
     fp8: str = "none",
     decode_media: bool = True,
+    pixel_dtype: str = "float32",
     **dataset_kwargs: Any,
 ) -> Any:
     """One deterministic pass over ``split_part`` (``omnipack prepare`` writes every row to "train")."""
@@ -93,6 +97,7 @@ def get_val_loader(
         sequence_parallel=sequence_parallel,
         fp8=fp8,
         decode_media=decode_media,
+        pixel_dtype=pixel_dtype,
     )
     ds = get_val_dataset(
         str(path),

@@ -34,7 +34,9 @@ def decode_payload(part: str, data: bytes) -> Payload:
         from PIL import Image
 
         with Image.open(io.BytesIO(data)) as img:
-            return np.asarray(img.convert("RGB"), dtype=np.uint8)
+            if img.mode != "RGB":  # stored RGB already; convert() would copy the whole image again
+                img = img.convert("RGB")
+            return np.asarray(img, dtype=np.uint8)
     raise ValueError(f"unsupported media part {part!r}")
 
 
@@ -79,8 +81,28 @@ def _shape(payload: Payload) -> str:
 
 
 def row_media_inputs(
-    profile: ModelProfile, items: Sequence[MediaItem], payloads: Sequence[Any]
+    profile: ModelProfile,
+    items: Sequence[MediaItem],
+    payloads: Sequence[Any],
+    *,
+    pixel_dtype: str = "float32",
 ) -> list[dict]:
     """Per-item encoder inputs of one row, in placeholder order."""
     order = sorted(range(len(items)), key=lambda i: (items[i].sample_index, items[i].token_start))
-    return [profile.media_inputs(items[i], payloads[i]) for i in order]
+    if pixel_dtype == "float32":  # keep the call plain for profiles written before the option existed
+        return [profile.media_inputs(items[i], payloads[i]) for i in order]
+    return [profile.media_inputs(items[i], payloads[i], pixel_dtype=pixel_dtype) for i in order]
+
+
+def normalize_pixels(pixels: Any, mean: Any, std: Any) -> Any:
+    """uint8 patches ``[N, C*...]`` (channel-major rows) -> float32 ``(x / 255 - mean[c]) / std[c]``.
+
+    A torch function, so a trainer runs it on the GPU after copying the 4x smaller uint8 patches there.
+    """
+    import torch
+
+    n, c = pixels.shape[0], len(mean)
+    m = torch.as_tensor(mean, dtype=torch.float32, device=pixels.device).view(1, c, 1)
+    s = torch.as_tensor(std, dtype=torch.float32, device=pixels.device).view(1, c, 1)
+    x = pixels.reshape(n, c, -1).to(torch.float32) / 255.0
+    return ((x - m) / s).reshape(pixels.shape)

@@ -19,9 +19,16 @@ from megatron.energon import Batch, Cooker, DefaultTaskEncoder, edataclass, stat
 from megatron.energon.errors import FatalSampleError
 
 from ..profiles.base import ModelProfile, placeholder_token_ids
+from ..profiles.qwen_vl import PIXEL_DTYPES
 from .batch import concat_rows, packed_seq_params
 from .context_parallel import slice_batch_for_cp
-from .media import MediaMismatchError, check_row_media, decode_payload, row_media_inputs
+from .media import (
+    MediaMismatchError,
+    check_row_media,
+    decode_payload,
+    normalize_pixels,
+    row_media_inputs,
+)
 from .sample import PackedRowSample, cook_packed_row
 
 # Encoder inputs a batch can carry, named as the HF model forward arguments.
@@ -77,10 +84,27 @@ class PackedBatch(Batch):
     feature_attention_mask: torch.Tensor | None = None  # int64 [n_clips, max mel frames]
     audio_feature_lengths: torch.Tensor | None = None  # int64 [n_clips]
     input_features_mask: torch.Tensor | None = None  # Nemotron Omni, bool [n_clips, max mel frames]
+    # pixel_dtype="uint8" only: pixel_values(_videos) are raw uint8 patches and the model must apply
+    # (x / 255 - pixel_mean[c]) / pixel_std[c] per channel (``normalized_media_inputs`` does it).
+    pixel_mean: torch.Tensor | None = None  # float32 [3]
+    pixel_std: torch.Tensor | None = None  # float32 [3]
 
     def media_inputs(self) -> dict[str, torch.Tensor]:
         """The encoder inputs present in this batch (placeholder order across the micro-batch)."""
         return {k: getattr(self, k) for k in MEDIA_KEYS if getattr(self, k) is not None}
+
+    def normalized_media_inputs(self, device: Any = None) -> dict[str, torch.Tensor]:
+        """``media_inputs`` moved to ``device`` with uint8 pixel patches normalized to float32 there.
+
+        With the default float32 pixels this only moves tensors; with ``pixel_dtype="uint8"`` the 4x smaller
+        patches cross the host-device link and are normalized on the device (same values within 1e-6).
+        """
+        out = {k: v.to(device) if device is not None else v for k, v in self.media_inputs().items()}
+        if self.pixel_mean is not None and self.pixel_std is not None:
+            for k in ("pixel_values", "pixel_values_videos"):
+                if k in out and out[k].dtype == torch.uint8:
+                    out[k] = normalize_pixels(out[k], self.pixel_mean, self.pixel_std)
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         keys = [
@@ -115,6 +139,13 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     decoded in ``encode_sample``; ``check_media`` asserts placeholder counts against the stored media
     (``MediaMismatchError`` names the row and sample) and ``decode_media`` builds encoder inputs (then the
     bytes are dropped so workers do not ship them twice). Prefer ``from_dataset``.
+
+    ``pixel_dtype``: "float32" (default) gives ``pixel_values``/``pixel_values_videos`` exactly as the HF
+    processor does (rescaled and normalized). "uint8" gives the raw pixel values in the same layout, a
+    quarter of the bytes to build, ship between workers and copy to the GPU, plus ``batch.pixel_mean`` /
+    ``batch.pixel_std`` (float32 [3]): the model input is ``(x.float() / 255 - mean[c]) / std[c]`` with
+    ``x`` viewed as ``[patches, 3, -1]`` (``omnipack.loader.media.normalize_pixels``,
+    ``batch.normalized_media_inputs(device)``).
     """
 
     decoder = None  # parts arrive as raw bytes; the cooker decodes .npy without pickle
@@ -131,8 +162,14 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         decode_media: bool = False,
         check_media: bool = True,
         placeholder_ids: Mapping[str, Sequence[int]] | None = None,
+        pixel_dtype: str = "float32",
     ) -> None:
         super().__init__(raw_batch_type=PackedBatch, batch_type=PackedBatch)
+        if pixel_dtype not in PIXEL_DTYPES:
+            raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPES}, got {pixel_dtype!r}")
+        norm = profile.pixel_normalization() if profile is not None else None
+        if pixel_dtype == "uint8" and decode_media and norm is None:
+            raise ValueError(f"profile {getattr(profile, 'name', None)!r} has no uint8 pixel path")
         if not 0 <= cp_rank < cp_size:
             raise ValueError(f"cp_rank {cp_rank} outside [0, {cp_size})")
         if decode_media and profile is None:
@@ -145,6 +182,12 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         self.placeholder_ids = (
             None if placeholder_ids is None else {k: list(v) for k, v in placeholder_ids.items()}
         )
+        self.pixel_dtype = pixel_dtype
+        # What the model must apply to uint8 pixels (None in float32 mode: already applied).
+        self.pixel_mean = self.pixel_std = None
+        if pixel_dtype == "uint8" and norm is not None:
+            self.pixel_mean = torch.tensor(norm[0], dtype=torch.float32)
+            self.pixel_std = torch.tensor(norm[1], dtype=torch.float32)
 
     @classmethod
     def from_dataset(
@@ -158,12 +201,14 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         fp8: str = "none",
         decode_media: bool = True,
         check_media: bool = True,
+        pixel_dtype: str = "float32",
     ) -> OmnipackTaskEncoder:
         """An encoder for the dataset at ``path``, configured from its ``.nv-meta/omnipack.json``.
 
         Checks that the dataset's alignment serves ``tp/cp/sequence_parallel/fp8`` (``DatasetAlignmentError``
         otherwise) and rebuilds the profile from the recorded name and options (``ValueError`` if it no
         longer reproduces the recorded settings, e.g. a preprocessor_config that changed or is missing).
+        ``pixel_dtype``: "float32" (HF processor output) or "uint8" (normalize on the GPU; see the class).
         """
         from ..profiles import get_profile
         from ..writer.energon_meta import read_omnipack_meta
@@ -190,6 +235,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             decode_media=decode_media,
             check_media=check_media,
             placeholder_ids=_placeholder_ids(meta, profile),
+            pixel_dtype=pixel_dtype,
         )
 
     @stateless
@@ -213,7 +259,9 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             except MediaMismatchError as e:
                 raise FatalMediaMismatch(str(e)) from None
         if self.decode_media:
-            sample.media_inputs = row_media_inputs(self.profile, items, payloads)
+            sample.media_inputs = row_media_inputs(
+                self.profile, items, payloads, pixel_dtype=self.pixel_dtype
+            )
             sample.media = None
         return sample
 
@@ -228,7 +276,8 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                 tp_size=self.tp_size,
                 sequence_parallel=self.sequence_parallel,
             )
-        media: dict[str, Any] = dict.fromkeys(MEDIA_KEYS)
+        # Every optional field explicitly (from_samples would otherwise look them up on the row samples).
+        media: dict[str, Any] = dict.fromkeys((*MEDIA_KEYS, "pixel_mean", "pixel_std"))
         if self.decode_media and self.profile is not None:
             per_item = [d for s in samples for d in (s.media_inputs or [])]
             if per_item:
@@ -239,6 +288,8 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                         f"profile {self.profile.name} produced unknown batch keys {sorted(unknown)}"
                     )
                 media.update(collated)
+        if self.pixel_mean is not None and self.pixel_std is not None:
+            media.update(pixel_mean=self.pixel_mean.clone(), pixel_std=self.pixel_std.clone())
         return PackedBatch.from_samples(
             samples,
             **fields,

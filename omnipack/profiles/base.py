@@ -171,12 +171,22 @@ class ModelProfile(ABC):
         """
         raise NotImplementedError(f"profile {self.name} has no feature count for {item_kind(item)} media")
 
-    def media_inputs(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
-        """One item's encoder inputs (numpy), keyed by the HF model forward argument names."""
+    def media_inputs(
+        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32"
+    ) -> dict[str, np.ndarray]:
+        """One item's encoder inputs (numpy), keyed by the HF model forward argument names.
+
+        ``pixel_dtype="uint8"`` asks for un-normalized pixel patches (same layout) for trainers that
+        normalize on the GPU with :meth:`pixel_normalization`; profiles without it raise ValueError.
+        """
         raise NotImplementedError(
             f"profile {self.name} cannot build encoder inputs for {item_kind(item)} media yet; "
             "load with decode_media=False"
         )
+
+    def pixel_normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """Per-channel (mean, std) of pixel inputs, ``x = (u8 / 255 - mean) / std``; None if not applicable."""
+        return None
 
     def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
         """Items' inputs (placeholder order across the micro-batch) -> batch tensors.
@@ -188,7 +198,12 @@ class ModelProfile(ABC):
         keys: list[str] = []
         for d in per_item:
             keys += [k for k in d if k not in keys]
-        return {k: torch.from_numpy(np.concatenate([d[k] for d in per_item if k in d])) for k in keys}
+        out = {}
+        for k in keys:
+            arrs = [d[k] for d in per_item if k in d]
+            # A single array is wrapped without a copy (pixel patches are the bulk of a batch).
+            out[k] = torch.from_numpy(arrs[0] if len(arrs) == 1 else np.concatenate(arrs))
+        return out
 
 
 def placeholder_token_ids(profile: ModelProfile, tokenizer: Any) -> dict[str, list[int]]:

@@ -347,16 +347,18 @@ class Qwen3OmniProfile(QwenVLProfile):
             n += self.audio_feature_count(wave)  # audio-in-video: both kinds of placeholder in one block
         return n
 
-    def media_inputs(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
+    def media_inputs(
+        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32"
+    ) -> dict[str, np.ndarray]:
         kind = item_kind(item)
         out: dict[str, np.ndarray] = {}
         if kind in ("image", "video"):
-            out.update(self.vision_inputs(kind, item, payload_frames(payload)))
+            out.update(self.vision_inputs(kind, item, payload_frames(payload), pixel_dtype=pixel_dtype))
         wave = payload_audio(payload) if kind == "audio" or isinstance(payload, Mapping) else None
         if wave is not None:
             out["input_features"] = whisper_features(wave)  # [128, L]; collate pads and masks
         if not out:
-            return super().media_inputs(item, payload)
+            return super().media_inputs(item, payload, pixel_dtype=pixel_dtype)
         return out
 
     def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
