@@ -72,8 +72,12 @@ def _load_config_file(path: str) -> dict[str, Any]:
     if path.endswith((".yaml", ".yml")):
         import yaml
 
-        return yaml.safe_load(text) or {}
-    return json.loads(text)
+        data = yaml.safe_load(text) or {}
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"config {path} must hold a mapping of settings, not a {type(data).__name__}")
+    return data
 
 
 def _prepare_config(args: argparse.Namespace) -> Any:
@@ -89,7 +93,9 @@ def _prepare_config(args: argparse.Namespace) -> Any:
         if getattr(args, flag) is not None:
             opts[flag] = getattr(args, flag)
     for item in args.profile_option or []:
-        key, _, value = item.partition("=")
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--profile-option expects KEY=VALUE, got {item!r}")
         try:
             opts[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -97,8 +103,8 @@ def _prepare_config(args: argparse.Namespace) -> Any:
     d["profile_options"] = opts
     missing = [k for k in ("manifest", "media_root", "tokenizer", "output") if not d.get(k)]
     if missing:
-        raise SystemExit(
-            f"omnipack prepare: missing required setting(s): {', '.join(missing)} (flag or --config)"
+        raise ValueError(
+            f"missing required setting(s): {', '.join(missing)} (give them as flags or in --config)"
         )
     return PrepareConfig.from_dict(d)
 

@@ -18,6 +18,7 @@ from .measure import MeasureConfig, run_measure
 from .plan import PackConfig, run_pack, write_plan
 from .writer.dataset import WriteConfig, write_rows
 from .writer.energon_meta import NV_META, write_energon_meta, write_omnipack_meta
+from .writer.shards import file_sha256
 
 STAGES_DIR = "stages"
 REJECTS_FILE = "rejects.jsonl"
@@ -135,6 +136,9 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         "tokenizer_fingerprint": chat.fingerprint(),
         "mrope": cfg.mrope,
         "manifest": [str(p) for p in cfg.manifest],
+        # contents, not just paths: an edited manifest must be measured again
+        "manifest_sha256": [file_sha256(Path(p)) if Path(p).is_file() else None for p in cfg.manifest],
+        "media_root": str(Path(cfg.media_root).resolve()),
     }
     if resume:
         n_input = _check_measure_reusable(measure_dir, measure_key)

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import packing
-from .alignment import check_seq_length
+from .alignment import check_seq_length, pad_to_multiple
 
 PLAN_SCHEMA = pa.schema([("row", pa.int32()), ("sample_index", pa.int64())])
 PACK_COLUMNS = [
@@ -74,7 +74,7 @@ def run_pack(samples_path: Path, cfg: PackConfig) -> PackResult:
     check_seq_length(cfg.seq_length, cfg.align)
     table = pq.read_table(samples_path, columns=PACK_COLUMNS)
     n_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
-    padded = -(-n_tokens // cfg.align) * cfg.align
+    padded = pad_to_multiple(n_tokens, cfg.align)
     too_long = padded > cfg.seq_length
     budget_cols = {
         "num_media": cfg.max_media_per_row,

@@ -163,6 +163,12 @@ def test_sample_without_supervised_tokens_is_rejected(chat):
         chat.encode([{"role": "user", "content": "only a question"}], [])
 
 
-def test_fingerprint_is_stable(chat, demo_tokenizer):
+def test_fingerprint_is_stable_and_follows_the_template(chat, demo_tokenizer, tmp_path):
     other = ChatTokenizer(demo_tokenizer, get_profile("qwen2_5_vl"))
     assert chat.fingerprint() == other.fingerprint() and len(chat.fingerprint()) == 16
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(demo_tokenizer)
+    tok.chat_template = tok.chat_template.replace("You are a helpful assistant.", "Be terse.")
+    tok.save_pretrained(tmp_path)
+    assert ChatTokenizer(tmp_path, get_profile("qwen2_5_vl")).fingerprint() != chat.fingerprint()

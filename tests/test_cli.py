@@ -48,8 +48,12 @@ def test_config_file_with_flag_overrides(tmp_path, demo_tokenizer, demo_corpus):
 
 def test_usage_errors_exit_non_zero(tmp_path, demo_tokenizer, demo_corpus, capsys):
     manifest, media = demo_corpus
-    with pytest.raises(SystemExit, match="missing required setting"):
-        main(["prepare", "--manifest", str(manifest)])
+    assert main(["prepare", "--manifest", str(manifest)]) == 2
+    assert "missing required setting(s): media_root, tokenizer, output" in capsys.readouterr().err
+    bad_cfg = tmp_path / "list.yaml"
+    bad_cfg.write_text("- a\n- b\n")
+    assert main(["prepare", "-c", str(bad_cfg)]) == 2
+    assert "must hold a mapping of settings, not a list" in capsys.readouterr().err
     base = [
         "prepare",
         "--manifest",
@@ -64,6 +68,8 @@ def test_usage_errors_exit_non_zero(tmp_path, demo_tokenizer, demo_corpus, capsy
     assert "not a multiple of the alignment 8" in capsys.readouterr().err
     assert main([*base, "-o", str(tmp_path / "b"), "--profile", "nope"]) == 2
     assert "unknown profile 'nope'" in capsys.readouterr().err
+    assert main([*base, "-o", str(tmp_path / "b"), "--profile-option", "use_audio_in_video"]) == 2
+    assert "expects KEY=VALUE" in capsys.readouterr().err
     # nothing packable: exit 1, with the rejects file written
     assert main([*base, "-o", str(tmp_path / "c"), "--seq-length", "16"]) == 1
     assert (tmp_path / "c" / "rejects.jsonl").exists()

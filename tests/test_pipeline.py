@@ -159,8 +159,14 @@ def test_no_pickle_in_shards(dataset):
 def test_output_is_deterministic_across_worker_counts(tmp_path, demo_tokenizer, demo_corpus):
     a, _ = _prepare(tmp_path / "a", demo_tokenizer, demo_corpus, workers=1)
     b, _ = _prepare(tmp_path / "b", demo_tokenizer, demo_corpus, workers=2)
-    shards_a = sorted((a / "shards").glob("*.tar"))
-    assert [p.read_bytes() for p in shards_a] == [(b / "shards" / p.name).read_bytes() for p in shards_a]
+
+    def outputs(root: Path) -> dict[str, bytes]:
+        files = [*root.glob("shards/*"), *root.glob(".nv-meta/*"), root / "rejects.jsonl"]
+        return {str(p.relative_to(root)): p.read_bytes() for p in files}
+
+    out_a, out_b = outputs(a), outputs(b)
+    assert any(k.endswith(".tar") for k in out_a) and any(k.endswith(".tar.idx") for k in out_a)
+    assert out_a == out_b
 
 
 def test_energon_lint_and_info_pass(dataset):
@@ -212,6 +218,14 @@ def test_repack_from_measure_tables(tmp_path, demo_tokenizer, demo_corpus):
         assert row_invariant_errors(decode_row(parts)[0], 8) == []
     with pytest.raises(ValueError, match="measure settings changed .*profile_options"):
         _prepare(root, demo_tokenizer, demo_corpus, from_stage="pack", profile_options={"max_pixels": 50176})
+    # an edited manifest at the same path must be measured again
+    manifest = tmp_path / "copy.jsonl"
+    manifest.write_text(demo_corpus[0].read_text())
+    corpus = (manifest, demo_corpus[1])
+    _prepare(tmp_path / "ds3", demo_tokenizer, corpus)
+    manifest.write_text(manifest.read_text().splitlines()[0] + "\n")
+    with pytest.raises(ValueError, match="measure settings changed .*manifest_sha256"):
+        _prepare(tmp_path / "ds3", demo_tokenizer, corpus, from_stage="pack")
 
 
 def test_val_fraction_writes_separate_val_shards(tmp_path, demo_tokenizer, demo_corpus):

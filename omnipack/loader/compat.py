@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from omnipack.alignment import FP8_ALIGN, required_alignment
+from omnipack.alignment import FP8_ALIGN, pad_to_multiple, required_alignment
 
 
 class DatasetAlignmentError(ValueError):
@@ -46,13 +46,13 @@ def check_dataset_alignment(
         raise DatasetAlignmentError(
             f"dataset was prepared with per-sequence alignment {dataset_align}, but the trainer settings "
             f"({settings}) need a multiple of {needed}. Re-prepare the dataset for these settings "
-            f"(e.g. `omnipack prepare ... {_flags(tp, cp, sequence_parallel, fp8)}`, or an explicit alignment "
-            f"of {math.lcm(dataset_align, needed)} to keep serving the old settings too)."
+            f"(e.g. `omnipack prepare ... {_flags(tp, cp, sequence_parallel, fp8)}`; settings whose alignment is "
+            f"a multiple of {math.lcm(dataset_align, needed)} serve both the old and the new layout)."
         )
     if seq_length is not None and seq_length % needed:
         raise DatasetAlignmentError(
             f"dataset pack width (seq_length) {seq_length} is not a multiple of the alignment {needed} that "
             f"the trainer settings ({settings}) need; re-prepare with a seq_length of "
-            f"{-(-seq_length // needed) * needed} or {seq_length // needed * needed}."
+            f"{pad_to_multiple(seq_length, needed)} or {seq_length // needed * needed}."
         )
     return needed

@@ -86,7 +86,7 @@ def get_val_loader(
     pixel_dtype: str = "float32",
     **dataset_kwargs: Any,
 ) -> Any:
-    """One deterministic pass over ``split_part`` (``omnipack prepare`` writes every row to "train")."""
+    """One deterministic pass over ``split_part`` (``omnipack prepare --val-fraction`` fills "val")."""
     from megatron.energon import get_loader, get_val_dataset
 
     te = OmnipackTaskEncoder.from_dataset(

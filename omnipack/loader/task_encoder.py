@@ -18,7 +18,7 @@ import torch
 from megatron.energon import Batch, Cooker, DefaultTaskEncoder, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
-from ..profiles.base import ModelProfile, placeholder_token_ids
+from ..profiles.base import ModelProfile, dataset_placeholder_ids
 from ..profiles.qwen_vl import PIXEL_DTYPES
 from .batch import concat_rows, packed_seq_params
 from .context_parallel import slice_batch_for_cp
@@ -234,7 +234,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             profile=profile,
             decode_media=decode_media,
             check_media=check_media,
-            placeholder_ids=_placeholder_ids(meta, profile),
+            placeholder_ids=dataset_placeholder_ids(meta, profile)[0],
             pixel_dtype=pixel_dtype,
         )
 
@@ -318,18 +318,3 @@ def _check_settings(profile: ModelProfile, recorded: Mapping[str, Any], path: st
             f"profile {profile.name!r} rebuilt from {path} does not match the settings the dataset was "
             f"prepared with ({detail}); make the recorded options (e.g. preprocessor_config) available"
         )
-
-
-def _placeholder_ids(meta: Mapping[str, Any], profile: ModelProfile) -> dict[str, list[int]] | None:
-    """Token ids of each kind's placeholders: recorded in omnipack.json, else from the recorded tokenizer
-    (if it is still at its path), else None (the load-time check then compares num_tokens only)."""
-    tok = meta.get("tokenizer", {})
-    if tok.get("placeholder_token_ids"):
-        return {k: [int(i) for i in v] for k, v in tok["placeholder_token_ids"].items()}
-    path = tok.get("path")
-    if not path or not Path(path).exists():
-        return None
-    from transformers import AutoTokenizer
-
-    t = AutoTokenizer.from_pretrained(path)
-    return placeholder_token_ids(profile, t)

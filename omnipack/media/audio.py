@@ -14,7 +14,6 @@ stored samples always match the placeholder count. A decoded length far from the
 from __future__ import annotations
 
 import io
-import math
 from fractions import Fraction
 from pathlib import Path
 
@@ -161,8 +160,3 @@ def encode_audio(samples: np.ndarray) -> tuple[str, bytes]:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(samples, dtype=np.int16), allow_pickle=False)
     return AUDIO_ENCODING, buf.getvalue()
-
-
-def duration_samples(seconds: float, rate: int = AUDIO_RATE) -> int:
-    """Samples in ``seconds`` at ``rate`` (floor), e.g. a 30 s truncation limit."""
-    return math.floor(seconds * rate)

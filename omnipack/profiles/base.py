@@ -206,6 +206,22 @@ class ModelProfile(ABC):
         return out
 
 
+def dataset_placeholder_ids(
+    meta: Mapping[str, Any], profile: ModelProfile, tokenizer_path: str | None = None
+) -> tuple[dict[str, list[int]] | None, str]:
+    """A dataset's placeholder token ids per kind and where they came from: recorded in omnipack.json,
+    else (or when ``tokenizer_path`` is given) from the tokenizer; None when neither is available."""
+    tok = meta.get("tokenizer") or {}
+    if tok.get("placeholder_token_ids") and tokenizer_path is None:
+        return {k: [int(i) for i in v] for k, v in tok["placeholder_token_ids"].items()}, "omnipack.json"
+    path = tokenizer_path or tok.get("path")
+    if not path or not Path(path).exists():
+        return None, f"not recorded in omnipack.json and no tokenizer at {path!r}"
+    from transformers import AutoTokenizer
+
+    return placeholder_token_ids(profile, AutoTokenizer.from_pretrained(path)), f"tokenizer {path}"
+
+
 def placeholder_token_ids(profile: ModelProfile, tokenizer: Any) -> dict[str, list[int]]:
     """{kind: token ids} of ``profile.placeholder_tokens`` under an HF ``tokenizer``."""
     out = {}

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..alignment import pad_to_multiple
 from ..contract import IGNORE_INDEX
 from .dataset_reader import (
     Dataset,
@@ -52,7 +53,7 @@ def summary(ds: Dataset, rows: list[RowSummary]) -> dict[str, Any]:
     n_rows = len(rows)
     seqlens = np.asarray([n for r in rows for n in r.seqlens], dtype=np.int64)
     real = int(seqlens.sum())
-    padded = int((-(-seqlens // align) * align).sum())
+    padded = int(pad_to_multiple(seqlens, align).sum())
     per_row = Counter(len(r.sample_ids) for r in rows)
     media_tokens = dict.fromkeys(KINDS, 0)
     media_counts = dict.fromkeys(KINDS, 0)

@@ -247,22 +247,17 @@ def _merge_sizes(ds: Dataset) -> dict[str, int]:
 
 def placeholder_ids_for(ds: Dataset, tokenizer: str | None = None) -> tuple[dict[str, list[int]] | None, str]:
     """Placeholder token ids per kind and where they came from: omnipack.json, else the tokenizer."""
-    recorded = (ds.meta.get("tokenizer") or {}).get("placeholder_token_ids")
-    if recorded and tokenizer is None:
-        return {k: [int(t) for t in v] for k, v in recorded.items()}, "omnipack.json"
-    path = tokenizer or ds.tokenizer_path
-    if not path or not Path(path).exists():
-        return None, f"not recorded in omnipack.json and no tokenizer at {path!r} (use --tokenizer)"
     try:
         from ..profiles import get_profile
-        from ..profiles.base import placeholder_token_ids
-        from ..text.chat import ChatTokenizer
+        from ..profiles.base import dataset_placeholder_ids
 
         profile = ds.meta.get("profile") or {}
-        chat = ChatTokenizer(path, get_profile(profile.get("name", ""), **(profile.get("options") or {})))
-        return placeholder_token_ids(chat.profile, chat.tokenizer), f"tokenizer {path}"
+        ids, source = dataset_placeholder_ids(
+            ds.meta, get_profile(profile.get("name", ""), **(profile.get("options") or {})), tokenizer
+        )
     except Exception as e:
-        return None, f"tokenizer {path} unusable: {type(e).__name__}: {e}"
+        return None, f"placeholder ids unavailable: {type(e).__name__}: {e}"
+    return ids, source if ids is not None else f"{source} (use --tokenizer)"
 
 
 def _dataset_checks(ds: Dataset, results: dict[str, CheckResult]) -> None:
