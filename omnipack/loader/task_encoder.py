@@ -21,7 +21,7 @@ from megatron.energon.errors import FatalSampleError
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
 from ..profiles.qwen_vl import PIXEL_DTYPES
 from .batch import concat_rows, packed_seq_params
-from .context_parallel import slice_batch_for_cp
+from .context_parallel import cp_partition_indices, slice_batch_for_cp
 from .media import (
     MediaMismatchError,
     check_row_media,
@@ -87,6 +87,8 @@ class PackedBatch(Batch):
     # pixel_dtype="uint8" only: pixel_values(_videos) are raw uint8 patches and the model must apply
     # (x / 255 - pixel_mean[c]) / pixel_std[c] per channel (``normalized_media_inputs`` does it).
     pixel_mean: torch.Tensor | None = None  # float32 [3]
+    # cp_size > 1: int64 [T_local], the full-stream position of each of this rank's tokens.
+    cp_token_indices: torch.Tensor | None = None
     pixel_std: torch.Tensor | None = None  # float32 [3]
 
     def media_inputs(self) -> dict[str, torch.Tensor]:
@@ -268,7 +270,11 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     @stateless
     def batch(self, samples: list[PackedRowSample]) -> PackedBatch:
         fields = concat_rows([s.arrays() for s in samples])
+        cp_token_indices = None
         if self.cp_size > 1:
+            # Where this rank's tokens sit in the full stream: a model that merges media embeddings (which
+            # are not CP-split) finds the placeholders local to this rank through it.
+            cp_token_indices = cp_partition_indices(fields["cu_seqlens_q_padded"], self.cp_size, self.cp_rank)
             fields = slice_batch_for_cp(
                 fields,
                 self.cp_size,
@@ -294,6 +300,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             samples,
             **fields,
             **media,
+            cp_token_indices=cp_token_indices,
             sample_ids=[s.sample_ids for s in samples],
             row_meta=[s.meta for s in samples],
             media=None if self.decode_media else [s.media or {} for s in samples],
