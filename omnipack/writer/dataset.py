@@ -8,12 +8,14 @@ decode here is rejected with its reason and its row is rebuilt from the remainin
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..codec import encode_row
@@ -92,11 +94,30 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteConfig) -> RowR
     return RowResult(key, encode_row(row, payloads), rejects, len(seqs), int(row.seqlens.sum()))
 
 
+def mapped_samples(samples_path: Path) -> pa.Table:
+    """The measure table as a memory-mapped Arrow file, so rows can gather samples from anywhere in it
+    without holding every sample's tokens in memory (Parquet pages cannot be mapped; converted once,
+    streaming, next to the Parquet file)."""
+    arrow_path = samples_path.with_suffix(".arrow")
+    if not arrow_path.exists() or arrow_path.stat().st_mtime_ns < samples_path.stat().st_mtime_ns:
+        parquet = pq.ParquetFile(samples_path)
+        tmp = arrow_path.with_suffix(".arrow.partial")
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, parquet.schema_arrow) as out:
+            for batch in parquet.iter_batches(batch_size=4096):
+                out.write_batch(batch)
+        os.replace(tmp, arrow_path)
+    return pa.ipc.open_file(pa.memory_map(str(arrow_path), "r")).read_all()
+
+
 def _row_jobs(samples_path: Path, plan: PackResult) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    table = pq.read_table(samples_path)
-    position = {int(s): i for i, s in enumerate(table.column("sample_index").to_numpy())}
+    table = mapped_samples(samples_path)
+    # The measure stage writes samples in input order, so sample_index is sorted: positions by bisection.
+    indices = table.column("sample_index").to_numpy()
     for r in range(plan.num_rows):
-        take = np.asarray([position[int(s)] for s in plan.row(r)], dtype=np.int64)
+        wanted = plan.row(r)
+        take = np.minimum(np.searchsorted(indices, wanted), len(indices) - 1)
+        if not np.array_equal(indices[take], wanted):
+            raise AssertionError(f"row {r}: planned samples missing from the measure table")
         yield f"{r:09d}", table.take(take).to_pylist()
 
 
