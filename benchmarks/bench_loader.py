@@ -156,7 +156,8 @@ def build_corpus(root: Path, samples: int, kinds: tuple[str, ...], seed: int = 0
 def prepare(
     root: Path, profile: str, samples: int, seq_length: int, encodings: list[str]
 ) -> tuple[Path, Path, Path, dict[str, Path]]:
-    """The raw corpus and one omnipack dataset per image encoding (png: compact; npy: no inflate at load)."""
+    """The raw corpus and one omnipack dataset per storage choice (png: compact, images as PNG and video
+    deflated; npy: raw npy images and uncompressed video frames, nothing to inflate at load)."""
     from omnipack.demo.tokenizer import build_demo_tokenizer
     from omnipack.pipeline import PrepareConfig, run_prepare
     from omnipack.profiles import get_profile
@@ -178,6 +179,7 @@ def prepare(
                 seq_length=seq_length,
                 shard_max_rows=8,
                 image_encoding=enc,
+                compress_video=enc != "npy",  # "npy": raw storage throughout, nothing to inflate at load
                 progress=False,
             )
         )
@@ -385,7 +387,7 @@ def run_profile(
         f"### {profile} ({kinds}; {samples} samples, W={seq_length}, {passes} pass(es); "
         f"prepare ~{prep:.0f} s per dataset, offline, once)",
         "",
-        "omnipack `png`/`npy`: how the dataset stores images (`--image-encoding`); `f32`/`u8`: `pixel_dtype`.",
+        "omnipack `png`: images as PNG, video deflated; `npy`: `--image-encoding npy --no-compress-video` (raw, nothing to inflate); `f32`/`u8`: `pixel_dtype`.",
         "",
         "| pipeline | workers | rows | samples | sec | rows/s | samples/s | samples/s vs online |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",

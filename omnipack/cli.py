@@ -42,6 +42,14 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--max-vision-patches-per-row",), {"type": int}),
     (("--max-audio-frames-per-row",), {"type": int}),
     (("--image-encoding",), {"choices": ["png", "npy"], "help": "lossless storage of resized images"}),
+    (
+        ("--compress-video",),
+        {
+            "action": argparse.BooleanOptionalAction,
+            "default": None,
+            "help": "deflate video frames in shards (default); --no-compress-video trades disk for load speed",
+        },
+    ),
     (("--shard-size-mb",), {"type": float, "help": "roll shards over at this size"}),
     (("--shard-max-rows",), {"type": int}),
     (("--val-fraction",), {"type": float, "help": "fraction of rows written to separate 'val' shards"}),

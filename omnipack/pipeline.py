@@ -81,6 +81,7 @@ class PrepareConfig:
     max_vision_patches_per_row: int | None = None
     max_audio_frames_per_row: int | None = None
     image_encoding: str = "png"
+    compress_video: bool = True
     shard_size_mb: float = 1024.0
     shard_max_rows: int | None = None
     val_fraction: float = 0.0
@@ -176,6 +177,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         align=align,
         pad_token_id=int(pad_id),
         image_encoding=cfg.image_encoding,
+        compress_video=cfg.compress_video,
         shard_max_bytes=int(cfg.shard_size_mb * (1 << 20)),
         shard_max_rows=cfg.shard_max_rows,
         workers=cfg.workers,
@@ -211,6 +213,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         "align": align,
         "parallel": asdict(cfg.layout),
         "image_encoding": cfg.image_encoding,
+        "compress_video": cfg.compress_video,
         "mrope_position_ids": cfg.mrope,
         "counts": {
             "input": n_input,

@@ -30,7 +30,9 @@ def probe(path: Path, kind: str) -> MediaMeta:
     raise MediaError(f"unsupported media kind {kind!r}")
 
 
-def materialize(path: Path, plan: MediaPlan, *, image_encoding: str = "png") -> tuple[str, bytes]:
+def materialize(
+    path: Path, plan: MediaPlan, *, image_encoding: str = "png", compress_video: bool = True
+) -> tuple[str, bytes]:
     """Decode ``path`` exactly as ``plan`` says and return (extension, bytes) for the shard.
 
     image: png/npy uint8 RGB; video: compressed npz with ``frames`` uint8 [T,H,W,3] (plus ``audio`` when the
@@ -44,7 +46,7 @@ def materialize(path: Path, plan: MediaPlan, *, image_encoding: str = "png") -> 
     if plan.kind == "video":
         from .video import materialize_video
 
-        return materialize_video(path, plan)
+        return materialize_video(path, plan, compress=compress_video)
     if plan.kind == "audio":
         from .audio import AUDIO_RATE, encode_audio, load_audio
 

@@ -133,15 +133,18 @@ def _decode_frames_av(path: Path, wanted: list[int]) -> np.ndarray | None:
     return np.stack([got[i] for i in wanted])
 
 
-def encode_video(frames: np.ndarray, audio: np.ndarray | None = None) -> tuple[str, bytes]:
-    """(extension, bytes): compressed ``.npz`` with ``frames`` (and ``audio`` for audio-in-video)."""
+def encode_video(
+    frames: np.ndarray, audio: np.ndarray | None = None, *, compress: bool = True
+) -> tuple[str, bytes]:
+    """(extension, bytes): ``.npz`` with ``frames`` (and ``audio`` for audio-in-video); deflate-compressed
+    unless ``compress`` is False (larger shards, no inflate at load time)."""
     buf = io.BytesIO()
     arrays = {"frames": frames} if audio is None else {"frames": frames, "audio": audio.astype(np.int16)}
-    np.savez_compressed(buf, **arrays)
+    (np.savez_compressed if compress else np.savez)(buf, **arrays)
     return VIDEO_ENCODING, buf.getvalue()
 
 
-def materialize_video(path: Path, plan: MediaPlan) -> tuple[str, bytes]:
+def materialize_video(path: Path, plan: MediaPlan, *, compress: bool = True) -> tuple[str, bytes]:
     """Frames (and, when the plan interleaves it, the video's own audio track) as the model consumes them."""
     if plan.frame_indices is None:
         raise MediaError("video plan has no frame indices")
@@ -151,4 +154,4 @@ def materialize_video(path: Path, plan: MediaPlan) -> tuple[str, bytes]:
         if probe_audio_stream(path, required=False) is None:
             raise MediaError("use_audio_in_video requested but the video has no audio track")
         audio = load_audio(path, plan.num_audio_samples, plan.sample_rate or AUDIO_RATE)
-    return encode_video(frames, audio)
+    return encode_video(frames, audio, compress=compress)

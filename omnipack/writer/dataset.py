@@ -36,6 +36,7 @@ class WriteConfig:
     align: int
     pad_token_id: int
     image_encoding: str = "png"
+    compress_video: bool = True
     shard_max_bytes: int = 1 << 30
     shard_max_rows: int | None = None
     workers: int = 1
@@ -66,7 +67,10 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteConfig) -> RowR
             for m in json.loads(rec["media_json"]):
                 plan = MediaPlan.from_json(m["plan"])
                 ext, data = materialize(
-                    resolve_media(root, m["ref"]), plan, image_encoding=cfg.image_encoding
+                    resolve_media(root, m["ref"]),
+                    plan,
+                    image_encoding=cfg.image_encoding,
+                    compress_video=cfg.compress_video,
                 )
                 part = f"media.{len(payloads) + len(sample_payloads)}.{ext}"
                 sample_payloads[part] = data
