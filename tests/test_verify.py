@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import tarfile
 from pathlib import Path
@@ -46,10 +47,13 @@ def test_flipped_byte_in_a_shard(ds: Path) -> None:
     with tarfile.open(path) as tar:
         png = next(m for m in tar if m.name.endswith(".png"))
     data = bytearray(path.read_bytes())
-    data[png.offset_data + png.size // 2] ^= 0xFF  # inside an image's pixels: only the checksum sees it
+    data[png.offset_data + png.size // 2] ^= 0xFF  # inside an image's compressed pixels
     path.write_bytes(bytes(data))
     fails = failing(ds)
-    assert set(fails) == {"checksums"}
+    assert "checksums" in fails and set(fails) <= {"checksums", "media"}
+    # without payload decoding, only the checksum can see it
+    quiet = {r.name: r.failures for r in run_verify(ds, workers=1, progress=False, payloads=False) if r.failures}
+    assert set(quiet) == {"checksums"}
     assert SHARD in fails["checksums"][0] and "sha256" in fails["checksums"][0]
 
 
@@ -86,6 +90,31 @@ def test_edited_media_count_in_row_meta(ds: Path) -> None:
     assert set(fails) == {"media"}
     assert any("placeholder" in m and SHARD in m and "sample demo-" in m for m in fails["media"])
     assert any("grid_thw" in m for m in fails["media"])
+
+
+def test_swapped_media_payload_no_longer_matches_its_block(ds: Path) -> None:
+    """The stored image is replaced by one of another size (meta, counts and checksums kept consistent):
+    only decoding the payload and counting its features can tell."""
+    from PIL import Image
+
+    def swap(rows):
+        for r in rows:
+            meta = json.loads(r.parts["meta.json"])
+            for m in meta["media"]:
+                if m["kind"] == "image":
+                    buf = io.BytesIO()
+                    h, w = m["info"]["target_hw"]
+                    Image.new("RGB", (w + 56, h)).save(buf, format="PNG")
+                    m["info"]["target_hw"] = [h, w + 56]  # header check agrees; features do not
+                    r.parts[m["part"]] = buf.getvalue()
+                    r.parts["meta.json"] = json.dumps(meta).encode()
+                    return rows
+        raise AssertionError("no image in shard")
+
+    rewrite_shard(ds, SHARD, swap)
+    fails = failing(ds)
+    assert set(fails) == {"media"}
+    assert any("stored payload gives" in m and SHARD in m for m in fails["media"])
 
 
 def test_edited_count_in_info_json(ds: Path) -> None:

@@ -8,6 +8,7 @@ Every failure names its shard, row and sample(s); the exit status is non-zero on
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import struct
@@ -41,7 +42,10 @@ CHECKS: list[tuple[str, str]] = [
     ("row-parts", "every row has all required parts and decodes; each media part present, none stray"),
     ("row-meta", "meta.json agrees with the arrays (W, samples, real tokens, max seqlens, version)"),
     ("row-contract", "boundaries, alignment, padding mask, position resets, labels (omnipack.contract)"),
-    ("media", "placeholder tokens per media block match num_tokens and grid_thw; stored image sizes"),
+    (
+        "media",
+        "placeholder tokens per media block match num_tokens, grid_thw and the stored payload's features",
+    ),
     ("accounting", "input = packed + rejected; no sample twice; packed ids in the measure table"),
 ]
 CHECK_NAMES = [c for c, _ in CHECKS]
@@ -76,6 +80,7 @@ class ShardJob:
     recorded: dict[str, Any] | None  # omnipack.json's record: count, num_bytes, sha256
     placeholder_ids: dict[str, list[int]] | None
     merge_sizes: dict[str, int]
+    profile: str | None = None  # JSON {name, options}: decode payloads and count their features
 
 
 @dataclass
@@ -178,6 +183,37 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
             continue
         if hw is not None and list(hw) != list(target):
             rep.fail("media", f"{where}: media {i} ({m.part}) stored {hw[0]}x{hw[1]}, target_hw {target}")
+    if job.profile is not None and row.media:
+        _check_payloads(job, row, raw, where, rep)
+
+
+@functools.cache
+def _profile(spec: str) -> Any:
+    from ..profiles import get_profile
+
+    d = json.loads(spec)
+    return get_profile(d["name"], **d.get("options", {}))
+
+
+def _check_payloads(job: ShardJob, row: Any, raw: Any, where: str, rep: ShardReport) -> None:
+    """Each stored payload must yield exactly the features its block has placeholders for."""
+    from ..loader.media import decode_payload
+
+    profile = _profile(job.profile)
+    for i, m in enumerate(row.media):
+        if m.part not in raw.parts:
+            continue  # reported by row-parts
+        try:
+            features = profile.feature_count(m, decode_payload(m.part, raw.parts[m.part]))
+        except Exception as e:
+            rep.fail("media", f"{where}: media {i} ({m.part}) payload unusable: {type(e).__name__}: {e}")
+            continue
+        if features != m.num_tokens:
+            rep.fail(
+                "media",
+                f"{where}: media {i} ({m.kind} {m.part}) stored payload gives {features} features, "
+                f"block has {m.num_tokens} placeholders",
+            )
 
 
 def verify_shard(job: ShardJob) -> ShardReport:
@@ -370,11 +406,23 @@ def run_verify(
     workers: int = 1,
     tokenizer: str | None = None,
     progress: bool | None = None,
+    payloads: bool = True,
 ) -> list[CheckResult]:
-    """Run every check over the dataset at ``root``; returns one result per check, in ``CHECKS`` order."""
+    """Run every check over the dataset at ``root``; returns one result per check, in ``CHECKS`` order.
+
+    ``payloads`` decodes every stored media item and counts the features it yields (the heavy part)."""
     ds = open_dataset(root)
     results = {name: CheckResult(name, desc) for name, desc in CHECKS}
     _dataset_checks(ds, results)
+    prof = ds.meta.get("profile") or {}
+    profile_spec = None
+    if payloads and prof.get("name"):
+        profile_spec = json.dumps({"name": prof["name"], "options": prof.get("options") or {}})
+        try:
+            _profile(profile_spec)
+        except Exception as e:
+            results["media"].notes.append(f"payload features not checked: profile unusable: {e}")
+            profile_spec = None
 
     ph_ids, source = placeholder_ids_for(ds, tokenizer)
     if ph_ids is None:
@@ -396,6 +444,7 @@ def run_verify(
                 recorded=recorded.get(shard),
                 placeholder_ids=ph_ids,
                 merge_sizes=_merge_sizes(ds),
+                profile=profile_spec,
             )
         )
         first += counts.get(shard, (recorded.get(shard) or {}).get("count", 0))
@@ -445,6 +494,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         workers=args.workers,
         tokenizer=args.tokenizer,
         progress=False if args.json else args.progress,
+        payloads=args.payloads,
     )
     if args.json:
         out = {
@@ -488,5 +538,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--strict", action="store_true", help="a skipped check (e.g. no placeholder ids) fails too"
     )
     p.add_argument("--max-shown", type=int, default=MAX_SHOWN, help="failures printed per check")
+    p.add_argument(
+        "--payloads",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decode every stored media item and count its features (default; --no-payloads skips it)",
+    )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.set_defaults(func=cmd_verify)
