@@ -52,7 +52,9 @@ def test_flipped_byte_in_a_shard(ds: Path) -> None:
     fails = failing(ds)
     assert "checksums" in fails and set(fails) <= {"checksums", "media"}
     # without payload decoding, only the checksum can see it
-    quiet = {r.name: r.failures for r in run_verify(ds, workers=1, progress=False, payloads=False) if r.failures}
+    quiet = {
+        r.name: r.failures for r in run_verify(ds, workers=1, progress=False, payloads=False) if r.failures
+    }
     assert set(quiet) == {"checksums"}
     assert SHARD in fails["checksums"][0] and "sha256" in fails["checksums"][0]
 

@@ -6,11 +6,12 @@ import numpy as np
 
 from .balance import balanced_assign, rebalance_rows
 from .bounds import lower_bounds
-from .constraints import PackConstraints, constrained_pack
+from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
 from .plan import PackPlan, build_plan
 
 ALGORITHMS = ("bfd", "ffd")
+EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -58,6 +59,12 @@ def _assign(
 ) -> tuple[np.ndarray, int, str]:
     if constraints is not None:
         row_of, num_rows = constrained_pack(lengths, capacity, constraints)
+        if improve and len(lengths) <= EXACT_CONSTRAINED_MAX:
+            # The fast packer only looks at the front row of each space bucket and can open needless rows
+            # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
+            exact_row_of, exact_rows = constrained_bfd(lengths, capacity, constraints)
+            if exact_rows < num_rows:
+                return exact_row_of, exact_rows, "bfd+constraints(exact)"
         return row_of, num_rows, "bfd+constraints"
     row_of, num_rows = _assign_by_classes(lengths, capacity, algorithm)
     if improve and algorithm == "bfd":
