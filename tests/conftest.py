@@ -1,8 +1,16 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests explore a fixed, reproducible set of examples: CI must not pass or fail by luck.
+# (HYPOTHESIS_PROFILE=explore widens the search locally.)
+settings.register_profile("ci", derandomize=True, deadline=None)
+settings.register_profile("explore", max_examples=2000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
