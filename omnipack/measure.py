@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .alignment import pad_to_multiple
+from .executor import map_ordered
 from .manifest import ManifestError, RawSample, resolve_media
 from .media.errors import MediaError
 from .media.probe import probe
@@ -84,6 +85,7 @@ class Measurer:
     """Per-process measuring context: the profile and the tokenizer, loaded once."""
 
     def __init__(self, config: MeasureConfig) -> None:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the pool parallelises, not the tokenizer
         self.config = config
         self.profile = get_profile(config.profile, **config.profile_options)
         self.chat = ChatTokenizer(config.tokenizer, self.profile, mrope=config.mrope)
@@ -146,34 +148,11 @@ class Measurer:
         return "sample", record
 
 
-_WORKER: Measurer | None = None  # one per worker process, set by the pool initializer
-
-
-def _init_worker(config: MeasureConfig) -> None:
-    global _WORKER
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _WORKER = Measurer(config)
-
-
-def _measure_in_worker(raw: RawSample) -> tuple[str, dict[str, Any]]:
-    assert _WORKER is not None
-    return _WORKER(raw)
-
-
 def measure_all(
     samples: Iterable[RawSample], config: MeasureConfig, workers: int = 1
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """Measure samples in input order, in this process or on a process pool."""
-    if workers <= 1:
-        measurer = Measurer(config)
-        for raw in samples:
-            yield measurer(raw)
-        return
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")  # tokenizers and fork do not mix
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(config,)) as pool:
-        yield from pool.imap(_measure_in_worker, samples, chunksize=16)
+    return map_ordered(Measurer, config, samples, workers=workers, chunksize=16)
 
 
 class TableWriter:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from ..codec import encode_row
 from ..contract import row_invariant_errors
+from ..executor import map_ordered
 from ..manifest import ManifestError, resolve_media
 from ..measure import sample_arrays
 from ..media.errors import MediaError
@@ -125,27 +126,8 @@ def _row_jobs(samples_path: Path, plan: PackResult) -> Iterator[tuple[str, list[
         yield f"{r:09d}", table.take(take).to_pylist()
 
 
-_CFG: WriteConfig | None = None  # per worker process, set by the pool initializer
-
-
-def _init(cfg: WriteConfig) -> None:
-    global _CFG
-    _CFG = cfg
-
-
-def _build(job: tuple[str, list[dict[str, Any]]]) -> RowResult:
-    assert _CFG is not None
-    return build_row(job[0], job[1], _CFG)
-
-
-def _results(jobs: Iterator[tuple[str, list[dict[str, Any]]]], cfg: WriteConfig) -> Iterator[RowResult]:
-    if cfg.workers <= 1:
-        yield from (build_row(key, records, cfg) for key, records in jobs)
-        return
-    import multiprocessing as mp
-
-    with mp.get_context("spawn").Pool(cfg.workers, initializer=_init, initargs=(cfg,)) as pool:
-        yield from pool.imap(_build, jobs, chunksize=2)
+def _row_builder(cfg: WriteConfig) -> Callable[[tuple[str, list[dict[str, Any]]]], RowResult]:
+    return lambda job: build_row(job[0], job[1], cfg)
 
 
 def write_rows(
@@ -164,7 +146,10 @@ def write_rows(
     samples_per_row: list[int] = []
     real_tokens = 0
     try:
-        results = _results(_row_jobs(samples_path, plan), cfg)
+        # small windows: each job carries a whole row's samples
+        results = map_ordered(
+            _row_builder, cfg, _row_jobs(samples_path, plan), workers=cfg.workers, window=64, chunksize=2
+        )
         for r, res in enumerate(
             tqdm(results, total=plan.num_rows, desc="write", unit="row", disable=not progress)
         ):

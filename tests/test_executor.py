@@ -1,0 +1,30 @@
+"""The stage executor: same results in input order inline and on a pool, without reading far ahead."""
+
+from __future__ import annotations
+
+from omnipack.executor import map_ordered
+
+
+def _scaler(factor: int):
+    return lambda x: x * factor
+
+
+def test_pool_and_inline_give_the_same_ordered_results():
+    items = list(range(200))
+    inline = list(map_ordered(_scaler, 3, items))
+    pooled = list(map_ordered(_scaler, 3, items, workers=2, window=16, chunksize=4))
+    assert inline == pooled == [3 * x for x in items]
+
+
+def test_input_is_read_in_bounded_windows():
+    consumed = []
+
+    def source():
+        for i in range(100):
+            consumed.append(i)
+            yield i
+
+    results = map_ordered(_scaler, 1, source(), workers=2, window=10, chunksize=2)
+    assert next(results) == 0
+    assert len(consumed) <= 10  # only the first window was handed to the pool
+    assert list(results) == list(range(1, 100))
