@@ -169,7 +169,7 @@ def test_output_is_deterministic_across_worker_counts(tmp_path, demo_tokenizer, 
     assert out_a == out_b
 
 
-def test_energon_lint_and_info_pass(dataset):
+def test_energon_lint_info_and_preview_pass(dataset):
     root, _ = dataset
     energon = [sys.executable, "-m", "megatron.energon.cli.main"]
     for cmd in (
@@ -178,6 +178,14 @@ def test_energon_lint_and_info_pass(dataset):
     ):
         res = subprocess.run(energon + cmd, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stdout + res.stderr
+    preview = subprocess.run(
+        [*energon, "preview", "--dataset-config", "dataset_typed.yaml", str(root)],
+        input="n\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert preview.returncode == 0 and "Sample 0" in preview.stdout and "cu_seqlens_padded" in preview.stdout
 
 
 def test_nothing_packed_is_an_error(tmp_path, demo_tokenizer, demo_corpus):
