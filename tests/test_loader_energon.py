@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -219,3 +220,21 @@ def test_import_omnipack_stays_light_and_needs_no_av_or_decord():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1]
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_loader_factories(dataset):
+    import omnipack
+    from omnipack.loader.compat import DatasetAlignmentError
+
+    w = json.loads((dataset / ".nv-meta" / "omnipack.json").read_text())["seq_length"]
+    train = omnipack.get_train_loader(dataset, num_workers=0, cp=2, cp_rank=1, decode_media=False)
+    batch = next(iter(train))
+    assert batch.tokens.shape == (1, w // 2) and batch.cp_token_indices is not None
+    assert hasattr(train, "save_state_rank")
+    keys = [
+        b.__key__[0]
+        for b in omnipack.get_val_loader(dataset, split_part="train", num_workers=0, decode_media=False)
+    ]
+    assert sorted(keys) == sorted(read_rows_from_tars(dataset))
+    with pytest.raises(DatasetAlignmentError):
+        omnipack.get_train_loader(dataset, num_workers=0, cp=8)

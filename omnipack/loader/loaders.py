@@ -24,37 +24,22 @@ def get_train_loader(
     rank: int = 0,
     world_size: int = 1,
     data_parallel_group: Any = None,
-    tp: int = 1,
-    cp: int = 1,
-    cp_rank: int = 0,
-    sequence_parallel: bool = False,
-    fp8: str = "none",
-    decode_media: bool = True,
-    pixel_dtype: str = "float32",
     shuffle_buffer_size: int | None = None,
     max_samples_per_sequence: int | None = None,
     savable: bool = True,
-    **dataset_kwargs: Any,
+    dataset_options: dict[str, Any] | None = None,
+    **encoder_options: Any,
 ) -> Any:
     """An endless (repeating) Energon loader of ``PackedBatch`` micro-batches of ``batch_size`` rows.
 
-    ``rank``/``world_size`` (or ``data_parallel_group``) are the data-parallel coordinates; tp/cp/sp/fp8
-    are checked against the dataset's alignment. ``savable`` returns a loader with
-    ``save_state_rank``/``restore_state_rank``. ``pixel_dtype="uint8"`` returns raw uint8 pixel patches
-    plus ``batch.pixel_mean``/``pixel_std`` for normalizing on the GPU (see ``OmnipackTaskEncoder``).
+    ``rank``/``world_size`` (or ``data_parallel_group``) are the data-parallel coordinates.
+    ``encoder_options`` go to ``OmnipackTaskEncoder.from_dataset`` (tp, cp, cp_rank, sequence_parallel,
+    fp8 -- checked against the dataset's alignment -- decode_media, check_media, pixel_dtype);
+    ``dataset_options`` to Energon's ``get_train_dataset``. ``savable`` returns a loader with
+    ``save_state_rank``/``restore_state_rank``.
     """
     from megatron.energon import get_loader, get_savable_loader, get_train_dataset
 
-    te = OmnipackTaskEncoder.from_dataset(
-        path,
-        tp=tp,
-        cp=cp,
-        cp_rank=cp_rank,
-        sequence_parallel=sequence_parallel,
-        fp8=fp8,
-        decode_media=decode_media,
-        pixel_dtype=pixel_dtype,
-    )
     ds = get_train_dataset(
         str(path),
         worker_config=_worker_config(num_workers, rank, world_size, data_parallel_group),
@@ -62,8 +47,8 @@ def get_train_loader(
         shuffle_buffer_size=shuffle_buffer_size,
         max_samples_per_sequence=max_samples_per_sequence,
         packing_buffer_size=None,  # rows are packed offline
-        task_encoder=te,
-        **dataset_kwargs,
+        task_encoder=OmnipackTaskEncoder.from_dataset(path, **encoder_options),
+        **(dataset_options or {}),
     )
     return get_savable_loader(ds) if savable else get_loader(ds)
 
@@ -77,34 +62,19 @@ def get_val_loader(
     rank: int = 0,
     world_size: int = 1,
     data_parallel_group: Any = None,
-    tp: int = 1,
-    cp: int = 1,
-    cp_rank: int = 0,
-    sequence_parallel: bool = False,
-    fp8: str = "none",
-    decode_media: bool = True,
-    pixel_dtype: str = "float32",
-    **dataset_kwargs: Any,
+    dataset_options: dict[str, Any] | None = None,
+    **encoder_options: Any,
 ) -> Any:
-    """One deterministic pass over ``split_part`` (``omnipack prepare --val-fraction`` fills "val")."""
+    """One deterministic pass over ``split_part`` (``omnipack prepare --val-fraction`` fills "val");
+    options as for ``get_train_loader``."""
     from megatron.energon import get_loader, get_val_dataset
 
-    te = OmnipackTaskEncoder.from_dataset(
-        path,
-        tp=tp,
-        cp=cp,
-        cp_rank=cp_rank,
-        sequence_parallel=sequence_parallel,
-        fp8=fp8,
-        decode_media=decode_media,
-        pixel_dtype=pixel_dtype,
-    )
     ds = get_val_dataset(
         str(path),
         split_part=split_part,
         worker_config=_worker_config(num_workers, rank, world_size, data_parallel_group),
         batch_size=batch_size,
-        task_encoder=te,
-        **dataset_kwargs,
+        task_encoder=OmnipackTaskEncoder.from_dataset(path, **encoder_options),
+        **(dataset_options or {}),
     )
     return get_loader(ds)
