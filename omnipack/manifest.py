@@ -83,7 +83,7 @@ def read_manifest(paths: list[Path], start_index: int = 0) -> Iterator[RawSample
     index = start_index
     seen: set[str] = set()
     for path in paths:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # tolerate a byte-order mark
             for line_no, line in enumerate(f, 1):
                 if not line.strip():
                     continue

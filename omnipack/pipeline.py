@@ -242,6 +242,10 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         "rejects_file": REJECTS_FILE,
     }
     if not shards:
+        if n_input == 0:
+            raise NothingPacked(
+                f"nothing to pack: the manifest(s) {', '.join(map(str, cfg.manifest))} hold no samples"
+            )
         raise NothingPacked(
             f"nothing could be packed: all {n_input} samples were rejected (see {out / REJECTS_FILE})"
         )

@@ -77,3 +77,11 @@ def test_media_paths_cannot_escape_the_root(tmp_path):
     for ref in ("../x.png", "/etc/passwd", "a/../../x.png"):
         with pytest.raises(ManifestError, match="escapes the media root"):
             resolve_media(tmp_path / "media", ref)
+
+
+def test_byte_order_mark_and_crlf_are_tolerated(tmp_path):
+    p = tmp_path / "m.jsonl"
+    line = json.dumps({"id": "x", "messages": [{"role": "user", "content": "q"}, ASSISTANT]})
+    p.write_bytes(("\ufeff" + line + "\r\n" + line.replace('"x"', '"y"') + "\r\n").encode())
+    samples = list(read_manifest([p]))
+    assert [(s.sample_id, s.error) for s in samples] == [("x", None), ("y", None)]
