@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -150,29 +149,14 @@ class Qwen3OmniProfile(QwenVLProfile):
         n_window: int = 50,
         position_fps: float | None = None,
         max_audio_seconds: float | None = None,
-        min_pixels: int | None = None,
-        max_pixels: int | None = None,
-        preprocessor_config: str | Path | None = None,
-        video_preprocessor_config: str | Path | None = None,
-        video_fps: float | None = None,
-        video_min_frames: int | None = None,
-        video_max_frames: int | None = None,
-        video_min_pixels: int | None = None,
-        video_max_pixels: int | None = None,
-        cap_pixels_per_frame: bool | None = None,
+        **vision_options: Any,
     ) -> None:
-        super().__init__(
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-            preprocessor_config=preprocessor_config,
-            video_preprocessor_config=video_preprocessor_config,
-            video_fps=video_fps,
-            video_min_frames=video_min_frames,
-            video_max_frames=video_max_frames,
-            video_min_pixels=video_min_pixels,
-            video_max_pixels=video_max_pixels,
-            cap_pixels_per_frame=cap_pixels_per_frame,
-        )
+        # Image/video options are Qwen-VL's (min/max pixels, preprocessor configs, video_* sampling);
+        # its mRoPE options do not apply: Qwen3-Omni always continues at max + 1, timed by position_id_per_seconds.
+        unused = {"mrope_rule", "tokens_per_second"} & set(vision_options)
+        if unused:
+            raise TypeError(f"qwen3_omni does not take {sorted(unused)}")
+        super().__init__(**vision_options)
         self.use_audio_in_video = use_audio_in_video
         self.position_id_per_seconds = float(position_id_per_seconds)
         self.n_window = n_window
