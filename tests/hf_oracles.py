@@ -53,3 +53,26 @@ def import_hf(module: str):
                 sys.modules.pop(k, None)
             else:
                 sys.modules[k] = v
+
+
+def bare_processor(module: str, cls_name: str, tokenizer, **attrs):
+    """An HF processor object built without ``__init__`` (which would want the torchvision video processor).
+
+    Its own methods (``replace_video_token``, ``get_text_with_replacements``, ``create_mm_token_type_ids``,
+    ``_merge_kwargs``) run unchanged; ``attrs`` supplies what ``__init__`` would have set (token strings,
+    token ids, stand-ins for the image/video processors' size attributes).
+    """
+    cls = getattr(importlib.import_module(f"transformers.{module}"), cls_name)
+    proc = object.__new__(cls)
+    proc.tokenizer = tokenizer
+    for k, v in attrs.items():
+        setattr(proc, k, v)
+    return proc
+
+
+def processor_videos_kwargs(module: str, cls_name: str) -> dict:
+    """The ``videos_kwargs`` a call without video options hands the video processor: the processor class's
+    own defaults, resolved by its ``_merge_kwargs`` as a user's call resolves them."""
+    cls = getattr(importlib.import_module(f"transformers.{module}"), cls_name)
+    proc = object.__new__(cls)
+    return dict(proc._merge_kwargs(tokenizer_init_kwargs={})["videos_kwargs"])

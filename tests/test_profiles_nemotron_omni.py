@@ -134,3 +134,27 @@ def test_video_tubelets_and_labels_match_processor(frames, fps):
     )
     got = "".join(s.text if s.text is not None else s.token * s.count for s in prof.expand(plan))
     assert got == want
+
+
+def test_hf_audio_rule_counts_the_whole_clip():
+    """audio_count_rule="hf" follows the HF processor, which keeps long clips whole (no 30 s cap)."""
+    from transformers.models.nemotron_h_omni.processing_nemotron_h_omni import (
+        NemotronH_Omni_Reasoning_V3Processor as P,
+    )
+
+    stub = types.SimpleNamespace(audio_hop_length=160, audio_subsampling_factor=8)
+    n = 65 * 16000 + 4321  # a 65 s clip
+    meta = MediaMeta(kind="audio", num_samples=n, sample_rate=16000)
+    hf = get_profile("nemotron_omni", audio_count_rule="hf")
+    plan = hf.plan(meta)
+    assert plan.num_tokens == max(1, P._estimate_audio_num_embeddings(stub, n)) > 800
+    assert plan.num_audio_samples == n and not plan.info["truncated"]
+    assert hf.settings()["max_audio_seconds"] is None
+    bridge = get_profile("nemotron_omni")
+    assert bridge.settings()["max_audio_seconds"] == 30.0
+    assert bridge.plan(meta).num_audio_samples == 480000
+    # an explicit cap applies under either rule
+    capped = get_profile("nemotron_omni", audio_count_rule="hf", max_audio_seconds=10)
+    assert capped.plan(meta).num_audio_samples == 160000
+    with pytest.raises(ValueError, match="max_audio_seconds"):
+        get_profile("nemotron_omni", max_audio_seconds="30s")

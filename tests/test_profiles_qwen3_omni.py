@@ -236,3 +236,48 @@ def test_mrope_audio_in_video_matches_get_rope_index(frames, fps, audio_n, pos_f
     else:  # HF keeps fractional positions; Bridge (and omnipack) truncate them inside the block
         sp = spans[1]
         np.testing.assert_array_equal(got[:, : sp.end], np.floor(want[:, : sp.end]))
+
+
+# ---- video size: the processor class's own videos_kwargs ----
+
+
+def _omni_video_kwargs():
+    from tests.hf_oracles import processor_videos_kwargs
+
+    return processor_videos_kwargs("models.qwen3_omni_moe.processing_qwen3_omni_moe", "Qwen3OmniMoeProcessor")
+
+
+@pytest.mark.parametrize("hw", [(64, 64), (480, 640), (1080, 1920), (100, 40), (2000, 60)])
+@pytest.mark.parametrize("frames,fps,sample", [(7, 10.0, True), (50, 25.0, True), (7, 10.0, False), (9, 3.0, False)])
+def test_video_size_uses_processor_level_defaults(hw, frames, fps, sample):
+    """Qwen3OmniMoeProcessor hands its video processor ``size`` on every call; the grid follows it."""
+    from tests.hf_oracles import import_hf
+
+    m = import_hf("models.qwen2_vl.video_processing_qwen2_vl")
+    kw = _omni_video_kwargs()
+    size = kw.get("size") or m.Qwen2VLVideoProcessor.size
+    prof = get_profile("qwen3_omni", do_sample_frames=sample)
+    h, w = hw
+    plan = prof.plan(MediaMeta(kind="video", height=h, width=w, num_frames=frames, fps=fps))
+    n = plan.info["num_sampled_frames"]
+    if not sample:
+        assert n == frames
+    vp = object.__new__(m.Qwen2VLVideoProcessor)  # class defaults; the checkpoint's patch 16 as its config
+    patches = m.Qwen2VLVideoProcessor.get_num_of_video_patches(vp, n, h, w, {**kw, "patch_size": 16})
+    assert plan.vision_patches == patches
+    assert plan.target_hw == m.smart_resize(h, w, 32, size["shortest_edge"], size["longest_edge"])
+
+
+def test_seven_frame_clip_golden():
+    """The reported case: a 7-frame 64x64 clip (4 frames sampled) is [2, 24, 24] at 384x384, 288 tokens."""
+    plan = get_profile("qwen3_omni").plan(MediaMeta(kind="video", height=64, width=64, num_frames=7, fps=10.0))
+    assert (plan.grid_thw, plan.target_hw, plan.num_tokens) == ((2, 24, 24), (384, 384), 288)
+    # an explicit option still wins over the processor's default
+    small = get_profile("qwen3_omni", video_min_pixels=3136)
+    assert small.plan(MediaMeta(kind="video", height=64, width=64, num_frames=7, fps=10.0)).target_hw == (64, 64)
+
+
+def test_rejects_qwen_vl_only_rules():
+    for opt in ("mrope_rule", "video_layout", "tokens_per_second"):
+        with pytest.raises(TypeError, match=opt):
+            get_profile("qwen3_omni", **{opt: "hf4"})

@@ -191,24 +191,113 @@ def test_smart_resize_3d_matches_hf_including_tiny():
         assert smart_resize_3d(n, h, w, 2, 32, 128 * 32 * 32, 768 * 32 * 32) == want
 
 
-def test_qwen3_timestamps_and_expansion():
+def _qwen3vl_processor(tokenizer=None, **ids):
+    """transformers' Qwen3VLProcessor (its own replacement methods), built without the torchvision parts."""
+    from tests.hf_oracles import bare_processor
+
+    return bare_processor(
+        "models.qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor", tokenizer,
+        image_token="<|image_pad|>", video_token="<|video_pad|>",
+        vision_start_token="<|vision_start|>", vision_end_token="<|vision_end|>",
+        image_processor=types.SimpleNamespace(merge_size=2),
+        video_processor=types.SimpleNamespace(merge_size=2, temporal_patch_size=2), **ids,
+    )  # fmt: skip
+
+
+def _hf_video_text(proc, text: str, plans, layout: str) -> str:
+    """``text`` (template output) with each video block replaced as transformers 5.x (``layout="hf5"``:
+    only ``<|video_pad|>``) or 4.x (``"hf4"``: the whole ``<|vision_start|><|video_pad|><|vision_end|>``,
+    reproduced by handing the 5.x replacement the bare pad) does it."""
+    from transformers.video_utils import VideoMetadata
+
+    if layout == "hf4":
+        text = text.replace("<|vision_start|><|video_pad|><|vision_end|>", "<|video_pad|>")
+    inputs = {"video_grid_thw": [np.array(p.grid_thw) for p in plans], "video_metadata": []}
+    for p in plans:
+        n = p.info["num_sampled_frames"]
+        inputs["video_metadata"].append(
+            VideoMetadata(total_num_frames=None, fps=p.info["src_fps"], frames_indices=list(p.frame_indices[:n]))
+        )
+    reps = [proc.replace_video_token(inputs, i) for i in range(len(plans))]
+    return proc.get_text_with_replacements([text], [], reps, [])[0][0]
+
+
+@pytest.mark.parametrize("layout", ["hf5", "hf4"])
+def test_qwen3_timestamps_and_expansion(layout):
     proc_mod = import_hf("models.qwen3_vl.processing_qwen3_vl")
-    prof = get_profile("qwen3_vl")
+    proc = _qwen3vl_processor()
+    prof = get_profile("qwen3_vl", mrope_rule=layout)
+    assert prof.video_layout == layout
     for total, fps in [(13, 10.0), (1, 24.0), (61, 29.97), (300, 30.0), (5, 2.0)]:
         plan = prof.plan(MediaMeta(kind="video", height=240, width=320, num_frames=total, fps=fps))
         sampled = prof.sample_video_frames(total, fps)
         want = proc_mod.Qwen3VLProcessor._calculate_timestamps(None, list(sampled), fps, 2)
         assert plan.info["timestamps"] == want
-        t, gh, gw = plan.grid_thw
-        assert t == len(want) == len(plan.frame_indices) // 2
+        assert plan.grid_thw[0] == len(want) == len(plan.frame_indices) // 2
         segs = prof.expand(plan)
-        text = "".join(s.text if s.text is not None else s.token * s.count for s in segs)
-        per = gh * gw // 4
-        expect = "".join(
-            f"<{ts:.1f} seconds><|vision_start|>" + "<|video_pad|>" * per + "<|vision_end|>" for ts in want
-        )
-        assert text == expect
+        got = "".join(s.text if s.text is not None else s.token * s.count for s in segs)
+        block = "".join(prof.template_blocks["video"])
+        assert got == _hf_video_text(proc, block, [plan], layout)
         assert sum(s.count for s in segs if s.placeholder) == plan.num_tokens
+
+
+def test_video_layout_follows_mrope_rule_and_rejects_a_mix():
+    assert get_profile("qwen3_vl").video_layout == "hf5"
+    assert get_profile("qwen3_vl", mrope_rule="hf4").video_layout == "hf4"
+    assert get_profile("qwen3_vl", mrope_rule="hf4", video_layout="hf4").settings()["video_layout"] == "hf4"
+    with pytest.raises(ValueError, match="mixes transformers 4.x and 5.x"):
+        get_profile("qwen3_vl", mrope_rule="hf5", video_layout="hf4")
+    with pytest.raises(ValueError, match="video_layout must be one of"):
+        get_profile("qwen3_vl", video_layout="hf6")
+
+
+CHAT_VIDEOS = [
+    [MediaMeta(kind="video", height=240, width=320, num_frames=13, fps=10.0)],
+    [
+        MediaMeta(kind="video", height=96, width=160, num_frames=61, fps=29.97),
+        MediaMeta(kind="video", height=360, width=200, num_frames=1, fps=24.0),
+    ],
+]
+
+
+@pytest.mark.parametrize("layout", ["hf5", "hf4"])
+@pytest.mark.parametrize("metas", CHAT_VIDEOS)
+def test_qwen3_video_sample_ids_and_mrope_match_processor(demo_tokenizer, layout, metas):
+    """Whole-sample token ids (template -> processor replacement -> tokenizer) and get_rope_index."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from omnipack.text.chat import ChatTokenizer
+
+    mod = pytest.importorskip("transformers.models.qwen3_vl.modeling_qwen3_vl")
+    prof = get_profile("qwen3_vl", mrope_rule=layout)
+    chat = ChatTokenizer(demo_tokenizer, prof, mrope=True)
+    plans = [prof.plan(m) for m in metas]
+    content = [{"type": "text", "text": "Watch:"}]
+    for i in range(len(plans)):
+        content += [{"type": "video", "video": f"v{i}.mp4"}, {"type": "text", "text": f" clip {i}."}]
+    messages = [{"role": "user", "content": content}, {"role": "assistant", "content": "A ball moves."}]
+    enc = chat.encode(messages, plans)
+
+    tok = AutoTokenizer.from_pretrained(demo_tokenizer)
+    proc = _qwen3vl_processor(
+        tok, image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+        video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
+    )  # fmt: skip
+    text = _hf_video_text(proc, tok.apply_chat_template(messages, tokenize=False), plans, layout)
+    want_ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert enc.input_ids.tolist() == want_ids
+    n_vs = want_ids.count(tok.convert_tokens_to_ids("<|vision_start|>"))
+    frames = sum(p.grid_thw[0] for p in plans)
+    assert n_vs == frames + (len(plans) if layout == "hf5" else 0)
+
+    mm = torch.tensor(proc.create_mm_token_type_ids([want_ids]))
+    stub = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=2)))
+    stub.get_vision_position_ids = types.MethodType(mod.Qwen3VLModel.get_vision_position_ids, stub)
+    pos, _ = mod.Qwen3VLModel.get_rope_index(
+        stub, torch.tensor([want_ids]), mm, video_grid_thw=torch.tensor([p.grid_thw for p in plans])
+    )
+    np.testing.assert_array_equal(enc.mrope_position_ids, pos[:, 0].numpy())
 
 
 def test_one_frame_video_is_padded():
@@ -328,3 +417,48 @@ def test_qwen25_mrope_hf4_video():
     assert pos[0, p0 + plan.num_tokens] == p0 + 6 + 1  # max T = p0+6 -> vision_end at max+1
     hf5 = get_profile("qwen2_5_vl", mrope_rule="hf5", video_min_pixels=3136).mrope_position_ids(ids, spans)
     assert hf5[0, p0 + plan.num_tokens] == p0 + 3  # p + max(h', w') = p0 + 3
+
+
+# ---- frame sampling defaults of the video processor classes ----
+
+
+@pytest.mark.parametrize(
+    "name,module,cls_name",
+    [
+        ("qwen2_5_vl", "models.qwen2_vl.video_processing_qwen2_vl", "Qwen2VLVideoProcessor"),
+        ("qwen3_vl", "models.qwen3_vl.video_processing_qwen3_vl", "Qwen3VLVideoProcessor"),
+        ("qwen3_omni", "models.qwen2_vl.video_processing_qwen2_vl", "Qwen2VLVideoProcessor"),
+    ],
+)
+def test_do_sample_frames_reproduces_the_class_default(name, module, cls_name):
+    """``do_sample_frames=<class default>`` (and the class fps) picks the frames the class picks.
+
+    Qwen2VLVideoProcessor samples nothing by default (every decoded frame); omnipack's own default
+    samples at 2 fps as qwen-vl-utils does, so it differs there, as the README says.
+    """
+    cls = getattr(import_hf(module), cls_name)
+    proc = object.__new__(cls)  # class defaults, as an instance without a config has them
+    proc.fps = getattr(cls, "fps", None)
+    proc.num_frames = getattr(cls, "num_frames", None)
+    opts = {"do_sample_frames": cls.do_sample_frames}
+    if cls.do_sample_frames and proc.fps is not None:
+        opts["video_fps"] = proc.fps
+    prof = get_profile(name, **opts)
+    for total, fps in itertools.product(TOTALS, FPS):
+        if cls.do_sample_frames:
+            want = [int(i) for i in cls.sample_frames(proc, _meta(total, fps))]
+        else:
+            want = list(range(total))  # the processor does not call sample_frames
+        assert prof.sample_video_frames(total, fps) == want, (name, total, fps)
+    if not cls.do_sample_frames:  # the qwen-vl-utils default differs from the class
+        assert get_profile(name).sample_video_frames(300, 30.0) != list(range(300))
+
+
+def test_do_sample_frames_options():
+    every = get_profile("qwen3_vl", do_sample_frames=False)
+    assert every.video.fps is None and every.sample_video_frames(3, 30.0) == [0, 1, 2]
+    plan = every.plan(MediaMeta(kind="video", height=64, width=64, num_frames=3, fps=30.0))
+    assert plan.frame_indices == (0, 1, 2, 2) and plan.info["second_per_grid"] == 2 / 30.0
+    with pytest.raises(ValueError, match="contradicts video_fps"):
+        get_profile("qwen2_5_vl", do_sample_frames=False, video_fps=1.0)
+    assert get_profile("qwen2_5_vl", do_sample_frames=True).video.fps == 2.0

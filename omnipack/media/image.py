@@ -6,21 +6,27 @@ import io
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..profiles.base import MediaMeta
 from .errors import MediaError
 
 # Resampling the model's image processor uses (Qwen: bicubic); the trainer never resizes again.
 RESAMPLE = Image.Resampling.BICUBIC
+# EXIF orientations that swap width and height (transpose, rotate 90 CW, transverse, rotate 90 CCW).
+EXIF_ORIENTATION = 0x0112
+SWAPS_SIDES = (5, 6, 7, 8)
 IMAGE_ENCODINGS = ("png", "npy")
 
 
 def probe_image(path: Path) -> MediaMeta:
-    """Size from the header, plus PIL's structural check; no pixel decode."""
+    """Size from the header as the image is shown (after its EXIF orientation, which HF's ``load_image``
+    applies too), plus PIL's structural check; no pixel decode."""
     try:
         with Image.open(path) as img:
             width, height = img.size
+            if img.getexif().get(EXIF_ORIENTATION) in SWAPS_SIDES:
+                width, height = height, width
             img.verify()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise MediaError(f"unreadable image: {type(e).__name__}: {e}") from None
@@ -30,10 +36,11 @@ def probe_image(path: Path) -> MediaMeta:
 
 
 def load_image(path: Path, target_hw: tuple[int, int] | None = None) -> np.ndarray:
-    """Decoded RGB uint8 [H, W, 3], resized to ``target_hw`` = (height, width) when given."""
+    """Decoded RGB uint8 [H, W, 3] turned upright by its EXIF orientation (as HF's ``load_image``), resized
+    to ``target_hw`` = (height, width) when given."""
     try:
         with Image.open(path) as img:
-            img = img.convert("RGB")
+            img = ImageOps.exif_transpose(img).convert("RGB")
             if target_hw is not None and (img.height, img.width) != tuple(target_hw):
                 img = img.resize((target_hw[1], target_hw[0]), resample=RESAMPLE)
             return np.asarray(img, dtype=np.uint8).copy()

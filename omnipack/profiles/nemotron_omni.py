@@ -7,7 +7,7 @@ two frames per tubelet. Audio follows Parakeet: ``n // 160`` valid mel frames, t
 
 Where Bridge and the HF processor disagree, the consumer (Bridge) wins; the choice is a named option:
 ``audio_count_rule`` ("bridge": ``max(1, h(h(h(n // 160))))`` after 30 s truncation; "hf": the HF
-processor's estimate from ``1 + n // 160``) and ``video_path`` ("bridge_temporal": fixed 512x512 frames).
+processor's estimate from ``1 + n // 160`` on the whole clip, no truncation) and ``video_path`` ("bridge_temporal": fixed 512x512 frames).
 No mRoPE: the LLM uses ordinary 1-D positions.
 
 Trainer side (``media_inputs`` / ``collate_media``) emits the HF ``NemotronH_Omni_Reasoning_V3`` forward
@@ -43,6 +43,8 @@ from .qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, normalize_lut
 AUDIO_RATE = 16000
 HOP_LENGTH = 160
 AUDIO_COUNT_RULES = ("bridge", "hf")
+# Waveform cap (seconds) of each audio rule: Bridge truncates clips to 30 s; the HF processor keeps them whole.
+RULE_MAX_AUDIO_SECONDS: dict[str, float | None] = {"bridge": 30.0, "hf": None}
 
 
 def patch_grid(
@@ -140,7 +142,8 @@ class NemotronOmniProfile(ModelProfile):
     ``clamp((max_model_len - 4) * 4, min, max)`` since each image is processed alone), ``patch_size``,
     ``video_frame_size`` (Bridge's ``VISION_FRAME_SIZE``, 512), ``video_fps`` / ``video_max_frames``
     (omnipack's frame sampling; Bridge receives sampled frames), ``audio_count_rule`` ("bridge" | "hf"),
-    ``max_audio_seconds`` (Bridge truncates waveforms to 30 s; None disables), ``num_mel_bins`` (Parakeet
+    ``max_audio_seconds`` (longer clips are truncated; default "rule": 30 s under "bridge", as Bridge
+    truncates, and no cap under "hf", as the HF processor; a number or None overrides), ``num_mel_bins`` (Parakeet
     mel bins; Bridge's default 128), ``preprocessor_config`` (also ``image_mean``/``norm_mean`` and
     ``image_std``/``norm_std``; RADIO uses the OpenAI CLIP statistics by default).
     """
@@ -183,7 +186,7 @@ class NemotronOmniProfile(ModelProfile):
         video_fps: float = 2.0,
         video_max_frames: int = 128,
         audio_count_rule: str = "bridge",
-        max_audio_seconds: float | None = 30.0,
+        max_audio_seconds: float | str | None = "rule",
         num_mel_bins: int = 128,
         preprocessor_config: str | Path | None = None,
     ) -> None:
@@ -209,6 +212,10 @@ class NemotronOmniProfile(ModelProfile):
         self.video_fps = video_fps
         self.video_max_frames = video_max_frames
         self.audio_count_rule = audio_count_rule
+        if max_audio_seconds == "rule":
+            max_audio_seconds = RULE_MAX_AUDIO_SECONDS[audio_count_rule]
+        elif isinstance(max_audio_seconds, str):
+            raise ValueError(f'max_audio_seconds must be a number, None or "rule", got {max_audio_seconds!r}')
         self.max_audio_seconds = max_audio_seconds
 
     # ---- images ----

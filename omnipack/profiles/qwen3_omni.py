@@ -120,7 +120,13 @@ class Qwen3OmniProfile(QwenVLProfile):
     name = "qwen3_omni"
     family = "qwen3_omni"
     default_image = VisionSettings(16, 2, 2, 3136, 12845056)
+    # Qwen2VLVideoProcessor's class defaults (sampled at 2 fps, as qwen-vl-utils does) ...
     default_video = VideoSettings(2.0, 4, 768, 128 * 28 * 28, 28 * 28 * 768, False, 128000)
+    # ... but Qwen3OmniMoeProcessor.videos_kwargs passes its own size on every call (factor-32 bounds).
+    processor_video_defaults: ClassVar[dict[str, Any]] = {
+        "min_pixels": 128 * 32 * 32,
+        "max_pixels": 768 * 32 * 32,
+    }
     video_sampler = "qwen2"
     template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
         "image": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
@@ -153,7 +159,7 @@ class Qwen3OmniProfile(QwenVLProfile):
     ) -> None:
         # Image/video options are Qwen-VL's (min/max pixels, preprocessor configs, video_* sampling);
         # its mRoPE options do not apply: Qwen3-Omni always continues at max + 1, timed by position_id_per_seconds.
-        unused = {"mrope_rule", "tokens_per_second"} & set(vision_options)
+        unused = {"mrope_rule", "tokens_per_second", "video_layout"} & set(vision_options)
         if unused:
             raise TypeError(f"qwen3_omni does not take {sorted(unused)}")
         super().__init__(**vision_options)
@@ -370,6 +376,7 @@ class Qwen3OmniProfile(QwenVLProfile):
     def settings(self) -> dict[str, Any]:
         d = super().settings()
         d.pop("mrope_rule")
+        d.pop("video_layout")
         d.pop("tokens_per_second")
         d.update(
             use_audio_in_video=self.use_audio_in_video,

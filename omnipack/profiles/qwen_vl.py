@@ -12,7 +12,7 @@ sampled frames form one temporal grid step (the last frame is repeated to fill t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -189,13 +189,13 @@ def sample_frames_qwen3(total: int, src_fps: float, v: VideoSettings) -> list[in
     """Frame indices as ``Qwen3VLVideoProcessor.sample_frames`` (5.x) picks them (before padding).
 
     ``n = min(max(int(total/src_fps*fps), min_frames), max_frames, total)``, indices
-    ``round(linspace(0, total-1, n))`` (numpy's round half to even).
+    ``round(linspace(0, total-1, n))`` (numpy's round half to even). ``fps=None``: no sampling, every
+    frame (``do_sample_frames=False``).
     """
     if v.fps is None:
-        n = min(max(total, v.min_frames), v.max_frames)
-    else:
-        n = int(total / src_fps * v.fps)
-        n = min(max(n, v.min_frames), v.max_frames, total)
+        return list(range(total))
+    n = int(total / src_fps * v.fps)
+    n = min(max(n, v.min_frames), v.max_frames, total)
     return [int(i) for i in np.linspace(0, total - 1, n).round().astype(int)]
 
 
@@ -287,6 +287,11 @@ def frame_group_timestamps(indices: tuple[int, ...], src_fps: float, tps: int) -
 
 
 MROPE_RULES = ("hf4", "hf5")
+# How a video block with per-frame timestamps (Qwen3-VL) replaces the template's
+# ``<|vision_start|><|video_pad|><|vision_end|>``: "hf5" replaces only ``<|video_pad|>`` (transformers 5.x
+# ``replace_video_token``), so the template's own markers stay around the frame groups; "hf4" replaces the
+# whole block (transformers 4.x).
+VIDEO_LAYOUTS = ("hf4", "hf5")
 
 
 class QwenVLProfile(ModelProfile):
@@ -297,7 +302,15 @@ class QwenVLProfile(ModelProfile):
     ``cap_pixels_per_frame``, ``preprocessor_config`` / ``video_preprocessor_config`` (local json or model
     dir), ``mrope_rule`` ("hf5": next text position after a block is ``p + max(h', w')`` as transformers
     5.x; "hf4": ``max(block) + 1`` as transformers 4.x and Megatron-Bridge's own ports) and
-    ``tokens_per_second`` (Qwen2.5-VL's temporal position scale; the released configs use 2).
+    ``tokens_per_second`` (Qwen2.5-VL's temporal position scale; the released configs use 2),
+    ``video_layout`` (Qwen3-VL's timestamped video block, see ``VIDEO_LAYOUTS``; it follows ``mrope_rule``,
+    so one setting picks the transformers major version, and a different explicit value is an error) and
+    ``do_sample_frames`` (False: every decoded frame, as the Qwen2-VL video processor class does by
+    default; omnipack's default samples at ``video_fps``, the qwen-vl-utils convention).
+
+    ``processor_video_defaults`` are the HF processor class's own ``videos_kwargs`` defaults: the processor
+    passes them to its video processor on every call, so they win over the video processor's class
+    defaults and its ``video_preprocessor_config`` (but not over options given here).
     """
 
     family = "qwen_vl"
@@ -322,6 +335,8 @@ class QwenVLProfile(ModelProfile):
     default_std: ClassVar[tuple[float, ...]] = OPENAI_CLIP_STD
     # Name of the per-video seconds-per-temporal-step input of the model forward (None: not an input).
     second_per_grid_key: ClassVar[str | None] = "second_per_grid_ts"
+    # VideoSettings fields the HF processor class sets in its ``videos_kwargs`` (see the class docstring).
+    processor_video_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(
         self,
@@ -338,6 +353,8 @@ class QwenVLProfile(ModelProfile):
         cap_pixels_per_frame: bool | None = None,
         mrope_rule: str = "hf5",
         tokens_per_second: float = 2.0,
+        video_layout: str | None = None,
+        do_sample_frames: bool | None = None,
     ) -> None:
         pcfg = read_preprocessor_config(preprocessor_config)
         image = VisionSettings.from_preprocessor_config(pcfg, self.default_image)
@@ -355,9 +372,7 @@ class QwenVLProfile(ModelProfile):
             raise ValueError(f"min_pixels {image.min_pixels} > max_pixels {image.max_pixels}")
         self.image = image
         vcfg = read_preprocessor_config(video_preprocessor_config) if video_preprocessor_config else {}
-        self.video = VideoSettings.from_config(
-            vcfg,
-            self.default_video,
+        options = dict(
             fps=video_fps,
             min_frames=video_min_frames,
             max_frames=video_max_frames,
@@ -365,6 +380,14 @@ class QwenVLProfile(ModelProfile):
             max_pixels=video_max_pixels,
             cap_pixels_per_frame=cap_pixels_per_frame,
         )
+        overrides = {**self.processor_video_defaults, **{k: v for k, v in options.items() if v is not None}}
+        self.video = VideoSettings.from_config(vcfg, self.default_video, **overrides)
+        if do_sample_frames is False:
+            if video_fps is not None:
+                raise ValueError(f"do_sample_frames=False uses every frame; it contradicts video_fps={video_fps}")
+            self.video = replace(self.video, fps=None)
+        elif do_sample_frames and self.video.fps is None:
+            self.video = replace(self.video, fps=self.default_video.fps or 2.0)
         if self.video.min_pixels > self.video.max_pixels:
             raise ValueError(
                 f"video_min_pixels {self.video.min_pixels} > video_max_pixels {self.video.max_pixels}"
@@ -372,6 +395,16 @@ class QwenVLProfile(ModelProfile):
         if mrope_rule not in MROPE_RULES:
             raise ValueError(f"mrope_rule must be one of {MROPE_RULES}, got {mrope_rule!r}")
         self.mrope_rule = mrope_rule
+        if video_layout is None:
+            video_layout = mrope_rule
+        if video_layout not in VIDEO_LAYOUTS:
+            raise ValueError(f"video_layout must be one of {VIDEO_LAYOUTS}, got {video_layout!r}")
+        if video_layout != mrope_rule:
+            raise ValueError(
+                f"video_layout={video_layout!r} with mrope_rule={mrope_rule!r} mixes transformers 4.x and 5.x "
+                "conventions; set mrope_rule alone (video_layout follows it)"
+            )
+        self.video_layout = video_layout
         self.tokens_per_second = tokens_per_second
 
     # ---- images ----
@@ -481,6 +514,8 @@ class QwenVLProfile(ModelProfile):
                     Segment(token=self.video_pad, count=per_frame, placeholder=True),
                     Segment(token=self.vision_end),
                 ]
+            if self.video_layout == "hf5":  # the template's own markers stay around the frame groups
+                segs = [Segment(token=self.vision_start), *segs, Segment(token=self.vision_end)]
             return segs
         raise MediaRejected(f"profile {self.name} cannot expand {plan.kind}")
 
@@ -546,6 +581,7 @@ class QwenVLProfile(ModelProfile):
             "video": self.video.__dict__,
             "video_sampler": self.video_sampler,
             "mrope_rule": self.mrope_rule,
+            "video_layout": self.video_layout,
             "tokens_per_second": self.tokens_per_second,
             "normalize": {"mean": list(self.image_mean), "std": list(self.image_std)},
         }
