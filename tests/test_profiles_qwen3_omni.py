@@ -248,7 +248,9 @@ def _omni_video_kwargs():
 
 
 @pytest.mark.parametrize("hw", [(64, 64), (480, 640), (1080, 1920), (100, 40), (2000, 60)])
-@pytest.mark.parametrize("frames,fps,sample", [(7, 10.0, True), (50, 25.0, True), (7, 10.0, False), (9, 3.0, False)])
+@pytest.mark.parametrize(
+    "frames,fps,sample", [(7, 10.0, True), (50, 25.0, True), (7, 10.0, False), (9, 3.0, False)]
+)
 def test_video_size_uses_processor_level_defaults(hw, frames, fps, sample):
     """Qwen3OmniMoeProcessor hands its video processor ``size`` on every call; the grid follows it."""
     from tests.hf_oracles import import_hf
@@ -270,11 +272,16 @@ def test_video_size_uses_processor_level_defaults(hw, frames, fps, sample):
 
 def test_seven_frame_clip_golden():
     """The reported case: a 7-frame 64x64 clip (4 frames sampled) is [2, 24, 24] at 384x384, 288 tokens."""
-    plan = get_profile("qwen3_omni").plan(MediaMeta(kind="video", height=64, width=64, num_frames=7, fps=10.0))
+    plan = get_profile("qwen3_omni").plan(
+        MediaMeta(kind="video", height=64, width=64, num_frames=7, fps=10.0)
+    )
     assert (plan.grid_thw, plan.target_hw, plan.num_tokens) == ((2, 24, 24), (384, 384), 288)
     # an explicit option still wins over the processor's default
     small = get_profile("qwen3_omni", video_min_pixels=3136)
-    assert small.plan(MediaMeta(kind="video", height=64, width=64, num_frames=7, fps=10.0)).target_hw == (64, 64)
+    assert small.plan(MediaMeta(kind="video", height=64, width=64, num_frames=7, fps=10.0)).target_hw == (
+        64,
+        64,
+    )
 
 
 def test_rejects_qwen_vl_only_rules():

@@ -216,7 +216,9 @@ def _hf_video_text(proc, text: str, plans, layout: str) -> str:
     for p in plans:
         n = p.info["num_sampled_frames"]
         inputs["video_metadata"].append(
-            VideoMetadata(total_num_frames=None, fps=p.info["src_fps"], frames_indices=list(p.frame_indices[:n]))
+            VideoMetadata(
+                total_num_frames=None, fps=p.info["src_fps"], frames_indices=list(p.frame_indices[:n])
+            )
         )
     reps = [proc.replace_video_token(inputs, i) for i in range(len(plans))]
     return proc.get_text_with_replacements([text], [], reps, [])[0][0]
@@ -292,7 +294,9 @@ def test_qwen3_video_sample_ids_and_mrope_match_processor(demo_tokenizer, layout
     assert n_vs == frames + (len(plans) if layout == "hf5" else 0)
 
     mm = torch.tensor(proc.create_mm_token_type_ids([want_ids]))
-    stub = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=2)))
+    stub = types.SimpleNamespace(
+        config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=2))
+    )
     stub.get_vision_position_ids = types.MethodType(mod.Qwen3VLModel.get_vision_position_ids, stub)
     pos, _ = mod.Qwen3VLModel.get_rope_index(
         stub, torch.tensor([want_ids]), mm, video_grid_thw=torch.tensor([p.grid_thw for p in plans])

@@ -384,7 +384,9 @@ class QwenVLProfile(ModelProfile):
         self.video = VideoSettings.from_config(vcfg, self.default_video, **overrides)
         if do_sample_frames is False:
             if video_fps is not None:
-                raise ValueError(f"do_sample_frames=False uses every frame; it contradicts video_fps={video_fps}")
+                raise ValueError(
+                    f"do_sample_frames=False uses every frame; it contradicts video_fps={video_fps}"
+                )
             self.video = replace(self.video, fps=None)
         elif do_sample_frames and self.video.fps is None:
             self.video = replace(self.video, fps=self.default_video.fps or 2.0)
