@@ -69,3 +69,19 @@ def test_qwen_grid_of_rotated_photo_matches_image_processor(tmp_path):
     out = proc(images=[hf_load_image(str(path))], return_tensors="np")
     plan = prof.plan(probe(path, "image"))
     assert plan.grid_thw == tuple(int(x) for x in out["image_grid_thw"][0])
+
+
+@pytest.mark.parametrize("fmt,ext", [("PNG", "png"), ("WEBP", "webp"), ("JPEG", "jpg")])
+def test_other_formats_probe_without_decoding_and_follow_exif(tmp_path, fmt, ext):
+    from transformers.image_utils import load_image as hf_load_image
+
+    px = np.zeros((30, 50, 3), np.uint8)
+    plain, rotated = tmp_path / f"plain.{ext}", tmp_path / f"rot.{ext}"
+    Image.fromarray(px).save(plain, format=fmt)
+    exif = Image.Exif()
+    exif[0x0112] = 8
+    Image.fromarray(px).save(rotated, format=fmt, exif=exif)
+    for path in (plain, rotated):
+        meta = probe(path, "image")
+        assert (meta.width, meta.height) == hf_load_image(str(path)).size
+    assert (probe(rotated, "image").width, probe(plain, "image").width) == (30, 50)

@@ -19,15 +19,27 @@ SWAPS_SIDES = (5, 6, 7, 8)
 IMAGE_ENCODINGS = ("png", "npy")
 
 
+def exif_orientation(img: Image.Image) -> int:
+    """The EXIF orientation tag (1 = upright) from the file's header, without decoding pixels.
+
+    A PNG whose ``eXIf`` chunk follows the pixel data would need a full decode to see it; such files are
+    taken as upright here (the PNG specification places ``eXIf`` before the pixel data).
+    """
+    if img.format == "PNG" and "exif" not in img.info:
+        return 1
+    return int(img.getexif().get(EXIF_ORIENTATION) or 1)
+
+
 def probe_image(path: Path) -> MediaMeta:
     """Size from the header as the image is shown (after its EXIF orientation, which HF's ``load_image``
     applies too), plus PIL's structural check; no pixel decode."""
     try:
         with Image.open(path) as img:
+            img.verify()  # must come straight after open; the image cannot be used afterwards
+        with Image.open(path) as img:
             width, height = img.size
-            if img.getexif().get(EXIF_ORIENTATION) in SWAPS_SIDES:
+            if exif_orientation(img) in SWAPS_SIDES:
                 width, height = height, width
-            img.verify()
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise MediaError(f"unreadable image: {type(e).__name__}: {e}") from None
     if width <= 0 or height <= 0:

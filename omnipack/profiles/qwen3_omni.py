@@ -114,7 +114,10 @@ class Qwen3OmniProfile(QwenVLProfile):
     None = no limit, Qwen3-Omni does not truncate).
 
     Positions are int32: fractional temporal positions are truncated as Megatron-Bridge's port does
-    (HF keeps them as floats). ``mrope_rule`` is not used: Qwen3-Omni always continues at ``max + 1``.
+    (HF keeps them as floats). ``mrope_rule`` / ``video_layout`` / ``tokens_per_second`` are refused:
+    Qwen3-Omni always continues at ``max + 1`` and writes no per-frame timestamps. The video frame budget
+    is the processor's own (``processor_video_defaults``), sampling is at 2 fps unless
+    ``do_sample_frames=False`` (every frame, the video processor class's default).
     """
 
     name = "qwen3_omni"
