@@ -3,7 +3,7 @@
 The transformers 5.x video processors need torchvision (a build matching the installed torch). Without it
 this module is skipped; the CPU suite still checks the processors' sampling, resize, replacement and
 class-default functions directly (tests/test_profiles_*.py). Run it alone with ``pytest -m hf_processors``
-in an environment with torchvision (see README, "Run the tests").
+in an environment with torchvision (README, "Model profiles").
 
 Each case renders one chat sample with the profile's chat template, lets the real processor class
 (``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor``, ``Qwen3OmniMoeProcessor``) sample, resize and expand the
@@ -28,7 +28,7 @@ def _torchvision_or_skip() -> None:
     except Exception as e:  # missing, or a build that does not match torch
         pytest.skip(
             f"the transformers video processors need a working torchvision matching torch ({type(e).__name__}: "
-            f"{str(e)[:120]}); install it to run these opt-in tests (README, 'Run the tests')",
+            f"{str(e)[:120]}); install it to run these opt-in tests (README, 'Model profiles')",
             allow_module_level=True,
         )
 
