@@ -33,6 +33,7 @@ from .base import (
     Payload,
     Segment,
     audio_samples_at,
+    audio_waveform,
     item_kind,
     payload_audio,
     payload_frames,
@@ -117,13 +118,13 @@ def parakeet_extractor(num_mel_bins: int) -> Any:
     return ParakeetFeatureExtractor(feature_size=num_mel_bins, sampling_rate=AUDIO_RATE)
 
 
-def parakeet_features(wave_int16: np.ndarray, num_mel_bins: int) -> tuple[np.ndarray, np.ndarray]:
+def parakeet_features(stored: np.ndarray, num_mel_bins: int) -> tuple[np.ndarray, np.ndarray]:
     """One clip alone -> (float32 [n // 160 + 1, bins], bool [n // 160 + 1]) as the extractor returns them.
 
     The extractor keeps a zeroed boundary frame after the ``n // 160`` valid ones (the mask marks them).
     A clip runs alone because its mel normalisation statistics are per clip.
     """
-    wave = np.asarray(wave_int16, dtype=np.float32) / 32768.0
+    wave = audio_waveform(stored)
     out = parakeet_extractor(num_mel_bins)(
         wave, sampling_rate=AUDIO_RATE, return_attention_mask=True, return_tensors="np"
     )
