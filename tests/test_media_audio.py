@@ -216,6 +216,32 @@ def test_pyav_encoded_mp3_matches_reference(tmp_path):
     np.testing.assert_array_equal(stored, ref)
 
 
+def test_integer_pcm_in_a_container_libsndfile_cannot_read(tmp_path):
+    """Interleaved int16 PCM in Matroska goes through FFmpeg (packed s16 frames): the same int16 samples in a
+    WAV, loaded by the reference, give the same stored waveform (scale 1 / 32768, channel mean, soxr HQ)."""
+    rate = 44100
+    ints = np.round(_signal(int(rate * 0.8), rate, 2, "loud") * 32767).astype(np.int16)
+    wav, mkv = tmp_path / "a.wav", tmp_path / "a.mkv"
+    sf.write(str(wav), ints, rate, subtype="PCM_16")
+    with av.open(str(mkv), "w") as c:
+        s = c.add_stream("pcm_s16le", rate=rate)
+        s.layout = "stereo"
+        for st in range(0, len(ints), 4096):
+            chunk = np.ascontiguousarray(ints[st : st + 4096]).reshape(1, -1)
+            fr = av.AudioFrame.from_ndarray(chunk, format="s16", layout="stereo")
+            fr.sample_rate, fr.pts = rate, st
+            for pk in s.encode(fr):
+                c.mux(pk)
+        for pk in s.encode():
+            c.mux(pk)
+    with pytest.raises(sf.SoundFileRuntimeError):
+        sf.info(str(mkv))
+    ref = reference_load(wav)
+    plan = get_profile("qwen3_omni").plan(probe(mkv, "audio"))
+    assert plan.num_audio_samples == len(ref)
+    np.testing.assert_array_equal(_stored(*materialize(mkv, plan)), ref)
+
+
 def test_video_audio_track_uses_the_decoded_length(tmp_path):
     """Issue 9 item 3: a 2 s 44.1 kHz AAC track decodes to 89088 samples (padded last frame), not the
     container's 88200; the count and the stored audio follow the decode, as the reference does."""

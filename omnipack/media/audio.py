@@ -16,8 +16,9 @@ video given as bytes (PyAV decode, channel mean, ``librosa.resample``); for a pa
 to audioread, which pipes the same FFmpeg decode through the ``ffmpeg`` CLI as int16 (at most one int16 step
 apart; librosa 1.0 drops that fallback), and transformers' torchcodec backend resamples with libswresample
 instead of soxr. The decoded length is used as it is: AAC's last frame is padded (a 2 s 44.1 kHz clip decodes
-to 89088 samples, not the container's 88200) and every reference loader keeps that padding, so the plan's
-sample count is probed from the decoded stream, never from the container duration.
+to 89088 samples, not the container's 88200: FFmpeg drops the encoder delay but keeps the padded frame) and
+the FFmpeg-based loaders above return it, so the plan's sample count is probed from the decoded stream, never from the
+container duration.
 
 Why PyAV and not torchaudio for those containers: torchaudio is in maintenance mode since 2.9 and its
 load/save go through TorchCodec, which pins one exact torch release, tying this offline tool to the trainer's
@@ -271,12 +272,6 @@ def storage_array(wave: np.ndarray) -> np.ndarray:
     ):
         return scaled.astype(np.int16)
     return wave
-
-
-def to_int16(wave: np.ndarray) -> np.ndarray:
-    """float [-1, 1] to int16 ``round(x * 32768)`` clipped to the int16 range (the reader's inverse scale);
-    lossy for waveforms that are not already on the int16 grid: prefer :func:`storage_array`."""
-    return np.clip(np.rint(np.asarray(wave, dtype=np.float64) * INT16_SCALE), -32768, 32767).astype(np.int16)
 
 
 def encode_audio(samples: np.ndarray) -> tuple[str, bytes]:

@@ -257,6 +257,14 @@ def payload_frames(payload: Payload) -> np.ndarray:
     return arr
 
 
+# How audio payloads are loaded and stored (``omnipack.media.audio``); recorded in profile settings so a
+# dataset says which rule its audio follows (datasets without it stored int16 scaled by 32767).
+AUDIO_LOADING = (
+    "librosa.load reference: soundfile decode (FFmpeg via PyAV where libsndfile cannot read), float32 channel "
+    "mean, soxr_hq, decoded length; stored int16 k (= k / 32768) when exact, else float32"
+)
+
+
 def audio_waveform(stored: np.ndarray) -> np.ndarray:
     """float32 [n] waveform of a stored audio array: int16 ``k`` is ``k / 32768`` (libsndfile's scale, the
     writer's inverse), float32 is the waveform itself; both are exactly what the counts came from."""

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import (
+    AUDIO_LOADING,
     MediaMeta,
     MediaPlan,
     MediaRejected,
@@ -474,6 +475,7 @@ class NemotronOmniProfile(ModelProfile):
             "audio_count_rule": self.audio_count_rule,
             "max_audio_seconds": self.max_audio_seconds,
             "audio_rate": AUDIO_RATE,
+            "audio_loading": AUDIO_LOADING,
             "image_mean": list(self.image_mean),
             "image_std": list(self.image_std),
             "num_mel_bins": self.num_mel_bins,

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import (
+    AUDIO_LOADING,
     MediaMeta,
     MediaPlan,
     MediaRejected,
@@ -379,6 +380,7 @@ class Qwen3OmniProfile(QwenVLProfile):
             position_fps=self.position_fps,
             max_audio_seconds=self.max_audio_seconds,
             audio_rate=AUDIO_RATE,
+            audio_loading=AUDIO_LOADING,
             mel="whisper feature_size=128 hop=160, one clip per call (n // 160 frames)",
             fractional_positions="truncate (Megatron-Bridge)",
         )
