@@ -275,10 +275,10 @@ class OnlineSamples(torch.utils.data.Dataset):
         return inputs, int(inputs["video_grid_thw"].prod()) // 4
 
     def _audio(self, path: Path) -> tuple[dict, int]:
-        from omnipack.media.audio import decode_audio, to_int16
+        from omnipack.media.audio import decode_audio
         from omnipack.profiles.qwen3_omni import audio_output_length, mel_frames, whisper_features
 
-        wave = to_int16(decode_audio(path, 16000))  # PyAV decode + libswresample to 16 kHz mono
+        wave = decode_audio(path, 16000)  # the reference loader: decode, channel mean, soxr HQ to 16 kHz
         return {"input_features": whisper_features(wave)}, audio_output_length(mel_frames(len(wave)))
 
     def __getitem__(self, i: int) -> dict:

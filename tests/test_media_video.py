@@ -50,7 +50,7 @@ def test_audio_in_video(tmp_path):
     assert ext == "npz"
     z = np.load(io.BytesIO(data))
     assert z["frames"].shape[0] == len(plan.frame_indices)
-    assert z["audio"].dtype == np.int16 and z["audio"].shape == (plan.num_audio_samples,)
+    assert z["audio"].dtype == np.float32 and z["audio"].shape == (plan.num_audio_samples,)
 
 
 def test_audio_in_video_missing_track(tmp_path):

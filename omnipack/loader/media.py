@@ -1,8 +1,9 @@
 """Stored media parts -> arrays, and the load-time check that a row's placeholders match its media.
 
 Parts are what ``omnipack.media.probe.materialize`` wrote: images png/npy uint8 RGB already at the target
-size, videos npy uint8 [T,H,W,3] (or npz {frames, audio} for audio-in-video), audio npy int16 mono at
-16 kHz. PIL is imported only when a png is actually decoded.
+size, videos npy uint8 [T,H,W,3] (or npz {frames, audio} for audio-in-video), audio npy mono at 16 kHz
+(int16 when exact, else float32; ``profiles.base.audio_waveform`` reads both). PIL is imported only when a
+png is actually decoded.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ def materialize(
     """Decode ``path`` exactly as ``plan`` says and return (extension, bytes) for the shard.
 
     image: png/npy uint8 RGB; video: compressed npz with ``frames`` uint8 [T,H,W,3] (plus ``audio`` when the
-    plan interleaves the video's own audio); audio: npy int16 mono at ``plan.sample_rate``.
+    plan interleaves the video's own audio); audio: npy mono at ``plan.sample_rate``, int16 when exact else
+    float32 (``omnipack.media.audio.storage_array``).
     """
     path = Path(path)
     if plan.kind == "image":
@@ -52,5 +53,11 @@ def materialize(
 
         if not plan.num_audio_samples:
             raise MediaError("audio plan has no sample count")
-        return encode_audio(load_audio(path, plan.num_audio_samples, plan.sample_rate or AUDIO_RATE))
+        wave = load_audio(
+            path,
+            plan.num_audio_samples,
+            plan.sample_rate or AUDIO_RATE,
+            truncate=bool(plan.info.get("truncated")),  # a profile's length cap (Nemotron's 30 s)
+        )
+        return encode_audio(wave)
     raise MediaError(f"unsupported media kind {plan.kind!r}")

@@ -3,12 +3,14 @@
 Frame counts come from decord, not from the container header: decord is what decodes the frames, so its
 ``len(VideoReader)`` is the index space the plan's frame indices live in (a container's ``nb_frames`` can
 be missing or disagree with what actually decodes, e.g. after edit lists or B-frame reordering).
-Size and the audio track come from PyAV's container metadata (no decode).
+Size comes from PyAV's container metadata (no decode); the audio track's sample count from decoding it, since
+that is what the reference loaders return (AAC pads its last frame beyond the container duration).
 
 Frames are stored as the model will see them: uint8 RGB ``frames`` ``[T, H, W, 3]``, already sampled
 (incl. the repeated frames that pad to the temporal patch) and resized to the plan's target size, in a
 deflate-compressed ``.npz`` (lossless, numpy-only to read, never pickled; raw frames are large). A video
-whose own audio track is used (audio-in-video) adds ``audio`` (int16 mono at 16 kHz, exact plan length).
+whose own audio track is used (audio-in-video) adds ``audio``: mono at 16 kHz, decoded, mixed and resampled as
+``omnipack.media.audio`` documents, exactly the plan's length, stored int16 when exact else float32.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ import numpy as np
 from PIL import Image
 
 from ..profiles.base import MediaMeta, MediaPlan
-from .audio import AUDIO_RATE, load_audio, probe_audio_stream, resampled_length
+from .audio import (
+    AUDIO_RATE,
+    has_audio_track,
+    load_audio,
+    probe_audio_stream,
+    resampled_length,
+    storage_array,
+)
 from .errors import MediaError
 
 VIDEO_ENCODING = "npz"
@@ -55,7 +64,8 @@ def _container_size(path: Path) -> tuple[int, int] | None:
 
 
 def probe_video(path: Path, *, audio_rate: int = AUDIO_RATE) -> MediaMeta:
-    """Frame count and fps (decord), size and audio track (PyAV); no frame decode except as a fallback."""
+    """Frame count and fps (decord), size (PyAV) and the audio track's decoded length (PyAV); no frame decode
+    except as a fallback."""
     size = _container_size(path)
     vr = _reader(path)
     num_frames = len(vr)
@@ -67,7 +77,7 @@ def probe_video(path: Path, *, audio_rate: int = AUDIO_RATE) -> MediaMeta:
     if size is None:
         h, w = vr[0].shape[:2]
         size = (w, h)
-    audio = probe_audio_stream(path, required=False)
+    audio = probe_audio_stream(path, required=False, container=True)
     audio_n = resampled_length(audio[0], audio[1], audio_rate) if audio else None
     return MediaMeta(
         kind="video",
@@ -139,7 +149,7 @@ def encode_video(
     """(extension, bytes): ``.npz`` with ``frames`` (and ``audio`` for audio-in-video); deflate-compressed
     unless ``compress`` is False (larger shards, no inflate at load time)."""
     buf = io.BytesIO()
-    arrays = {"frames": frames} if audio is None else {"frames": frames, "audio": audio.astype(np.int16)}
+    arrays = {"frames": frames} if audio is None else {"frames": frames, "audio": storage_array(audio)}
     (np.savez_compressed if compress else np.savez)(buf, **arrays)
     return VIDEO_ENCODING, buf.getvalue()
 
@@ -151,7 +161,7 @@ def materialize_video(path: Path, plan: MediaPlan, *, compress: bool = True) -> 
     frames = load_frames(path, plan.frame_indices, plan.target_hw)
     audio = None
     if plan.audio_num_tokens and plan.num_audio_samples:
-        if probe_audio_stream(path, required=False) is None:
+        if not has_audio_track(path):
             raise MediaError("use_audio_in_video requested but the video has no audio track")
-        audio = load_audio(path, plan.num_audio_samples, plan.sample_rate or AUDIO_RATE)
+        audio = load_audio(path, plan.num_audio_samples, plan.sample_rate or AUDIO_RATE, container=True)
     return encode_video(frames, audio, compress=compress)

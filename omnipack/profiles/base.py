@@ -257,13 +257,38 @@ def payload_frames(payload: Payload) -> np.ndarray:
     return arr
 
 
+# How audio payloads are loaded and stored (``omnipack.media.audio``); recorded in profile settings so a
+# dataset says which rule its audio follows (datasets without it stored int16 scaled by 32767).
+AUDIO_LOADING = (
+    "librosa.load reference: soundfile decode (FFmpeg via PyAV where libsndfile cannot read), float32 channel "
+    "mean, soxr_hq, decoded length; stored int16 k (= k / 32768) when exact, else float32"
+)
+
+
+def audio_waveform(stored: np.ndarray) -> np.ndarray:
+    """float32 [n] waveform of a stored audio array: int16 ``k`` is ``k / 32768`` (libsndfile's scale, the
+    writer's inverse), float32 is the waveform itself; both are exactly what the counts came from."""
+    arr = np.asarray(stored)
+    if arr.dtype == np.int16:
+        return arr.astype(np.float32) / np.float32(32768.0)
+    if arr.dtype == np.float32:
+        return arr
+    raise ValueError(f"audio payload has dtype {arr.dtype}, expected int16 or float32")
+
+
 def payload_audio(payload: Payload) -> np.ndarray | None:
-    """Mono waveform int16 [n] of an audio payload (or a video's own track); None when there is none."""
+    """Stored mono audio [n] (int16 or float32, see ``audio_waveform``) of an audio payload or a video's own
+    track; None when there is none. Its length is the sample count; ``audio_waveform`` gives the samples."""
     if isinstance(payload, Mapping):
-        return np.asarray(payload["audio"]) if "audio" in payload else None
-    arr = np.asarray(payload)
+        if "audio" not in payload:
+            return None
+        arr = np.asarray(payload["audio"])
+    else:
+        arr = np.asarray(payload)
     if arr.ndim != 1:
         raise ValueError(f"audio payload has shape {arr.shape}, expected [n]")
+    if arr.dtype not in (np.int16, np.float32):
+        raise ValueError(f"audio payload has dtype {arr.dtype}, expected int16 or float32")
     return arr
 
 
@@ -277,13 +302,16 @@ def audio_samples_at(meta: MediaMeta, rate: int) -> int:
 
 
 def resampled_length(num_samples: int, src_rate: int, dst_rate: int) -> int:
-    """Samples after resampling a whole clip: ``ceil(n * dst / src)`` (soxr / librosa convention).
+    """Samples after resampling a whole clip: ``ceil(n * (dst / src))`` in float64, exactly as
+    ``librosa.resample(fix=True)`` computes it (the reference loader's length).
 
-    The stored waveform is cut or padded to exactly this count, so it also defines token counts.
+    The stored waveform has exactly this many samples, so it also defines token counts.
     """
     if src_rate <= 0:
         raise MediaRejected(f"audio sample rate is {src_rate}")
-    return -(-num_samples * dst_rate // src_rate)
+    if src_rate == dst_rate:
+        return num_samples
+    return int(np.ceil(num_samples * (float(dst_rate) / src_rate)))
 
 
 def read_preprocessor_config(path: str | Path | None) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import (
+    AUDIO_LOADING,
     MediaMeta,
     MediaPlan,
     MediaRejected,
@@ -33,6 +34,7 @@ from .base import (
     Payload,
     Segment,
     audio_samples_at,
+    audio_waveform,
     item_kind,
     payload_audio,
     payload_frames,
@@ -119,13 +121,13 @@ def parakeet_extractor(num_mel_bins: int) -> Any:
     return ParakeetFeatureExtractor(feature_size=num_mel_bins, sampling_rate=AUDIO_RATE)
 
 
-def parakeet_features(wave_int16: np.ndarray, num_mel_bins: int) -> tuple[np.ndarray, np.ndarray]:
+def parakeet_features(stored: np.ndarray, num_mel_bins: int) -> tuple[np.ndarray, np.ndarray]:
     """One clip alone -> (float32 [n // 160 + 1, bins], bool [n // 160 + 1]) as the extractor returns them.
 
     The extractor keeps a zeroed boundary frame after the ``n // 160`` valid ones (the mask marks them).
     A clip runs alone because its mel normalisation statistics are per clip.
     """
-    wave = np.asarray(wave_int16, dtype=np.float32) / 32768.0
+    wave = audio_waveform(stored)
     out = parakeet_extractor(num_mel_bins)(
         wave, sampling_rate=AUDIO_RATE, return_attention_mask=True, return_tensors="np"
     )
@@ -480,6 +482,7 @@ class NemotronOmniProfile(ModelProfile):
             "audio_count_rule": self.audio_count_rule,
             "max_audio_seconds": self.max_audio_seconds,
             "audio_rate": AUDIO_RATE,
+            "audio_loading": AUDIO_LOADING,
             "image_mean": list(self.image_mean),
             "image_std": list(self.image_std),
             "num_mel_bins": self.num_mel_bins,

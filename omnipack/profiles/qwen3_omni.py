@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .base import (
+    AUDIO_LOADING,
     MediaMeta,
     MediaPlan,
     MediaRejected,
@@ -24,6 +25,7 @@ from .base import (
     Payload,
     Segment,
     audio_samples_at,
+    audio_waveform,
     item_kind,
     payload_audio,
     payload_frames,
@@ -57,9 +59,9 @@ def whisper_extractor(feature_size: int = 128) -> Any:
     return WhisperFeatureExtractor(feature_size=feature_size)
 
 
-def whisper_features(wave_int16: np.ndarray) -> np.ndarray:
-    """float32 [128, n // 160] log-mel of one clip alone (``padding=True, truncation=False``)."""
-    wave = np.asarray(wave_int16, dtype=np.float32) / 32768.0
+def whisper_features(stored: np.ndarray) -> np.ndarray:
+    """float32 [128, n // 160] log-mel of one stored clip alone (``padding=True, truncation=False``)."""
+    wave = audio_waveform(stored)
     out = whisper_extractor()(
         wave,
         sampling_rate=AUDIO_RATE,
@@ -388,6 +390,7 @@ class Qwen3OmniProfile(QwenVLProfile):
             position_fps=self.position_fps,
             max_audio_seconds=self.max_audio_seconds,
             audio_rate=AUDIO_RATE,
+            audio_loading=AUDIO_LOADING,
             mel="whisper feature_size=128 hop=160, one clip per call (n // 160 frames)",
             fractional_positions="truncate (Megatron-Bridge)",
         )
