@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
+DFF_MAX_K = 100  # u^(k) for k = 1..DFF_MAX_K: k rounds items near W/(k+1) up, beyond ~100 it adds nothing
+
 
 def lower_bounds(lengths: np.ndarray, capacity: int) -> dict[str, int]:
-    """``l1 = ceil(sum / W)`` and the Martello–Toth bound ``l2`` (always >= l1).
+    """``l1 = ceil(sum / W)``, the Martello–Toth bound ``l2`` (always >= l1) and the Fekete–Schepers
+    dual-feasible-function bound ``dff``.
 
     ``l2 = max over 0 <= k <= W/2`` of ``|J1| + |J2| + max(0, ceil((sum J3 - (|J2| W - sum J2)) / W))`` with
     J1 = items > W - k, J2 = items in (W/2, W - k], J3 = items in [k, W/2]. Items above W/2 cannot share a
     row, and J3 items can only use the space J2 rows leave. Evaluated for every k with prefix sums.
+    ``dff`` is described in ``dff_bound``; it can be below l1 (it is a max over different relaxations).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.size == 0:
-        return {"l1": 0, "l2": 0}
+        return {"l1": 0, "l2": 0, "dff": 0}
     total = int(lengths.sum())
     l1 = -(-total // capacity)
     count_at = np.bincount(lengths, minlength=capacity + 1)
@@ -32,4 +36,47 @@ def lower_bounds(lengths: np.ndarray, capacity: int) -> dict[str, int]:
     overflow = j3_sum - (j2 * capacity - j2_sum)
     extra = np.maximum(0, -(-overflow // capacity))
     l2 = int((j1 + j2 + extra).max())
-    return {"l1": int(l1), "l2": max(l2, int(l1))}
+    return {"l1": int(l1), "l2": max(l2, int(l1)), "dff": dff_bound(count_at, capacity)}
+
+
+def best_bound(bounds: dict[str, int]) -> int:
+    return max(bounds.values(), default=0)
+
+
+def dff_bound(count_at: np.ndarray, capacity: int) -> int:
+    """Fekete–Schepers bound from dual-feasible functions (DFFs), given item counts per length.
+
+    A DFF f maps item sizes in [0, 1] to [0, 1] so that items fitting a row still sum to <= 1 after
+    mapping; then ``ceil(sum f(x_i))`` bounds the rows. Used here, scaled to integers:
+
+    - ``u^(k) o U^(eps)`` for k = 1..DFF_MAX_K and every integer threshold e <= W/2: items below e count 0,
+      items above W - e count 1 (a whole row), the rest ``u^(k)(x) = x`` if ``(k + 1) x`` is an integer,
+      else ``floor((k + 1) x) / k`` (rounds items just above 1/(k+1) up to 1/k).
+    - ``phi^(eps)``: items below e count 0, items in [e, W/2] count ``1 / M`` with ``M = floor(W / e)``,
+      items above W/2 count ``1 - floor((W - x) / e) / M`` (the small items that could still join them).
+    """
+    count_at = np.asarray(count_at, dtype=np.int64)
+    if not count_at.any():
+        return 0
+    w = capacity
+    half = w // 2
+    sizes = np.arange(w + 1, dtype=np.int64)
+    count_ge = np.cumsum(count_at[::-1])[::-1]  # count_ge[x] = #items >= x
+    count_gt = np.append(count_ge[1:], 0)  # count_gt[x] = #items > x
+    e = np.arange(1, half + 1)
+    best = 0
+    for k in range(1, DFF_MAX_K + 1):
+        scaled = np.where((k + 1) * sizes % w == 0, k * sizes, (k + 1) * sizes // w * w)  # k W u^(k)(s/W)
+        cum = np.cumsum(scaled * count_at)  # cum[x] = sum over items <= x
+        totals = k * w * count_gt[w - e] + cum[w - e] - cum[e - 1]
+        top = max(int(totals.max()) if totals.size else 0, int(cum[-1]))
+        best = max(best, -(-top // (k * w)))
+    present = np.flatnonzero(count_at)
+    small = present[present <= half]
+    big = present[present > half]
+    big_count = count_at[big]
+    for threshold in small.tolist():
+        m = w // threshold
+        total = int(count_ge[threshold] - count_gt[half]) + int((big_count * (m - (w - big) // threshold)).sum())
+        best = max(best, -(-total // m))
+    return best
