@@ -77,6 +77,54 @@ def dff_bound(count_at: np.ndarray, capacity: int) -> int:
     big_count = count_at[big]
     for threshold in small.tolist():
         m = w // threshold
-        total = int(count_ge[threshold] - count_gt[half]) + int((big_count * (m - (w - big) // threshold)).sum())
+        total = int(count_ge[threshold] - count_gt[half]) + int(
+            (big_count * (m - (w - big) // threshold)).sum()
+        )
         best = max(best, -(-total // m))
     return best
+
+
+def constrained_lower_bounds(
+    lengths: np.ndarray,
+    capacity: int,
+    amounts: np.ndarray,
+    budgets: np.ndarray,
+    max_samples: int | None = None,
+) -> dict[str, int]:
+    """Lower bounds for packing under several per-row budgets (vector bin packing).
+
+    Every dimension alone (tokens, each resource, the sample cap) is a bin-packing problem, so its
+    ``l1``/``l2``/``dff`` bound holds (``tokens``, ``<resource index>``, ``samples``). ``cross`` couples two
+    dimensions d and e: items over half of budget d pairwise conflict, so each needs its own row; the other
+    items' amounts of e must fit in the e-budget those rows leave plus whole rows:
+    ``|J_d| + ceil((sum_{i not in J_d} a_ie - sum_{j in J_d} (B_e - a_je)) / B_e)``, maximised over (d, e).
+    ``amounts`` is int [n, K], ``budgets`` int [K]; returns every bound and their max as ``best``.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    amounts = np.asarray(amounts, dtype=np.int64).reshape(n, -1)
+    budgets = np.asarray(budgets, dtype=np.int64)
+    out = {"tokens": best_bound(lower_bounds(lengths, capacity))}
+    dims = [lengths, *amounts.T]
+    caps = [capacity, *budgets.tolist()]
+    if max_samples is not None:
+        dims.append(np.ones(n, dtype=np.int64))
+        caps.append(int(max_samples))
+        out["samples"] = -(-n // int(max_samples))
+    for k in range(amounts.shape[1]):
+        col = amounts[:, k]
+        out[f"resource{k}"] = best_bound(lower_bounds(col[col > 0], int(budgets[k])))
+    cross = 0
+    for d, (col_d, cap_d) in enumerate(zip(dims, caps, strict=True)):
+        large = col_d * 2 > cap_d
+        num_large = int(large.sum())
+        if not num_large:
+            continue
+        for e, (col_e, cap_e) in enumerate(zip(dims, caps, strict=True)):
+            if e == d:
+                continue
+            overflow = int(col_e[~large].sum()) - int((cap_e - col_e[large]).sum())
+            cross = max(cross, num_large + max(0, -(-overflow // cap_e)))
+    out["cross"] = cross
+    out["best"] = max(out.values())
+    return out

@@ -13,6 +13,7 @@ from .refill import refill_classes
 
 ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
+SECOND_ORDER_MAX = 250_000  # samples up to which the constrained packer also tries its other item order
 REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the whole set (when small)
 FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill runs
 
@@ -95,6 +96,11 @@ def _assign(
 ) -> tuple[np.ndarray, int, str]:
     if constraints is not None:
         row_of, num_rows = constrained_pack(lengths, capacity, constraints)
+        if improve and len(lengths) <= SECOND_ORDER_MAX:
+            # Neither item order wins everywhere (weighted shares: omni mixes; plain sums: image-text).
+            plain_row_of, plain_rows = constrained_pack(lengths, capacity, constraints, weigh_by_demand=False)
+            if plain_rows < num_rows:
+                row_of, num_rows = plain_row_of, plain_rows
         if improve and len(lengths) <= EXACT_CONSTRAINED_MAX:
             # The fast packer only looks at the front row of each space bucket and can open needless rows
             # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
