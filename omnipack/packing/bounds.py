@@ -94,10 +94,11 @@ def constrained_lower_bounds(
     """Lower bounds for packing under several per-row budgets (vector bin packing).
 
     Every dimension alone (tokens, each resource, the sample cap) is a bin-packing problem, so its
-    ``l1``/``l2``/``dff`` bound holds (``tokens``, ``<resource index>``, ``samples``). ``cross`` couples two
-    dimensions d and e: items over half of budget d pairwise conflict, so each needs its own row; the other
-    items' amounts of e must fit in the e-budget those rows leave plus whole rows:
-    ``|J_d| + ceil((sum_{i not in J_d} a_ie - sum_{j in J_d} (B_e - a_je)) / B_e)``, maximised over (d, e).
+    ``l1``/``l2``/``dff`` bound holds (``tokens``, ``resource<k>``, ``samples``). ``conflict`` couples
+    dimensions: the items over half of budget d pairwise conflict, so each needs its own row; an item
+    that cannot join any of them (it overflows dimension d or e with every one of them, a 2-D dominance
+    test over the large items sorted by d) needs a row without them, so
+    ``rows >= |J_d| + max_f ceil(sum_{i in K} a_if / B_f)`` over those items K, maximised over (d, e).
     ``amounts`` is int [n, K], ``budgets`` int [K]; returns every bound and their max as ``best``.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -106,7 +107,7 @@ def constrained_lower_bounds(
     budgets = np.asarray(budgets, dtype=np.int64)
     out = {"tokens": best_bound(lower_bounds(lengths, capacity))}
     dims = [lengths, *amounts.T]
-    caps = [capacity, *budgets.tolist()]
+    caps = [int(capacity), *budgets.tolist()]
     if max_samples is not None:
         dims.append(np.ones(n, dtype=np.int64))
         caps.append(int(max_samples))
@@ -114,17 +115,24 @@ def constrained_lower_bounds(
     for k in range(amounts.shape[1]):
         col = amounts[:, k]
         out[f"resource{k}"] = best_bound(lower_bounds(col[col > 0], int(budgets[k])))
-    cross = 0
-    for d, (col_d, cap_d) in enumerate(zip(dims, caps, strict=True)):
-        large = col_d * 2 > cap_d
-        num_large = int(large.sum())
-        if not num_large:
-            continue
-        for e, (col_e, cap_e) in enumerate(zip(dims, caps, strict=True)):
-            if e == d:
-                continue
-            overflow = int(col_e[~large].sum()) - int((cap_e - col_e[large]).sum())
-            cross = max(cross, num_large + max(0, -(-overflow // cap_e)))
-    out["cross"] = cross
+    out["conflict"] = max(
+        (_conflict_bound(dims, caps, d, e) for d in range(len(dims)) for e in range(len(dims))), default=0
+    )
     out["best"] = max(out.values())
     return out
+
+
+def _conflict_bound(dims: list[np.ndarray], caps: list[int], d: int, e: int) -> int:
+    large = dims[d] * 2 > caps[d]
+    num_large = int(large.sum())
+    if not num_large:
+        return 0
+    by_d = np.argsort(dims[d][large], kind="stable")
+    large_d = dims[d][large][by_d]
+    min_e = np.minimum.accumulate(dims[e][large][by_d])  # least e-amount among the j smallest in d
+    rest = ~large
+    fit = np.searchsorted(large_d, caps[d] - dims[d][rest], side="right")  # large items that fit in d
+    joins = (fit > 0) & (min_e[np.maximum(fit - 1, 0)] <= caps[e] - dims[e][rest])
+    alone = np.flatnonzero(rest)[~joins]
+    extra = max(-(-int(col[alone].sum()) // cap) for col, cap in zip(dims, caps, strict=True))
+    return num_large + extra
