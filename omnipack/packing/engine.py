@@ -15,7 +15,8 @@ ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
 SECOND_ORDER_MAX = 250_000  # samples up to which the constrained packer also tries its other item order
 REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the whole set (when small)
-FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill runs
+FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
+REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill: ~0.5-1.5 s
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -80,7 +81,10 @@ def _refill_slack_rows(
     new_id = np.cumsum(full) - 1  # kept rows keep their order, renumbered densely
     pool_counts = np.bincount(slot_class[pool], minlength=len(values))
     present = pool_counts > 0
-    pool_slots, pool_rows = refill_classes(values[present], pool_counts[present], capacity)
+    refilled = refill_classes(values[present], pool_counts[present], capacity, max_work=REFILL_MAX_WORK)
+    if refilled is None:
+        return slot_rows, num_rows
+    pool_slots, pool_rows = refilled
     out = np.empty_like(slot_rows)
     out[~pool] = new_id[slot_rows[~pool]]
     out[pool] = pool_slots + kept  # pool slots are in class order, as refill_classes emits them
@@ -131,7 +135,8 @@ def _improve(
        rows, so the result never has more rows than FFD.
     2. The rows that are not exactly full are re-packed with the subset-sum refill.
     3. If still more than REFILL_TARGET over the bound, the whole set is refilled (one subset-sum per
-       distinct row pattern) when it is small enough to be quick.
+       distinct row pattern), up to FULL_REFILL_MAX samples.
+    Each refill gives up past REFILL_MAX_WORK (about a second; a work count, so still deterministic).
     The plan with the fewest rows wins; ties keep the earlier one.
     """
     bounds = lower_bounds(lengths, capacity)
@@ -147,9 +152,9 @@ def _improve(
         if refilled_rows < num_rows:
             slot_rows, num_rows, used = refilled, refilled_rows, used.split("(")[0] + "+refill"
     if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= FULL_REFILL_MAX:
-        refilled, refilled_rows = refill_classes(values, counts, capacity)
-        if refilled_rows < num_rows:
-            slot_rows, num_rows, used = refilled, refilled_rows, "refill"
+        whole = refill_classes(values, counts, capacity, max_work=REFILL_MAX_WORK)
+        if whole is not None and whole[1] < num_rows:
+            slot_rows, num_rows, used = whole[0], whole[1], "refill"
     return slot_rows, num_rows, used
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def _best_fill(values: list[int], counts: list[int], space: int) -> list[int]:
-    """Items to take per class (values descending) for the largest total <= ``space``.
+def _best_fill(values: list[int], counts: list[int], space: int) -> tuple[list[int], int]:
+    """Items to take per class (values descending) for the largest total <= ``space``, and the work done
+    (bitset shifts times their length in 64-bit words).
 
     Ties go to subsets of larger items: the backtrack drops every small-class chunk it can do without.
     """
@@ -50,13 +51,17 @@ def _best_fill(values: list[int], counts: list[int], space: int) -> list[int]:
             continue  # reachable with larger items only
         taken[j] += take
         target -= size
-    return taken
+    return taken, len(chunks) * (space // 64 + 1)
 
 
-def refill_classes(values: np.ndarray, counts: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
+def refill_classes(
+    values: np.ndarray, counts: np.ndarray, capacity: int, max_work: int | None = None
+) -> tuple[np.ndarray, int] | None:
     """Minimum-slack packing of length classes (``values`` strictly descending, ``counts`` per class).
 
-    Returns ``(slot_rows, num_rows)`` like ``greedy.bfd_classes``: the row of every item in class order.
+    Returns ``(slot_rows, num_rows)`` like ``greedy.bfd_classes``: the row of every item in class order;
+    None once the subset-sums' work (see ``_best_fill``) passes ``max_work``, which bounds the time on
+    inputs with many distinct lengths and few repeated patterns (a count, so the outcome is deterministic).
     """
     vals = [int(v) for v in values]
     left = [int(c) for c in counts]
@@ -64,6 +69,7 @@ def refill_classes(values: np.ndarray, counts: np.ndarray, capacity: int) -> tup
     slot_parts: list[list[np.ndarray]] = [[] for _ in range(num_classes)]
     num_rows = 0
     first = 0
+    work = 0
     while True:
         while first < num_classes and not left[first]:
             first += 1
@@ -73,7 +79,12 @@ def refill_classes(values: np.ndarray, counts: np.ndarray, capacity: int) -> tup
         space = capacity - vals[first]
         # Candidate classes: still available and small enough for the space left.
         cand = [j for j in range(first, num_classes) if left[j] and vals[j] <= space]
-        taken = _best_fill([vals[j] for j in cand], [left[j] for j in cand], space) if cand else []
+        taken: list[int] = []
+        if cand:
+            taken, cost = _best_fill([vals[j] for j in cand], [left[j] for j in cand], space)
+            work += cost
+            if max_work is not None and work > max_work:
+                return None
         pattern = {first: 1}
         for j, t in zip(cand, taken, strict=True):
             if t:
