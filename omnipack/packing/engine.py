@@ -171,8 +171,9 @@ def pack(
 ) -> PackPlan:
     """Pack samples (lengths already padded to the alignment) into rows of width ``capacity``.
 
-    ``algorithm`` is "bfd" (best-fit decreasing; if it misses the lower bound, FFD is also tried and the
-    better kept) or "ffd" (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
+    ``algorithm`` is "bfd" (best-fit decreasing; if it misses the lower bound, ``_improve`` tries FFD and
+    the subset-sum refill and keeps the plan with the fewest rows, never more than FFD's) or "ffd"
+    (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
     each block of N consecutive samples separately (bounded memory; rows never span blocks).
     ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
     constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says. ``balance`` evens out per-row attention cost (sum of squared
