@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 DFF_MAX_K = 100  # u^(k) for k = 1..DFF_MAX_K: k rounds items near W/(k+1) up, beyond ~100 it adds nothing
+DFF_WORK = 2_000_000  # bound on k times distinct lengths in the u^(k) family
+MAX_THRESHOLDS = 1024  # eps thresholds tried per DFF family (spread evenly when there are more)
 
 
 def lower_bounds(lengths: np.ndarray, capacity: int) -> dict[str, int]:
@@ -43,43 +45,57 @@ def best_bound(bounds: dict[str, int]) -> int:
     return max(bounds.values(), default=0)
 
 
+def _spread(candidates: np.ndarray, limit: int) -> np.ndarray:
+    """At most ``limit`` evenly spaced entries (any subset of thresholds still gives a valid bound)."""
+    if len(candidates) <= limit:
+        return candidates
+    return candidates[np.linspace(0, len(candidates) - 1, limit).round().astype(np.int64)]
+
+
 def dff_bound(count_at: np.ndarray, capacity: int) -> int:
     """Fekete–Schepers bound from dual-feasible functions (DFFs), given item counts per length.
 
     A DFF f maps item sizes in [0, 1] to [0, 1] so that items fitting a row still sum to <= 1 after
     mapping; then ``ceil(sum f(x_i))`` bounds the rows. Used here, scaled to integers:
 
-    - ``u^(k) o U^(eps)`` for k = 1..DFF_MAX_K and every integer threshold e <= W/2: items below e count 0,
-      items above W - e count 1 (a whole row), the rest ``u^(k)(x) = x`` if ``(k + 1) x`` is an integer,
-      else ``floor((k + 1) x) / k`` (rounds items just above 1/(k+1) up to 1/k).
+    - ``u^(k) o U^(eps)`` for k = 1..DFF_MAX_K and thresholds e <= W/2: items below e count 0, items
+      above W - e count 1 (a whole row), the rest ``u^(k)(x) = x`` if ``(k + 1) x`` is an integer, else
+      ``floor((k + 1) x) / k`` (rounds items just above 1/(k+1) up to 1/k).
     - ``phi^(eps)``: items below e count 0, items in [e, W/2] count ``1 / M`` with ``M = floor(W / e)``,
       items above W/2 count ``1 - floor((W - x) / e) / M`` (the small items that could still join them).
+
+    Everything runs over the distinct lengths; the thresholds are those where an item changes side
+    (at most MAX_THRESHOLDS of them, evenly spread), so the cost does not grow with W.
     """
     count_at = np.asarray(count_at, dtype=np.int64)
-    if not count_at.any():
+    sizes = np.flatnonzero(count_at)
+    if not len(sizes):
         return 0
-    w = capacity
+    w = int(capacity)
     half = w // 2
-    sizes = np.arange(w + 1, dtype=np.int64)
-    count_ge = np.cumsum(count_at[::-1])[::-1]  # count_ge[x] = #items >= x
-    count_gt = np.append(count_ge[1:], 0)  # count_gt[x] = #items > x
-    e = np.arange(1, half + 1)
+    counts = count_at[sizes]
+    n = int(counts.sum())
+    count_before = np.concatenate([[0], np.cumsum(counts)])  # items among the first i sizes
+    thresholds = np.unique(np.concatenate([[1], sizes[sizes <= half], w - sizes[sizes > half] + 1]))
+    thresholds = _spread(thresholds[(thresholds >= 1) & (thresholds <= max(half, 1))], MAX_THRESHOLDS)
+    lo = np.searchsorted(sizes, thresholds, side="left")  # first size >= e
+    hi = np.searchsorted(sizes, w - thresholds, side="right")  # first size > W - e
     best = 0
-    for k in range(1, DFF_MAX_K + 1):
+    max_k = min(DFF_MAX_K, max(10, DFF_WORK // len(sizes)))  # many distinct lengths: fewer k
+    for k in range(1, max_k + 1):
         scaled = np.where((k + 1) * sizes % w == 0, k * sizes, (k + 1) * sizes // w * w)  # k W u^(k)(s/W)
-        cum = np.cumsum(scaled * count_at)  # cum[x] = sum over items <= x
-        totals = k * w * count_gt[w - e] + cum[w - e] - cum[e - 1]
-        top = max(int(totals.max()) if totals.size else 0, int(cum[-1]))
+        cum = np.concatenate([[0], np.cumsum(scaled * counts)])
+        totals = k * w * (n - count_before[hi]) + cum[np.maximum(hi, lo)] - cum[lo]
+        top = max(int(totals.max()), int(cum[-1]))
         best = max(best, -(-top // (k * w)))
-    present = np.flatnonzero(count_at)
-    small = present[present <= half]
-    big = present[present > half]
-    big_count = count_at[big]
-    for threshold in small.tolist():
+    small = _spread(sizes[sizes <= half], MAX_THRESHOLDS // 4)
+    big = sizes[sizes > half]
+    big_count = counts[sizes > half]
+    count_ge_small = n - count_before[np.searchsorted(sizes, small, side="left")]
+    count_big = int(big_count.sum())
+    for threshold, at_least in zip(small.tolist(), count_ge_small.tolist(), strict=True):
         m = w // threshold
-        total = int(count_ge[threshold] - count_gt[half]) + int(
-            (big_count * (m - (w - big) // threshold)).sum()
-        )
+        total = at_least - count_big + int((big_count * (m - (w - big) // threshold)).sum())
         best = max(best, -(-total // m))
     return best
 
