@@ -1,9 +1,12 @@
 """Packing benchmark: omnipack vs re-implemented peer packers on seeded synthetic length sets.
 
     python benchmarks/bench_packing.py           # full run (a few minutes on 2 cores)
-    python benchmarks/bench_packing.py --quick   # < 1 minute (constrained speed sets at 200k)
+    python benchmarks/bench_packing.py --quick   # ~1 minute (constrained speed sets at 200k, 1M speed set)
 
 Lengths are padded to ALIGN before packing (as the writer does); real efficiency counts real tokens.
+Rows are compared with each lower bound (L1, Martello-Toth L2, Fekete-Schepers DFF; constrained sets: the
+vector bound of ``bounds.constrained_lower_bounds``). The speed table times the plan against the C++
+lightbinpack ``obfd`` in the same run (skipped, with a note, when lightbinpack is not installed).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import numpy as np
 
 # Run from a checkout: prefer this tree's omnipack over any installed copy.
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
-from peers import PEERS  # noqa: E402
+from peers import LIGHTBINPACK_OBFD, PEERS  # noqa: E402
 
 from omnipack.packing import PackConstraints, lower_bounds, pack  # noqa: E402
 from omnipack.packing.balance import attention_cost, coefficient_of_variation  # noqa: E402
+from omnipack.packing.bounds import constrained_lower_bounds  # noqa: E402
 from omnipack.packing.constraints import constrained_bfd  # noqa: E402
 
 ALIGN = 8
@@ -41,6 +45,21 @@ def image_text(rng: np.random.Generator, n: int, width: int) -> dict:
         image_tokens[has] += rng.integers(64, 1281, int(has.sum()))
     real = np.minimum(text + image_tokens, width)
     return {"real": real, "media": num_images, "patches": image_tokens * 4}
+
+
+def bimodal_image_text(rng: np.random.Generator, n: int, width: int) -> dict:
+    """Half the samples carry one high-resolution image of 0.2-0.55 W tokens, half one small image of
+    512-1536 tokens; each plus lognormal text (median 150). Greedy fits strand mid-sized items here."""
+    text = np.round(rng.lognormal(np.log(150), 0.8, n)).astype(np.int64) + 1
+    large = rng.random(n) < 0.5
+    image = np.where(
+        large, rng.integers(int(0.2 * width), int(0.55 * width) + 1, n), rng.integers(512, 1537, n)
+    )
+    return {
+        "real": np.minimum(text + image, width),
+        "media": np.ones(n, dtype=np.int64),
+        "patches": image * 4,
+    }
 
 
 def omni_mix(rng: np.random.Generator, n: int, width: int) -> dict:
@@ -75,7 +94,8 @@ def timed(fn):
     return out, time.perf_counter() - start
 
 
-def measure(name, algo, row_of, num_rows, seconds, real, lengths, width, cv_base=None):
+def measure(name, algo, row_of, num_rows, seconds, real, lengths, width, cv_base=None, bound=None):
+    """One table row; ``bound`` (constrained sets) replaces the token bounds in the `rows/bound` column."""
     print(f"#   {algo}: {num_rows} rows, {seconds:.2f} s", file=sys.stderr, flush=True)
     bounds = lower_bounds(lengths, width)
     slots = num_rows * width
@@ -86,7 +106,9 @@ def measure(name, algo, row_of, num_rows, seconds, real, lengths, width, cv_base
         "algorithm": algo,
         "rows": num_rows,
         "rows/l1": num_rows / bounds["l1"],
-        "rows/max(l1,l2)": num_rows / max(bounds["l1"], bounds["l2"]),
+        "rows/l2": num_rows / bounds["l2"],
+        "rows/dff": num_rows / bounds["dff"],
+        "rows/bound": num_rows / (bound or max(bounds.values())),
         "real eff": real.sum() / slots,
         "padded eff": lengths.sum() / slots,
         "time s": seconds,
@@ -94,15 +116,16 @@ def measure(name, algo, row_of, num_rows, seconds, real, lengths, width, cv_base
     }
 
 
-def bench_set(name, data, width, *, peers=True, window=None, constraints=None, reference=False):
+def bench_set(name, data, width, *, peers=True, window=None, constraints=None, reference=False, balance=True):
     real = data["real"]
     lengths = padded(real, width)
     results = []
     base_cv = None
     print(f"# {name}: n={len(real)}", file=sys.stderr, flush=True)
-    for algo, kwargs in (("omnipack bfd", {}), ("omnipack ffd", {"algorithm": "ffd"})):
+    for algo, kwargs in (("omnipack bfd", {}), ("classic ffd (omnipack ffd)", {"algorithm": "ffd"})):
         plan, sec = timed(lambda kw=kwargs: pack(lengths, width, **kw))
-        results.append(measure(name, algo, plan.row_of, plan.num_rows, sec, real, lengths, width))
+        label = f"{algo} [{plan.algorithm}]" if algo == "omnipack bfd" else algo
+        results.append(measure(name, label, plan.row_of, plan.num_rows, sec, real, lengths, width))
         if base_cv is None:
             base_cv = coefficient_of_variation(attention_cost(plan.row_of, plan.num_rows, lengths))
     if window:
@@ -110,26 +133,55 @@ def bench_set(name, data, width, *, peers=True, window=None, constraints=None, r
         results.append(
             measure(name, f"omnipack window={window}", plan.row_of, plan.num_rows, sec, real, lengths, width)
         )
-    plan, sec = timed(lambda: pack(lengths, width, balance=True))
-    results.append(
-        measure(name, "omnipack bfd balance", plan.row_of, plan.num_rows, sec, real, lengths, width, base_cv)
-    )
+    if balance:
+        plan, sec = timed(lambda: pack(lengths, width, balance=True))
+        results.append(
+            measure(
+                name, "omnipack bfd balance", plan.row_of, plan.num_rows, sec, real, lengths, width, base_cv
+            )
+        )
     if constraints is not None:
+        amounts, budgets = constraints.amounts_matrix(len(lengths))
+        cbounds = constrained_lower_bounds(lengths, width, amounts, budgets, constraints.max_samples_per_row)
+        bound = cbounds["best"]
         plan, sec = timed(lambda: pack(lengths, width, constraints=constraints))
-        # Resource budgets give their own lower bound: ceil(total amount / per-row budget).
-        bound = max(-(-int(a.sum()) // b) for a, b in constraints.resources.values())
-        label = f"omnipack constrained (rows/resource bound {plan.num_rows / bound:.4f})"
-        results.append(measure(name, label, plan.row_of, plan.num_rows, sec, real, lengths, width))
+        label = f"omnipack constrained (vector bound {bound})"
+        results.append(
+            measure(name, label, plan.row_of, plan.num_rows, sec, real, lengths, width, bound=bound)
+        )
         if reference:
             # The previous default: exact item-by-item constrained BFD (superlinear; small sets only).
             (row_of, num_rows), sec = timed(lambda: constrained_bfd(lengths, width, constraints))
-            label = f"exact constrained bfd, old (rows/resource bound {num_rows / bound:.4f})"
-            results.append(measure(name, label, row_of, num_rows, sec, real, lengths, width))
+            label = "exact constrained bfd, old"
+            results.append(measure(name, label, row_of, num_rows, sec, real, lengths, width, bound=bound))
     if peers:
         for algo, fn in PEERS.items():
             row_of, sec = timed(lambda fn=fn: fn(lengths, width))
             results.append(measure(name, algo, row_of, int(row_of.max()) + 1, sec, real, lengths, width))
     return results
+
+
+def speed_vs_lightbinpack(lengths: np.ndarray, width: int, repeats: int = 3) -> list[dict]:
+    """omnipack ``pack`` (to a shuffled CSR plan) vs lightbinpack ``obfd`` (to its list of row lists),
+    interleaved, best of ``repeats`` each; lightbinpack gets its input as the Python list it takes."""
+    import lightbinpack
+
+    as_list = lengths.tolist()
+    ours, theirs = [], []
+    for _ in range(repeats):
+        plan, sec = timed(lambda: pack(lengths, width))
+        ours.append(sec)
+        bins, sec = timed(lambda: lightbinpack.obfd(as_list, width))
+        theirs.append(sec)
+    return [
+        {
+            "plan": "omnipack pack",
+            "rows": plan.num_rows,
+            "best s": min(ours),
+            "vs lightbinpack": min(ours) / min(theirs),
+        },
+        {"plan": "lightbinpack obfd", "rows": len(bins), "best s": min(theirs), "vs lightbinpack": 1.0},
+    ]
 
 
 def media_constraints(data: dict, width: int) -> PackConstraints:
@@ -144,7 +196,11 @@ def print_table(rows: list[dict]) -> None:
     cols = list(rows[0])
     fmt = {
         "rows/l1": "{:.4f}",
-        "rows/max(l1,l2)": "{:.4f}",
+        "rows/l2": "{:.4f}",
+        "rows/dff": "{:.4f}",
+        "rows/bound": "{:.4f}",
+        "best s": "{:.3f}",
+        "vs lightbinpack": "{:.2f}x",
         "real eff": "{:.2%}",
         "padded eff": "{:.2%}",
         "time s": "{:.2f}",
@@ -157,19 +213,36 @@ def print_table(rows: list[dict]) -> None:
         print("| " + " | ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) + " |", flush=True)
 
 
+def two_budget_constraints(data: dict, width: int) -> PackConstraints:
+    """Tokens plus a media count that binds as hard: 10 media items per row (image-text: ~2 per sample)."""
+    return PackConstraints(resources={"media": (data["media"], 10)})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sets, no 10M run (< 1 minute)")
+    parser.add_argument("--quick", action="store_true", help="smaller sets, no 10M run, 1M speed set")
     args = parser.parse_args()
     n = 20_000 if args.quick else 50_000
     window = n // 5
     rng = np.random.default_rng(20240601)
     results = []
-    results += bench_set("text W=4096", text_sft(rng, n, 4096), 4096, window=window)
-    results += bench_set("text W=16384", text_sft(rng, n, 16384), 16384, window=window)
+    for width in (4096, 8192, 16384):
+        results += bench_set(f"text W={width}", text_sft(rng, n, width), width, window=window)
+    for width in (4096, 8192, 16384):
+        results += bench_set(
+            f"bimodal img-text W={width}", bimodal_image_text(rng, n, width), width, window=window
+        )
     img = image_text(rng, n, 8192)
     img_c = media_constraints(img, 8192)
     results += bench_set("image-text W=8192", img, 8192, window=window, constraints=img_c, reference=True)
+    results += bench_set(
+        "image-text tokens+media W=8192",
+        img,
+        8192,
+        peers=False,
+        balance=False,
+        constraints=two_budget_constraints(img, 8192),
+    )
     omni = omni_mix(rng, n, 16384)
     omni_c = media_constraints(omni, 16384)
     results += bench_set("omni W=16384", omni, 16384, window=window, constraints=omni_c, reference=True)
@@ -195,6 +268,13 @@ def main() -> None:
             "text 10M W=4096", text_sft(rng, 10 * big, 4096), 4096, peers=False, window=1_000_000
         )
     print_table(results)
+    speed_n = big if args.quick else 4 * big
+    print(f"\nPlan speed, text {speed_n // big}M W=4096 (same run, best of 3):\n")
+    if LIGHTBINPACK_OBFD is None:
+        print("lightbinpack is not installed (pip install lightbinpack): speed comparison skipped.")
+    else:
+        lengths = padded(text_sft(np.random.default_rng(7), speed_n, 4096)["real"], 4096)
+        print_table(speed_vs_lightbinpack(lengths, 4096))
 
 
 if __name__ == "__main__":

@@ -101,3 +101,28 @@ PEERS = {
     "Energon knapsack buffer 20": lambda lengths, w: _per_chunk(lengths, 20, lambda c: greedy_knapsack(c, w)),
     "torchtune next-fit": next_fit,
 }
+
+
+def _lightbinpack_obfd():
+    """lightbinpack (PyPI, C++) ``obfd``: counting sort + segment tree best fit over the whole set.
+
+    Optional (``pip install lightbinpack``, builds from its sdist with g++); None when not installed.
+    """
+    try:
+        import lightbinpack
+    except ImportError:
+        return None
+
+    def run(lengths: np.ndarray, capacity: int) -> np.ndarray:
+        bins = lightbinpack.obfd(lengths.tolist(), capacity)
+        row_of = np.empty(len(lengths), dtype=np.int64)
+        for r, members in enumerate(bins):
+            row_of[members] = r
+        return row_of
+
+    return run
+
+
+LIGHTBINPACK_OBFD = _lightbinpack_obfd()
+if LIGHTBINPACK_OBFD is not None:
+    PEERS["lightbinpack obfd (C++)"] = LIGHTBINPACK_OBFD

@@ -150,21 +150,37 @@ def constrained_bfd(
     return row_of, len(row_space)
 
 
-def _share_order(lengths: np.ndarray, capacity: int, amounts: np.ndarray, budgets: np.ndarray) -> np.ndarray:
+def _share_order(
+    lengths: np.ndarray,
+    capacity: int,
+    amounts: np.ndarray,
+    budgets: np.ndarray,
+    weigh_by_demand: bool = True,
+) -> np.ndarray:
     """Sample indices by descending total normalised size (length/W + sum of amount/budget).
 
     Sorting by length alone packs the token dimension well but leaves the binding resource (patches,
     frames) for last; summing the shares puts items that are large in any dimension first, which cut
-    rows by 1-4% against length order on the media benchmarks. Ties: longer first, then lower index.
+    rows by 1-4% against length order on the media benchmarks. With ``weigh_by_demand`` each dimension's
+    share is weighted by its total demand (sum of shares, i.e. its own row bound) relative to the most
+    demanded one, so a loose budget does not reorder items that the binding budgets care about; on the
+    omni benchmark mix that cuts rows over the bound from 1.5-2.4% to 1.2-1.3%.
+    Ties: longer first, then lower index.
     """
-    share = lengths / capacity
+    shares = [lengths / capacity]
     if len(budgets):
-        share = share + (amounts / np.maximum(budgets, 1)).sum(axis=1)
+        shares += list((amounts / np.maximum(budgets, 1)).T)
+    if weigh_by_demand:
+        demand = np.array([s.sum() for s in shares])
+        weights = demand / max(demand.max(), 1e-300)
+        share = sum(w * s for w, s in zip(weights.tolist(), shares, strict=True))
+    else:
+        share = sum(shares)
     return np.lexsort((-lengths, -share))
 
 
 def constrained_pack(
-    lengths: np.ndarray, capacity: int, constraints: PackConstraints
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, weigh_by_demand: bool = True
 ) -> tuple[np.ndarray, int]:
     """Fast best-fit with sample-count and resource limits; returns ``(row_of, num_rows)``.
 
@@ -186,7 +202,7 @@ def constrained_pack(
     # Spaces are multiples of the lengths' common divisor (the alignment): index buckets by that unit.
     unit = int(np.gcd.reduce(np.append(lengths, capacity)))
     min_length = int(lengths.min())
-    order = _share_order(lengths, capacity, amounts, budgets)
+    order = _share_order(lengths, capacity, amounts, budgets, weigh_by_demand)
     num_buckets = capacity // unit + 1
     heaps: list[list[tuple[float, int]]] = [[] for _ in range(num_buckets)]
     # tops[k, b]: remaining budget k of bucket b's top row; -1 marks an empty bucket (fails any need).

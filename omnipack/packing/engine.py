@@ -5,13 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 from .balance import balanced_assign, rebalance_rows
-from .bounds import lower_bounds
+from .bounds import best_bound, lower_bounds
 from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
 from .plan import PackPlan, build_plan
+from .refill import refill_classes
 
 ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
+SECOND_ORDER_MAX = 250_000  # samples up to which the constrained packer also tries its other item order
+REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the whole set (when small)
+FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
+REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill: ~0.5-1.5 s
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -39,15 +44,51 @@ def _descending_order(lengths: np.ndarray, capacity: int) -> np.ndarray:
     return np.argsort(-lengths, kind="stable")
 
 
-def _assign_by_classes(lengths: np.ndarray, capacity: int, algorithm: str) -> tuple[np.ndarray, int]:
-    """Run a counting BFD/FFD and map its per-class slots back to sample indices."""
+def _classes(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct lengths, descending, and how many samples have each."""
     count_at = np.bincount(lengths, minlength=capacity + 1)
     values = np.flatnonzero(count_at)[::-1]
+    return values, count_at[values]
+
+
+def _assign_by_classes(lengths: np.ndarray, capacity: int, algorithm: str) -> tuple[np.ndarray, int]:
+    """Run a counting BFD/FFD and map its per-class slots back to sample indices."""
+    values, counts = _classes(lengths, capacity)
     run = bfd_classes if algorithm == "bfd" else ffd_classes
-    slot_rows, num_rows = run(values, count_at[values], capacity)
+    slot_rows, num_rows = run(values, counts, capacity)
+    return _slots_to_samples(slot_rows, lengths, capacity), num_rows
+
+
+def _slots_to_samples(slot_rows: np.ndarray, lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """``slot_rows`` lists rows in class order (length desc, then index asc): give each sample its row."""
     row_of = np.empty(len(lengths), dtype=np.int32)
     row_of[_descending_order(lengths, capacity)] = slot_rows
-    return row_of, num_rows
+    return row_of
+
+
+def _refill_slack_rows(
+    slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray, capacity: int
+) -> tuple[np.ndarray, int]:
+    """Keep the exactly full rows of a class-level packing and re-pack the items of all other rows with
+    the subset-sum refill (a small pool: greedy fits leave their waste in few rows)."""
+    slot_class = np.repeat(np.arange(len(values)), counts)
+    fill = np.bincount(slot_rows, weights=values[slot_class], minlength=num_rows)
+    full = fill == capacity
+    pool = ~full[slot_rows]
+    if not pool.any():
+        return slot_rows, num_rows
+    kept = int(full.sum())
+    new_id = np.cumsum(full) - 1  # kept rows keep their order, renumbered densely
+    pool_counts = np.bincount(slot_class[pool], minlength=len(values))
+    present = pool_counts > 0
+    refilled = refill_classes(values[present], pool_counts[present], capacity, max_work=REFILL_MAX_WORK)
+    if refilled is None:
+        return slot_rows, num_rows
+    pool_slots, pool_rows = refilled
+    out = np.empty_like(slot_rows)
+    out[~pool] = new_id[slot_rows[~pool]]
+    out[pool] = pool_slots + kept  # pool slots are in class order, as refill_classes emits them
+    return out, kept + pool_rows
 
 
 def _assign(
@@ -59,6 +100,11 @@ def _assign(
 ) -> tuple[np.ndarray, int, str]:
     if constraints is not None:
         row_of, num_rows = constrained_pack(lengths, capacity, constraints)
+        if improve and len(lengths) <= SECOND_ORDER_MAX:
+            # Neither item order wins everywhere (weighted shares: omni mixes; plain sums: image-text).
+            plain_row_of, plain_rows = constrained_pack(lengths, capacity, constraints, weigh_by_demand=False)
+            if plain_rows < num_rows:
+                row_of, num_rows = plain_row_of, plain_rows
         if improve and len(lengths) <= EXACT_CONSTRAINED_MAX:
             # The fast packer only looks at the front row of each space bucket and can open needless rows
             # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
@@ -66,15 +112,50 @@ def _assign(
             if exact_rows < num_rows:
                 return exact_row_of, exact_rows, "bfd+constraints(exact)"
         return row_of, num_rows, "bfd+constraints"
-    row_of, num_rows = _assign_by_classes(lengths, capacity, algorithm)
+    values, counts = _classes(lengths, capacity)
+    run = bfd_classes if algorithm == "bfd" else ffd_classes
+    slot_rows, num_rows = run(values, counts, capacity)
+    used = algorithm
     if improve and algorithm == "bfd":
-        bounds = lower_bounds(lengths, capacity)
-        if num_rows > max(bounds["l1"], bounds["l2"]):
-            # Off the bound (adversarial mixes): FFD sometimes wins; keep the better of the two.
-            ffd_row_of, ffd_rows = _assign_by_classes(lengths, capacity, "ffd")
-            if ffd_rows < num_rows:
-                return ffd_row_of, ffd_rows, "ffd(best of bfd,ffd)"
-    return row_of, num_rows, algorithm
+        slot_rows, num_rows, used = _improve(slot_rows, num_rows, lengths, values, counts, capacity)
+    return _slots_to_samples(slot_rows, lengths, capacity), num_rows, used
+
+
+def _improve(
+    slot_rows: np.ndarray,
+    num_rows: int,
+    lengths: np.ndarray,
+    values: np.ndarray,
+    counts: np.ndarray,
+    capacity: int,
+) -> tuple[np.ndarray, int, str]:
+    """Improve a BFD packing that misses the lower bound; every step works on length classes.
+
+    1. FFD's row count is computed at class level (milliseconds) and its plan kept only if it has fewer
+       rows, so the result never has more rows than FFD.
+    2. The rows that are not exactly full are re-packed with the subset-sum refill.
+    3. If still more than REFILL_TARGET over the bound, the whole set is refilled (one subset-sum per
+       distinct row pattern), up to FULL_REFILL_MAX samples.
+    Each refill gives up past REFILL_MAX_WORK (about a second; a work count, so still deterministic).
+    The plan with the fewest rows wins; ties keep the earlier one.
+    """
+    bounds = lower_bounds(lengths, capacity)
+    bound = best_bound(bounds)
+    used = "bfd"
+    if num_rows <= bound:
+        return slot_rows, num_rows, used
+    ffd_slots, ffd_rows = ffd_classes(values, counts, capacity)
+    if ffd_rows < num_rows:
+        slot_rows, num_rows, used = ffd_slots, ffd_rows, "ffd(best of bfd,ffd)"
+    if num_rows > bound:
+        refilled, refilled_rows = _refill_slack_rows(slot_rows, num_rows, values, counts, capacity)
+        if refilled_rows < num_rows:
+            slot_rows, num_rows, used = refilled, refilled_rows, used.split("(")[0] + "+refill"
+    if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= FULL_REFILL_MAX:
+        whole = refill_classes(values, counts, capacity, max_work=REFILL_MAX_WORK)
+        if whole is not None and whole[1] < num_rows:
+            slot_rows, num_rows, used = whole[0], whole[1], "refill"
+    return slot_rows, num_rows, used
 
 
 def pack(
@@ -90,8 +171,9 @@ def pack(
 ) -> PackPlan:
     """Pack samples (lengths already padded to the alignment) into rows of width ``capacity``.
 
-    ``algorithm`` is "bfd" (best-fit decreasing; if it misses the lower bound, FFD is also tried and the
-    better kept) or "ffd" (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
+    ``algorithm`` is "bfd" (best-fit decreasing; if it misses the lower bound, ``_improve`` tries FFD and
+    the subset-sum refill and keeps the plan with the fewest rows, never more than FFD's) or "ffd"
+    (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
     each block of N consecutive samples separately (bounded memory; rows never span blocks).
     ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
     constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says. ``balance`` evens out per-row attention cost (sum of squared

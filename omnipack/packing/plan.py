@@ -59,8 +59,7 @@ def build_plan(
         # Shuffle rows so shards are not ordered by length (algorithms emit long rows first).
         new_id = np.random.default_rng(seed).permutation(num_rows).astype(np.int32)
         row_of = new_id[row_of]
-    # A stable sort by row keeps ascending sample index inside each row.
-    members = np.argsort(row_of, kind="stable").astype(np.int32)
+    members = group_by_row(row_of, num_rows)
     counts = np.bincount(row_of, minlength=num_rows)
     row_ptr = np.zeros(num_rows + 1, dtype=np.int64)
     np.cumsum(counts, out=row_ptr[1:])
@@ -73,3 +72,17 @@ def build_plan(
         capacity=int(capacity),
         algorithm=algorithm,
     )
+
+
+def group_by_row(row_of: np.ndarray, num_rows: int) -> np.ndarray:
+    """Sample indices grouped by row, ascending inside each row: a stable sort by row id.
+
+    Row ids are bounded ints, so this is a two-pass LSD radix sort over 16-bit digits (numpy's stable
+    sort of uint16 keys is a counting sort), several times faster than a general argsort at millions.
+    """
+    row_of = np.asarray(row_of)
+    if num_rows <= 2**16:
+        return np.argsort(row_of.astype(np.uint16), kind="stable").astype(np.int32)
+    by_low = np.argsort((row_of & 0xFFFF).astype(np.uint16), kind="stable")
+    by_high = np.argsort((row_of[by_low] >> 16).astype(np.uint16), kind="stable")
+    return by_low[by_high].astype(np.int32)

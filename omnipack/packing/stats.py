@@ -14,8 +14,9 @@ from .plan import PackPlan
 def packing_stats(
     lengths_real: np.ndarray, lengths_padded: np.ndarray, plan: PackPlan, capacity: int
 ) -> dict[str, Any]:
-    """Rows, lower bounds, real/padded efficiency, alignment overhead, samples-per-row histogram and
-    the coefficient of variation of per-row attention cost (sum of squared padded lengths)."""
+    """Rows, lower bounds (L1, Martello–Toth L2, Fekete–Schepers DFF), real/padded efficiency, alignment
+    overhead, samples-per-row histogram and the coefficient of variation of per-row attention cost (sum
+    of squared padded lengths)."""
     real = np.asarray(lengths_real, dtype=np.int64)
     padded = np.asarray(lengths_padded, dtype=np.int64)
     if real.shape != padded.shape or real.shape != plan.row_of.shape:
@@ -34,7 +35,8 @@ def packing_stats(
         "rows": int(rows),
         "l1": bounds["l1"],
         "l2": bounds["l2"],
-        "rows_over_bound": rows / max(bounds["l1"], bounds["l2"], 1),
+        "dff": bounds["dff"],
+        "rows_over_bound": rows / max(*bounds.values(), 1),
         "real_efficiency": float(real.sum() / slots) if slots else 0.0,
         "padded_efficiency": float(padded.sum() / slots) if slots else 0.0,
         "alignment_overhead": float((padded - real).sum() / slots) if slots else 0.0,
