@@ -129,7 +129,7 @@ def _print_summary(summary: dict[str, Any], out: str) -> None:
         ("rejected samples", f"{c['rejected']} {c['rejected_by_stage']}"),
         ("rows", c["rows"]),
         ("seq_length / align", f"{summary['seq_length']} / {summary['align']}"),
-        ("rows lower bounds", f"L1 {p.get('l1')}  L2 (Martello-Toth) {p.get('l2')}  ({p.get('algorithm')})"),
+        ("rows lower bounds", f"L1 {p.get('l1')}  L2 (Martello-Toth) {p.get('l2')}  DFF (Fekete-Schepers) {p.get('dff')}  ({p.get('algorithm')})"),
         ("real-token efficiency", f"{p.get('real_efficiency_written', 0):.2%}"),
         ("padded efficiency", f"{p.get('padded_efficiency', 0):.2%}"),
         ("alignment overhead", f"{p.get('alignment_overhead', 0):.2%}"),
