@@ -146,12 +146,13 @@ def _crc(chunks: list[bytes | memoryview]) -> str:
 
 
 def sample_digests(row: PackedRowArrays) -> list[str]:
-    """Per sample: its place in the row (start, length, padded length), tokens, labels and mRoPE ids."""
+    """Per sample: its id, its place in the row (start, length, padded length), tokens, labels and mRoPE
+    ids, so content moved to another sample, edited in place or shifted in the row no longer matches."""
     cu, cup = row.cu_seqlens.astype(np.int64), row.cu_seqlens_padded.astype(np.int64)
     out = []
     for i in range(len(cu) - 1):
         a, n, p = int(cup[i]), int(cu[i + 1] - cu[i]), int(cup[i + 1] - cup[i])
-        chunks = [np.asarray([a, n, p], dtype="<i8").tobytes()]
+        chunks = [row.sample_ids[i].encode(), np.asarray([a, n, p], dtype="<i8").tobytes()]
         chunks += [np.ascontiguousarray(row.tokens[a : a + n], dtype="<i4").data]
         chunks += [np.ascontiguousarray(row.labels[a : a + n], dtype="<i4").data]
         if row.mrope_position_ids is not None:
@@ -166,12 +167,8 @@ def media_digest(data: bytes) -> str:
 
 
 def content_digests(row: PackedRowArrays, media_payloads: Mapping[str, bytes]) -> dict[str, Any]:
-    """Fingerprints tying a row's content to the samples it names, recorded in meta.json at write time.
-
-    ``samples[i]`` fingerprints sample i (``sample_digests``), ``media[j]`` the stored bytes of media item
-    j: a swap of content between samples, an in-place edit or a shifted boundary changes a fingerprint
-    while ids and counts stay the same.
-    """
+    """Fingerprints tying a row's content to the samples it names, recorded in meta.json at write time:
+    ``samples[i]`` of sample i (``sample_digests``), ``media[j]`` of the stored bytes of media item j."""
     media = [media_digest(media_payloads[m.part]) for m in row.media]
     return {"algorithm": DIGEST_ALGORITHM, "samples": sample_digests(row), "media": media}
 
