@@ -616,35 +616,62 @@ def _accounting(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> No
             continue
         ledger.update(expected)
         where_packed.update((i, r.where) for i in expected)
-    rejected: Counter[int] = Counter()
+    rejected: list[int] = []
     for rej in rejects:
         idx = rej.get("sample_index")
-        if not isinstance(idx, int):
-            res.failures.append(f"reject without a sample_index: {rej}")
-            continue
-        rejected[idx] += 1
-    n = n_in if n_in is not None else (record or {}).get("input")
-    if n is None:
-        res.notes.append("no input count: the ledger cannot be closed")
-        return
-    for idx in sorted(set(ledger) | set(rejected)):
-        if not 0 <= idx < n:
-            res.failures.append(f"sample index {idx} is outside the input (0..{n - 1})")
-    problems = []
-    for idx in range(n):
-        p, j = ledger.get(idx, 0), rejected.get(idx, 0)
-        if p + j == 1:
-            continue
-        sid = id_of.get(idx, next((x.get("sample_id") for x in rejects if x.get("sample_index") == idx), "?"))
-        if p + j == 0:
-            problems.append(f"sample index {idx} ({sid}) is neither packed nor rejected")
-        elif p and j:
-            problems.append(f"sample index {idx} ({sid}) is both packed ({where_packed[idx]}) and rejected")
-        elif p:
-            problems.append(f"sample index {idx} ({sid}) packed {p} times")
+        if isinstance(idx, int):
+            rejected.append(idx)
         else:
-            problems.append(f"sample index {idx} ({sid}) rejected {j} times")
-    res.failures += problems
+            res.failures.append(f"reject without a sample_index: {rej}")
+    _close_ledger(res, n_in, record, ledger, rejected, id_of, where_packed, rejects)
+
+
+def _close_ledger(
+    res: CheckResult,
+    n_in: int | None,
+    record: dict[str, Any] | None,
+    ledger: Counter[int],
+    rejected: list[int],
+    id_of: dict[int, str],
+    where_packed: dict[int, str],
+    rejects: list[dict[str, Any]],
+) -> None:
+    """Every input index 0..N-1 must be packed or rejected exactly once."""
+    indices = list(ledger) + rejected + list(id_of)
+    n = max(
+        [x for x in (n_in, (record or {}).get("input")) if isinstance(x, int)]
+        + [max(indices, default=-1) + 1]
+    )
+    beyond = sorted({i for i in indices if i >= (n_in if n_in is not None else n) or i < 0})
+    if beyond:
+        res.failures.append(
+            f"{len(beyond)} sample indices lie outside the input count {n_in} of omnipack.json "
+            f"(e.g. {beyond[:5]}): it was edited, or samples were added"
+        )
+    packed = np.zeros(n, dtype=np.int64)
+    for i, c in ledger.items():
+        if 0 <= i < n:
+            packed[i] += c
+    rej = np.bincount(np.asarray([i for i in rejected if 0 <= i < n], dtype=np.int64), minlength=n)
+    bad = np.flatnonzero(packed + rej != 1)
+    rejected_id = {r.get("sample_index"): r.get("sample_id") for r in rejects}
+    for idx in bad[:MAX_SHOWN].tolist():
+        p, j = int(packed[idx]), int(rej[idx])
+        sid = id_of.get(idx, rejected_id.get(idx, "?"))
+        if p + j == 0:
+            res.failures.append(f"sample index {idx} ({sid}) is neither packed nor rejected")
+        elif p and j:
+            res.failures.append(
+                f"sample index {idx} ({sid}) is both packed ({where_packed[idx]}) and rejected"
+            )
+        elif p:
+            res.failures.append(f"sample index {idx} ({sid}) packed {p} times")
+        else:
+            res.failures.append(f"sample index {idx} ({sid}) rejected {j} times")
+    if len(bad) > MAX_SHOWN:
+        res.failures.append(
+            f"… {len(bad) - MAX_SHOWN} more sample indices not packed or rejected exactly once"
+        )
 
 
 def run_verify(
