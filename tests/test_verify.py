@@ -610,3 +610,82 @@ def test_payload_short_by_a_frame_or_160_samples(av: Path, tmp_path: Path, damag
     assert "media" in fails and set(fails) <= {"media"}
     what = "frames stored" if damage == "video frame" else "audio stored"
     assert any(what in m and f"sample {seen['sid']})" in m and shard in m for m in fails["media"])
+
+
+# ---- the streaming shard reader and the header readers
+
+
+def test_truncated_shard_is_a_finding_not_a_crash(ds: Path) -> None:
+    from omnipack.tools.dataset_reader import ShardReader
+    from omnipack.writer.shards import file_sha256
+
+    path = ds / SHARD
+    reader = ShardReader(path, checksum=True)
+    count = next(s["count"] for s in _meta(ds)["shards"] if s["path"] == SHARD)
+    assert len(list(reader)) == count and reader.error is None and reader.sha256 == file_sha256(path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    fails = failing(ds)
+    assert "checksums" in fails and any("unreadable tar" in m and SHARD in m for m in fails["row-parts"])
+
+
+def _encoded(fmt: str, pixels: np.ndarray, **kw) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("part", "make", "shape"),
+    [
+        ("x.png", lambda a: _encoded("PNG", a), (37, 53, 3)),
+        ("x.png", lambda a: _encoded("PNG", a[..., 0]), (37, 53, 1)),
+        ("x.png", lambda a: _encoded("PNG", np.dstack([a, a[..., :1]])), (37, 53, 4)),
+        ("x.jpg", lambda a: _encoded("JPEG", a, quality=90), (37, 53, 3)),
+        ("x.jpeg", lambda a: _encoded("JPEG", a, progressive=True), (37, 53, 3)),
+        ("x.jpg", lambda a: _encoded("JPEG", a[..., 0]), (37, 53, 1)),
+        ("x.npy", lambda a: npy_bytes(a), (37, 53, 3)),
+    ],
+)
+def test_header_shapes_match_the_decoded_arrays(part: str, make, shape: tuple) -> None:
+    from PIL import Image
+
+    from omnipack.tools.payload_header import payload_header
+
+    pixels = np.random.default_rng(0).integers(0, 255, (37, 53, 3), dtype=np.uint8)
+    data = make(pixels)
+    ((got_shape, dtype),) = payload_header(part, data).values()
+    assert got_shape == shape and dtype == np.uint8
+    if not part.endswith(".npy"):
+        with Image.open(io.BytesIO(data)) as img:
+            assert (img.height, img.width, len(img.getbands())) == shape
+
+
+def test_npz_header_reads_every_member_without_inflating_it() -> None:
+    from omnipack.tools.payload_header import payload_header
+
+    frames = np.zeros((4, 64, 96, 3), dtype=np.uint8)
+    audio = np.zeros(16000, dtype=np.int16)
+    header = payload_header("media.0.npz", _npz({"frames": frames, "audio": audio}))
+    assert header == {"frames": ((4, 64, 96, 3), np.dtype(np.uint8)), "audio": ((16000,), np.dtype(np.int16))}
+
+
+@pytest.mark.parametrize("fmt", ["png", "jpg", "npy"])
+def test_image_payload_checked_against_its_plan_in_any_format(fmt: str) -> None:
+    from omnipack.contract import MediaItem
+    from omnipack.profiles import get_profile
+    from omnipack.tools.verify import _payload_errors
+
+    profile = get_profile("qwen2_5_vl")
+    item = MediaItem("image", f"media.0.{fmt}", 0, 1, 12, 0, 14, [1, 6, 8], {"target_hw": [84, 112]})
+    good = np.zeros((84, 112, 3), dtype=np.uint8)
+    encode = {"png": lambda a: _encoded("PNG", a), "jpg": lambda a: _encoded("JPEG", a), "npy": npy_bytes}[
+        fmt
+    ]
+    assert _payload_errors(profile, item, item.part, encode(good)) == []
+    errs = _payload_errors(profile, item, item.part, encode(np.zeros((84, 140, 3), dtype=np.uint8)))
+    assert any("stored (84, 140, 3) uint8, the plan says (84, 112, 3)" in e for e in errs)
+    assert any("gives 15 features, block has 12" in e for e in errs)
+    with pytest.raises(ValueError):
+        _payload_errors(profile, item, item.part, b"garbage")
