@@ -68,6 +68,18 @@ def test_flipped_byte_in_a_shard(ds: Path) -> None:
     }
     assert set(quiet) == {"checksums"}
     assert SHARD in fails["checksums"][0] and "sha256" in fails["checksums"][0]
+    # without the sha256, the payload's fingerprint still sees it
+    fast = {r.name: r for r in run_verify(ds, checksums=False)}
+    assert fast["checksums"].status == "skip" and fast["content"].status == "fail"
+    assert {n for n, r in fast.items() if r.status == "fail"} == {"content"}
+
+
+def test_no_checksums_passes_an_intact_dataset_unless_strict(
+    small: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["verify", str(small), "-j", "1", "--no-checksums"]) == 0
+    assert "SKIP checksums" in capsys.readouterr().out
+    assert main(["verify", str(small), "-j", "1", "--no-checksums", "--strict"]) == 1
 
 
 def test_corrupted_tokens_break_the_row_contract(ds: Path) -> None:
@@ -477,10 +489,11 @@ def test_mrope_ids_shifted(ds: Path) -> None:
 
 @pytest.mark.parametrize("measure_record_too", [False, True])
 def test_dropped_row_with_every_count_fixed(ds: Path, measure_record_too: bool) -> None:
-    dropped = []
+    dropped, dropped_key = [], []
 
     def drop(rows):
         dropped.extend(json.loads(rows[-1].parts["meta.json"])["sample_ids"])
+        dropped_key.append(rows[-1].key)
         return rows[:-1]
 
     rewrite_shard(ds, SHARD, drop)
@@ -501,7 +514,8 @@ def test_dropped_row_with_every_count_fixed(ds: Path, measure_record_too: bool) 
     msgs = fails["accounting"]
     assert any("measure stage read" in m for m in msgs) != measure_record_too
     lost = [m for m in msgs if "neither packed nor rejected" in m]
-    assert len(lost) >= 1 and any(f"({dropped[0]})" in m for m in lost)
+    assert len(lost) == k and all(f"key {dropped_key[0]}" in m for m in lost)
+    assert any(f"({dropped[0]})" in m for m in lost)
 
 
 def test_reject_line_removed_with_counts_fixed(ds: Path) -> None:

@@ -208,8 +208,8 @@ class ShardReader:
         self.duplicate_keys: list[str] = []
 
     def _members(self, f: Any, hasher: _Sha256Thread | None) -> Iterator[tuple[tarfile.TarInfo, Any]]:
-        if hasher is not None:
-            yield from _stream_members(f, hasher.update)
+        if hasher is not None or self.parts is None:  # every byte is wanted: one sequential pass
+            yield from _stream_members(f, hasher.update if hasher is not None else lambda _: None)
             return
         with tarfile.open(fileobj=f, mode="r:") as tar:  # random access: seek over unwanted payloads
             for member in tar:
