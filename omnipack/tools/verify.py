@@ -12,7 +12,6 @@ import functools
 import json
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,10 +122,6 @@ class ShardReport:
     rows_seen: list[RowSeen] = field(default_factory=list)
     rows_without_digests: int = 0
     notes: set[str] = field(default_factory=set)  # checks that could not run
-    # Payload fingerprints are computed on a helper thread (zlib releases the GIL) while reading goes on;
-    # both are dropped before the report crosses back to the parent process.
-    digester: Any = None
-    pending: list[tuple[Any, str, str]] = field(default_factory=list)  # (future digest, recorded, message)
 
     def fail(self, check: str, msg: str) -> None:
         self.failures.setdefault(check, []).append(msg)
@@ -294,12 +289,12 @@ def _check_content(job: ShardJob, row: Any, meta: dict, raw: Any, where: str, re
     if len(recorded) != len(row.media):
         rep.fail("content", f"{where}: {len(recorded)} media fingerprints for {len(row.media)} media items")
     for i, (m, r) in enumerate(zip(row.media, recorded, strict=False)):
-        if m.part in raw.parts:
+        if m.part in raw.parts and media_digest(raw.parts[m.part]) != r:
             sid = row.sample_ids[m.sample_index] if 0 <= m.sample_index < len(row.sample_ids) else "?"
-            msg = (
-                f"{where}: media {i} ({m.kind} {m.part}) of sample {sid}: bytes differ from what was written"
+            rep.fail(
+                "content",
+                f"{where}: media {i} ({m.kind} {m.part}) of sample {sid}: bytes differ from what was written",
             )
-            rep.pending.append((rep.digester.submit(media_digest, raw.parts[m.part]), r, msg))
 
 
 def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
@@ -394,15 +389,6 @@ def _profile(spec: str) -> Any:
     return get_profile(d["name"], **d.get("options", {}))
 
 
-def _collect_digests(rep: ShardReport, wait_for: int | None = None) -> None:
-    """Compare the first ``wait_for`` (default: all) pending payload fingerprints with their records."""
-    n = len(rep.pending) if wait_for is None else wait_for
-    for fut, recorded, msg in rep.pending[:n]:
-        if fut.result() != recorded:
-            rep.fail("content", msg)
-    del rep.pending[:n]
-
-
 def verify_shard(job: ShardJob) -> ShardReport:
     """All per-shard checks in one sequential read of the shard."""
     rep = ShardReport(job.shard)
@@ -412,14 +398,9 @@ def verify_shard(job: ShardJob) -> ShardReport:
         return rep
     reader = ShardReader(path, checksum=job.checksums)
     offsets: list[int] = []
-    with ThreadPoolExecutor(1) as rep.digester:
-        for local, raw in enumerate(reader):
-            offsets.append(raw.offset)
-            _check_row(job, local, raw, rep)
-            if len(rep.pending) > 64:  # bound the payloads held for the helper thread
-                _collect_digests(rep, wait_for=len(rep.pending) - 64)
-        _collect_digests(rep)
-    rep.digester = None
+    for local, raw in enumerate(reader):
+        offsets.append(raw.offset)
+        _check_row(job, local, raw, rep)
     rep.rows = len(offsets)
     if reader.error:
         rep.fail("row-parts", f"{job.shard}: {reader.error}")
