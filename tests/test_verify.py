@@ -556,7 +556,8 @@ def test_row_without_fingerprints(ds: Path) -> None:
 
     rewrite_shard(ds, SHARD, strip)
     fails = failing(ds)
-    assert set(fails) == {"content"} and "lack the content fingerprints" in fails["content"][0]
+    assert set(fails) == {"content"} and "lacks the content fingerprints" in fails["content"][0]
+    assert SHARD in fails["content"][0] and "samples demo-" in fails["content"][0]
 
 
 # ---- audio and video payloads: exact stored lengths against the plan
@@ -703,3 +704,14 @@ def test_image_payload_checked_against_its_plan_in_any_format(fmt: str) -> None:
     assert any("gives 15 features, block has 12" in e for e in errs)
     with pytest.raises(ValueError):
         _payload_errors(profile, item, item.part, b"garbage")
+
+
+def test_without_stage_tables_counts_still_checked_and_the_gap_is_said(ds: Path) -> None:
+    import shutil
+
+    shutil.rmtree(ds / "stages")
+    results = {r.name: r for r in run_verify(ds)}
+    assert all(r.status == "pass" for r in results.values())
+    assert any("ledger is incomplete" in n for n in results["accounting"].notes)
+    edit_json(ds / ".nv-meta" / "omnipack.json", lambda d: d["counts"].__setitem__("packed", 1))
+    assert "accounting" in failing(ds)

@@ -120,7 +120,7 @@ class ShardReport:
     rows: int = 0
     failures: dict[str, list[str]] = field(default_factory=dict)
     rows_seen: list[RowSeen] = field(default_factory=list)
-    rows_without_digests: int = 0
+    rows_without_digests: list[str] = field(default_factory=list)  # where each such row is
     notes: set[str] = field(default_factory=set)  # checks that could not run
 
     def fail(self, check: str, msg: str) -> None:
@@ -267,7 +267,7 @@ def _check_content(job: ShardJob, row: Any, meta: dict, raw: Any, where: str, re
     """Fingerprints recorded at write time against the row as stored."""
     digests = meta.get(DIGESTS_KEY)
     if digests is None:
-        rep.rows_without_digests += 1
+        rep.rows_without_digests.append(where)
         return
     if not isinstance(digests, dict) or digests.get("algorithm") != DIGEST_ALGORITHM:
         rep.fail("content", f"{where}: meta.json digests unusable (algorithm {DIGEST_ALGORITHM} expected)")
@@ -743,14 +743,12 @@ def run_verify(
         for check, msgs in rep.failures.items():
             results[check].failures.extend(msgs)
     results["media"].notes += sorted({n for rep in reports for n in rep.notes})
-    without = sum(rep.rows_without_digests for rep in reports)
+    without = [w for rep in reports for w in rep.rows_without_digests]
     total = sum(len(rep.rows_seen) for rep in reports)
-    if without and without == total:
+    if without and len(without) == total:
         results["content"].skipped = "no row records content fingerprints (written before they existed)"
-    elif without:
-        results["content"].failures.append(
-            f"{without} of {total} rows lack the content fingerprints in meta.json"
-        )
+    else:
+        results["content"].failures += [f"{w}: meta.json lacks the content fingerprints" for w in without]
     _accounting(ds, reports, results["accounting"])
     if not checksums and not results["checksums"].failures:
         results["checksums"].skipped = "sha256 not recomputed (--no-checksums); sizes compared"
