@@ -10,11 +10,13 @@ import numpy as np
 
 from .contract import (
     BOUNDARY_PARTS,
+    DIGESTS_KEY,
     META_PART,
     OPTIONAL_TOKEN_PARTS,
     TOKEN_PARTS,
     MediaItem,
     PackedRowArrays,
+    content_digests,
     part_name,
 )
 
@@ -31,7 +33,8 @@ def load_npy(data: bytes) -> np.ndarray:
 
 def encode_row(row: PackedRowArrays, media_payloads: Mapping[str, bytes]) -> dict[str, bytes]:
     """Tar parts of a row: meta.json first (small, readable), then arrays, then media."""
-    parts = {META_PART: json.dumps(row.meta(), separators=(",", ":")).encode()}
+    meta = {**row.meta(), DIGESTS_KEY: content_digests(row, media_payloads)}
+    parts = {META_PART: json.dumps(meta, separators=(",", ":")).encode()}
     for name, arr in row.arrays().items():
         parts[part_name(name)] = npy_bytes(arr)
     for m in row.media:

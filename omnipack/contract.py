@@ -6,6 +6,8 @@ One place for part names, dtypes and invariants; the writer produces it, the loa
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +132,45 @@ class PackedRowArrays:
         if self.mrope_position_ids is not None:
             out["mrope_position_ids"] = self.mrope_position_ids
         return out
+
+
+DIGESTS_KEY = "digests"  # meta.json: content fingerprints recorded at write time
+DIGEST_ALGORITHM = "crc32"  # a mix-up detector (the shard's sha256 guards the bytes): fast enough to redo
+
+
+def _crc(chunks: list[bytes | memoryview]) -> str:
+    crc = 0
+    for c in chunks:
+        crc = zlib.crc32(c, crc)
+    return f"{crc:08x}"
+
+
+def sample_digests(row: PackedRowArrays) -> list[str]:
+    """Per sample: its id, its place in the row (start, length, padded length), tokens, labels and mRoPE
+    ids, so content moved to another sample, edited in place or shifted in the row no longer matches."""
+    cu, cup = row.cu_seqlens.astype(np.int64), row.cu_seqlens_padded.astype(np.int64)
+    out = []
+    for i in range(len(cu) - 1):
+        a, n, p = int(cup[i]), int(cu[i + 1] - cu[i]), int(cup[i + 1] - cup[i])
+        chunks = [row.sample_ids[i].encode(), np.asarray([a, n, p], dtype="<i8").tobytes()]
+        chunks += [np.ascontiguousarray(row.tokens[a : a + n], dtype="<i4").data]
+        chunks += [np.ascontiguousarray(row.labels[a : a + n], dtype="<i4").data]
+        if row.mrope_position_ids is not None:
+            chunks += [np.ascontiguousarray(row.mrope_position_ids[:, a : a + n], dtype="<i4").data]
+        out.append(_crc(chunks))
+    return out
+
+
+def media_digest(data: bytes) -> str:
+    """The stored bytes of one media part."""
+    return _crc([data])
+
+
+def content_digests(row: PackedRowArrays, media_payloads: Mapping[str, bytes]) -> dict[str, Any]:
+    """Fingerprints tying a row's content to the samples it names, recorded in meta.json at write time:
+    ``samples[i]`` of sample i (``sample_digests``), ``media[j]`` of the stored bytes of media item j."""
+    media = [media_digest(media_payloads[m.part]) for m in row.media]
+    return {"algorithm": DIGEST_ALGORITHM, "samples": sample_digests(row), "media": media}
 
 
 def row_invariant_errors(row: PackedRowArrays, align: int) -> list[str]:

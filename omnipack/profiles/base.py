@@ -263,6 +263,8 @@ AUDIO_LOADING = (
     "librosa.load reference: soundfile decode (FFmpeg via PyAV where libsndfile cannot read), float32 channel "
     "mean, soxr_hq, decoded length; stored int16 k (= k / 32768) when exact, else float32"
 )
+# The dtypes an audio payload may have (int16 where that is exact, else float32).
+STORED_AUDIO_DTYPES = (np.dtype(np.int16), np.dtype(np.float32))
 
 
 def audio_waveform(stored: np.ndarray) -> np.ndarray:
@@ -287,7 +289,7 @@ def payload_audio(payload: Payload) -> np.ndarray | None:
         arr = np.asarray(payload)
     if arr.ndim != 1:
         raise ValueError(f"audio payload has shape {arr.shape}, expected [n]")
-    if arr.dtype not in (np.int16, np.float32):
+    if arr.dtype not in STORED_AUDIO_DTYPES:
         raise ValueError(f"audio payload has dtype {arr.dtype}, expected int16 or float32")
     return arr
 

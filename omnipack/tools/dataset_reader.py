@@ -11,8 +11,10 @@ import hashlib
 import io
 import json
 import os
+import queue
 import sys
 import tarfile
+import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -127,24 +129,66 @@ class RawRow:
         return decode_row(self.parts)
 
 
-class _HashingReader(io.RawIOBase):
-    """A file wrapper hashing every byte read, so the tar walk and the checksum share one pass."""
+class _Sha256Thread:
+    """sha256 of a byte stream computed on a helper thread (hashlib releases the GIL on large chunks), so
+    hashing a shard overlaps reading and checking it instead of adding to it."""
 
-    def __init__(self, f: Any) -> None:
-        self.f, self.h, self.pos = f, hashlib.sha256(), 0
+    def __init__(self) -> None:
+        self.h = hashlib.sha256()
+        self.q: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
 
-    def readable(self) -> bool:
-        return True
+    def _run(self) -> None:
+        while (chunk := self.q.get()) is not None:
+            self.h.update(chunk)
 
-    def read(self, n: int = -1) -> bytes:
-        data = self.f.read(n)
-        self.h.update(data)
-        self.pos += len(data)
+    def update(self, chunk: bytes) -> None:
+        self.q.put(chunk)
+
+    def hexdigest(self) -> str:
+        self.q.put(None)
+        self.thread.join()
+        return self.h.hexdigest()
+
+
+TAR_BLOCK = 512
+
+
+def _stream_members(f: Any, sink: Callable[[bytes], None]) -> Iterator[tuple[tarfile.TarInfo, bytes]]:
+    """Each member of a ustar stream and its data, one read per header and per payload (``sink`` sees every
+    byte read, in order). Ends at the end-of-archive block or the end of the file."""
+    offset = 0
+
+    def read(n: int) -> bytes:
+        data = f.read(n)
+        sink(data)
+        if len(data) < n:
+            raise EOFError(f"file ends at offset {offset + len(data)}, inside a member")
         return data
 
-    def drain(self) -> None:
-        while self.read(1 << 20):
-            pass  # hashing happens in read()
+    while True:
+        header = f.read(TAR_BLOCK)
+        sink(header)
+        if not header or header.count(0) == TAR_BLOCK:
+            return
+        if len(header) < TAR_BLOCK:
+            raise EOFError(f"file ends at offset {offset + len(header)}, inside a header")
+        info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        if info.type in (
+            tarfile.GNUTYPE_LONGNAME,
+            tarfile.GNUTYPE_LONGLINK,
+            tarfile.XHDTYPE,
+            tarfile.XGLTYPE,
+        ):
+            raise tarfile.HeaderError(f"member type {info.type!r} at offset {offset}: shards are plain ustar")
+        info.offset, info.offset_data = offset, offset + TAR_BLOCK
+        data = read(info.size) if info.size else b""
+        pad = -info.size % TAR_BLOCK
+        if pad:
+            read(pad)
+        offset += TAR_BLOCK + info.size + pad
+        yield info, data
 
 
 class ShardReader:
@@ -152,7 +196,8 @@ class ShardReader:
     ``sha256`` (when ``checksum``), ``error`` (a tar that could not be read to its end) and
     ``duplicate_keys`` (keys whose members are not contiguous).
 
-    ``parts`` limits which parts are loaded (the others are seeked over); None loads all.
+    ``parts`` limits which parts are loaded (the others are seeked over); None loads all. With
+    ``checksum`` every byte is read once, in order, and hashed on a helper thread.
     """
 
     def __init__(self, path: Path, parts: Collection[str] | None = None, checksum: bool = False) -> None:
@@ -162,18 +207,21 @@ class ShardReader:
         self.error: str | None = None
         self.duplicate_keys: list[str] = []
 
+    def _members(self, f: Any, hasher: _Sha256Thread | None) -> Iterator[tuple[tarfile.TarInfo, Any]]:
+        if hasher is not None or self.parts is None:  # every byte is wanted: one sequential pass
+            yield from _stream_members(f, hasher.update if hasher is not None else lambda _: None)
+            return
+        with tarfile.open(fileobj=f, mode="r:") as tar:  # random access: seek over unwanted payloads
+            for member in tar:
+                yield member, tar
+
     def __iter__(self) -> Iterator[RawRow]:
-        with open(self.path, "rb") as f:
-            if self.checksum:
-                hr = _HashingReader(f)
-                tar = tarfile.open(fileobj=hr, mode="r|")  # noqa: SIM115 - streaming: every byte once
-            else:
-                hr = None
-                tar = tarfile.open(fileobj=f, mode="r:")  # noqa: SIM115 - random access: seek over payloads
+        hasher = _Sha256Thread() if self.checksum else None
+        with open(self.path, "rb", buffering=1 << 20) as f:
             seen: set[str] = set()
             cur: RawRow | None = None
             try:
-                for member in tar:
+                for member, data in self._members(f, hasher):
                     key, _, part = member.name.partition(".")
                     if cur is None or key != cur.key:
                         if cur is not None:
@@ -182,18 +230,21 @@ class ShardReader:
                             self.duplicate_keys.append(key)
                         seen.add(key)
                         cur = RawRow(key, member.offset, {})
-                    self.data_end = member.offset_data + -(-member.size // 512) * 512
+                    self.data_end = member.offset_data + -(-member.size // TAR_BLOCK) * TAR_BLOCK
                     if member.isfile() and (self.parts is None or part in self.parts):
-                        data = tar.extractfile(member)
-                        cur.parts[part] = data.read() if data is not None else b""
+                        if isinstance(data, tarfile.TarFile):
+                            fobj = data.extractfile(member)
+                            data = fobj.read() if fobj is not None else b""
+                        cur.parts[part] = data
             except (tarfile.TarError, OSError, EOFError) as e:
                 self.error = f"unreadable tar after offset {self.data_end}: {type(e).__name__}: {e}"
+            finally:
+                if hasher is not None:
+                    while chunk := f.read(1 << 22):  # the tail after the last member (end blocks, padding)
+                        hasher.update(chunk)
+                    self.sha256 = hasher.hexdigest()
             if cur is not None:
                 yield cur
-            tar.close()
-            if hr is not None:
-                hr.drain()
-                self.sha256 = hr.h.hexdigest()
 
 
 def read_index(path: Path) -> np.ndarray:

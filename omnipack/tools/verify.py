@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import io
 import json
-import struct
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,15 +20,23 @@ import numpy as np
 
 from ..contract import (
     BOUNDARY_PARTS,
+    DIGEST_ALGORITHM,
+    DIGESTS_KEY,
     FORMAT_VERSION,
+    IGNORE_INDEX,
     META_PART,
     OPTIONAL_TOKEN_PARTS,
     TOKEN_PARTS,
+    MediaItem,
+    media_digest,
     media_placeholder_errors,
     part_name,
     row_invariant_errors,
+    sample_digests,
 )
+from ..profiles.base import STORED_AUDIO_DTYPES
 from .dataset_reader import Dataset, ShardReader, default_workers, map_shards, open_dataset, read_index
+from .payload_header import Header, HeaderError, payload_header, shaped_like
 
 # (name, what it proves), in report order.
 CHECKS: list[tuple[str, str]] = [
@@ -41,12 +47,26 @@ CHECKS: list[tuple[str, str]] = [
     ("shard-counts", "rows per shard match .info.json and omnipack.json; row keys unique"),
     ("row-parts", "every row has all required parts and decodes; each media part present, none stray"),
     ("row-meta", "meta.json agrees with the arrays (W, samples, real tokens, max seqlens, version)"),
-    ("row-contract", "boundaries, alignment, padding mask, position resets, labels (omnipack.contract)"),
+    (
+        "row-contract",
+        "boundaries, alignment, padding mask, position resets, labels (omnipack.contract); no label on or "
+        "targeting a placeholder; mRoPE ids as the profile computes them",
+    ),
+    (
+        "content",
+        "each sample's tokens, labels, boundaries and mRoPE ids, and each media payload, match the "
+        "fingerprints recorded at write time",
+    ),
     (
         "media",
-        "placeholder tokens per media block match num_tokens, grid_thw and the stored payload's features",
+        "placeholder tokens per media block match num_tokens and grid_thw; each payload's stored shape is "
+        "exactly its plan's (frames, size, audio samples) and gives num_tokens features",
     ),
-    ("accounting", "input = packed + rejected; no sample twice; packed ids in the measure table"),
+    (
+        "accounting",
+        "every input sample index is packed or rejected exactly once (ledger from the measure table, the "
+        "pack plan and rejects.jsonl); counts agree with the measure stage's input count",
+    ),
 ]
 CHECK_NAMES = [c for c, _ in CHECKS]
 MAX_SHOWN = 20  # failures printed per check (all are in --json)
@@ -80,7 +100,19 @@ class ShardJob:
     recorded: dict[str, Any] | None  # omnipack.json's record: count, num_bytes, sha256
     placeholder_ids: dict[str, list[int]] | None
     merge_sizes: dict[str, int]
-    profile: str | None = None  # JSON {name, options}: decode payloads and count their features
+    profile: str | None = None  # JSON {name, options}: recompute mRoPE, count payload features
+    payloads: bool = True  # check stored media: exact shapes from headers, fingerprints, features
+    mrope: bool | None = None  # omnipack.json says rows carry mrope_position_ids (None: not recorded)
+    checksums: bool = True  # recompute each shard's sha256 (the costliest part of reading a shard)
+
+
+@dataclass
+class RowSeen:
+    """What accounting needs of one row: its key, where it is, and the samples it names."""
+
+    key: str
+    where: str
+    sample_ids: list[str]
 
 
 @dataclass
@@ -88,29 +120,184 @@ class ShardReport:
     shard: str
     rows: int = 0
     failures: dict[str, list[str]] = field(default_factory=dict)
-    samples: list[tuple[str, str]] = field(default_factory=list)  # (sample id, where)
-    notes: set[str] = field(default_factory=set)  # media checks that could not run
+    rows_seen: list[RowSeen] = field(default_factory=list)
+    rows_without_digests: list[str] = field(default_factory=list)  # where each such row is
+    notes: set[str] = field(default_factory=set)  # checks that could not run
 
     def fail(self, check: str, msg: str) -> None:
         self.failures.setdefault(check, []).append(msg)
 
 
-def _image_hw(part: str, data: bytes) -> tuple[int, int] | None:
-    """(height, width) of a stored image from its header only; None for other encodings."""
-    if part.endswith(".png") and data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
-        w, h = struct.unpack(">II", data[16:24])
-        return h, w
-    if part.endswith(".npy"):
-        f = io.BytesIO(data)
-        version = np.lib.format.read_magic(f)
-        shape, _, _ = np.lib.format._read_array_header(f, version)  # header only, no payload
-        return (int(shape[0]), int(shape[1])) if len(shape) >= 2 else None
-    return None
-
-
 def _describe(job: ShardJob, local: int, key: str, sample_ids: list[str]) -> str:
     ids = ", ".join(sample_ids[:3]) + (f", … (+{len(sample_ids) - 3})" if len(sample_ids) > 3 else "")
     return f"{job.shard} row {local} (key {key}, global row {job.first_row + local}; samples {ids})"
+
+
+def _sample_at(row: Any, pos: int) -> str:
+    """The id of the sample whose padded extent holds row position ``pos``."""
+    i = int(np.searchsorted(row.cu_seqlens_padded, pos, side="right")) - 1
+    return row.sample_ids[i] if 0 <= i < len(row.sample_ids) else "?"
+
+
+def _placeholder_label_errors(row: Any, placeholder_ids: dict[str, list[int]]) -> list[str]:
+    """Placeholders stand for encoder features: none may carry a label or loss, nor be a label's target."""
+    known = sorted({int(t) for ids in placeholder_ids.values() for t in ids})
+    if not known:
+        return []
+    errs = []
+    on_ph = np.isin(row.tokens, known)
+    for what, bad in (
+        ("labels on placeholder tokens", on_ph & (row.labels != IGNORE_INDEX)),
+        ("loss on placeholder tokens", on_ph & (row.loss_mask != 0)),
+        ("labels whose target is a placeholder", np.isin(row.labels, known)),
+    ):
+        pos = np.flatnonzero(bad)
+        if len(pos):
+            errs.append(
+                f"{what}: {len(pos)} position(s), first {int(pos[0])} (sample {_sample_at(row, int(pos[0]))})"
+            )
+    return errs
+
+
+def _plan_of(m: MediaItem) -> Any:
+    from ..profiles.base import MediaPlan
+
+    return MediaPlan.from_json({"kind": m.kind, "num_tokens": m.num_tokens, "grid_thw": m.grid_thw, **m.info})
+
+
+def _mrope_errors(profile: Any, row: Any) -> list[str]:
+    """mRoPE ids recomputed from each sample's tokens and media plans, and the gap rule of the writer."""
+    from ..profiles.base import MediaSpan
+
+    stored = row.mrope_position_ids
+    cu, cup = row.cu_seqlens.astype(np.int64), row.cu_seqlens_padded.astype(np.int64)
+    errs = []
+    for i, sid in enumerate(row.sample_ids):
+        a, n, p = int(cup[i]), int(cu[i + 1] - cu[i]), int(cup[i + 1] - cup[i])
+        try:
+            spans = [
+                MediaSpan(_plan_of(m), m.block_start - a, m.block_end - a, m.token_start - a, m.num_tokens)
+                for m in row.media
+                if m.sample_index == i
+            ]
+            expected = profile.mrope_position_ids(row.tokens[a : a + n], spans)
+        except Exception as e:
+            errs.append(f"sample {sid}: mRoPE ids cannot be recomputed: {type(e).__name__}: {e}")
+            continue
+        if expected is None:
+            errs.append(f"sample {sid}: the profile has no mRoPE, yet the row stores mrope_position_ids")
+            return errs
+        got = stored[:, a : a + n]
+        if not np.array_equal(got, expected):
+            col = int(np.flatnonzero((got != expected).any(axis=0))[0])
+            errs.append(
+                f"sample {sid}: mrope_position_ids at row position {a + col} are {got[:, col].tolist()}, "
+                f"the profile computes {expected[:, col].tolist()}"
+            )
+            continue
+        nxt = int(got.max()) + 1 if n else 0
+        gap = np.arange(nxt, nxt + p - n)
+        if not (stored[:, a + n : a + p] == gap).all():
+            errs.append(f"sample {sid}: mrope_position_ids in its padding do not continue from {nxt}")
+    return errs
+
+
+def _expected_arrays(m: MediaItem) -> dict[str, tuple[tuple[int, ...], tuple[np.dtype, ...]]] | None:
+    """The arrays a media item's plan says its payload holds (exact shape, the dtypes it may have); None
+    when the plan lacks sizes."""
+    info = m.info or {}
+    hw = info.get("target_hw")
+    n_audio = info.get("num_audio_samples")
+    if m.kind == "image":
+        return None if hw is None else {"frames": ((*hw, 3), (np.dtype(np.uint8),))}
+    if m.kind == "video":
+        frames = info.get("frame_indices")
+        if hw is None or frames is None:
+            return None
+        out = {"frames": ((len(frames), *hw, 3), (np.dtype(np.uint8),))}
+        if info.get("audio_num_tokens") and n_audio:
+            out["audio"] = ((int(n_audio),), STORED_AUDIO_DTYPES)
+        return out
+    if m.kind == "audio":
+        return None if not n_audio else {"audio": ((int(n_audio),), STORED_AUDIO_DTYPES)}
+    return None
+
+
+def _stored_arrays(kind: str, header: Header) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """A header's arrays under the names the plan uses (a single array is the frames or the audio)."""
+    if set(header) != {""}:
+        return dict(header)
+    shape, dtype = header[""]
+    if kind == "audio":
+        return {"audio": (shape, dtype)}
+    if kind == "image" and len(shape) == 4 and shape[0] == 1:
+        shape = shape[1:]  # one stored frame
+    return {"frames": (shape, dtype)}
+
+
+def _payload_errors(profile: Any, m: MediaItem, part: str, data: bytes) -> list[str]:
+    """A payload's exact stored shapes against its plan, and the features those shapes give."""
+    header = payload_header(part, data)
+    if header is None:  # no header reader for this format: decode it
+        from ..loader.media import decode_payload
+
+        decoded = decode_payload(part, data)
+        items = decoded.items() if isinstance(decoded, dict) else [("", decoded)]
+        header = {k: (tuple(v.shape), v.dtype) for k, v in items}
+    stored = _stored_arrays(m.kind, header)
+    errs = []
+    expected = _expected_arrays(m)
+    if expected is not None:
+        for name in sorted(set(expected) | set(stored)):
+            if name not in stored:
+                errs.append(f"stores no {name!r}, the plan needs {expected[name][0]}")
+            elif name not in expected:
+                errs.append(f"stores {name!r} {stored[name][0]} that the plan does not have")
+            elif stored[name][0] != expected[name][0] or stored[name][1] not in expected[name][1]:
+                (s_shape, s_dtype), (e_shape, e_dtypes) = stored[name], expected[name]
+                e_dtype = " or ".join(str(d) for d in e_dtypes)
+                errs.append(f"{name} stored {s_shape} {s_dtype}, the plan says {e_shape} {e_dtype}")
+    if profile is not None:
+        fake = {k: shaped_like(*v) for k, v in stored.items()}
+        payload = next(iter(fake.values())) if len(fake) == 1 and m.kind != "video" else fake
+        features = profile.feature_count(m, payload)
+        if features != m.num_tokens:
+            errs.append(f"stored payload gives {features} features, block has {m.num_tokens} placeholders")
+    return errs
+
+
+def _check_content(job: ShardJob, row: Any, meta: dict, raw: Any, where: str, rep: ShardReport) -> None:
+    """Fingerprints recorded at write time against the row as stored."""
+    digests = meta.get(DIGESTS_KEY)
+    if digests is None:
+        rep.rows_without_digests.append(where)
+        return
+    if not isinstance(digests, dict) or digests.get("algorithm") != DIGEST_ALGORITHM:
+        rep.fail("content", f"{where}: meta.json digests unusable (algorithm {DIGEST_ALGORITHM} expected)")
+        return
+    recorded = digests.get("samples") or []
+    actual = sample_digests(row)
+    if len(recorded) != len(actual):
+        rep.fail("content", f"{where}: {len(recorded)} sample fingerprints for {len(actual)} samples")
+    for sid, r, a in zip(row.sample_ids, recorded, actual, strict=False):
+        if r != a:
+            rep.fail(
+                "content",
+                f"{where}: sample {sid}: tokens/labels/boundaries/mRoPE differ from what was written "
+                f"(fingerprint {a}, recorded {r})",
+            )
+    if not job.payloads:
+        return
+    recorded = digests.get("media") or []
+    if len(recorded) != len(row.media):
+        rep.fail("content", f"{where}: {len(recorded)} media fingerprints for {len(row.media)} media items")
+    for i, (m, r) in enumerate(zip(row.media, recorded, strict=False)):
+        if m.part in raw.parts and media_digest(raw.parts[m.part]) != r:
+            sid = row.sample_ids[m.sample_index] if 0 <= m.sample_index < len(row.sample_ids) else "?"
+            rep.fail(
+                "content",
+                f"{where}: media {i} ({m.kind} {m.part}) of sample {sid}: bytes differ from what was written",
+            )
 
 
 def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
@@ -126,7 +313,7 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
         )
         return
     where = _describe(job, local, raw.key, row.sample_ids)
-    rep.samples.extend((sid, where) for sid in row.sample_ids)
+    rep.rows_seen.append(RowSeen(raw.key, where, list(row.sample_ids)))
 
     media_parts = {m.part for m in row.media}
     absent = sorted(p for p in media_parts if p not in raw.parts)
@@ -137,6 +324,9 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
         rep.fail("row-parts", f"{where}: parts not named by meta.json: {stray}")
     if len(media_parts) != len(row.media):
         rep.fail("row-parts", f"{where}: two media items share a part")
+    if job.mrope is not None and (row.mrope_position_ids is not None) != job.mrope:
+        has = "has" if row.mrope_position_ids is not None else "lacks"
+        rep.fail("row-parts", f"{where}: {has} mrope_position_ids, omnipack.json says mrope={job.mrope}")
 
     w = row.seq_length
     if w != job.seq_length:
@@ -146,7 +336,8 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
             rep.fail("row-meta", f"{where}: meta.json lacks {name!r}")
     if meta.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
         rep.fail("row-meta", f"{where}: format_version {meta.get('format_version')} != {FORMAT_VERSION}")
-    if row.mrope_position_ids is not None and row.mrope_position_ids.shape != (3, w):
+    mrope_ok = row.mrope_position_ids is None or row.mrope_position_ids.shape == (3, w)
+    if not mrope_ok:
         rep.fail(
             "row-contract", f"{where}: mrope_position_ids shape {row.mrope_position_ids.shape} != (3, {w})"
         )
@@ -165,26 +356,32 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
     ):
         if name in meta and meta[name] != expected:
             rep.fail("row-meta", f"{where}: meta.json {name}={meta[name]}, the arrays say {expected}")
+    _check_content(job, row, meta, raw, where, rep)
 
     unknown = {m.kind for m in row.media} - set(job.placeholder_ids or {})
     if unknown and job.placeholder_ids is not None:
         rep.notes.update(f"{k} blocks not counted: no placeholder id recorded for {k}" for k in unknown)
     if job.placeholder_ids is not None:  # rows without media too: a stray placeholder is an error
+        for e in _placeholder_label_errors(row, job.placeholder_ids):
+            rep.fail("row-contract", f"{where}: {e}")
         for e in media_placeholder_errors(row, job.placeholder_ids, job.merge_sizes):
             rep.fail("media", f"{where}: {e}")
+    profile = _profile(job.profile) if job.profile is not None else None
+    if profile is not None and row.mrope_position_ids is not None and mrope_ok and not errs:
+        for e in _mrope_errors(profile, row):
+            rep.fail("row-contract", f"{where}: {e}")
+    if not job.payloads:
+        return
     for i, m in enumerate(row.media):
-        target = (m.info or {}).get("target_hw")
-        if m.kind != "image" or target is None or m.part not in raw.parts:
-            continue
+        if m.part not in raw.parts:
+            continue  # reported by row-parts
         try:
-            hw = _image_hw(m.part, raw.parts[m.part])
-        except Exception as e:
-            rep.fail("media", f"{where}: media {i} ({m.part}) header unreadable: {e}")
-            continue
-        if hw is not None and list(hw) != list(target):
-            rep.fail("media", f"{where}: media {i} ({m.part}) stored {hw[0]}x{hw[1]}, target_hw {target}")
-    if job.profile is not None and row.media:
-        _check_payloads(job, row, raw, where, rep)
+            found = _payload_errors(profile, m, m.part, raw.parts[m.part])
+        except (HeaderError, ValueError, OSError) as e:
+            found = [f"payload unusable: {type(e).__name__}: {e}"]
+        sid = row.sample_ids[m.sample_index] if 0 <= m.sample_index < len(row.sample_ids) else "?"
+        for e in found:
+            rep.fail("media", f"{where}: media {i} ({m.kind} {m.part}, sample {sid}): {e}")
 
 
 @functools.cache
@@ -195,27 +392,6 @@ def _profile(spec: str) -> Any:
     return get_profile(d["name"], **d.get("options", {}))
 
 
-def _check_payloads(job: ShardJob, row: Any, raw: Any, where: str, rep: ShardReport) -> None:
-    """Each stored payload must yield exactly the features its block has placeholders for."""
-    from ..loader.media import decode_payload
-
-    profile = _profile(job.profile)
-    for i, m in enumerate(row.media):
-        if m.part not in raw.parts:
-            continue  # reported by row-parts
-        try:
-            features = profile.feature_count(m, decode_payload(m.part, raw.parts[m.part]))
-        except Exception as e:
-            rep.fail("media", f"{where}: media {i} ({m.part}) payload unusable: {type(e).__name__}: {e}")
-            continue
-        if features != m.num_tokens:
-            rep.fail(
-                "media",
-                f"{where}: media {i} ({m.kind} {m.part}) stored payload gives {features} features, "
-                f"block has {m.num_tokens} placeholders",
-            )
-
-
 def verify_shard(job: ShardJob) -> ShardReport:
     """All per-shard checks in one sequential read of the shard."""
     rep = ShardReport(job.shard)
@@ -223,7 +399,7 @@ def verify_shard(job: ShardJob) -> ShardReport:
     if not path.is_file():
         rep.fail("shard-files", f"{job.shard}: file missing")
         return rep
-    reader = ShardReader(path, checksum=True)
+    reader = ShardReader(path, checksum=job.checksums)
     offsets: list[int] = []
     for local, raw in enumerate(reader):
         offsets.append(raw.offset)
@@ -240,7 +416,7 @@ def verify_shard(job: ShardJob) -> ShardReport:
     else:
         if size != job.recorded.get("num_bytes"):
             rep.fail("checksums", f"{job.shard}: {size} bytes, recorded {job.recorded.get('num_bytes')}")
-        if reader.sha256 != job.recorded.get("sha256"):
+        if job.checksums and reader.sha256 != job.recorded.get("sha256"):
             rep.fail(
                 "checksums", f"{job.shard}: sha256 {reader.sha256} != recorded {job.recorded.get('sha256')}"
             )
@@ -338,25 +514,46 @@ def _dataset_checks(ds: Dataset, results: dict[str, CheckResult]) -> None:
         sf.failures.append(f"tar files not named by any metadata: {stray}")
 
 
-def _accounting(
-    ds: Dataset, reports: list[ShardReport], res: CheckResult, measure_check: bool = True
-) -> None:
+def _stage_tables(ds: Dataset) -> tuple[Any, Any, dict[str, Any] | None, list[str]]:
+    """The measure table (sample_index, sample_id), the pack plan (row, sample_index) and the measure
+    stage's record, each None when absent, plus notes on what is missing."""
+    import pyarrow.parquet as pq
+
+    from ..pipeline import MEASURE_KEY_FILE, STAGES_DIR
+
+    stages = ds.root / STAGES_DIR
+    notes, out = [], []
+    for path, columns in (
+        (stages / "measure" / "samples.parquet", ["sample_index", "sample_id"]),
+        (stages / "plan.parquet", ["row", "sample_index"]),
+    ):
+        if path.exists():
+            out.append(pq.read_table(path, columns=columns))
+        else:
+            out.append(None)
+            notes.append(f"no {path.relative_to(ds.root)}: the sample ledger is incomplete")
+    record_path = stages / "measure" / MEASURE_KEY_FILE
+    record = json.loads(record_path.read_text()) if record_path.exists() else None
+    if record is None:
+        notes.append(f"no {record_path.relative_to(ds.root)}: the measured input count is not compared")
+    return out[0], out[1], record, notes
+
+
+def _accounting(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> None:
+    """Counts, then a ledger of sample indices: every input index 0..N-1 is packed or rejected once.
+
+    A row's samples are known by index from the pack plan (its key is the plan row), less the samples the
+    write stage rejected; the measure table gives each index its id, so duplicate ids stay apart."""
     counts = ds.meta.get("counts") or {}
     rejects = ds.rejects()
-    seen: dict[str, str] = {}
-    for rep in reports:
-        for sid, where in rep.samples:
-            if sid in seen:
-                res.failures.append(f"sample {sid} packed twice: {seen[sid]} and {where}")
-            else:
-                seen[sid] = where
-    packed = sum(len(r.samples) for r in reports)
-    rows = sum(r.rows for r in reports)
+    rows_seen = [r for rep in reports for r in rep.rows_seen]
+    packed = sum(len(r.sample_ids) for r in rows_seen)
     n_in, n_packed, n_rej = counts.get("input"), counts.get("packed"), counts.get("rejected")
     if n_in is not None and n_packed is not None and n_rej is not None and n_in != n_packed + n_rej:
         res.failures.append(f"omnipack.json: input {n_in} != packed {n_packed} + rejected {n_rej}")
     if n_packed is not None and packed != n_packed:
         res.failures.append(f"{packed} samples in the shards, omnipack.json says {n_packed} packed")
+    rows = sum(r.rows for r in reports)
     if counts.get("rows") is not None and rows != counts["rows"]:
         res.failures.append(f"{rows} rows in the shards, omnipack.json says {counts['rows']}")
     if n_rej is not None and len(rejects) != n_rej:
@@ -366,38 +563,123 @@ def _accounting(
         res.failures.append(
             f"rejects.jsonl by stage {by_stage} != omnipack.json {counts['rejected_by_stage']}"
         )
-    rej_ids = Counter(r.get("sample_index") for r in rejects)
-    twice = [i for i, n in rej_ids.items() if n > 1]
-    if twice:
-        res.failures.append(f"samples rejected twice (sample_index): {sorted(twice)[:10]}")
-    both = sorted(set(seen) & {r.get("sample_id") for r in rejects})
-    if both:
-        res.failures.append(f"samples both packed and rejected: {both[:10]}")
 
-    samples = ds.root / "stages" / "measure" / "samples.parquet"
-    if not measure_check:
-        return
-    if not samples.exists():
-        res.notes.append("no stages/measure/samples.parquet: packed ids not checked against it")
-        return
-    import pyarrow.parquet as pq
+    measured, plan, record, notes = _stage_tables(ds)
+    res.notes += notes
+    if record is not None and n_in is not None and record.get("input") != n_in:
+        res.failures.append(
+            f"the measure stage read {record.get('input')} input samples (stages/measure/measure.json), "
+            f"omnipack.json says {n_in}"
+        )
+    if (
+        measured is not None
+        and counts.get("measured") is not None
+        and measured.num_rows != counts["measured"]
+    ):
+        res.failures.append(
+            f"measure table has {measured.num_rows} samples, omnipack.json says {counts['measured']}"
+        )
 
-    table = pq.read_table(samples, columns=["sample_index", "sample_id"])
-    measured = set(table.column("sample_id").to_pylist())
-    unknown = [s for s in seen if s not in measured]
-    if unknown:
-        res.failures.append(
-            f"{len(unknown)} packed samples not in the measure table, e.g. "
-            + "; ".join(f"{s} in {seen[s]}" for s in unknown[:3])
+    # A sample id may appear more than once in the input: an id is packed twice only beyond that.
+    input_ids = Counter(measured.column("sample_id").to_pylist()) if measured is not None else None
+    by_id: dict[str, list[str]] = {}
+    for r in rows_seen:
+        for sid in r.sample_ids:
+            by_id.setdefault(sid, []).append(r.where)
+    for sid, wheres in by_id.items():
+        allowed = 1 if input_ids is None else input_ids.get(sid, 0)
+        if input_ids is not None and allowed == 0:
+            res.failures.append(f"sample {sid} in {wheres[0]} is not in the measure table")
+        elif len(wheres) > allowed:
+            res.failures.append(f"sample {sid} packed twice: {wheres[0]} and {wheres[1]}")
+
+    if measured is None or plan is None:
+        return
+    id_of = dict(
+        zip(
+            measured.column("sample_index").to_pylist(), measured.column("sample_id").to_pylist(), strict=True
         )
-    if counts.get("measured") is not None and table.num_rows != counts["measured"]:
+    )
+    plan_rows: dict[int, list[int]] = {}
+    for row, idx in zip(plan.column("row").to_pylist(), plan.column("sample_index").to_pylist(), strict=True):
+        plan_rows.setdefault(int(row), []).append(int(idx))
+    write_rejected = {r.get("sample_index") for r in rejects if r.get("stage") == "write"}
+    ledger: Counter[int] = Counter()
+    where_packed: dict[int, str] = {}
+    for r in rows_seen:
+        planned = plan_rows.get(int(r.key)) if r.key.isdigit() else None
+        if planned is None:
+            res.failures.append(f"{r.where}: key {r.key} is not a row of the pack plan (stages/plan.parquet)")
+            continue
+        expected = [i for i in planned if i not in write_rejected]
+        if [id_of.get(i) for i in expected] != r.sample_ids:
+            res.failures.append(
+                f"{r.where}: the pack plan puts sample indices {expected} "
+                f"(ids {[id_of.get(i) for i in expected]}) in this row"
+            )
+            continue
+        ledger.update(expected)
+        where_packed.update((i, r.where) for i in expected)
+    rejected: list[int] = []
+    for rej in rejects:
+        idx = rej.get("sample_index")
+        if isinstance(idx, int):
+            rejected.append(idx)
+        else:
+            res.failures.append(f"reject without a sample_index: {rej}")
+    plan_row_of = {i: r for r, idxs in plan_rows.items() for i in idxs}
+    _close_ledger(res, n_in, record, ledger, rejected, id_of, where_packed, rejects, plan_row_of)
+
+
+def _close_ledger(
+    res: CheckResult,
+    n_in: int | None,
+    record: dict[str, Any] | None,
+    ledger: Counter[int],
+    rejected: list[int],
+    id_of: dict[int, str],
+    where_packed: dict[int, str],
+    rejects: list[dict[str, Any]],
+    plan_row_of: dict[int, int],
+) -> None:
+    """Every input index 0..N-1 must be packed or rejected exactly once."""
+    indices = list(ledger) + rejected + list(id_of)
+    n = max(
+        [x for x in (n_in, (record or {}).get("input")) if isinstance(x, int)]
+        + [max(indices, default=-1) + 1]
+    )
+    beyond = sorted({i for i in indices if i >= (n_in if n_in is not None else n) or i < 0})
+    if beyond:
         res.failures.append(
-            f"measure table has {table.num_rows} samples, omnipack.json says {counts['measured']}"
+            f"{len(beyond)} sample indices lie outside the input count {n_in} of omnipack.json "
+            f"(e.g. {beyond[:5]}): it was edited, or samples were added"
         )
-    idx = set(table.column("sample_index").to_pylist())
-    overlap = sorted(idx & {r.get("sample_index") for r in rejects if r.get("stage") in ("read", "measure")})
-    if overlap:
-        res.failures.append(f"sample_index both measured and rejected before measuring: {overlap[:10]}")
+    packed = np.zeros(n, dtype=np.int64)
+    for i, c in ledger.items():
+        if 0 <= i < n:
+            packed[i] += c
+    rej = np.bincount(np.asarray([i for i in rejected if 0 <= i < n], dtype=np.int64), minlength=n)
+    bad = np.flatnonzero(packed + rej != 1)
+    rejected_id = {r.get("sample_index"): r.get("sample_id") for r in rejects}
+    for idx in bad[:MAX_SHOWN].tolist():
+        p, j = int(packed[idx]), int(rej[idx])
+        sid = id_of.get(idx, rejected_id.get(idx, "?"))
+        if p + j == 0:
+            planned = plan_row_of.get(idx)
+            where = "" if planned is None else f" (the pack plan put it in the row with key {planned:09d})"
+            res.failures.append(f"sample index {idx} ({sid}) is neither packed nor rejected{where}")
+        elif p and j:
+            res.failures.append(
+                f"sample index {idx} ({sid}) is both packed ({where_packed[idx]}) and rejected"
+            )
+        elif p:
+            res.failures.append(f"sample index {idx} ({sid}) packed {p} times")
+        else:
+            res.failures.append(f"sample index {idx} ({sid}) rejected {j} times")
+    if len(bad) > MAX_SHOWN:
+        res.failures.append(
+            f"… {len(bad) - MAX_SHOWN} more sample indices not packed or rejected exactly once"
+        )
 
 
 def run_verify(
@@ -407,21 +689,26 @@ def run_verify(
     tokenizer: str | None = None,
     progress: bool | None = None,
     payloads: bool = True,
+    checksums: bool = True,
 ) -> list[CheckResult]:
     """Run every check over the dataset at ``root``; returns one result per check, in ``CHECKS`` order.
 
-    ``payloads`` decodes every stored media item and counts the features it yields (the heavy part)."""
+    ``checksums=False`` skips recomputing the shards' sha256 (sizes are still compared); the content
+    fingerprints still cover every sample's tokens and labels and every payload's bytes.
+
+    ``payloads`` checks every stored media item: exact shapes from its header against the plan, the
+    features they give, and its recorded fingerprint (the heavy part; no pixel is decoded)."""
     ds = open_dataset(root)
     results = {name: CheckResult(name, desc) for name, desc in CHECKS}
     _dataset_checks(ds, results)
     prof = ds.meta.get("profile") or {}
     profile_spec = None
-    if payloads and prof.get("name"):
+    if prof.get("name"):
         profile_spec = json.dumps({"name": prof["name"], "options": prof.get("options") or {}})
         try:
             _profile(profile_spec)
         except Exception as e:
-            results["media"].notes.append(f"payload features not checked: profile unusable: {e}")
+            results["media"].notes.append(f"payload features and mRoPE not checked: profile unusable: {e}")
             profile_spec = None
 
     ph_ids, source = placeholder_ids_for(ds, tokenizer)
@@ -431,6 +718,7 @@ def run_verify(
         results["media"].notes.append(f"placeholder ids {ph_ids} from {source}")
     counts = ds.shard_counts if ds.info is not None else {}
     recorded = ds.recorded_shards
+    mrope = ds.meta.get("mrope_position_ids")
     jobs, first = [], 0
     for shard in ds.shards:
         jobs.append(
@@ -445,6 +733,9 @@ def run_verify(
                 placeholder_ids=ph_ids,
                 merge_sizes=_merge_sizes(ds),
                 profile=profile_spec,
+                payloads=payloads,
+                mrope=None if mrope is None else bool(mrope),
+                checksums=checksums,
             )
         )
         first += counts.get(shard, (recorded.get(shard) or {}).get("count", 0))
@@ -455,7 +746,15 @@ def run_verify(
         for check, msgs in rep.failures.items():
             results[check].failures.extend(msgs)
     results["media"].notes += sorted({n for rep in reports for n in rep.notes})
+    without = [w for rep in reports for w in rep.rows_without_digests]
+    total = sum(len(rep.rows_seen) for rep in reports)
+    if without and len(without) == total:
+        results["content"].skipped = "no row records content fingerprints (written before they existed)"
+    else:
+        results["content"].failures += [f"{w}: meta.json lacks the content fingerprints" for w in without]
     _accounting(ds, reports, results["accounting"])
+    if not checksums and not results["checksums"].failures:
+        results["checksums"].skipped = "sha256 not recomputed (--no-checksums); sizes compared"
     return [results[n] for n in CHECK_NAMES]
 
 
@@ -495,6 +794,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         progress=False if args.json else args.progress,
         payloads=args.payloads,
+        checksums=args.checksums,
     )
     if args.json:
         out = {
@@ -542,7 +842,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--payloads",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="decode every stored media item and count its features (default; --no-payloads skips it)",
+        help="check every stored media item: exact shape from its header against the plan, features, "
+        "fingerprint (default; --no-payloads skips it)",
+    )
+    p.add_argument(
+        "--checksums",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="recompute each shard's sha256 (default; --no-checksums compares sizes only: the per-sample "
+        "and per-payload fingerprints still cover the content)",
     )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.set_defaults(func=cmd_verify)
