@@ -150,10 +150,12 @@ def decode_payloads(ds: Path) -> None:
                     decode_payload(part, data)
 
 
-def run_verify(ds: Path, payloads: bool, workers: int, checksums: bool = True) -> None:
+def run_verify(ds: Path, payloads: bool, workers: int, checksums: bool = True, sha256: bool = False) -> None:
     from omnipack.tools.verify import run_verify as verify
 
-    results = verify(ds, workers=workers, progress=False, payloads=payloads, checksums=checksums)
+    results = verify(
+        ds, workers=workers, progress=False, payloads=payloads, checksums=checksums, sha256=sha256
+    )
     bad = [(r.name, r.failures[:2]) for r in results if r.status == "fail"]
     if bad:
         raise SystemExit(f"verify failed on an intact dataset: {bad}")
@@ -201,6 +203,7 @@ def main() -> None:
             "verify --no-payloads": best_of(lambda ds=ds: run_verify(ds, False, 1), args.repeat),
             "verify": best_of(lambda ds=ds: run_verify(ds, True, 1), args.repeat),
             "verify --no-checksums": best_of(lambda ds=ds: run_verify(ds, True, 1, False), args.repeat),
+            "verify --sha256": best_of(lambda ds=ds: run_verify(ds, True, 1, True, True), args.repeat),
         }
         if args.workers > 1:
             timings[f"verify -j {args.workers}"] = best_of(

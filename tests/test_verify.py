@@ -67,8 +67,19 @@ def test_flipped_byte_in_a_shard(ds: Path) -> None:
         r.name: r.failures for r in run_verify(ds, workers=1, progress=False, payloads=False) if r.failures
     }
     assert set(quiet) == {"checksums"}
-    assert SHARD in fails["checksums"][0] and "sha256" in fails["checksums"][0]
-    # without the sha256, the payload's fingerprint still sees it
+    assert SHARD in fails["checksums"][0] and "xxh3_128" in fails["checksums"][0]
+    # --sha256 recomputes the cryptographic digest instead, and sees it too
+    slow = {r.name: r.failures for r in run_verify(ds, payloads=False, sha256=True) if r.failures}
+    assert set(slow) == {"checksums"} and "sha256" in slow["checksums"][0]
+    # a shard recorded without an xxh3-128 (written before it existed) is checked by its sha256
+    meta_path = ds / ".nv-meta" / "omnipack.json"
+    meta = json.loads(meta_path.read_text())
+    for s in meta["shards"]:
+        s.pop("xxh3_128")
+    meta_path.write_text(json.dumps(meta))
+    old = {r.name: r.failures for r in run_verify(ds, payloads=False) if r.failures}
+    assert set(old) == {"checksums"} and "sha256" in old["checksums"][0]
+    # without the checksum, the payload's fingerprint still sees it
     fast = {r.name: r for r in run_verify(ds, checksums=False)}
     assert fast["checksums"].status == "skip" and fast["content"].status == "fail"
     assert {n for n, r in fast.items() if r.status == "fail"} == {"content"}
@@ -635,9 +646,9 @@ def test_truncated_shard_is_a_finding_not_a_crash(ds: Path) -> None:
     from omnipack.writer.shards import file_sha256
 
     path = ds / SHARD
-    reader = ShardReader(path, checksum=True)
+    reader = ShardReader(path, checksum="sha256")
     count = next(s["count"] for s in _meta(ds)["shards"] if s["path"] == SHARD)
-    assert len(list(reader)) == count and reader.error is None and reader.sha256 == file_sha256(path)
+    assert len(list(reader)) == count and reader.error is None and reader.digest == file_sha256(path)
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     fails = failing(ds)
     assert "checksums" in fails and any("unreadable tar" in m and SHARD in m for m in fails["row-parts"])

@@ -19,7 +19,7 @@ from omnipack.demo.tokenizer import build_demo_tokenizer
 from omnipack.pipeline import PrepareConfig, run_prepare
 from omnipack.profiles import get_profile
 from omnipack.tools.dataset_reader import RawRow, ShardReader
-from omnipack.writer.shards import file_sha256
+from omnipack.writer.shards import file_digests
 
 TWIN_IDS = ("twin-a", "twin-b")  # two samples whose images differ but share one size
 DUPLICATE_ID = "dup-id"  # two input lines share this id: one is packed, the other rejected as a duplicate
@@ -123,7 +123,7 @@ def rewrite_shard(
     root: Path, shard: str, transform: Callable[[list[RawRow]], list[RawRow]], *, fix_metadata: bool = True
 ) -> None:
     """Rewrite ``shard`` with ``transform`` applied to its rows, with a correct ``.tar.idx``; with
-    ``fix_metadata`` also the recorded count/size/sha256, so only the damage itself remains."""
+    ``fix_metadata`` also the recorded count/size/checksums, so only the damage itself remains."""
     path = root / shard
     rows = transform(list(ShardReader(path)))
     buf = io.BytesIO()
@@ -143,7 +143,8 @@ def rewrite_shard(
         meta = json.loads(meta_path.read_text())
         for s in meta["shards"]:
             if s["path"] == shard:
-                s.update(count=len(rows), num_bytes=path.stat().st_size, sha256=file_sha256(path))
+                digests = file_digests(path, ("sha256", "xxh3_128"))
+                s.update(count=len(rows), num_bytes=path.stat().st_size, **digests)
         meta_path.write_text(json.dumps(meta))
         info_path = root / ".nv-meta" / ".info.json"
         info = json.loads(info_path.read_text())

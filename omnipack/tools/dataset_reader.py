@@ -7,7 +7,6 @@ pass. Light readers ask only for a few parts (``meta.json``, boundaries) and see
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -26,6 +25,7 @@ import numpy as np
 from ..codec import decode_row, load_npy
 from ..contract import META_PART, PackedRowArrays, part_name
 from ..writer.energon_meta import NV_META, OMNIPACK_META
+from ..writer.shards import new_hasher
 
 INFO_JSON = ".info.json"
 SPLIT_YAML = "split.yaml"
@@ -129,12 +129,12 @@ class RawRow:
         return decode_row(self.parts)
 
 
-class _Sha256Thread:
-    """sha256 of a byte stream computed on a helper thread (hashlib releases the GIL on large chunks), so
-    hashing a shard overlaps reading and checking it instead of adding to it."""
+class _HashThread:
+    """A shard's checksum computed on a helper thread (hashlib and xxhash release the GIL on large chunks),
+    so hashing a shard overlaps reading and checking it instead of adding to it."""
 
-    def __init__(self) -> None:
-        self.h = hashlib.sha256()
+    def __init__(self, algorithm: str) -> None:
+        self.h = new_hasher(algorithm)
         self.q: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -193,21 +193,22 @@ def _stream_members(f: Any, sink: Callable[[bytes], None]) -> Iterator[tuple[tar
 
 class ShardReader:
     """Iterates a shard's rows. After iteration: ``data_end`` (end of the last member's data),
-    ``sha256`` (when ``checksum``), ``error`` (a tar that could not be read to its end) and
+    ``digest`` (the hex digest of the whole file with algorithm ``checksum``, when given), ``error`` (a tar that could not be read to its end) and
     ``duplicate_keys`` (keys whose members are not contiguous).
 
     ``parts`` limits which parts are loaded (the others are seeked over); None loads all. With
-    ``checksum`` every byte is read once, in order, and hashed on a helper thread.
+    ``checksum`` (``xxh3_128`` or a hashlib name) every byte is read once, in order, and hashed on a
+    helper thread.
     """
 
-    def __init__(self, path: Path, parts: Collection[str] | None = None, checksum: bool = False) -> None:
+    def __init__(self, path: Path, parts: Collection[str] | None = None, checksum: str | None = None) -> None:
         self.path, self.parts, self.checksum = Path(path), parts, checksum
-        self.sha256: str | None = None
+        self.digest: str | None = None
         self.data_end = 0
         self.error: str | None = None
         self.duplicate_keys: list[str] = []
 
-    def _members(self, f: Any, hasher: _Sha256Thread | None) -> Iterator[tuple[tarfile.TarInfo, Any]]:
+    def _members(self, f: Any, hasher: _HashThread | None) -> Iterator[tuple[tarfile.TarInfo, Any]]:
         if hasher is not None or self.parts is None:  # every byte is wanted: one sequential pass
             yield from _stream_members(f, hasher.update if hasher is not None else lambda _: None)
             return
@@ -216,7 +217,7 @@ class ShardReader:
                 yield member, tar
 
     def __iter__(self) -> Iterator[RawRow]:
-        hasher = _Sha256Thread() if self.checksum else None
+        hasher = _HashThread(self.checksum) if self.checksum else None
         with open(self.path, "rb", buffering=1 << 20) as f:
             seen: set[str] = set()
             cur: RawRow | None = None
@@ -242,7 +243,7 @@ class ShardReader:
                 if hasher is not None:
                     while chunk := f.read(1 << 22):  # the tail after the last member (end blocks, padding)
                         hasher.update(chunk)
-                    self.sha256 = hasher.hexdigest()
+                    self.digest = hasher.hexdigest()
             if cur is not None:
                 yield cur
 

@@ -42,7 +42,7 @@ from .payload_header import Header, HeaderError, payload_header, shaped_like
 CHECKS: list[tuple[str, str]] = [
     ("metadata", "omnipack.json, .info.json and split.yaml readable; align matches the parallel layout"),
     ("shard-files", "shards named by omnipack.json, .info.json and split.yaml agree and exist, no strays"),
-    ("checksums", "each shard's size and sha256 match those recorded at write time"),
+    ("checksums", "each shard's size and checksum (xxh3-128, or sha256) match those recorded at write time"),
     ("tar-index", "each .tar.idx holds the offset of every row's first header, then the data end"),
     ("shard-counts", "rows per shard match .info.json and omnipack.json; row keys unique"),
     ("row-parts", "every row has all required parts and decodes; each media part present, none stray"),
@@ -103,7 +103,8 @@ class ShardJob:
     profile: str | None = None  # JSON {name, options}: recompute mRoPE, count payload features
     payloads: bool = True  # check stored media: exact shapes from headers, fingerprints, features
     mrope: bool | None = None  # omnipack.json says rows carry mrope_position_ids (None: not recorded)
-    checksums: bool = True  # recompute each shard's sha256 (the costliest part of reading a shard)
+    checksums: bool = True  # recompute each shard's checksum (the costliest part of reading a shard)
+    sha256: bool = False  # recompute the sha256 rather than the fast xxh3-128 (always for shards without one)
 
 
 @dataclass
@@ -399,7 +400,11 @@ def verify_shard(job: ShardJob) -> ShardReport:
     if not path.is_file():
         rep.fail("shard-files", f"{job.shard}: file missing")
         return rep
-    reader = ShardReader(path, checksum=job.checksums)
+    algorithm = None
+    if job.checksums:
+        fast = not job.sha256 and (job.recorded or {}).get("xxh3_128") is not None
+        algorithm = "xxh3_128" if fast else "sha256"
+    reader = ShardReader(path, checksum=algorithm)
     offsets: list[int] = []
     for local, raw in enumerate(reader):
         offsets.append(raw.offset)
@@ -416,9 +421,10 @@ def verify_shard(job: ShardJob) -> ShardReport:
     else:
         if size != job.recorded.get("num_bytes"):
             rep.fail("checksums", f"{job.shard}: {size} bytes, recorded {job.recorded.get('num_bytes')}")
-        if job.checksums and reader.sha256 != job.recorded.get("sha256"):
+        if algorithm is not None and reader.digest != job.recorded.get(algorithm):
             rep.fail(
-                "checksums", f"{job.shard}: sha256 {reader.sha256} != recorded {job.recorded.get('sha256')}"
+                "checksums",
+                f"{job.shard}: {algorithm} {reader.digest} != recorded {job.recorded.get(algorithm)}",
             )
         if job.recorded.get("count") != rep.rows:
             rep.fail(
@@ -690,10 +696,13 @@ def run_verify(
     progress: bool | None = None,
     payloads: bool = True,
     checksums: bool = True,
+    sha256: bool = False,
 ) -> list[CheckResult]:
     """Run every check over the dataset at ``root``; returns one result per check, in ``CHECKS`` order.
 
-    ``checksums=False`` skips recomputing the shards' sha256 (sizes are still compared); the content
+    Each shard's checksum is its recorded xxh3-128 (near memory speed); ``sha256=True`` recomputes the
+    sha256 instead (shards written without an xxh3-128 always are). ``checksums=False`` skips both
+    (sizes are still compared); the content
     fingerprints still cover every sample's tokens and labels and every payload's bytes.
 
     ``payloads`` checks every stored media item: exact shapes from its header against the plan, the
@@ -736,6 +745,7 @@ def run_verify(
                 payloads=payloads,
                 mrope=None if mrope is None else bool(mrope),
                 checksums=checksums,
+                sha256=sha256,
             )
         )
         first += counts.get(shard, (recorded.get(shard) or {}).get("count", 0))
@@ -754,7 +764,7 @@ def run_verify(
         results["content"].failures += [f"{w}: meta.json lacks the content fingerprints" for w in without]
     _accounting(ds, reports, results["accounting"])
     if not checksums and not results["checksums"].failures:
-        results["checksums"].skipped = "sha256 not recomputed (--no-checksums); sizes compared"
+        results["checksums"].skipped = "shard checksums not recomputed (--no-checksums); sizes compared"
     return [results[n] for n in CHECK_NAMES]
 
 
@@ -795,6 +805,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         progress=False if args.json else args.progress,
         payloads=args.payloads,
         checksums=args.checksums,
+        sha256=args.sha256,
     )
     if args.json:
         out = {
@@ -849,8 +860,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--checksums",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="recompute each shard's sha256 (default; --no-checksums compares sizes only: the per-sample "
+        help="recompute each shard's checksum (default; --no-checksums compares sizes only: the per-sample "
         "and per-payload fingerprints still cover the content)",
+    )
+    p.add_argument(
+        "--sha256",
+        action="store_true",
+        help="recompute each shard's sha256 instead of its xxh3-128 (slower; a cryptographic check of the "
+        "bytes, e.g. after a transfer you do not trust)",
     )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.set_defaults(func=cmd_verify)
