@@ -18,6 +18,7 @@ import torch
 from megatron.energon import Batch, Cooker, DefaultTaskEncoder, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
+from ..contract import PackedRowArrays, row_contract_errors
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
 from ..profiles.qwen_vl import PIXEL_DTYPES
 from .batch import concat_rows, packed_seq_params
@@ -49,6 +50,17 @@ MEDIA_KEYS = (
 
 class FatalMediaMismatch(FatalSampleError, MediaMismatchError):
     """A MediaMismatchError that Energon's error handler must not skip: a wrong row stops the loader."""
+
+
+class RowContractError(FatalSampleError, ValueError):
+    """A row breaks the packed-row contract (boundaries, dtypes, padding mask, supervision on placeholders).
+
+    Fatal for Energon (its default handler would log and skip the row): training on it would be silently
+    wrong, so the loader stops and names the row key and sample ids.
+    """
+
+
+PIXEL_DTYPE_CHOICES = ("auto", *PIXEL_DTYPES)
 
 
 @edataclass
@@ -84,8 +96,9 @@ class PackedBatch(Batch):
     feature_attention_mask: torch.Tensor | None = None  # int64 [n_clips, max mel frames]
     audio_feature_lengths: torch.Tensor | None = None  # int64 [n_clips]
     input_features_mask: torch.Tensor | None = None  # Nemotron Omni, bool [n_clips, max mel frames]
-    # pixel_dtype="uint8" only: pixel_values(_videos) are raw uint8 patches and the model must apply
-    # (x / 255 - pixel_mean[c]) / pixel_std[c] per channel (``normalized_media_inputs`` does it).
+    # uint8 pixels (the default for Qwen profiles): pixel_values(_videos) are raw uint8 patches and the
+    # model input is (x / 255 - pixel_mean[c]) / pixel_std[c] per channel (``normalized_media_inputs`` /
+    # ``as_dict`` apply it, on the device when given one, bit-identical to the HF processor's float32).
     pixel_mean: torch.Tensor | None = None  # float32 [3]
     # cp_size > 1: int64 [T_local], the full-stream position of each of this rank's tokens.
     cp_token_indices: torch.Tensor | None = None
@@ -98,8 +111,9 @@ class PackedBatch(Batch):
     def normalized_media_inputs(self, device: Any = None) -> dict[str, torch.Tensor]:
         """``media_inputs`` moved to ``device`` with uint8 pixel patches normalized to float32 there.
 
-        With the default float32 pixels this only moves tensors; with ``pixel_dtype="uint8"`` the 4x smaller
-        patches cross the host-device link and are normalized on the device (same values within 1e-6).
+        With uint8 pixels (the default for Qwen profiles) the 4x smaller patches cross the host-device link
+        and are normalized on the device, bit-identical to the HF processor's ``pixel_values``; with
+        ``pixel_dtype="float32"`` this only moves tensors.
         """
         out = {k: v.to(device) if device is not None else v for k, v in self.media_inputs().items()}
         if self.pixel_mean is not None and self.pixel_std is not None:
@@ -108,7 +122,9 @@ class PackedBatch(Batch):
                     out[k] = normalize_pixels(out[k], self.pixel_mean, self.pixel_std)
         return out
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, device: Any = None) -> dict[str, Any]:
+        """The Megatron-Bridge ``get_batch`` dict, model-ready: media inputs as ``normalized_media_inputs``
+        (float32 pixels, normalized on ``device`` when given); token tensors stay where they are."""
         keys = [
             "tokens",
             "labels",
@@ -126,7 +142,7 @@ class PackedBatch(Batch):
         out = {k: getattr(self, k) for k in keys}
         if self.mrope_position_ids is not None:
             out["mrope_position_ids"] = self.mrope_position_ids
-        out.update(self.media_inputs())
+        out.update(self.normalized_media_inputs(device))
         return out
 
     def packed_seq_params(self) -> Any:
@@ -142,12 +158,18 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     (``MediaMismatchError`` names the row and sample) and ``decode_media`` builds encoder inputs (then the
     bytes are dropped so workers do not ship them twice). Prefer ``from_dataset``.
 
-    ``pixel_dtype``: "float32" (default) gives ``pixel_values``/``pixel_values_videos`` exactly as the HF
-    processor does (rescaled and normalized). "uint8" gives the raw pixel values in the same layout, a
-    quarter of the bytes to build, ship between workers and copy to the GPU, plus ``batch.pixel_mean`` /
+    ``pixel_dtype``: "auto" (default) is "uint8" for profiles with a per-channel pixel normalization
+    (Qwen families) and "float32" otherwise. "uint8" gives the raw pixel values in the HF layout, a quarter
+    of the bytes to build, ship between workers and copy to the GPU, plus ``batch.pixel_mean`` /
     ``batch.pixel_std`` (float32 [3]): the model input is ``(x.float() / 255 - mean[c]) / std[c]`` with
-    ``x`` viewed as ``[patches, 3, -1]`` (``omnipack.loader.media.normalize_pixels``,
-    ``batch.normalized_media_inputs(device)``).
+    ``x`` viewed as ``[patches, 3, -1]``, which ``batch.as_dict(device)`` /
+    ``batch.normalized_media_inputs(device)`` compute on the device, bit-identical to the HF processor.
+    "float32" builds those normalized values in the worker (same bits, 4x the bytes).
+
+    ``check_rows`` (default on): every row is checked against the packed-row contract
+    (``omnipack.contract.row_contract_errors``: boundaries, dtypes, padding mask, labels / loss mask, no
+    supervision on placeholders); a broken row raises ``RowContractError`` (fatal for Energon) naming the
+    row key and sample ids. ``align``: the dataset's alignment (``from_dataset`` reads it).
     """
 
     decoder = None  # parts arrive as raw bytes; the cooker decodes .npy without pickle
@@ -164,12 +186,16 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         decode_media: bool = False,
         check_media: bool = True,
         placeholder_ids: Mapping[str, Sequence[int]] | None = None,
-        pixel_dtype: str = "float32",
+        pixel_dtype: str = "auto",
+        check_rows: bool = True,
+        align: int = 1,
     ) -> None:
         super().__init__(raw_batch_type=PackedBatch, batch_type=PackedBatch)
-        if pixel_dtype not in PIXEL_DTYPES:
-            raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPES}, got {pixel_dtype!r}")
+        if pixel_dtype not in PIXEL_DTYPE_CHOICES:
+            raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPE_CHOICES}, got {pixel_dtype!r}")
         norm = profile.pixel_normalization() if profile is not None else None
+        if pixel_dtype == "auto":
+            pixel_dtype = "uint8" if norm is not None else "float32"
         if pixel_dtype == "uint8" and decode_media and norm is None:
             raise ValueError(f"profile {getattr(profile, 'name', None)!r} has no uint8 pixel path")
         if not 0 <= cp_rank < cp_size:
@@ -185,6 +211,8 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             None if placeholder_ids is None else {k: list(v) for k, v in placeholder_ids.items()}
         )
         self.pixel_dtype = pixel_dtype
+        self.check_rows = check_rows
+        self.align = int(align)
         # What the model must apply to uint8 pixels (None in float32 mode: already applied).
         self.pixel_mean = self.pixel_std = None
         if pixel_dtype == "uint8" and norm is not None:
@@ -203,14 +231,16 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         fp8: str = "none",
         decode_media: bool = True,
         check_media: bool = True,
-        pixel_dtype: str = "float32",
+        pixel_dtype: str = "auto",
+        check_rows: bool = True,
     ) -> OmnipackTaskEncoder:
         """An encoder for the dataset at ``path``, configured from its ``.nv-meta/omnipack.json``.
 
         Checks that the dataset's alignment serves ``tp/cp/sequence_parallel/fp8`` (``DatasetAlignmentError``
         otherwise) and rebuilds the profile from the recorded name and options (``ValueError`` if it no
         longer reproduces the recorded settings, e.g. a preprocessor_config that changed or is missing).
-        ``pixel_dtype``: "float32" (HF processor output) or "uint8" (normalize on the GPU; see the class).
+        ``pixel_dtype``: "auto", "uint8" (normalized on the device, see the class) or "float32";
+        ``check_rows``: the per-row contract check (see the class).
         """
         from ..profiles import get_profile
         from ..writer.energon_meta import read_omnipack_meta
@@ -238,10 +268,29 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             check_media=check_media,
             placeholder_ids=dataset_placeholder_ids(meta, profile)[0],
             pixel_dtype=pixel_dtype,
+            check_rows=check_rows,
+            align=int(meta["align"]),
         )
+
+    def row_errors(self, sample: PackedRowSample) -> list[str]:
+        """The contract violations of one cooked row (empty when it is sound)."""
+        t = sample.arrays()
+        row = PackedRowArrays(
+            **{k: v.numpy() for k, v in t.items()},
+            sample_ids=sample.sample_ids,
+            media=sample.media_items,
+        )
+        return row_contract_errors(row, self.align, self.placeholder_ids)
 
     @stateless
     def encode_sample(self, sample: PackedRowSample) -> PackedRowSample:
+        if self.check_rows and (errs := self.row_errors(sample)):
+            raise RowContractError(
+                f"row {sample.__key__!r} (samples {sample.sample_ids}) breaks the packed-row contract: "
+                + "; ".join(errs)
+                + ". Training on it would be wrong; check the dataset with `omnipack verify` "
+                "(check_rows=False skips this check)."
+            )
         if self.profile is None or not (self.check_media or self.decode_media):
             return sample
         items = sample.media_items
@@ -261,8 +310,9 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             except MediaMismatchError as e:
                 raise FatalMediaMismatch(str(e)) from None
         if self.decode_media:
+            # Deferred: pixel patches are built once, in batch(), straight into the batch tensor.
             sample.media_inputs = row_media_inputs(
-                self.profile, items, payloads, pixel_dtype=self.pixel_dtype
+                self.profile, items, payloads, pixel_dtype=self.pixel_dtype, deferred=True
             )
             sample.media = None
         return sample
