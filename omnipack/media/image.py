@@ -13,7 +13,9 @@ from .errors import MediaError
 
 # Resampling the model's image processor uses (Qwen: bicubic); the trainer never resizes again.
 RESAMPLE = Image.Resampling.BICUBIC
-IMAGE_ENCODINGS = ("png", "npy")
+# "npy" (default): raw uint8 [H, W, 3], written ~100x faster than PNG and read as a zero-copy view;
+# "png": ~1.8x smaller shards for photos, but encoding dominates a prepare and decoding the loader.
+IMAGE_ENCODINGS = ("npy", "png")
 
 
 def probe_image(path: Path) -> MediaMeta:
@@ -41,13 +43,13 @@ def load_image(path: Path, target_hw: tuple[int, int] | None = None) -> np.ndarr
         raise MediaError(f"image decode failed: {type(e).__name__}: {e}") from None
 
 
-def encode_image(pixels: np.ndarray, encoding: str = "png") -> tuple[str, bytes]:
+def encode_image(pixels: np.ndarray, encoding: str = "npy") -> tuple[str, bytes]:
     """(extension, bytes) of an RGB uint8 image; both encodings are lossless."""
     buf = io.BytesIO()
-    if encoding == "png":
+    if encoding == "npy":
+        np.save(buf, np.ascontiguousarray(pixels, dtype=np.uint8), allow_pickle=False)
+    elif encoding == "png":
         Image.fromarray(pixels).save(buf, format="PNG", compress_level=1)
-    elif encoding == "npy":
-        np.save(buf, pixels, allow_pickle=False)
     else:
         raise ValueError(f"unknown image encoding {encoding!r}; choose from {IMAGE_ENCODINGS}")
     return encoding, buf.getvalue()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import io
 import json
 import struct
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..codec import npy_header
 from ..contract import (
     BOUNDARY_PARTS,
     FORMAT_VERSION,
@@ -101,9 +101,7 @@ def _image_hw(part: str, data: bytes) -> tuple[int, int] | None:
         w, h = struct.unpack(">II", data[16:24])
         return h, w
     if part.endswith(".npy"):
-        f = io.BytesIO(data)
-        version = np.lib.format.read_magic(f)
-        shape, _, _ = np.lib.format._read_array_header(f, version)  # header only, no payload
+        shape = npy_header(data).shape  # header only, no payload
         return (int(shape[0]), int(shape[1])) if len(shape) >= 2 else None
     return None
 
