@@ -100,7 +100,9 @@ def view_npy(data: bytes | memoryview, offset: int = 0) -> np.ndarray:
     h = npy_header(data, offset)
     count = int(np.prod(h.shape, dtype=np.int64))
     if h.data_offset + h.nbytes > len(data):
-        raise ValueError(f"npy payload truncated: header says {h.nbytes} data bytes, {len(data) - h.data_offset} present")
+        raise ValueError(
+            f"npy payload truncated: header says {h.nbytes} data bytes, {len(data) - h.data_offset} present"
+        )
     return np.frombuffer(data, dtype=h.dtype, count=count, offset=h.data_offset).reshape(h.shape)
 
 
@@ -157,7 +159,9 @@ def payload_header(part: str, data: bytes) -> PayloadHeader:
     if ext == "npy":
         h = npy_header(data)
         if h.data_offset + h.nbytes != len(data):
-            raise ValueError(f"{part}: npy header says {h.nbytes} data bytes, part holds {len(data) - h.data_offset}")
+            raise ValueError(
+                f"{part}: npy header says {h.nbytes} data bytes, part holds {len(data) - h.data_offset}"
+            )
         return PayloadHeader("npy", {"": (h.dtype.str, h.shape)}, False)
     if ext == "npz":
         arrays, compressed = {}, False

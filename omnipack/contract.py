@@ -281,7 +281,9 @@ def row_contract_errors(
     errs = row_invariant_errors(row, align)
     mrope = row.mrope_position_ids
     if mrope is not None and (mrope.shape != (3, row.seq_length) or mrope.dtype != np.int32):
-        errs.append(f"mrope_position_ids is {mrope.dtype} {mrope.shape}, expected int32 (3, {row.seq_length})")
+        errs.append(
+            f"mrope_position_ids is {mrope.dtype} {mrope.shape}, expected int32 (3, {row.seq_length})"
+        )
     if placeholder_ids and row.tokens.shape == row.labels.shape == row.loss_mask.shape:
         errs += placeholder_label_errors(row, placeholder_ids)
     return errs

@@ -109,7 +109,7 @@ def test_both_pixel_paths_are_bit_identical_to_the_hf_image_processor(name):
     f = profile.image.factor
     hw = (f * 10, f * 9)  # >= every profile's min_pixels, so the processor does not resize
     img = (np.arange(hw[0] * hw[1] * 3).reshape(*hw, 3) * 7 % 256).astype(np.uint8)
-    img[: f, : f] = RNG.integers(0, 256, (f, f, 3), dtype=np.uint8)
+    img[:f, :f] = RNG.integers(0, 256, (f, f, 3), dtype=np.uint8)
     assert all(len(np.unique(img[..., c])) == 256 for c in range(3))
     ref = _hf(_hf_image_processor(profile), img)["pixel_values"]
     f32 = profile.media_inputs(_item("image"), img)["pixel_values"]

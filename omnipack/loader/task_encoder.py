@@ -115,7 +115,10 @@ class PackedBatch(Batch):
         and are normalized on the device, bit-identical to the HF processor's ``pixel_values``; with
         ``pixel_dtype="float32"`` this only moves tensors.
         """
-        out = {k: v.to(device) if device is not None else v for k, v in self.media_inputs().items()}
+        out = {
+            k: v.to(device, non_blocking=True) if device is not None else v
+            for k, v in self.media_inputs().items()
+        }
         if self.pixel_mean is not None and self.pixel_std is not None:
             for k in ("pixel_values", "pixel_values_videos"):
                 if k in out and out[k].dtype == torch.uint8:
@@ -124,7 +127,8 @@ class PackedBatch(Batch):
 
     def as_dict(self, device: Any = None) -> dict[str, Any]:
         """The Megatron-Bridge ``get_batch`` dict, model-ready: media inputs as ``normalized_media_inputs``
-        (float32 pixels, normalized on ``device`` when given); token tensors stay where they are."""
+        (float32 pixels). With ``device`` every tensor is moved there first (non-blocking), so uint8 pixels
+        cross the host-device link and are normalized on the device."""
         keys = [
             "tokens",
             "labels",
@@ -142,6 +146,11 @@ class PackedBatch(Batch):
         out = {k: getattr(self, k) for k in keys}
         if self.mrope_position_ids is not None:
             out["mrope_position_ids"] = self.mrope_position_ids
+        if device is not None:
+            out = {
+                k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in out.items()
+            }
         out.update(self.normalized_media_inputs(device))
         return out
 
