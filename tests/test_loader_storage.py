@@ -174,3 +174,28 @@ def test_payload_header_gives_exact_shapes_without_decoding() -> None:
     buf = io.BytesIO()
     Image.fromarray(img).save(buf, format="PNG")
     assert payload_header("x.png", buf.getvalue()).arrays == {"": ("|u1", (56, 84, 3))}
+
+
+def test_worker_batches_share_one_storage_for_their_small_tensors(monkeypatch) -> None:
+    """In a worker, tensors not yet shared are copied into one shared storage (one file descriptor to hand
+    over), as separate non-overlapping views with their values; outside a worker nothing changes."""
+    from omnipack.loader.task_encoder import share_in_one_storage
+
+    values = {
+        "tokens": torch.arange(10, dtype=torch.int64).reshape(1, 10),
+        "loss_mask": torch.ones(1, 10),
+        "padding_mask": torch.zeros(1, 10, dtype=torch.bool),
+        "max_seqlen": torch.tensor(7, dtype=torch.int32),
+        "grid": torch.tensor([[1, 4, 6]]),
+        "none": None,
+    }
+    assert share_in_one_storage(values) is values
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    out = share_in_one_storage(values)
+    tensors = {k: v for k, v in out.items() if v is not None}
+    assert out["none"] is None and all(v.is_shared() for v in tensors.values())
+    assert len({v.untyped_storage().data_ptr() for v in tensors.values()}) == 1
+    for k, v in tensors.items():
+        assert v.dtype == values[k].dtype and torch.equal(v, values[k]), k
+    out["tokens"].fill_(-1)  # views do not overlap
+    assert torch.equal(out["loss_mask"], values["loss_mask"]) and int(out["max_seqlen"]) == 7

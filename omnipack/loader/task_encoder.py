@@ -355,11 +355,10 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                 media.update(collated)
         if self.pixel_mean is not None and self.pixel_std is not None:
             media.update(pixel_mean=self.pixel_mean.clone(), pixel_std=self.pixel_std.clone())
+        tensors = share_in_one_storage({**fields, **media, "cp_token_indices": cp_token_indices})
         return PackedBatch.from_samples(
             samples,
-            **fields,
-            **media,
-            cp_token_indices=cp_token_indices,
+            **tensors,
             sample_ids=[s.sample_ids for s in samples],
             row_meta=[s.meta for s in samples],
             media=None if self.decode_media else [s.media or {} for s in samples],
@@ -368,6 +367,33 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     @stateless
     def encode_batch(self, batch: PackedBatch) -> PackedBatch:
         return batch
+
+
+def share_in_one_storage(values: dict[str, Any], align: int = 64) -> dict[str, Any]:
+    """Inside a loader worker: the tensors of ``values`` not yet in shared memory, copied into ONE new shared
+    storage (``align``-byte aligned, non-overlapping views); other values unchanged. Outside a worker:
+    ``values`` as they are.
+
+    Handing a batch to the trainer process passes one file descriptor per storage, each a socket
+    handshake the trainer's main process waits on; a batch has ~15-25 small tensors (tokens, boundaries,
+    grids, audio features) besides the pixel buffers that ``collate_media`` already built in shared memory.
+    """
+    if torch.utils.data.get_worker_info() is None:
+        return values
+    todo = [k for k, v in values.items() if isinstance(v, torch.Tensor) and not v.is_shared()]
+    offsets, total = {}, 0
+    for k in todo:
+        offsets[k] = total
+        total += -(-values[k].numel() * values[k].element_size() // align) * align
+    if not todo:
+        return values
+    storage = torch.UntypedStorage._new_shared(max(total, 1))
+    out = dict(values)
+    for k in todo:
+        v = values[k]
+        view = torch.empty(0, dtype=v.dtype).set_(storage, offsets[k] // v.element_size(), v.shape)
+        out[k] = view.copy_(v)
+    return out
 
 
 def _jsonable(x: Any) -> Any:
