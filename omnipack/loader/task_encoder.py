@@ -2,9 +2,10 @@
 
 Rows are already packed, so the loader runs with ``packing_buffer_size=None``; a micro-batch of MBS rows
 becomes one ``[1, MBS*W]`` THD stream, optionally sliced for a context-parallel rank. With a profile
-(``from_dataset``), ``encode_sample`` (in the Energon worker processes) decodes every stored media part,
-checks it against the row's placeholders and turns it into the model's encoder inputs; ``batch`` joins
-them across the micro-batch in placeholder order.
+(``from_dataset``), ``encode_sample`` (in the Energon worker processes) checks each row's contract, views
+every stored media part, checks it against the row's placeholders and plans the model's encoder inputs;
+``batch`` builds them once, straight into the batch tensors (in shared memory inside a worker, so the hand-
+over to the trainer copies nothing), in placeholder order across the micro-batch.
 """
 
 from __future__ import annotations
@@ -83,10 +84,10 @@ class PackedBatch(Batch):
     row_meta: list[dict[str, Any]]
     mrope_position_ids: torch.Tensor | None = None
     media: list[dict[str, bytes]] | None = None
-    pixel_values: torch.Tensor | None = None  # float32 [image patches, 3*tps*ps*ps] (Nemotron: 3*ps*ps)
+    pixel_values: torch.Tensor | None = None  # uint8 (Qwen default) or float32 [patches, 3*tps*ps*ps]
     image_grid_thw: torch.Tensor | None = None  # int64 [n_images, 3]
     image_grid_hw: torch.Tensor | None = None  # Nemotron Omni, int64 [n_images, 2]
-    pixel_values_videos: torch.Tensor | None = None  # Nemotron Omni: float32 [1, tubelets, 2*3, H, W]
+    pixel_values_videos: torch.Tensor | None = None  # as pixel_values; Nemotron: f32 [1, tubelets, 6, H, W]
     video_grid_thw: torch.Tensor | None = None  # int64 [n_videos, 3]
     second_per_grid_ts: torch.Tensor | None = None  # Qwen2.5-VL, float32 [n_videos]
     video_second_per_grid: torch.Tensor | None = None  # Qwen3-Omni, float32 [n_videos]
