@@ -41,13 +41,16 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--max-media-per-row",), {"type": int}),
     (("--max-vision-patches-per-row",), {"type": int}),
     (("--max-audio-frames-per-row",), {"type": int}),
-    (("--image-encoding",), {"choices": ["png", "npy"], "help": "lossless storage of resized images"}),
+    (
+        ("--image-encoding",),
+        {"choices": ["npy", "png"], "help": "lossless storage of resized images: npy raw (default), png smaller"},
+    ),
     (
         ("--compress-video",),
         {
             "action": argparse.BooleanOptionalAction,
             "default": None,
-            "help": "deflate video frames in shards (default); --no-compress-video trades disk for load speed",
+            "help": "deflate video frames in shards (smaller, slower to load); raw by default",
         },
     ),
     (("--shard-size-mb",), {"type": float, "help": "roll shards over at this size"}),

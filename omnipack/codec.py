@@ -1,10 +1,14 @@
-"""Bytes <-> packed rows: ``.npy`` parts (never pickled) and one ``meta.json`` per row."""
+"""Bytes <-> packed rows: ``.npy`` parts (never pickled) and one ``meta.json`` per row; media payloads
+read as zero-copy views, or described from their headers alone."""
 
 from __future__ import annotations
 
 import io
 import json
+import struct
+import zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -55,3 +59,80 @@ def decode_row(parts: Mapping[str, bytes]) -> tuple[PackedRowArrays, dict]:
         media=[MediaItem.from_json(m) for m in meta.get("media", [])],
     )
     return row, meta
+
+
+# ---- media payloads: zero-copy views and header-only descriptions ----
+
+
+NPY_HEADER_MAX = 65536 + 12  # an .npy header (magic, version, length, dict) is under 64 KiB by format
+
+
+@dataclass(frozen=True)
+class ArrayHeader:
+    """What an ``.npy`` header says: element type, shape, and where the data starts in the buffer."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    data_offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def npy_header(data: bytes | memoryview, offset: int = 0) -> ArrayHeader:
+    """Parse the ``.npy`` header at ``data[offset:]`` without touching the array data.
+
+    Raises ValueError for a non-npy buffer, an object dtype (would need pickle) or Fortran order.
+    """
+    fp = io.BytesIO(memoryview(data)[offset : offset + NPY_HEADER_MAX])
+    try:
+        version = np.lib.format.read_magic(fp)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp)
+    except ValueError as e:
+        raise ValueError(f"not an npy payload: {e}") from None
+    if dtype.hasobject:
+        raise ValueError("npy payload holds Python objects (pickle is never loaded)")
+    if fortran and len(shape) > 1:
+        raise ValueError("npy payload is in Fortran order (omnipack writes C order)")
+    return ArrayHeader(dtype=dtype, shape=tuple(int(s) for s in shape), data_offset=offset + fp.tell())
+
+
+def view_npy(data: bytes | memoryview, offset: int = 0) -> np.ndarray:
+    """The array of an ``.npy`` buffer as a read-only view of ``data`` (no copy, no pickle)."""
+    h = npy_header(data, offset)
+    count = int(np.prod(h.shape, dtype=np.int64))
+    if h.data_offset + h.nbytes > len(data):
+        raise ValueError(
+            f"npy payload truncated: header says {h.nbytes} data bytes, {len(data) - h.data_offset} present"
+        )
+    return np.frombuffer(data, dtype=h.dtype, count=count, offset=h.data_offset).reshape(h.shape)
+
+
+_ZIP_LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # signature ... name length, extra length (30 bytes)
+
+
+def stored_member_offset(data: bytes | memoryview, info: zipfile.ZipInfo) -> int:
+    """Where an uncompressed zip member's bytes start (its local header's name/extra lengths may differ
+    from the central directory's)."""
+    fields = _ZIP_LOCAL_HEADER.unpack_from(data, info.header_offset)
+    if fields[0] != b"PK\x03\x04":
+        raise ValueError(f"npz member {info.filename!r}: bad local header")
+    return info.header_offset + _ZIP_LOCAL_HEADER.size + fields[-2] + fields[-1]
+
+
+def view_npz(data: bytes) -> dict[str, np.ndarray]:
+    """Arrays of an ``.npz`` buffer: stored (uncompressed) members as zero-copy views, deflated ones inflated."""
+    out: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        for info in z.infolist():
+            name = info.filename.removesuffix(".npy")
+            if info.compress_type == zipfile.ZIP_STORED:
+                start = stored_member_offset(data, info)
+                out[name] = view_npy(memoryview(data)[start : start + info.file_size])
+            else:
+                out[name] = view_npy(z.read(info))
+    return out

@@ -293,3 +293,41 @@ def media_placeholder_errors(
     if total != recorded:
         errs.append(f"row holds {total} placeholder tokens but its media items account for {recorded}")
     return errs
+
+
+def placeholder_label_errors(row: PackedRowArrays, placeholder_ids: dict[str, list[int]]) -> list[str]:
+    """Supervision that touches media placeholders, naming the sample: a label (or loss) on a placeholder
+    position (the model would be trained to predict from an embedding slot) and a label whose target is a
+    placeholder id (it would be trained to emit one)."""
+    known = np.asarray(sorted({int(t) for ids in placeholder_ids.values() for t in ids}), dtype=np.int64)
+    if not len(known):
+        return []
+    errs: list[str] = []
+    supervised = (row.labels != IGNORE_INDEX) | (row.loss_mask != 0)
+    for what, bad in (
+        ("supervised on a placeholder token", supervised & np.isin(row.tokens, known)),
+        ("a label whose target is a placeholder token", np.isin(row.labels, known)),
+    ):
+        where = np.flatnonzero(bad)
+        if len(where):
+            seq = np.searchsorted(row.cu_seqlens_padded, where, side="right") - 1
+            ids = sorted({row.sample_ids[i] for i in seq if 0 <= i < len(row.sample_ids)})
+            errs.append(f"{what} at positions {where[:5].tolist()} (samples {ids})")
+    return errs
+
+
+def row_contract_errors(
+    row: PackedRowArrays, align: int = 1, placeholder_ids: dict[str, list[int]] | None = None
+) -> list[str]:
+    """The per-row contract a trainer relies on (what the loader checks on every row, cheaply):
+    ``row_invariant_errors`` (shapes, dtypes, boundaries, padding mask, labels/loss mask) plus the mRoPE
+    ids' shape and dtype and, with ``placeholder_ids``, ``placeholder_label_errors``."""
+    errs = row_invariant_errors(row, align)
+    mrope = row.mrope_position_ids
+    if mrope is not None and (mrope.shape != (3, row.seq_length) or mrope.dtype != np.int32):
+        errs.append(
+            f"mrope_position_ids is {mrope.dtype} {mrope.shape}, expected int32 (3, {row.seq_length})"
+        )
+    if placeholder_ids and row.tokens.shape == row.labels.shape == row.loss_mask.shape:
+        errs += placeholder_label_errors(row, placeholder_ids)
+    return errs

@@ -80,8 +80,8 @@ class PrepareConfig:
     max_media_per_row: int | None = None
     max_vision_patches_per_row: int | None = None
     max_audio_frames_per_row: int | None = None
-    image_encoding: str = "png"
-    compress_video: bool = True
+    image_encoding: str = "npy"
+    compress_video: bool = False
     shard_size_mb: float = 1024.0
     shard_max_rows: int | None = None
     val_fraction: float = 0.0

@@ -21,6 +21,7 @@ from omnipack.loader.task_encoder import OmnipackTaskEncoder
 from tests.test_pipeline import read_rows_from_tars
 
 PROFILE = "qwen3_omni"
+PIXEL_KEYS = {"pixel_values", "pixel_values_videos"}
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +87,14 @@ def test_two_workers_mbs2_batches_carry_media_in_placeholder_order(dataset):
         keys = list(batch.__key__)
         seen += keys
         assert batch.tokens.shape == (1, 1024 * len(keys)) and batch.media is None
-        expect = _expected_media(te, [tars[k] for k in keys])
-        got = batch.media_inputs()
+        expect = _expected_media(te, [tars[k] for k in keys])  # float32, as the HF processors give them
+        assert all(batch.media_inputs()[k].dtype == torch.uint8 for k in PIXEL_KEYS & set(expect))
+        got = batch.normalized_media_inputs()  # default uint8 pixels, normalized as the trainer does
         assert set(got) == set(expect)
         for k, v in expect.items():
-            assert torch.equal(got[k], v), k
+            assert torch.equal(got[k], v), k  # bit-identical after the workers' shared-memory hand-over
         d = batch.as_dict()
+        assert all(d[k].dtype == torch.float32 for k in PIXEL_KEYS & set(d))
         toks = d["tokens"][0]
         if "image_grid_thw" in got:  # one image_pad per merged patch, across the whole micro-batch
             assert (
@@ -104,7 +107,7 @@ def test_two_workers_mbs2_batches_carry_media_in_placeholder_order(dataset):
 
 
 def test_uint8_pixels_normalize_to_the_float32_batches(dataset):
-    f32 = list(_val(dataset, OmnipackTaskEncoder.from_dataset(dataset), workers=0, mbs=2))
+    f32 = list(_val(dataset, OmnipackTaskEncoder.from_dataset(dataset, pixel_dtype="float32"), workers=0))
     te = OmnipackTaskEncoder.from_dataset(dataset, pixel_dtype="uint8")
     u8 = list(_val(dataset, te, workers=0, mbs=2))
     assert len(u8) == len(f32)
@@ -118,7 +121,7 @@ def test_uint8_pixels_normalize_to_the_float32_batches(dataset):
             if k in ("pixel_values", "pixel_values_videos"):
                 assert b.media_inputs()[k].dtype == torch.uint8
                 seen.add(k)
-            torch.testing.assert_close(fb[k], v, atol=1e-6, rtol=0)
+            assert torch.equal(fb[k], v), k
     assert seen == {"pixel_values", "pixel_values_videos"}
     with pytest.raises(ValueError, match="pixel_dtype"):
         OmnipackTaskEncoder.from_dataset(dataset, pixel_dtype="float16")
@@ -184,14 +187,16 @@ def test_a_row_whose_media_disagrees_with_its_placeholders_fails_loudly(dataset)
     from omnipack.codec import npy_bytes
 
     bad = dict(parts)
-    bad[img.part] = npy_bytes(np.zeros((64, 64, 3), np.uint8))  # 4 tokens, whatever was planned
+    wrong = (32, 1024, 3)  # a stored size whose feature count differs from the plan's
+    assert tuple(img.info["target_hw"]) != wrong[:2]
+    bad[img.part] = npy_bytes(np.zeros(wrong, np.uint8))
     if img.part.endswith(".png"):  # keep the part name, store a different-size png
         import io
 
         from PIL import Image
 
         buf = io.BytesIO()
-        Image.fromarray(np.zeros((32, 1024, 3), np.uint8)).save(buf, format="PNG")
+        Image.fromarray(np.zeros(wrong, np.uint8)).save(buf, format="PNG")
         bad[img.part] = buf.getvalue()
     sample = cook_packed_row(
         {"__key__": key, "__restore_key__": (), "__subflavors__": {}, "__sources__": (), **bad}

@@ -100,15 +100,42 @@ def test_video_patches_follow_the_processor_layout(name):
 
 
 @pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "qwen3_omni"])
-def test_fused_normalize_is_within_1e6_of_the_exact_table(name):
-    from omnipack.profiles.qwen_vl import normalize_affine, normalize_lut
+def test_both_pixel_paths_are_bit_identical_to_the_hf_image_processor(name):
+    """Every uint8 value of every channel: the worker's float32 patches and the uint8 patches normalized by
+    ``normalize_pixels`` (what the trainer runs on the GPU) equal Qwen2VLImageProcessorPil's bits."""
+    from omnipack.loader.media import normalize_pixels
 
     profile = get_profile(name)
-    scale, offset = normalize_affine(profile.image_mean, profile.image_std)
-    v = np.arange(256, dtype=np.float32)
-    fused = v[None, :] * scale[:, None] + offset[:, None]  # what qwen_patches computes, per channel
-    exact = normalize_lut(profile.image_mean, profile.image_std)
-    assert np.abs(fused - exact).max() <= 1e-6
+    f = profile.image.factor
+    hw = (f * 10, f * 9)  # >= every profile's min_pixels, so the processor does not resize
+    img = (np.arange(hw[0] * hw[1] * 3).reshape(*hw, 3) * 7 % 256).astype(np.uint8)
+    img[:f, :f] = RNG.integers(0, 256, (f, f, 3), dtype=np.uint8)
+    assert all(len(np.unique(img[..., c])) == 256 for c in range(3))
+    ref = _hf(_hf_image_processor(profile), img)["pixel_values"]
+    f32 = profile.media_inputs(_item("image"), img)["pixel_values"]
+    u8 = profile.media_inputs(_item("image"), img, pixel_dtype="uint8")["pixel_values"]
+    gpu_path = normalize_pixels(torch.from_numpy(u8), *profile.pixel_normalization()).numpy()
+    assert f32.dtype == gpu_path.dtype == ref.dtype == np.float32
+    assert np.array_equal(f32, ref)
+    assert np.array_equal(gpu_path, ref)
+
+
+def test_deferred_patches_build_once_into_the_batch_tensor():
+    """``deferred=True`` gives PendingRows that collate_media writes into one batch tensor, equal to the
+    eager inputs concatenated; no per-item patch array is built first."""
+    from omnipack.profiles.base import PendingRows
+
+    profile = get_profile("qwen2_5_vl")
+    f = profile.image.factor
+    imgs = [RNG.integers(0, 256, (f * a, f * b, 3), dtype=np.uint8) for a, b in ((2, 3), (1, 1), (4, 2))]
+    eager = [profile.media_inputs(_item("image"), x, pixel_dtype="uint8") for x in imgs]
+    lazy = [profile.media_inputs(_item("image"), x, pixel_dtype="uint8", deferred=True) for x in imgs]
+    assert all(isinstance(d["pixel_values"], PendingRows) for d in lazy)
+    assert [d["pixel_values"].shape for d in lazy] == [d["pixel_values"].shape for d in eager]
+    got = profile.collate_media(lazy)
+    want = np.concatenate([d["pixel_values"] for d in eager])
+    assert got["pixel_values"].dtype == torch.uint8 and np.array_equal(got["pixel_values"].numpy(), want)
+    assert got["image_grid_thw"].tolist() == np.concatenate([d["image_grid_thw"] for d in eager]).tolist()
 
 
 @pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "qwen3_omni"])
@@ -130,7 +157,7 @@ def test_uint8_patches_normalize_to_the_float32_patches(name, frames):
     }
     mean, std = profile.pixel_normalization()
     got = normalize_pixels(torch.from_numpy(u8[key]), mean, std)
-    np.testing.assert_allclose(got.numpy(), f32[key], atol=1e-6, rtol=0)
+    assert np.array_equal(got.numpy(), f32[key])  # the GPU normalization gives the worker's float32 bits
     # The uint8 rows are the stored pixel values themselves, in the documented layout.
     ref = _reference_video_patches(x, (0.0,) * 3, (1 / 255,) * 3, profile.image.patch_size, 2, 2)
     np.testing.assert_array_equal(u8[key], ref.astype(np.uint8))

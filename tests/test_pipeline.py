@@ -84,14 +84,12 @@ def test_rows_hold_the_contract(dataset):
         assert row_invariant_errors(row, summary["align"]) == [], key
         assert meta["max_seqlen"] == int(np.diff(row.cu_seqlens).max())
         for m in row.media:
-            assert m.part in parts and m.part.endswith(".png")
-            import io
+            assert m.part in parts and m.part.endswith(".npy")  # raw uint8 by default
+            from omnipack.loader.media import decode_payload
 
-            from PIL import Image
-
-            with Image.open(io.BytesIO(parts[m.part])) as img:  # stored at the model's target size
-                assert [img.height, img.width] == m.info["target_hw"]
-                assert img.height // 14 == m.grid_thw[1] and img.width // 14 == m.grid_thw[2]
+            img = decode_payload(m.part, parts[m.part])  # stored at the model's target size
+            assert img.dtype == np.uint8 and list(img.shape) == [*m.info["target_hw"], 3]
+            assert img.shape[0] // 14 == m.grid_thw[1] and img.shape[1] // 14 == m.grid_thw[2]
             assert m.num_tokens == m.grid_thw[0] * m.grid_thw[1] * m.grid_thw[2] // 4
 
 

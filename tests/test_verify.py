@@ -55,9 +55,9 @@ def test_intact_dataset_passes(small: Path, capsys: pytest.CaptureFixture) -> No
 def test_flipped_byte_in_a_shard(ds: Path) -> None:
     path = ds / SHARD
     with tarfile.open(path) as tar:
-        png = next(m for m in tar if m.name.endswith(".png"))
+        img = next(m for m in tar if ".media." in m.name)
     data = bytearray(path.read_bytes())
-    data[png.offset_data + png.size // 2] ^= 0xFF  # inside an image's compressed pixels
+    data[img.offset_data + img.size // 2] ^= 0xFF  # inside a media payload's pixels
     path.write_bytes(bytes(data))
     fails = failing(ds)
     assert set(fails) == {"checksums", "content"}
@@ -140,7 +140,10 @@ def test_swapped_media_payload_no_longer_matches_its_block(ds: Path) -> None:
                 if m["kind"] == "image":
                     buf = io.BytesIO()
                     h, w = m["info"]["target_hw"]
-                    Image.new("RGB", (w + 56, h)).save(buf, format="PNG")
+                    if m["part"].endswith(".npy"):  # the default raw storage
+                        np.save(buf, np.zeros((h, w + 56, 3), np.uint8))
+                    else:
+                        Image.new("RGB", (w + 56, h)).save(buf, format="PNG")
                     m["info"]["target_hw"] = [h, w + 56]  # header check agrees; features do not
                     r.parts[m["part"]] = buf.getvalue()
                     r.parts["meta.json"] = json.dumps(meta).encode()

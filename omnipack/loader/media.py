@@ -1,8 +1,9 @@
 """Stored media parts -> arrays, and the load-time check that a row's placeholders match its media.
 
-Parts are what ``omnipack.media.probe.materialize`` wrote: images png/npy uint8 RGB already at the target
-size, videos npy uint8 [T,H,W,3] (or npz {frames, audio} for audio-in-video), audio npy mono at 16 kHz
-(int16 when exact, else float32; ``profiles.base.audio_waveform`` reads both). PIL is imported only when a
+Parts are what ``omnipack.media.probe.materialize`` wrote: images npy (default) or png (older datasets)
+uint8 RGB already at the target size, videos npz {frames uint8 [T,H,W,3], audio} (stored or deflated),
+audio npy mono at 16 kHz (int16 when exact, else float32; ``profiles.base.audio_waveform`` reads both).
+npy and stored npz members are read as zero-copy views of the part's bytes; PIL is imported only when a
 png is actually decoded.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import load_npy
+from ..codec import view_npy, view_npz
 from ..contract import MediaItem
 from ..profiles.base import ModelProfile, Payload
 
@@ -24,13 +25,12 @@ class MediaMismatchError(ValueError):
 
 
 def decode_payload(part: str, data: bytes) -> Payload:
-    """The array(s) of one stored media part, chosen by its extension."""
+    """The array(s) of one stored media part, chosen by its extension (read-only views where possible)."""
     ext = part.rsplit(".", 1)[-1]
     if ext == "npy":
-        return load_npy(data)
+        return view_npy(data)
     if ext == "npz":
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        return view_npz(data)
     if ext == "png":
         from PIL import Image
 
@@ -38,7 +38,10 @@ def decode_payload(part: str, data: bytes) -> Payload:
             if img.mode != "RGB":  # stored RGB already; convert() would copy the whole image again
                 img = img.convert("RGB")
             return np.asarray(img, dtype=np.uint8)
-    raise ValueError(f"unsupported media part {part!r}")
+    raise ValueError(
+        f"unsupported media part {part!r}: this omnipack reads npy, npz and png payloads; "
+        "re-prepare the dataset with this version"
+    )
 
 
 def check_row_media(
@@ -87,23 +90,31 @@ def row_media_inputs(
     payloads: Sequence[Any],
     *,
     pixel_dtype: str = "float32",
+    deferred: bool = False,
 ) -> list[dict]:
-    """Per-item encoder inputs of one row, in placeholder order."""
+    """Per-item encoder inputs of one row, in placeholder order. ``deferred`` (profiles that support it):
+    pixel patches come as ``PendingRows`` that ``profile.collate_media`` builds into the batch tensor."""
     order = sorted(range(len(items)), key=lambda i: (items[i].sample_index, items[i].token_start))
-    if pixel_dtype == "float32":  # keep the call plain for profiles written before the option existed
-        return [profile.media_inputs(items[i], payloads[i]) for i in order]
-    return [profile.media_inputs(items[i], payloads[i], pixel_dtype=pixel_dtype) for i in order]
+    kw: dict[str, Any] = {}
+    if pixel_dtype != "float32":  # keep the call plain for profiles written before the option existed
+        kw["pixel_dtype"] = pixel_dtype
+    if deferred and profile.supports_deferred_inputs:
+        kw["deferred"] = True
+    return [profile.media_inputs(items[i], payloads[i], **kw) for i in order]
 
 
 def normalize_pixels(pixels: Any, mean: Any, std: Any) -> Any:
     """uint8 patches ``[N, C*...]`` (channel-major rows) -> float32 ``(x / 255 - mean[c]) / std[c]``.
 
     A torch function, so a trainer runs it on the GPU after copying the 4x smaller uint8 patches there.
+    The float32 operations and their order are the HF Qwen-VL image processors', so the result is
+    bit-identical to their ``pixel_values`` (IEEE division and subtraction give the same bits on CPU and GPU).
     """
     import torch
 
     n, c = pixels.shape[0], len(mean)
     m = torch.as_tensor(mean, dtype=torch.float32, device=pixels.device).view(1, c, 1)
     s = torch.as_tensor(std, dtype=torch.float32, device=pixels.device).view(1, c, 1)
-    x = pixels.reshape(n, c, -1).to(torch.float32) / 255.0
-    return ((x - m) / s).reshape(pixels.shape)
+    x = pixels.reshape(n, c, -1).to(torch.float32)
+    x = x.div_(255.0).sub_(m).div_(s)
+    return x.reshape(pixels.shape)

@@ -2,9 +2,10 @@
 
 Rows are already packed, so the loader runs with ``packing_buffer_size=None``; a micro-batch of MBS rows
 becomes one ``[1, MBS*W]`` THD stream, optionally sliced for a context-parallel rank. With a profile
-(``from_dataset``), ``encode_sample`` (in the Energon worker processes) decodes every stored media part,
-checks it against the row's placeholders and turns it into the model's encoder inputs; ``batch`` joins
-them across the micro-batch in placeholder order.
+(``from_dataset``), ``encode_sample`` (in the Energon worker processes) checks each row's contract, views
+every stored media part, checks it against the row's placeholders and plans the model's encoder inputs;
+``batch`` builds them once, straight into the batch tensors (in shared memory inside a worker, so the hand-
+over to the trainer copies nothing), in placeholder order across the micro-batch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from megatron.energon import Batch, Cooker, DefaultTaskEncoder, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
+from ..contract import PackedRowArrays, row_contract_errors
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
 from ..profiles.qwen_vl import PIXEL_DTYPES
 from .batch import concat_rows, packed_seq_params
@@ -51,6 +53,17 @@ class FatalMediaMismatch(FatalSampleError, MediaMismatchError):
     """A MediaMismatchError that Energon's error handler must not skip: a wrong row stops the loader."""
 
 
+class RowContractError(FatalSampleError, ValueError):
+    """A row breaks the packed-row contract (boundaries, dtypes, padding mask, supervision on placeholders).
+
+    Fatal for Energon (its default handler would log and skip the row): training on it would be silently
+    wrong, so the loader stops and names the row key and sample ids.
+    """
+
+
+PIXEL_DTYPE_CHOICES = ("auto", *PIXEL_DTYPES)
+
+
 @edataclass
 class PackedBatch(Batch):
     """A micro-batch with Megatron-Bridge ``get_batch`` key names (see ``as_dict``)."""
@@ -71,10 +84,10 @@ class PackedBatch(Batch):
     row_meta: list[dict[str, Any]]
     mrope_position_ids: torch.Tensor | None = None
     media: list[dict[str, bytes]] | None = None
-    pixel_values: torch.Tensor | None = None  # float32 [image patches, 3*tps*ps*ps] (Nemotron: 3*ps*ps)
+    pixel_values: torch.Tensor | None = None  # uint8 (Qwen default) or float32 [patches, 3*tps*ps*ps]
     image_grid_thw: torch.Tensor | None = None  # int64 [n_images, 3]
     image_grid_hw: torch.Tensor | None = None  # Nemotron Omni, int64 [n_images, 2]
-    pixel_values_videos: torch.Tensor | None = None  # Nemotron Omni: float32 [1, tubelets, 2*3, H, W]
+    pixel_values_videos: torch.Tensor | None = None  # as pixel_values; Nemotron: f32 [1, tubelets, 6, H, W]
     video_grid_thw: torch.Tensor | None = None  # int64 [n_videos, 3]
     second_per_grid_ts: torch.Tensor | None = None  # Qwen2.5-VL, float32 [n_videos]
     video_second_per_grid: torch.Tensor | None = None  # Qwen3-Omni, float32 [n_videos]
@@ -84,8 +97,9 @@ class PackedBatch(Batch):
     feature_attention_mask: torch.Tensor | None = None  # int64 [n_clips, max mel frames]
     audio_feature_lengths: torch.Tensor | None = None  # int64 [n_clips]
     input_features_mask: torch.Tensor | None = None  # Nemotron Omni, bool [n_clips, max mel frames]
-    # pixel_dtype="uint8" only: pixel_values(_videos) are raw uint8 patches and the model must apply
-    # (x / 255 - pixel_mean[c]) / pixel_std[c] per channel (``normalized_media_inputs`` does it).
+    # uint8 pixels (the default for Qwen profiles): pixel_values(_videos) are raw uint8 patches and the
+    # model input is (x / 255 - pixel_mean[c]) / pixel_std[c] per channel (``normalized_media_inputs`` /
+    # ``as_dict`` apply it, on the device when given one, bit-identical to the HF processor's float32).
     pixel_mean: torch.Tensor | None = None  # float32 [3]
     # cp_size > 1: int64 [T_local], the full-stream position of each of this rank's tokens.
     cp_token_indices: torch.Tensor | None = None
@@ -98,17 +112,24 @@ class PackedBatch(Batch):
     def normalized_media_inputs(self, device: Any = None) -> dict[str, torch.Tensor]:
         """``media_inputs`` moved to ``device`` with uint8 pixel patches normalized to float32 there.
 
-        With the default float32 pixels this only moves tensors; with ``pixel_dtype="uint8"`` the 4x smaller
-        patches cross the host-device link and are normalized on the device (same values within 1e-6).
+        With uint8 pixels (the default for Qwen profiles) the 4x smaller patches cross the host-device link
+        and are normalized on the device, bit-identical to the HF processor's ``pixel_values``; with
+        ``pixel_dtype="float32"`` this only moves tensors.
         """
-        out = {k: v.to(device) if device is not None else v for k, v in self.media_inputs().items()}
+        out = {
+            k: v.to(device, non_blocking=True) if device is not None else v
+            for k, v in self.media_inputs().items()
+        }
         if self.pixel_mean is not None and self.pixel_std is not None:
             for k in ("pixel_values", "pixel_values_videos"):
                 if k in out and out[k].dtype == torch.uint8:
                     out[k] = normalize_pixels(out[k], self.pixel_mean, self.pixel_std)
         return out
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, device: Any = None) -> dict[str, Any]:
+        """The Megatron-Bridge ``get_batch`` dict, model-ready: media inputs as ``normalized_media_inputs``
+        (float32 pixels). With ``device`` every tensor is moved there first (non-blocking), so uint8 pixels
+        cross the host-device link and are normalized on the device."""
         keys = [
             "tokens",
             "labels",
@@ -126,7 +147,12 @@ class PackedBatch(Batch):
         out = {k: getattr(self, k) for k in keys}
         if self.mrope_position_ids is not None:
             out["mrope_position_ids"] = self.mrope_position_ids
-        out.update(self.media_inputs())
+        if device is not None:
+            out = {
+                k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in out.items()
+            }
+        out.update(self.normalized_media_inputs(device))
         return out
 
     def packed_seq_params(self) -> Any:
@@ -142,12 +168,18 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     (``MediaMismatchError`` names the row and sample) and ``decode_media`` builds encoder inputs (then the
     bytes are dropped so workers do not ship them twice). Prefer ``from_dataset``.
 
-    ``pixel_dtype``: "float32" (default) gives ``pixel_values``/``pixel_values_videos`` exactly as the HF
-    processor does (rescaled and normalized). "uint8" gives the raw pixel values in the same layout, a
-    quarter of the bytes to build, ship between workers and copy to the GPU, plus ``batch.pixel_mean`` /
+    ``pixel_dtype``: "auto" (default) is "uint8" for profiles with a per-channel pixel normalization
+    (Qwen families) and "float32" otherwise. "uint8" gives the raw pixel values in the HF layout, a quarter
+    of the bytes to build, ship between workers and copy to the GPU, plus ``batch.pixel_mean`` /
     ``batch.pixel_std`` (float32 [3]): the model input is ``(x.float() / 255 - mean[c]) / std[c]`` with
-    ``x`` viewed as ``[patches, 3, -1]`` (``omnipack.loader.media.normalize_pixels``,
-    ``batch.normalized_media_inputs(device)``).
+    ``x`` viewed as ``[patches, 3, -1]``, which ``batch.as_dict(device)`` /
+    ``batch.normalized_media_inputs(device)`` compute on the device, bit-identical to the HF processor.
+    "float32" builds those normalized values in the worker (same bits, 4x the bytes).
+
+    ``check_rows`` (default on): every row is checked against the packed-row contract
+    (``omnipack.contract.row_contract_errors``: boundaries, dtypes, padding mask, labels / loss mask, no
+    supervision on placeholders); a broken row raises ``RowContractError`` (fatal for Energon) naming the
+    row key and sample ids. ``align``: the dataset's alignment (``from_dataset`` reads it).
     """
 
     decoder = None  # parts arrive as raw bytes; the cooker decodes .npy without pickle
@@ -164,12 +196,16 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         decode_media: bool = False,
         check_media: bool = True,
         placeholder_ids: Mapping[str, Sequence[int]] | None = None,
-        pixel_dtype: str = "float32",
+        pixel_dtype: str = "auto",
+        check_rows: bool = True,
+        align: int = 1,
     ) -> None:
         super().__init__(raw_batch_type=PackedBatch, batch_type=PackedBatch)
-        if pixel_dtype not in PIXEL_DTYPES:
-            raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPES}, got {pixel_dtype!r}")
+        if pixel_dtype not in PIXEL_DTYPE_CHOICES:
+            raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPE_CHOICES}, got {pixel_dtype!r}")
         norm = profile.pixel_normalization() if profile is not None else None
+        if pixel_dtype == "auto":
+            pixel_dtype = "uint8" if norm is not None else "float32"
         if pixel_dtype == "uint8" and decode_media and norm is None:
             raise ValueError(f"profile {getattr(profile, 'name', None)!r} has no uint8 pixel path")
         if not 0 <= cp_rank < cp_size:
@@ -185,6 +221,8 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             None if placeholder_ids is None else {k: list(v) for k, v in placeholder_ids.items()}
         )
         self.pixel_dtype = pixel_dtype
+        self.check_rows = check_rows
+        self.align = int(align)
         # What the model must apply to uint8 pixels (None in float32 mode: already applied).
         self.pixel_mean = self.pixel_std = None
         if pixel_dtype == "uint8" and norm is not None:
@@ -203,14 +241,16 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         fp8: str = "none",
         decode_media: bool = True,
         check_media: bool = True,
-        pixel_dtype: str = "float32",
+        pixel_dtype: str = "auto",
+        check_rows: bool = True,
     ) -> OmnipackTaskEncoder:
         """An encoder for the dataset at ``path``, configured from its ``.nv-meta/omnipack.json``.
 
         Checks that the dataset's alignment serves ``tp/cp/sequence_parallel/fp8`` (``DatasetAlignmentError``
         otherwise) and rebuilds the profile from the recorded name and options (``ValueError`` if it no
         longer reproduces the recorded settings, e.g. a preprocessor_config that changed or is missing).
-        ``pixel_dtype``: "float32" (HF processor output) or "uint8" (normalize on the GPU; see the class).
+        ``pixel_dtype``: "auto", "uint8" (normalized on the device, see the class) or "float32";
+        ``check_rows``: the per-row contract check (see the class).
         """
         from ..profiles import get_profile
         from ..writer.energon_meta import read_omnipack_meta
@@ -238,10 +278,29 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             check_media=check_media,
             placeholder_ids=dataset_placeholder_ids(meta, profile)[0],
             pixel_dtype=pixel_dtype,
+            check_rows=check_rows,
+            align=int(meta["align"]),
         )
+
+    def row_errors(self, sample: PackedRowSample) -> list[str]:
+        """The contract violations of one cooked row (empty when it is sound)."""
+        t = sample.arrays()
+        row = PackedRowArrays(
+            **{k: v.numpy() for k, v in t.items()},
+            sample_ids=sample.sample_ids,
+            media=sample.media_items,
+        )
+        return row_contract_errors(row, self.align, self.placeholder_ids)
 
     @stateless
     def encode_sample(self, sample: PackedRowSample) -> PackedRowSample:
+        if self.check_rows and (errs := self.row_errors(sample)):
+            raise RowContractError(
+                f"row {sample.__key__!r} (samples {sample.sample_ids}) breaks the packed-row contract: "
+                + "; ".join(errs)
+                + ". Training on it would be wrong; check the dataset with `omnipack verify` "
+                "(check_rows=False skips this check)."
+            )
         if self.profile is None or not (self.check_media or self.decode_media):
             return sample
         items = sample.media_items
@@ -261,8 +320,9 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             except MediaMismatchError as e:
                 raise FatalMediaMismatch(str(e)) from None
         if self.decode_media:
+            # Deferred: pixel patches are built once, in batch(), straight into the batch tensor.
             sample.media_inputs = row_media_inputs(
-                self.profile, items, payloads, pixel_dtype=self.pixel_dtype
+                self.profile, items, payloads, pixel_dtype=self.pixel_dtype, deferred=True
             )
             sample.media = None
         return sample
@@ -296,11 +356,10 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                 media.update(collated)
         if self.pixel_mean is not None and self.pixel_std is not None:
             media.update(pixel_mean=self.pixel_mean.clone(), pixel_std=self.pixel_std.clone())
+        tensors = share_in_one_storage({**fields, **media, "cp_token_indices": cp_token_indices})
         return PackedBatch.from_samples(
             samples,
-            **fields,
-            **media,
-            cp_token_indices=cp_token_indices,
+            **tensors,
             sample_ids=[s.sample_ids for s in samples],
             row_meta=[s.meta for s in samples],
             media=None if self.decode_media else [s.media or {} for s in samples],
@@ -309,6 +368,33 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     @stateless
     def encode_batch(self, batch: PackedBatch) -> PackedBatch:
         return batch
+
+
+def share_in_one_storage(values: dict[str, Any], align: int = 64) -> dict[str, Any]:
+    """Inside a loader worker: the tensors of ``values`` not yet in shared memory, copied into ONE new shared
+    storage (``align``-byte aligned, non-overlapping views); other values unchanged. Outside a worker:
+    ``values`` as they are.
+
+    Handing a batch to the trainer process passes one file descriptor per storage, each a socket
+    handshake the trainer's main process waits on; a batch has ~15-25 small tensors (tokens, boundaries,
+    grids, audio features) besides the pixel buffers that ``collate_media`` already built in shared memory.
+    """
+    if torch.utils.data.get_worker_info() is None:
+        return values
+    todo = [k for k, v in values.items() if isinstance(v, torch.Tensor) and not v.is_shared()]
+    offsets, total = {}, 0
+    for k in todo:
+        offsets[k] = total
+        total += -(-values[k].numel() * values[k].element_size() // align) * align
+    if not todo:
+        return values
+    storage = torch.UntypedStorage._new_shared(max(total, 1))
+    out = dict(values)
+    for k in todo:
+        v = values[k]
+        view = torch.empty(0, dtype=v.dtype).set_(storage, offsets[k] // v.element_size(), v.shape)
+        out[k] = view.copy_(v)
+    return out
 
 
 def _jsonable(x: Any) -> Any:

@@ -16,7 +16,9 @@ RESAMPLE = Image.Resampling.BICUBIC
 # EXIF orientations that swap width and height (transpose, rotate 90 CW, transverse, rotate 90 CCW).
 EXIF_ORIENTATION = 0x0112
 SWAPS_SIDES = (5, 6, 7, 8)
-IMAGE_ENCODINGS = ("png", "npy")
+# "npy" (default): raw uint8 [H, W, 3], written ~100x faster than PNG and read as a zero-copy view;
+# "png": ~1.8x smaller shards for photos, but encoding dominates a prepare and decoding the loader.
+IMAGE_ENCODINGS = ("npy", "png")
 
 
 def exif_orientation(img: Image.Image) -> int:
@@ -52,21 +54,27 @@ def load_image(path: Path, target_hw: tuple[int, int] | None = None) -> np.ndarr
     to ``target_hw`` = (height, width) when given."""
     try:
         with Image.open(path) as img:
-            img = ImageOps.exif_transpose(img).convert("RGB")
+            if exif_orientation(img) != 1:  # upright, as HF's load_image shows it
+                img = ImageOps.exif_transpose(img)
+            if img.mode != "RGB":  # convert() of an RGB image would only copy every pixel once more
+                img = img.convert("RGB")
             if target_hw is not None and (img.height, img.width) != tuple(target_hw):
                 img = img.resize((target_hw[1], target_hw[0]), resample=RESAMPLE)
-            return np.asarray(img, dtype=np.uint8).copy()
+            return np.asarray(img, dtype=np.uint8)  # already a fresh (read-only) copy of PIL's pixels
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise MediaError(f"image decode failed: {type(e).__name__}: {e}") from None
 
 
-def encode_image(pixels: np.ndarray, encoding: str = "png") -> tuple[str, bytes]:
+def encode_image(pixels: np.ndarray, encoding: str = "npy") -> tuple[str, bytes]:
     """(extension, bytes) of an RGB uint8 image; both encodings are lossless."""
     buf = io.BytesIO()
+    if encoding == "npy":
+        # The bytes np.save writes, with one copy of the pixels instead of three (photos are megabytes).
+        pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
+        np.lib.format.write_array_header_1_0(buf, np.lib.format.header_data_from_array_1_0(pixels))
+        return encoding, b"".join((buf.getvalue(), memoryview(pixels).cast("B")))
     if encoding == "png":
         Image.fromarray(pixels).save(buf, format="PNG", compress_level=1)
-    elif encoding == "npy":
-        np.save(buf, pixels, allow_pickle=False)
     else:
         raise ValueError(f"unknown image encoding {encoding!r}; choose from {IMAGE_ENCODINGS}")
     return encoding, buf.getvalue()

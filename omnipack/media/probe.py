@@ -31,13 +31,14 @@ def probe(path: Path, kind: str) -> MediaMeta:
 
 
 def materialize(
-    path: Path, plan: MediaPlan, *, image_encoding: str = "png", compress_video: bool = True
+    path: Path, plan: MediaPlan, *, image_encoding: str = "npy", compress_video: bool = False
 ) -> tuple[str, bytes]:
     """Decode ``path`` exactly as ``plan`` says and return (extension, bytes) for the shard.
 
-    image: png/npy uint8 RGB; video: compressed npz with ``frames`` uint8 [T,H,W,3] (plus ``audio`` when the
-    plan interleaves the video's own audio); audio: npy mono at ``plan.sample_rate``, int16 when exact else
-    float32 (``omnipack.media.audio.storage_array``).
+    image: npy (default) or png uint8 RGB; video: npz (stored by default, deflated with ``compress_video``)
+    with ``frames`` uint8 [T,H,W,3] (plus ``audio`` when the plan interleaves the video's own audio);
+    audio: npy mono at ``plan.sample_rate``, int16 when exact else float32
+    (``omnipack.media.audio.storage_array``).
     """
     path = Path(path)
     if plan.kind == "image":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -188,22 +188,70 @@ class ModelProfile(ABC):
         """Per-channel (mean, std) of pixel inputs, ``x = (u8 / 255 - mean) / std``; None if not applicable."""
         return None
 
-    def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+    # Whether ``media_inputs`` takes ``deferred=True`` (pixel patches as ``PendingRows``).
+    supports_deferred_inputs: ClassVar[bool] = False
+
+    def collate_media(self, per_item: list[dict[str, Any]]) -> dict[str, Any]:
         """Items' inputs (placeholder order across the micro-batch) -> batch tensors.
 
-        Default: concatenate every key along dim 0 (patch rows, grid rows, per-item scalars).
+        Default: concatenate every key along dim 0 (patch rows, grid rows, per-item scalars) into one
+        tensor allocated for the batch (in shared memory inside a loader worker, so handing it to the
+        trainer process copies nothing); ``PendingRows`` are built straight into their slice of it.
         """
-        import torch
-
         keys: list[str] = []
         for d in per_item:
             keys += [k for k in d if k not in keys]
-        out = {}
-        for k in keys:
-            arrs = [d[k] for d in per_item if k in d]
-            # A single array is wrapped without a copy (pixel patches are the bulk of a batch).
-            out[k] = torch.from_numpy(arrs[0] if len(arrs) == 1 else np.concatenate(arrs))
+        return {k: concat_into_batch_tensor([d[k] for d in per_item if k in d]) for k in keys}
+
+
+@dataclass(frozen=True)
+class PendingRows:
+    """Rows of a batch tensor built late: ``fill(out)`` writes an array of ``shape``/``dtype`` into ``out``
+    (its C-contiguous slice of the batch buffer), so large inputs are written exactly once."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fill: Callable[[np.ndarray], Any]
+
+    def build(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        self.fill(out)
         return out
+
+
+def empty_batch_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised torch tensor for a batch; in a DataLoader worker its storage is created in shared
+    memory (as torch's own default collate does), so sending it to the main process copies no bytes."""
+    import torch
+
+    tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=tdtype)
+    numel = int(np.prod(shape, dtype=np.int64))
+    storage = torch.UntypedStorage._new_shared(numel * np.dtype(dtype).itemsize)
+    return torch.empty(0, dtype=tdtype).set_(storage, 0, shape)
+
+
+def concat_into_batch_tensor(parts: list[Any]) -> Any:
+    """Arrays / ``PendingRows`` joined along dim 0 into one new batch tensor, each written once."""
+    first = parts[0]
+    dtype = first.dtype
+    tail = tuple(first.shape[1:])
+    for p in parts:
+        if p.dtype != dtype or tuple(p.shape[1:]) != tail:
+            raise ValueError(f"cannot join inputs {dtype} {tail} and {p.dtype} {tuple(p.shape[1:])}")
+    rows = sum(int(p.shape[0]) for p in parts)
+    out = empty_batch_tensor((rows, *tail), dtype)
+    buf = out.numpy()
+    at = 0
+    for p in parts:
+        n = int(p.shape[0])
+        if isinstance(p, PendingRows):
+            p.fill(buf[at : at + n])
+        else:
+            buf[at : at + n] = p
+        at += n
+    return out
 
 
 def dataset_placeholder_ids(

@@ -343,12 +343,13 @@ class Qwen3OmniProfile(QwenVLProfile):
         return n
 
     def media_inputs(
-        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32"
-    ) -> dict[str, np.ndarray]:
+        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32", deferred: bool = False
+    ) -> dict[str, Any]:
         kind = item_kind(item)
-        out: dict[str, np.ndarray] = {}
+        out: dict[str, Any] = {}
         if kind in ("image", "video"):
-            out.update(self.vision_inputs(kind, item, payload_frames(payload), pixel_dtype=pixel_dtype))
+            frames = payload_frames(payload)
+            out.update(self.vision_inputs(kind, item, frames, pixel_dtype=pixel_dtype, deferred=deferred))
         wave = payload_audio(payload) if kind == "audio" or isinstance(payload, Mapping) else None
         if wave is not None:
             out["input_features"] = whisper_features(wave)  # [128, L]; collate pads and masks

@@ -14,6 +14,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..codec import NPY_HEADER_MAX, stored_member_offset
+from ..codec import npy_header as codec_npy_header
+
 Header = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -27,29 +30,30 @@ class HeaderError(ValueError):
     """A payload whose header cannot be read."""
 
 
-def _npy_stream(f: io.IOBase) -> tuple[tuple[int, ...], np.dtype]:
-    version = np.lib.format.read_magic(f)
-    if version == (1, 0):
-        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-    elif version in ((2, 0), (3, 0)):
-        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-    else:
-        raise HeaderError(f"npy version {version} not supported")
-    return tuple(int(d) for d in shape), np.dtype(dtype)
-
-
 def npy_header(data: bytes) -> Header:
-    """``.npy``: the array header (magic, version, dict) at the start of the file."""
-    return {"": _npy_stream(io.BytesIO(data))}
+    """``.npy``: the array header (magic, version, dict) at the start of the file; the part must hold
+    exactly the data bytes the header announces."""
+    h = codec_npy_header(data)
+    if h.data_offset + h.nbytes != len(data):
+        raise HeaderError(f"npy header says {h.nbytes} data bytes, the part holds {len(data) - h.data_offset}")
+    return {"": (h.shape, h.dtype)}
 
 
 def npz_header(data: bytes) -> Header:
-    """``.npz``: each member's npy header; a compressed member is inflated only up to its header."""
+    """``.npz``: each member's npy header, read in place for stored members; a deflated member is inflated
+    only up to its header."""
     out: Header = {}
     with zipfile.ZipFile(io.BytesIO(data)) as z:
-        for name in z.namelist():
-            with z.open(name) as f:
-                out[name.removesuffix(".npy")] = _npy_stream(f)
+        for info in z.infolist():
+            if info.compress_type == zipfile.ZIP_STORED:
+                start = stored_member_offset(data, info)
+                h = codec_npy_header(data, start)
+                if h.data_offset + h.nbytes != start + info.file_size:
+                    raise HeaderError(f"npz member {info.filename!r}: header and member size disagree")
+            else:
+                with z.open(info) as f:
+                    h = codec_npy_header(f.read(NPY_HEADER_MAX))
+            out[info.filename.removesuffix(".npy")] = (h.shape, h.dtype)
     return out
 
 

@@ -1,0 +1,190 @@
+"""Media storage: the default raw payloads are exact against the HF image processor, read as zero-copy views
+and described from their headers alone; datasets written with the older PNG / deflated settings still load
+through Energon to the very same batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+from PIL import Image
+
+from omnipack.codec import npy_bytes, view_npy, view_npz
+from omnipack.contract import MediaItem
+from omnipack.loader.media import decode_payload, normalize_pixels
+from omnipack.loader.task_encoder import OmnipackTaskEncoder
+from omnipack.media.image import encode_image
+from omnipack.media.probe import materialize, probe
+from omnipack.media.video import encode_video
+from omnipack.profiles import get_profile
+from omnipack.tools.payload_header import HeaderError, payload_header
+
+PROFILE = "qwen3_omni"
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory) -> dict[str, Path]:
+    """The same corpus prepared with the default storage and with the previous default (png, deflated)."""
+    from omnipack.demo.corpus import build_demo_corpus
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+    from omnipack.pipeline import PrepareConfig, run_prepare
+
+    root = tmp_path_factory.mktemp("storage")
+    tok = build_demo_tokenizer(root / "tok", profile=PROFILE)
+    manifest, media = build_demo_corpus(root / "src", num_samples=16, kinds=get_profile(PROFILE).kinds)
+    out = {"media": media}
+    for name, kw in {"default": {}, "png": {"image_encoding": "png", "compress_video": True}}.items():
+        out[name] = root / name
+        run_prepare(
+            PrepareConfig(
+                manifest=[str(manifest)],
+                media_root=str(media),
+                tokenizer=str(tok),
+                output=str(out[name]),
+                profile=PROFILE,
+                seq_length=1024,
+                shard_max_rows=3,
+                progress=False,
+                **kw,
+            )
+        )
+    return out
+
+
+def _batches(path: Path, workers: int = 0, **options) -> list:
+    te = OmnipackTaskEncoder.from_dataset(path, **options)
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=workers)
+    return list(
+        get_loader(
+            get_val_dataset(str(path), split_part="train", worker_config=wc, batch_size=1, task_encoder=te)
+        )
+    )
+
+
+def test_default_storage_is_raw_and_older_storage_loads_to_the_same_batches(datasets) -> None:
+    import json
+
+    meta = json.loads((datasets["default"] / ".nv-meta" / "omnipack.json").read_text())
+    assert (meta["image_encoding"], meta["compress_video"]) == ("npy", False)
+    new = {b.__key__[0]: b for b in _batches(datasets["default"], workers=2)}
+    old = {b.__key__[0]: b for b in _batches(datasets["png"])}
+    assert sorted(new) == sorted(old) and new
+    kinds = set()
+    for key, a in new.items():
+        b = old[key]
+        assert torch.equal(a.tokens, b.tokens)
+        ma, mb = a.normalized_media_inputs(), b.normalized_media_inputs()
+        assert set(ma) == set(mb)
+        for k in ma:
+            assert torch.equal(ma[k], mb[k]), k
+        kinds |= set(ma)
+    assert {"pixel_values", "pixel_values_videos", "input_features"} <= kinds
+
+
+def test_stored_pixels_are_what_the_hf_image_processor_gives(datasets) -> None:
+    """Source image file -> plan -> stored npy -> loader patches (uint8, normalized as on the GPU) equals
+    Qwen2VLImageProcessorPil run on the source file itself, bit for bit."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    profile = get_profile(PROFILE)
+    s = profile.image
+    hf = Qwen2VLImageProcessorPil(
+        patch_size=s.patch_size,
+        merge_size=s.merge_size,
+        temporal_patch_size=s.temporal_patch_size,
+        min_pixels=s.min_pixels,
+        max_pixels=s.max_pixels,
+        image_mean=list(profile.image_mean),
+        image_std=list(profile.image_std),
+    )
+    item = MediaItem("image", "media.0.npy", 0, 0, 0, 0, 0)
+    checked = 0
+    for path in sorted(datasets["media"].glob("*.png")) + sorted(datasets["media"].glob("*.jpg")):
+        try:
+            plan = profile.plan(probe(path, "image"))
+        except Exception:  # the demo's deliberately broken / rejected images
+            continue
+        ext, data = materialize(path, plan)
+        assert ext == "npy"
+        u8 = profile.media_inputs(item, decode_payload("media.0.npy", data), pixel_dtype="uint8")
+        got = normalize_pixels(torch.from_numpy(u8["pixel_values"]), *profile.pixel_normalization())
+        with Image.open(path) as img:
+            ref = hf(images=[np.asarray(img.convert("RGB"))], return_tensors="np")
+        assert u8["image_grid_thw"].tolist() == ref["image_grid_thw"].tolist(), path.name
+        assert np.array_equal(got.numpy(), ref["pixel_values"]), path.name
+        checked += 1
+    assert checked >= 3
+
+
+def test_npy_and_stored_npz_payloads_are_zero_copy_views() -> None:
+    frames = np.random.default_rng(0).integers(0, 256, (3, 28, 56, 3), dtype=np.uint8)
+    data = npy_bytes(frames)
+    arr = view_npy(data)
+    assert np.array_equal(arr, frames) and not arr.flags.writeable
+    assert np.shares_memory(arr, np.frombuffer(data, np.uint8))
+    audio = np.arange(100, dtype=np.int16)
+    _, stored = encode_video(frames, audio, compress=False)
+    z = view_npz(stored)
+    assert np.shares_memory(z["frames"], np.frombuffer(stored, np.uint8))
+    assert np.array_equal(z["frames"], frames) and np.array_equal(z["audio"], audio)
+    _, deflated = encode_video(frames, audio, compress=True)
+    assert {k: v.tolist() for k, v in view_npz(deflated).items()} == {k: v.tolist() for k, v in z.items()}
+    with pytest.raises(ValueError, match="truncated"):
+        view_npy(data[:-1])
+
+
+def test_payload_header_gives_exact_shapes_without_decoding() -> None:
+    img = np.random.default_rng(1).integers(0, 256, (56, 84, 3), dtype=np.uint8)
+    frames = np.stack([img, img])
+    audio = np.zeros(1600, np.int16)
+    u1, i2 = np.dtype(np.uint8), np.dtype(np.int16)
+    cases = {
+        "media.0.npy": (encode_image(img, "npy")[1], {"": ((56, 84, 3), u1)}),
+        "media.1.png": (encode_image(img, "png")[1], {"": ((56, 84, 3), u1)}),
+        "media.2.npz": (
+            encode_video(frames, audio, compress=False)[1],
+            {"frames": ((2, 56, 84, 3), u1), "audio": ((1600,), i2)},
+        ),
+        "media.3.npz": (encode_video(frames, compress=True)[1], {"frames": ((2, 56, 84, 3), u1)}),
+        "media.4.npy": (npy_bytes(audio), {"": ((1600,), i2)}),
+    }
+    for part, (data, arrays) in cases.items():
+        assert payload_header(part, data) == arrays, part
+        decoded = decode_payload(part, data)  # the header says what decoding yields
+        shapes = (
+            {k: v.shape for k, v in decoded.items()} if isinstance(decoded, dict) else {"": decoded.shape}
+        )
+        assert shapes == {k: v[0] for k, v in arrays.items()}, part
+    with pytest.raises(HeaderError, match="npy header says"):
+        payload_header("media.0.npy", cases["media.0.npy"][0][:-3])  # a payload short of its header
+    assert payload_header("media.0.webp", b"RIFF") is None  # no reader: verify decodes it instead
+    with pytest.raises(ValueError, match="re-prepare"):
+        decode_payload("media.0.webp", b"RIFF")
+
+
+def test_worker_batches_share_one_storage_for_their_small_tensors(monkeypatch) -> None:
+    """In a worker, tensors not yet shared are copied into one shared storage (one file descriptor to hand
+    over), as separate non-overlapping views with their values; outside a worker nothing changes."""
+    from omnipack.loader.task_encoder import share_in_one_storage
+
+    values = {
+        "tokens": torch.arange(10, dtype=torch.int64).reshape(1, 10),
+        "loss_mask": torch.ones(1, 10),
+        "padding_mask": torch.zeros(1, 10, dtype=torch.bool),
+        "max_seqlen": torch.tensor(7, dtype=torch.int32),
+        "grid": torch.tensor([[1, 4, 6]]),
+        "none": None,
+    }
+    assert share_in_one_storage(values) is values
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    out = share_in_one_storage(values)
+    tensors = {k: v for k, v in out.items() if v is not None}
+    assert out["none"] is None and all(v.is_shared() for v in tensors.values())
+    assert len({v.untyped_storage().data_ptr() for v in tensors.values()}) == 1
+    for k, v in tensors.items():
+        assert v.dtype == values[k].dtype and torch.equal(v, values[k]), k
+    out["tokens"].fill_(-1)  # views do not overlap
+    assert torch.equal(out["loss_mask"], values["loss_mask"]) and int(out["max_seqlen"]) == 7
