@@ -52,7 +52,9 @@ class Mix:
                 plan = MediaPlan(kind="audio", num_tokens=audio_output_length(mel), audio_frames=mel)
             else:
                 t, gh, gw = grid
-                plan = MediaPlan(kind=kind, num_tokens=t * gh * gw // 4, grid_thw=grid, vision_patches=t * gh * gw)
+                plan = MediaPlan(
+                    kind=kind, num_tokens=t * gh * gw // 4, grid_thw=grid, vision_patches=t * gh * gw
+                )
             self.memo[key] = (plan.num_tokens, self.profile.media_cost(plan, self.shapes))
         return self.memo[key]
 
@@ -154,15 +156,34 @@ def run_mix(name: str, n: int, seed: int) -> list[dict]:
     lengths = padded(tokens[keep], width)
     sample_cost = mix.model.sample_costs(lengths, flops[keep])
     constant = mix.model.row_constant(width)
-    print(f"# {name}: {int(keep.sum())} samples ({int((~keep).sum())} over W dropped), W={width}", file=sys.stderr)
+    print(
+        f"# {name}: {int(keep.sum())} samples ({int((~keep).sum())} over W dropped), W={width}",
+        file=sys.stderr,
+    )
     out = []
     start = time.perf_counter()
     plan = pack(lengths, width, shuffle=False)
     t_plain = time.perf_counter() - start
-    out.append(evaluate(name, "omnipack unbalanced (bfd)", plan.row_of, plan.num_rows, t_plain, sample_cost, constant, seed))
+    out.append(
+        evaluate(
+            name,
+            "omnipack unbalanced (bfd)",
+            plan.row_of,
+            plan.num_rows,
+            t_plain,
+            sample_cost,
+            constant,
+            seed,
+        )
+    )
     start = time.perf_counter()
     row_of, rows = balance_costs(
-        lengths, sample_cost, width, plan.row_of, plan.num_rows, max_rows=plan.num_rows + plan.num_rows // 500,
+        lengths,
+        sample_cost,
+        width,
+        plan.row_of,
+        plan.num_rows,
+        max_rows=plan.num_rows + plan.num_rows // 500,
         row_constant=constant,
     )
     t_bal = time.perf_counter() - start + t_plain
@@ -171,7 +192,16 @@ def run_mix(name: str, n: int, seed: int) -> list[dict]:
         start = time.perf_counter()
         peer_rows = PEERS[peer](lengths, width)
         out.append(
-            evaluate(name, peer, peer_rows, int(peer_rows.max()) + 1, time.perf_counter() - start, sample_cost, constant, seed)
+            evaluate(
+                name,
+                peer,
+                peer_rows,
+                int(peer_rows.max()) + 1,
+                time.perf_counter() - start,
+                sample_cost,
+                constant,
+                seed,
+            )
         )
     return out
 
@@ -187,16 +217,20 @@ def main() -> None:
     rows = []
     for name in args.mixes:
         rows += run_mix(name, n, seed=1)
-    header = "| set | method | rows | rows vs unbalanced | row cost CV | max row / mean | " + " | ".join(
-        f"overhead DP={dp}" for dp in DP_SIZES
-    ) + " | time s |"
+    header = (
+        "| set | method | rows | rows vs unbalanced | row cost CV | max row / mean | "
+        + " | ".join(f"overhead DP={dp}" for dp in DP_SIZES)
+        + " | time s |"
+    )
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
     base_rows = {r["set"]: r["rows"] for r in rows if r["method"].startswith("omnipack unbalanced")}
     for r in rows:
         print(
             f"| {r['set']} | {r['method']} | {r['rows']} | {r['rows'] / base_rows[r['set']] - 1:+.2%} | "
-            f"{r['cv']:.4f} | {r['max']:.3f} | " + " | ".join(f"{o:.2%}" for o in r["overhead"]) + f" | {r['seconds']:.2f} |"
+            f"{r['cv']:.4f} | {r['max']:.3f} | "
+            + " | ".join(f"{o:.2%}" for o in r["overhead"])
+            + f" | {r['seconds']:.2f} |"
         )
 
 

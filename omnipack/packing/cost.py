@@ -15,7 +15,6 @@ times ``train_factor`` (3: backward is about twice the forward).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -91,6 +90,11 @@ class CostModel:
     row_padding_computed: bool = True  # rows are padded to W and the padding goes through the LM
 
     @property
+    def shapes(self) -> dict[str, TransformerShape]:
+        """Every stack by name (``"lm"`` and the encoders), as ``ModelProfile.media_cost`` takes them."""
+        return {"lm": self.lm, **self.encoders}
+
+    @property
     def lm_token(self) -> float:
         return self.train_factor * self.lm.token_flops()
 
@@ -121,7 +125,7 @@ class CostModel:
             "row_padding_computed": self.row_padding_computed,
             "lm_flops_per_token": self.lm_token,
             "lm_flops_per_attention_pair": self.lm_pair,
-            "shapes": {"lm": asdict(self.lm), **{k: asdict(v) for k, v in self.encoders.items()}},
+            "shapes": {k: asdict(v) for k, v in self.shapes.items()},
         }
 
 
@@ -164,6 +168,7 @@ def media_encoder_flops(profile: Any, model: CostModel, media_json: Sequence[str
     from ..profiles.base import MediaPlan
 
     out = np.zeros(len(media_json), dtype=np.float64)
+    shapes = model.shapes
     memo: dict[str, float] = {}
     for i, text in enumerate(media_json):
         if not text or text == "[]":
@@ -173,7 +178,7 @@ def media_encoder_flops(profile: Any, model: CostModel, media_json: Sequence[str
             plan = item.get("plan", item)
             key = json.dumps(plan, sort_keys=True)
             if key not in memo:
-                memo[key] = float(profile.media_cost(MediaPlan.from_json(plan), model.encoders))
+                memo[key] = float(profile.media_cost(MediaPlan.from_json(plan), shapes))
             total += memo[key]
         out[i] = total
     return out
@@ -226,9 +231,10 @@ def windowed_pairs(grid_h: int, grid_w: int, merge: int, window_merged: int) -> 
     return float(sum(r * r for r in rows) * sum(c * c for c in cols) * per_token * per_token)
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def isqrt_ceil(x: int) -> int:
-    return math.isqrt(max(x - 1, 0)) + 1 if x > 0 else 0
+def describe_row_cost(row_cost: dict[str, Any]) -> str:
+    """One line for terminal summaries from a ``row_cost`` stats entry."""
+    overhead = "  ".join(f"DP={dp} {v:.2%}" for dp, v in row_cost.get("straggler_overhead", {}).items())
+    return (
+        f"mean {row_cost['mean']:.3g} FLOPs  CV {row_cost['cv']:.2%}  max/mean {row_cost['max_over_mean']:.3f}"
+        f"  straggler overhead {overhead}"
+    )

@@ -521,7 +521,9 @@ class NemotronOmniProfile(ModelProfile):
         if plan.kind == "audio":
             audio = shapes["audio"]
             tokens = plan.num_tokens
-            return encoder_flops(audio, tokens, float(tokens) * tokens) + 2.0 * tokens * audio.hidden * lm.hidden
+            return (
+                encoder_flops(audio, tokens, float(tokens) * tokens) + 2.0 * tokens * audio.hidden * lm.hidden
+            )
         if plan.grid_thw is None:
             return super().media_cost(plan, shapes)
         vision = shapes["vision"]

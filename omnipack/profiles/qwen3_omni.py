@@ -419,10 +419,16 @@ class Qwen3OmniProfile(QwenVLProfile):
         inside windows of ``13 * audio_window_infer // (2 * n_window)`` tokens, the output projection."""
         audio, lm = shapes["audio"], shapes["lm"]
         c, bins = self.audio_conv_channels, self.audio_mel_bins
-        conv = 2.0 * 9 * (c * (bins // 2) * mel / 2 + c * c * (bins // 4) * mel / 4 + c * c * (bins // 8) * mel / 8)
+        conv = (
+            2.0
+            * 9
+            * (c * (bins // 2) * mel / 2 + c * c * (bins // 4) * mel / 4 + c * c * (bins // 8) * mel / 8)
+        )
         window = 13 * max(1, self.audio_window_infer // (2 * self.n_window))
         pairs = blocks_pairs(tiled_sizes(tokens, window))
-        per_token = 2.0 * (c * (bins // 8) * audio.hidden + audio.hidden * audio.hidden + audio.hidden * lm.hidden)
+        per_token = 2.0 * (
+            c * (bins // 8) * audio.hidden + audio.hidden * audio.hidden + audio.hidden * lm.hidden
+        )
         return conv + encoder_flops(audio, tokens, pairs) + tokens * per_token
 
     def media_cost(self, plan: MediaPlan, shapes: dict[str, TransformerShape]) -> float:

@@ -667,7 +667,9 @@ class QwenVLProfile(ModelProfile):
         full_layers = vision.layers - self.vision_window_layers
         window = windowed_pairs(gh, gw, s.merge_size, max(1, self.vision_window_px // s.factor))
         pair_flops = 4.0 * vision.heads * vision.dim_head
-        attention = pair_flops * t * (full_layers * per_frame * per_frame + self.vision_window_layers * window)
+        attention = (
+            pair_flops * t * (full_layers * per_frame * per_frame + self.vision_window_layers * window)
+        )
         embed = 2.0 * 3 * s.temporal_patch_size * s.patch_size**2 * vision.hidden
         merged_in = vision.hidden * s.merge_size**2
         merger = 2.0 * (merged_in * merged_in + merged_in * lm.hidden) * self.vision_mergers
