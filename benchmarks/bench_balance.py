@@ -206,6 +206,35 @@ def run_mix(name: str, n: int, seed: int) -> list[dict]:
     return out
 
 
+def time_mix(name: str, n: int, seed: int) -> tuple[dict, dict]:
+    """Wall time of the whole balanced plan (sample costs + dense pack + balancing) at scale."""
+    rng = np.random.default_rng(seed)
+    mix, tokens, flops = MIXES[name](rng, n)
+    keep = tokens <= mix.width
+    lengths = padded(tokens[keep], mix.width)
+    constant = mix.model.row_constant(mix.width)
+    print(f"# timing {name}: {int(keep.sum())} samples", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    sample_cost = mix.model.sample_costs(lengths, flops[keep])
+    plan = pack(lengths, mix.width, shuffle=False)
+    t_plain = time.perf_counter() - start
+    row_of, rows = balance_costs(
+        lengths,
+        sample_cost,
+        mix.width,
+        plan.row_of,
+        plan.num_rows,
+        max_rows=plan.num_rows + plan.num_rows // 500,
+        row_constant=constant,
+    )
+    seconds = time.perf_counter() - start
+    label = f"{name} {n // 1000}k"
+    plain = evaluate(
+        label, "omnipack unbalanced (bfd)", plan.row_of, plan.num_rows, t_plain, sample_cost, constant, seed
+    )
+    return plain, evaluate(label, "omnipack balanced", row_of, rows, seconds, sample_cost, constant, seed)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -217,6 +246,13 @@ def main() -> None:
     rows = []
     for name in args.mixes:
         rows += run_mix(name, n, seed=1)
+    timing = (
+        args.timing_samples if args.timing_samples is not None else (200_000 if args.quick else 1_000_000)
+    )
+    if timing:
+        for name in ("image-text", "omni"):
+            plain, balanced = time_mix(name, timing, seed=2)
+            rows += [plain, balanced]
     header = (
         "| set | method | rows | rows vs unbalanced | row cost CV | max row / mean | "
         + " | ".join(f"overhead DP={dp}" for dp in DP_SIZES)
