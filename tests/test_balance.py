@@ -319,3 +319,46 @@ def test_cli_cost_options_nest_into_the_cost_mapping():
     assert cost == {"lm": {"hidden": 1, "layers": 56}, "vision": {"heads": 8}, "train_factor": 2}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         _cost_overrides({}, ["lm.layers"])
+
+
+# ---- end to end: prepare records every row's cost; inspect shows it ------------------------------------
+
+
+def test_prepare_balanced_records_row_costs_and_inspect_shows_them(tmp_path, capsys):
+    from omnipack.cli import main
+    from omnipack.demo.corpus import build_demo_corpus
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+    from omnipack.pipeline import PrepareConfig, run_prepare
+    from omnipack.tools.dataset_reader import open_dataset
+    from omnipack.tools.inspect import scan_rows, summary
+
+    src = tmp_path / "source"
+    tok = build_demo_tokenizer(src / "tokenizer")
+    manifest, media = build_demo_corpus(src, num_samples=24)
+    out = tmp_path / "dataset"
+    cfg = PrepareConfig(
+        manifest=[str(manifest)],
+        media_root=str(media),
+        tokenizer=str(tok),
+        output=str(out),
+        seq_length=2048,
+        balance=True,
+        data_parallel=[2],
+        cost={"lm": {"layers": 4}},
+        progress=False,
+    )
+    run_prepare(cfg)
+    meta = json.loads((out / ".nv-meta" / "omnipack.json").read_text())
+    rc = meta["packing"]["row_cost"]
+    assert len(rc["per_row"]) == meta["counts"]["rows"]
+    assert list(rc["straggler_overhead"]) == ["2"]
+    assert rc["model"]["shapes"]["lm"]["layers"] == 4
+    ds = open_dataset(out)
+    s = summary(ds, scan_rows(ds))
+    assert s["row_cost"]["cv"] == rc["cv"] and "per_row" not in s["row_cost"]
+    assert main(["inspect", str(out), "-j", "1"]) == 0
+    assert "row cost" in capsys.readouterr().out
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "rows.png"
+    assert main(["inspect", str(out), "--plot", str(png), "--json", "-j", "1"]) == 0
+    assert png.stat().st_size > 0
