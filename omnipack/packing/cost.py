@@ -163,20 +163,29 @@ def build_cost_model(
 def media_encoder_flops(profile: Any, model: CostModel, media_json: Sequence[str | None]) -> np.ndarray:
     """Forward encoder FLOPs per sample: the profile's ``media_cost`` summed over the sample's items.
 
-    Items with the same plan cost the same, so each distinct plan is costed once.
+    Items with the same kind, grid, token and audio-frame counts cost the same, so each is costed once
+    (a profile's ``media_cost`` must depend on nothing else).
     """
     from ..profiles.base import MediaPlan
 
     out = np.zeros(len(media_json), dtype=np.float64)
     shapes = model.shapes
-    memo: dict[str, float] = {}
+    memo: dict[tuple, float] = {}
     for i, text in enumerate(media_json):
         if not text or text == "[]":
             continue
         total = 0.0
         for item in json.loads(text):
             plan = item.get("plan", item)
-            key = json.dumps(plan, sort_keys=True)
+            grid = plan.get("grid_thw")
+            # the fields encoder costs depend on; full plans are rebuilt only for new combinations
+            key = (
+                plan["kind"],
+                tuple(grid) if grid else None,
+                plan.get("num_tokens"),
+                plan.get("audio_num_tokens"),
+                plan.get("audio_frames"),
+            )
             if key not in memo:
                 memo[key] = float(profile.media_cost(MediaPlan.from_json(plan), shapes))
             total += memo[key]
