@@ -296,22 +296,11 @@ def refine_costs(
         members[r].append(i)
     fill = np.bincount(row_of, weights=lengths, minlength=num_rows).astype(np.int64).tolist()
     cost = np.bincount(row_of, weights=costs, minlength=num_rows).tolist()
-    used = (
-        [
-            tuple(x)
-            for x in np.stack(
-                [
-                    np.bincount(row_of, weights=amounts_np[:, k], minlength=num_rows)
-                    for k in range(len(budgets))
-                ],
-                axis=1,
-            )
-            .astype(np.int64)
-            .tolist()
-        ]
-        if resources
-        else None
-    )
+    used = None
+    if resources:
+        per_row = np.zeros((num_rows, len(budgets)), dtype=np.int64)
+        np.add.at(per_row, row_of, amounts_np)
+        used = [tuple(x) for x in per_row.tolist()]
     state = _PairState(members, fill, cost, used, length, value, amounts, budgets, capacity, max_samples)
     total_mean = row_constant + float(np.mean(cost))
     slack = tolerance * total_mean
