@@ -30,7 +30,15 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--window",), {"type": int, "help": "streaming packing window (samples); default: whole dataset"}),
     (
         ("--balance",),
-        {"action": argparse.BooleanOptionalAction, "default": None, "help": "balance attention cost"},
+        {
+            "action": argparse.BooleanOptionalAction,
+            "default": None,
+            "help": "rows of equal modeled training cost (LM attention + media encoders), at most +0.2%% rows",
+        },
+    ),
+    (
+        ("--data-parallel",),
+        {"type": int, "nargs": "+", "help": "DP sizes of the straggler-overhead estimate (default 8 64)"},
     ),
     (("--seed",), {"type": int, "help": "seed of the row-order shuffle"}),
     (
@@ -72,6 +80,14 @@ PROFILE_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--max-pixels", {"type": int, "help": "profile: maximum image pixels"}),
     ("--preprocessor-config", {"help": "profile: a local preprocessor_config.json (or model dir) to read"}),
     (
+        "--cost-option",
+        {
+            "action": "append",
+            "metavar": "KEY=VALUE",
+            "help": "cost model override, e.g. lm.hidden=5120, vision.layers=24, train_factor=3",
+        },
+    ),
+    (
         "--profile-option",
         {"action": "append", "metavar": "KEY=VALUE", "help": "any other profile option (JSON value)"},
     ),
@@ -89,6 +105,24 @@ def _load_config_file(path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"config {path} must hold a mapping of settings, not a {type(data).__name__}")
     return data
+
+
+def _cost_overrides(cost: dict[str, Any], items: list[str]) -> dict[str, Any]:
+    """``--cost-option lm.hidden=5120`` / ``train_factor=2`` into the config's nested ``cost`` mapping."""
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--cost-option expects KEY=VALUE or STACK.FIELD=VALUE, got {item!r}")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        stack, dot, name = key.partition(".")
+        if dot:
+            cost[stack] = {**(cost.get(stack) or {}), name: parsed}
+        else:
+            cost[key] = parsed
+    return cost
 
 
 def _prepare_config(args: argparse.Namespace) -> Any:
@@ -112,12 +146,20 @@ def _prepare_config(args: argparse.Namespace) -> Any:
         except json.JSONDecodeError:
             opts[key] = value
     d["profile_options"] = opts
+    if args.cost_option:
+        d["cost"] = _cost_overrides(dict(d.get("cost") or {}), args.cost_option)
     missing = [k for k in ("manifest", "media_root", "tokenizer", "output") if not d.get(k)]
     if missing:
         raise ValueError(
             f"missing required setting(s): {', '.join(missing)} (give them as flags or in --config)"
         )
     return PrepareConfig.from_dict(d)
+
+
+def _row_cost_line(row_cost: dict[str, Any]) -> str:
+    from .packing.cost import describe_row_cost
+
+    return describe_row_cost(row_cost)
 
 
 def _print_summary(summary: dict[str, Any], out: str) -> None:
@@ -149,6 +191,7 @@ def _print_summary(summary: dict[str, Any], out: str) -> None:
             "shards",
             f"{len(summary['shards'])} ({sum(s['num_bytes'] for s in summary['shards']) / 2**20:.1f} MiB)",
         ),
+        *([("row cost", _row_cost_line(p["row_cost"]))] if p.get("row_cost") else []),
     ]:
         t.add_row(k, str(v))
     Console(stderr=True).print(t)

@@ -76,6 +76,8 @@ class PrepareConfig:
     shuffle: bool = True
     window: int | None = None
     balance: bool = False
+    cost: dict[str, Any] = field(default_factory=dict)  # cost-model overrides (packing.cost)
+    data_parallel: list[int] | int = field(default_factory=lambda: [8, 64])  # straggler estimate DP sizes
     max_samples_per_row: int | None = None
     max_media_per_row: int | None = None
     max_vision_patches_per_row: int | None = None

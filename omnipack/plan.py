@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,10 @@ import pyarrow.parquet as pq
 
 from . import packing
 from .alignment import check_seq_length, pad_to_multiple
+from .packing.balance import balance_costs
+from .packing.cost import CostModel, cost_stats, media_encoder_flops, row_costs
+from .packing.plan import build_plan
+from .profiles import get_profile
 
 PLAN_SCHEMA = pa.schema([("row", pa.int32()), ("sample_index", pa.int64())])
 PACK_COLUMNS = [
@@ -38,6 +42,12 @@ class PackConfig:
     max_media_per_row: int | None = None
     max_vision_patches_per_row: int | None = None
     max_audio_frames_per_row: int | None = None
+    # Cost model (packing.cost): the profile supplies shapes and encoder costs; ``cost`` overrides them.
+    # With a profile, ``balance`` evens out modeled row cost (LM attention + encoders), else sum of len².
+    profile: str | None = None
+    profile_options: dict[str, Any] = field(default_factory=dict)
+    cost: dict[str, Any] = field(default_factory=dict)
+    data_parallel: tuple[int, ...] | list[int] | int = (8, 64)  # DP sizes of the straggler estimate
 
 
 @dataclass
@@ -109,18 +119,103 @@ def run_pack(samples_path: Path, cfg: PackConfig) -> PackResult:
     sample_index = indices.to_numpy()
     if len(keep) == 0:
         return PackResult(np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), rejects, {"rows": 0})
-    plan = packing.pack(
-        padded[keep],
+    constraints = _constraints(table, keep, cfg)
+    model = _cost_model(cfg)
+    sample_cost = None
+    if model is not None:
+        media = pq.read_table(samples_path, columns=["media_json"]).column("media_json").to_pylist()
+        flops = media_encoder_flops(get_profile(cfg.profile, **cfg.profile_options), model, media)
+        sample_cost = model.sample_costs(padded[keep], flops[keep])
+    if cfg.balance and sample_cost is not None:
+        plan = _pack_cost_balanced(padded[keep], sample_cost, constraints, model, cfg)
+    else:
+        plan = packing.pack(
+            padded[keep],
+            cfg.seq_length,
+            algorithm=cfg.algorithm,
+            constraints=constraints,
+            window=cfg.window,
+            balance=cfg.balance,
+            shuffle=cfg.shuffle,
+            seed=cfg.seed,
+        )
+    stats = packing.packing_stats(n_tokens[keep], padded[keep], plan, cfg.seq_length)
+    if sample_cost is not None:
+        costs = row_costs(plan.row_of, plan.num_rows, sample_cost, model.row_constant(cfg.seq_length))
+        stats["row_cost"] = cost_stats(costs, model, _dp_sizes(cfg.data_parallel))
+    return PackResult(plan.row_ptr.astype(np.int64), sample_index[keep][plan.members], rejects, stats)
+
+
+def _dp_sizes(value: tuple[int, ...] | list[int] | int) -> list[int]:
+    sizes = [value] if isinstance(value, int) else list(value)
+    if not sizes or any(not isinstance(d, int) or d < 1 for d in sizes):
+        raise ValueError(f"data_parallel must be one or more sizes >= 1, got {value!r}")
+    return sizes
+
+
+def _cost_model(cfg: PackConfig) -> CostModel | None:
+    """The profile's cost model, or None without a profile. Asking to balance with a profile that has no
+    cost model, or giving cost overrides without a profile, is an error."""
+    if cfg.profile is None:
+        if cfg.cost:
+            raise ValueError("cost settings need a profile (its shapes are the defaults they override)")
+        return None
+    profile = get_profile(cfg.profile, **cfg.profile_options)
+    try:
+        return profile.cost_model(cfg.cost)
+    except ValueError:
+        if cfg.balance or cfg.cost:
+            raise
+        return None
+
+
+def _pack_cost_balanced(
+    lengths: np.ndarray,
+    sample_cost: np.ndarray,
+    constraints: Any,
+    model: CostModel,
+    cfg: PackConfig,
+) -> packing.PackPlan:
+    """The dense plan, then rows of near-equal modeled cost with at most +0.2% rows (per window when
+    packing in windows, so rows still never span windows)."""
+    dense = packing.pack(
+        lengths,
         cfg.seq_length,
         algorithm=cfg.algorithm,
-        constraints=_constraints(table, keep, cfg),
+        constraints=constraints,
         window=cfg.window,
-        balance=cfg.balance,
-        shuffle=cfg.shuffle,
-        seed=cfg.seed,
+        shuffle=False,
     )
-    stats = packing.packing_stats(n_tokens[keep], padded[keep], plan, cfg.seq_length)
-    return PackResult(plan.row_ptr.astype(np.int64), sample_index[keep][plan.members], rejects, stats)
+    n = len(lengths)
+    window = cfg.window if cfg.window is not None and cfg.window < n else n
+    row_of = np.empty(n, dtype=np.int32)
+    num_rows = 0
+    for start in range(0, n, window):
+        stop = min(start + window, n)
+        part = dense.row_of[start:stop]
+        first = int(part.min())
+        part_rows = int(part.max()) - first + 1
+        sub = None if constraints is None else _slice_constraints(constraints, start, stop)
+        balanced, rows = balance_costs(
+            lengths[start:stop],
+            sample_cost[start:stop],
+            cfg.seq_length,
+            part - first,
+            part_rows,
+            constraints=sub,
+            max_rows=part_rows + part_rows // 500,
+            row_constant=model.row_constant(cfg.seq_length),
+        )
+        row_of[start:stop] = balanced + num_rows
+        num_rows += rows
+    return build_plan(
+        row_of, num_rows, lengths, cfg.seq_length, dense.algorithm + "+balance(cost)", cfg.shuffle, cfg.seed
+    )
+
+
+def _slice_constraints(constraints: Any, start: int, stop: int) -> Any:
+    resources = {name: (np.asarray(a)[start:stop], b) for name, (a, b) in constraints.resources.items()}
+    return packing.PackConstraints(constraints.max_samples_per_row, resources)
 
 
 def write_plan(result: PackResult, path: Path) -> None:

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..packing.cost import CostModel, TransformerShape, build_cost_model
+
 MEDIA_KINDS = ("image", "video", "audio")
 
 
@@ -202,6 +204,20 @@ class ModelProfile(ABC):
         for d in per_item:
             keys += [k for k in d if k not in keys]
         return {k: concat_into_batch_tensor([d[k] for d in per_item if k in d]) for k in keys}
+
+    # ---- training cost model (packing.cost): new methods, used by balanced packing ----
+
+    def cost_shapes(self) -> dict[str, TransformerShape]:
+        """Default shapes of the LM (``"lm"``) and each media encoder (``"vision"``, ``"audio"``)."""
+        raise ValueError(f"profile {self.name} has no cost model")
+
+    def media_cost(self, plan: MediaPlan, shapes: dict[str, TransformerShape]) -> float:
+        """Forward FLOPs of the encoder(s) for one media item (``shapes`` holds the LM's too)."""
+        raise ValueError(f"profile {self.name} has no cost model for {plan.kind} inputs")
+
+    def cost_model(self, overrides: dict[str, Any] | None = None) -> CostModel:
+        """The profile's cost model with a config's ``cost`` overrides applied."""
+        return build_cost_model(self.cost_shapes(), overrides)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops
 from .base import (
     AUDIO_LOADING,
     MediaMeta,
@@ -488,3 +489,49 @@ class NemotronOmniProfile(ModelProfile):
             "num_mel_bins": self.num_mel_bins,
             "mel": "parakeet, one clip per call (n // 160 valid frames + 1 zeroed boundary frame)",
         }
+
+    # ---- training cost model (packing.cost): new methods ----
+
+    def cost_shapes(self) -> dict[str, TransformerShape]:
+        """Approximate published shapes: LM a Nemotron-H hybrid like Nemotron-Nano-12B-v2 (hidden 5120,
+        28 MLP layers of 20480 (squared ReLU), 6 attention layers with 40/8 heads of 128, 28 Mamba-2 mixers
+        of about 168M weights each); vision RADIO v2.5-H (ViT-H/16: 32 x 1280, 16 heads, GELU 5120);
+        audio a Parakeet FastConformer (24 x 1024, 8 heads, two half FFNs of 4096). Override in ``cost``."""
+        mamba_flops = 28 * 2.0 * 168e6
+        return {
+            "lm": TransformerShape(
+                hidden=5120,
+                layers=28,
+                heads=40,
+                kv_heads=8,
+                head_dim=128,
+                ffn=20480,
+                gated_ffn=False,
+                attention_layers=6,
+                extra_token_flops=mamba_flops,
+            ),
+            "vision": TransformerShape(hidden=1280, layers=32, heads=16, ffn=5120, gated_ffn=False),
+            "audio": TransformerShape(hidden=1024, layers=24, heads=8, ffn=2 * 4096, gated_ffn=False),
+        }
+
+    def media_cost(self, plan: MediaPlan, shapes: dict[str, TransformerShape]) -> float:
+        """RADIO: full attention over each image (or each 2-frame tubelet of a video) plus the pixel-shuffle
+        projector; Parakeet: full attention over the clip's encoder frames (8x subsampled mel)."""
+        lm = shapes["lm"]
+        if plan.kind == "audio":
+            audio = shapes["audio"]
+            tokens = plan.num_tokens
+            return (
+                encoder_flops(audio, tokens, float(tokens) * tokens) + 2.0 * tokens * audio.hidden * lm.hidden
+            )
+        if plan.grid_thw is None:
+            return super().media_cost(plan, shapes)
+        vision = shapes["vision"]
+        t, gh, gw = plan.grid_thw
+        per_block = gh * gw
+        frames = self.temporal_patch if plan.kind == "video" else 1
+        embed = 2.0 * 3 * frames * self.patch_size**2 * vision.hidden
+        merged_in = vision.hidden * self.merge**2
+        projector = 2.0 * (merged_in * lm.hidden + lm.hidden * lm.hidden)
+        tower = encoder_flops(vision, t * per_block, blocks_pairs([per_block] * t))
+        return tower + t * per_block * embed + t * per_block // self.merge**2 * projector

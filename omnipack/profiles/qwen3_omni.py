@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops, tiled_sizes
 from .base import (
     AUDIO_LOADING,
     MediaMeta,
@@ -396,3 +397,45 @@ class Qwen3OmniProfile(QwenVLProfile):
             fractional_positions="truncate (Megatron-Bridge)",
         )
         return d
+
+    # ---- training cost model (packing.cost): new methods ----
+
+    vision_mergers: ClassVar[int] = 4  # the final merger and 3 deepstack mergers
+    audio_conv_channels: ClassVar[int] = 480  # the audio tower's downsample_hidden_size
+    audio_mel_bins: ClassVar[int] = 128
+    audio_window_infer: ClassVar[int] = 800  # n_window_infer: mel frames one attention window spans
+
+    def cost_shapes(self) -> dict[str, TransformerShape]:
+        """Qwen3-Omni-30B-A3B thinker: LM hidden 2048, 48 layers, 32/4 heads of 128, 8 of 128 experts of
+        768 active (SwiGLU 6144); ViT 27 x 1152, 16 heads, GELU 4304; audio tower 32 x 1280, 20 heads,
+        GELU 5120, attention in windows of ``audio_window_infer`` mel frames."""
+        return {
+            "lm": TransformerShape(hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=8 * 768),
+            "vision": TransformerShape(hidden=1152, layers=27, heads=16, ffn=4304, gated_ffn=False),
+            "audio": TransformerShape(hidden=1280, layers=32, heads=20, ffn=5120, gated_ffn=False),
+        }
+
+    def audio_tower_flops(self, mel: int, tokens: int, shapes: dict[str, TransformerShape]) -> float:
+        """Audio tower FLOPs: 3 stride-2 3x3 convs over the mel image, the transformer with attention
+        inside windows of ``13 * audio_window_infer // (2 * n_window)`` tokens, the output projection."""
+        audio, lm = shapes["audio"], shapes["lm"]
+        c, bins = self.audio_conv_channels, self.audio_mel_bins
+        conv = (
+            2.0
+            * 9
+            * (c * (bins // 2) * mel / 2 + c * c * (bins // 4) * mel / 4 + c * c * (bins // 8) * mel / 8)
+        )
+        window = 13 * max(1, self.audio_window_infer // (2 * self.n_window))
+        pairs = blocks_pairs(tiled_sizes(tokens, window))
+        per_token = 2.0 * (
+            c * (bins // 8) * audio.hidden + audio.hidden * audio.hidden + audio.hidden * lm.hidden
+        )
+        return conv + encoder_flops(audio, tokens, pairs) + tokens * per_token
+
+    def media_cost(self, plan: MediaPlan, shapes: dict[str, TransformerShape]) -> float:
+        if plan.kind == "audio":
+            return self.audio_tower_flops(plan.audio_frames, plan.num_tokens, shapes)
+        vision = super().media_cost(plan, shapes)
+        if plan.kind == "video" and plan.audio_num_tokens:
+            vision += self.audio_tower_flops(plan.audio_frames, plan.audio_num_tokens, shapes)
+        return vision

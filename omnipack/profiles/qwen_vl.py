@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..packing.cost import TransformerShape, windowed_pairs
 from .base import (
     MediaMeta,
     MediaPlan,
@@ -671,6 +672,36 @@ class QwenVLProfile(ModelProfile):
             kind, item, payload_frames(payload), pixel_dtype=pixel_dtype, deferred=deferred
         )
 
+    # ---- training cost model (packing.cost): new methods ----
+
+    # Vision attention layout: every layer attends over a whole frame unless ``vision_window_layers``
+    # of them attend in windows of ``vision_window_px`` pixels (Qwen2.5-VL); ``vision_mergers`` counts
+    # the patch mergers (Qwen3-VL's deepstack adds one per tapped layer).
+    vision_window_layers: ClassVar[int] = 0
+    vision_window_px: ClassVar[int] = 112
+    vision_mergers: ClassVar[int] = 1
+
+    def media_cost(self, plan: MediaPlan, shapes: dict[str, TransformerShape]) -> float:
+        """Vision tower FLOPs of an image or video: patch embedding, the transformer over every patch
+        (attention within each frame group, or within windows on the windowed layers), the mergers."""
+        if plan.kind not in ("image", "video") or plan.grid_thw is None:
+            return super().media_cost(plan, shapes)
+        vision, lm = shapes["vision"], shapes["lm"]
+        s = self.image
+        t, gh, gw = plan.grid_thw
+        patches = t * gh * gw
+        per_frame = gh * gw
+        full_layers = vision.layers - self.vision_window_layers
+        window = windowed_pairs(gh, gw, s.merge_size, max(1, self.vision_window_px // s.factor))
+        pair_flops = 4.0 * vision.heads * vision.dim_head
+        attention = (
+            pair_flops * t * (full_layers * per_frame * per_frame + self.vision_window_layers * window)
+        )
+        embed = 2.0 * 3 * s.temporal_patch_size * s.patch_size**2 * vision.hidden
+        merged_in = vision.hidden * s.merge_size**2
+        merger = 2.0 * (merged_in * merged_in + merged_in * lm.hidden) * self.vision_mergers
+        return patches * (vision.token_flops() + embed) + attention + patches // s.merge_size**2 * merger
+
 
 class Qwen25VLProfile(QwenVLProfile):
     name = "qwen2_5_vl"
@@ -679,6 +710,18 @@ class Qwen25VLProfile(QwenVLProfile):
     # Qwen2VLVideoProcessor class defaults (per-frame budget 128..768 tokens), sampled at 2 fps.
     default_video = VideoSettings(2.0, 4, 768, 128 * 28 * 28, 28 * 28 * 768, False, 128000)
     video_sampler = "qwen2"
+
+    # ---- training cost model (packing.cost): new methods ----
+
+    vision_window_layers: ClassVar[int] = 28  # 32 layers, full attention only at 7, 15, 23, 31
+
+    def cost_shapes(self) -> dict[str, TransformerShape]:
+        """Qwen2.5-VL-7B: LM hidden 3584, 28 layers, 28/4 heads, SwiGLU 18944; ViT 32 x 1280, 16 heads,
+        SwiGLU 3420, windows of 112 px (4x4 merged tokens) except 4 full-attention layers."""
+        return {
+            "lm": TransformerShape(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944),
+            "vision": TransformerShape(hidden=1280, layers=32, heads=16, ffn=3420),
+        }
 
 
 class Qwen3VLProfile(QwenVLProfile):
@@ -695,3 +738,15 @@ class Qwen3VLProfile(QwenVLProfile):
 
     def video_time_interval(self, plan: MediaPlan) -> float:
         return 1.0  # every frame group is its own t=1 block
+
+    # ---- training cost model (packing.cost): new methods ----
+
+    vision_mergers: ClassVar[int] = 4  # the final merger and 3 deepstack mergers (layers 8, 16, 24)
+
+    def cost_shapes(self) -> dict[str, TransformerShape]:
+        """Qwen3-VL-8B: LM hidden 4096, 36 layers, 32/8 heads of 128, SwiGLU 12288; ViT 27 x 1152,
+        16 heads, GELU MLP 4304, full attention within each frame group."""
+        return {
+            "lm": TransformerShape(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288),
+            "vision": TransformerShape(hidden=1152, layers=27, heads=16, ffn=4304, gated_ffn=False),
+        }

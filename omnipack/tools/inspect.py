@@ -96,6 +96,10 @@ def summary(ds: Dataset, rows: list[RowSummary]) -> dict[str, Any]:
         "media_counts": media_counts,
         "shards": shards,
         "total_bytes": sum(s["bytes"] or 0 for s in shards),
+        # modeled training cost per row (packing.cost), recorded by prepare; the per-row list stays in the file
+        "row_cost": {
+            k: v for k, v in ((ds.meta.get("packing") or {}).get("row_cost") or {}).items() if k != "per_row"
+        },
     }
 
 
@@ -279,6 +283,10 @@ def print_summary(s: dict[str, Any]) -> None:
         ("media", "  ".join(f"{k} {v}" for k, v in s["media_counts"].items())),
         ("shards", f"{len(s['shards'])}, {s['total_bytes'] / 2**20:.1f} MiB"),
     ]
+    if s.get("row_cost"):
+        from ..packing.cost import describe_row_cost
+
+        rows.append(("row cost", describe_row_cost(s["row_cost"])))
     for k, v in rows:
         t.add_row(k, str(v))
     con.print(t)
@@ -407,7 +415,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         from .plot import MissingMatplotlib, plot_dataset
 
         try:
-            plot_dataset(rows, ds.seq_length, args.plot, max_rows=args.plot_rows, title=str(ds.root))
+            plot_dataset(
+                rows,
+                ds.seq_length,
+                args.plot,
+                max_rows=args.plot_rows,
+                title=str(ds.root),
+                row_costs=((ds.meta.get("packing") or {}).get("row_cost") or {}).get("per_row"),
+            )
         except MissingMatplotlib as e:
             print(f"omnipack inspect: {e}", file=sys.stderr)
             return 1

@@ -38,17 +38,25 @@ def _pyplot():
 
 
 def plot_dataset(
-    rows: Sequence[RowSummary], width: int, out: str | Path, *, max_rows: int = 48, title: str = ""
+    rows: Sequence[RowSummary],
+    width: int,
+    out: str | Path,
+    *,
+    max_rows: int = 48,
+    title: str = "",
+    row_costs: Sequence[float] | None = None,
 ) -> Path:
     """Write a PNG: the first ``max_rows`` rows as horizontal bars (samples, media, padding), a histogram
-    of sample lengths and one of row fill."""
+    of sample lengths, one of row fill and, given ``row_costs`` (the modeled cost of every row), one of
+    row cost relative to the mean."""
     plt = _pyplot()
     from matplotlib.patches import Patch
 
     shown = list(rows[:max_rows])
     strip_h = max(2.5, 0.22 * len(shown) + 1.2)
     fig = plt.figure(figsize=(13, strip_h + 3.6), constrained_layout=True)
-    grid = fig.add_gridspec(2, 2, height_ratios=[strip_h, 3.2])
+    columns = 3 if row_costs else 2
+    grid = fig.add_gridspec(2, columns, height_ratios=[strip_h, 3.2])
     ax = fig.add_subplot(grid[0, :])
     for y, r in enumerate(shown):
         cu, cup = r.cu_seqlens, r.cu_seqlens_padded
@@ -95,6 +103,14 @@ def plot_dataset(
     ax2.set_title(f"row fill (real tokens / W, mean {fills.mean() if len(fills) else 0:.1%})", loc="left")
     ax2.set_xlabel("% of W")
     ax2.set_ylabel("rows")
+    if row_costs:
+        costs = np.asarray(row_costs, dtype=np.float64)
+        rel = costs / costs.mean() - 1
+        ax3 = fig.add_subplot(grid[1, 2])
+        ax3.hist(rel * 100, bins=40, color="#e15759")
+        ax3.set_title(f"row cost vs mean (modeled, max {rel.max():+.1%})", loc="left")
+        ax3.set_xlabel("% above / below the mean row cost")
+        ax3.set_ylabel("rows")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
