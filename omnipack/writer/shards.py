@@ -36,6 +36,9 @@ class ShardInfo:
     xxh3_128: str | None = None
 
 
+SHARD_CHECKSUMS = ("sha256", "xxh3_128")  # recorded per shard in omnipack.json
+
+
 def file_digests(path: Path, algorithms: tuple[str, ...] = ("sha256",)) -> dict[str, str]:
     """Hex digests of a file's bytes, read once, for each of ``algorithms`` (hashlib names or
     ``xxh3_128``)."""
@@ -60,6 +63,28 @@ def file_sha256(path: Path) -> str:
     return file_digests(path)["sha256"]
 
 
+class _HashingFile:
+    """A binary file that hashes what is written through it, so a shard's checksums cost no second read."""
+
+    def __init__(self, path: str, algorithms: tuple[str, ...]) -> None:
+        self._f = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.hashers = {a: new_hasher(a) for a in algorithms}
+
+    def write(self, data: bytes) -> int:
+        for h in self.hashers.values():
+            h.update(data)
+        return self._f.write(data)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def hexdigests(self) -> dict[str, str]:
+        return {a: h.hexdigest() for a, h in self.hashers.items()}
+
+
 class ShardWriter:
     """Rolls samples into ``{prefix}-{n:06d}.tar`` shards of at most ``max_bytes`` / ``max_count``."""
 
@@ -75,6 +100,7 @@ class ShardWriter:
         self.max_bytes, self.max_count = max_bytes, max_count
         self.shards: list[ShardInfo] = []
         self._tar: tarfile.TarFile | None = None
+        self._file: _HashingFile | None = None
         self._offsets: list[int] = []
         self._rel: str = ""
 
@@ -82,7 +108,8 @@ class ShardWriter:
         self._rel = f"{self.prefix}-{len(self.shards):06d}.tar"
         path = self.root / self._rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._tar = tarfile.open(str(path) + TMP_SUFFIX, "w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
+        self._file = _HashingFile(str(path) + TMP_SUFFIX, SHARD_CHECKSUMS)
+        self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
         self._offsets = []
 
     def write(self, key: str, parts: Mapping[str, bytes]) -> None:
@@ -106,13 +133,15 @@ class ShardWriter:
     def _finish(self) -> None:
         assert self._tar is not None
         offsets = np.asarray([*self._offsets, self._tar.offset], dtype="<u8")
-        self._tar.close()
+        self._tar.close()  # writes the end-of-archive blocks through the hashing file
+        assert self._file is not None
+        self._file.close()
+        digests = self._file.hexdigests()
         path = self.root / self._rel
         tmp_tar = Path(str(path) + TMP_SUFFIX)
         idx_path = Path(str(path) + ".idx")
         tmp_idx = Path(str(idx_path) + TMP_SUFFIX)
         tmp_idx.write_bytes(offsets.tobytes())
-        digests = file_digests(tmp_tar, ("sha256", "xxh3_128"))
         info = ShardInfo(
             self._rel,
             len(self._offsets),
@@ -124,7 +153,7 @@ class ShardWriter:
         os.replace(tmp_idx, idx_path)
         os.replace(tmp_tar, path)  # the tar appears last: a present tar always has its index
         self.shards.append(info)
-        self._tar = None
+        self._tar = self._file = None
 
     def close(self) -> list[ShardInfo]:
         if self._tar is not None:
@@ -135,5 +164,7 @@ class ShardWriter:
         """Drop the shard in progress (its temporary file), keeping completed shards."""
         if self._tar is not None:
             self._tar.close()
+            if self._file is not None:
+                self._file.close()
             Path(str(self.root / self._rel) + TMP_SUFFIX).unlink(missing_ok=True)
-            self._tar = None
+            self._tar = self._file = None

@@ -1,0 +1,43 @@
+"""ShardWriter: shards roll over by size/count, and the checksums hashed while writing are the file's."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+from omnipack.writer.shards import ShardWriter, file_digests
+
+
+def test_checksums_hashed_while_writing_equal_the_written_files(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    writer = ShardWriter(tmp_path, max_count=3)
+    rows = {f"{i:05d}": {"a.bin": rng.bytes(int(rng.integers(0, 5000))), "b.json": b"{}"} for i in range(7)}
+    for key, parts in rows.items():
+        writer.write(key, parts)
+    infos = writer.close()
+    assert [s.count for s in infos] == [3, 3, 1]
+    for info in infos:
+        path = tmp_path / info.path
+        assert file_digests(path, ("sha256", "xxh3_128")) == {
+            "sha256": info.sha256,
+            "xxh3_128": info.xxh3_128,
+        }
+        assert info.num_bytes == path.stat().st_size
+        idx = np.fromfile(str(path) + ".idx", dtype="<u8")
+        with tarfile.open(path) as tar:
+            members = tar.getmembers()
+        assert [m.offset for m in members[::2]] == idx[:-1].tolist()  # each row's first member
+        for m in members:
+            key, _, part = m.name.partition(".")
+            assert m.size == len(rows[key][part])
+
+
+def test_abort_leaves_completed_shards_and_no_partial_file(tmp_path: Path) -> None:
+    writer = ShardWriter(tmp_path, max_count=1)
+    writer.write("00000", {"a.bin": b"x" * 10})
+    writer.write("00001", {"a.bin": b"y" * 10})  # rolls shard 0 over, opens shard 1
+    writer.abort()
+    files = sorted(p.name for p in (tmp_path / "shards").iterdir())
+    assert files == ["shard-000000.tar", "shard-000000.tar.idx"]
