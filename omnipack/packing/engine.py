@@ -17,6 +17,7 @@ SECOND_ORDER_MAX = 250_000  # samples up to which the constrained packer also tr
 REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the whole set (when small)
 FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
 REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill: ~0.5-1.5 s
+POOL_SHARES = (0.5, 1, 2, 4)  # full rows mixed into the FFD re-pack, per row that is not full
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -66,29 +67,82 @@ def _slots_to_samples(slot_rows: np.ndarray, lengths: np.ndarray, capacity: int)
     return row_of
 
 
+def _repack_rows(
+    slot_rows: np.ndarray,
+    num_rows: int,
+    values: np.ndarray,
+    counts: np.ndarray,
+    capacity: int,
+    repack: np.ndarray,
+    packer,
+) -> tuple[np.ndarray, int]:
+    """Keep the rows not marked in ``repack`` (renumbered densely, in order) and re-pack the items of the
+    marked rows with ``packer(values, counts)`` (class level, returns ``(slot_rows, rows)`` or None)."""
+    slot_class = np.repeat(np.arange(len(values)), counts)
+    pool = repack[slot_rows]
+    if not pool.any():
+        return slot_rows, num_rows
+    keep = ~repack
+    kept = int(keep.sum())
+    new_id = np.cumsum(keep) - 1
+    pool_counts = np.bincount(slot_class[pool], minlength=len(values))
+    present = pool_counts > 0
+    packed = packer(values[present], pool_counts[present])
+    if packed is None:
+        return slot_rows, num_rows
+    pool_slots, pool_rows = packed
+    out = np.empty_like(slot_rows)
+    out[~pool] = new_id[slot_rows[~pool]]
+    out[pool] = pool_slots + kept  # pool slots are in class order, as the class packers emit them
+    return out, kept + pool_rows
+
+
+def _row_fill(slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    return np.bincount(slot_rows, weights=np.repeat(values, counts), minlength=num_rows)
+
+
 def _refill_slack_rows(
     slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, int]:
     """Keep the exactly full rows of a class-level packing and re-pack the items of all other rows with
     the subset-sum refill (a small pool: greedy fits leave their waste in few rows)."""
-    slot_class = np.repeat(np.arange(len(values)), counts)
-    fill = np.bincount(slot_rows, weights=values[slot_class], minlength=num_rows)
-    full = fill == capacity
-    pool = ~full[slot_rows]
-    if not pool.any():
-        return slot_rows, num_rows
-    kept = int(full.sum())
-    new_id = np.cumsum(full) - 1  # kept rows keep their order, renumbered densely
-    pool_counts = np.bincount(slot_class[pool], minlength=len(values))
-    present = pool_counts > 0
-    refilled = refill_classes(values[present], pool_counts[present], capacity, max_work=REFILL_MAX_WORK)
-    if refilled is None:
-        return slot_rows, num_rows
-    pool_slots, pool_rows = refilled
-    out = np.empty_like(slot_rows)
-    out[~pool] = new_id[slot_rows[~pool]]
-    out[pool] = pool_slots + kept  # pool slots are in class order, as refill_classes emits them
-    return out, kept + pool_rows
+    slack = _row_fill(slot_rows, num_rows, values, counts) < capacity
+    return _repack_rows(
+        slot_rows,
+        num_rows,
+        values,
+        counts,
+        capacity,
+        slack,
+        lambda v, c: refill_classes(v, c, capacity, max_work=REFILL_MAX_WORK),
+    )
+
+
+def _mix_and_ffd(
+    slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray, capacity: int
+) -> tuple[np.ndarray, int]:
+    """Re-pack the rows that are not exactly full together with evenly spread exactly full rows by FFD;
+    the best of a few pool sizes (class-level FFD: milliseconds each).
+
+    A refill ends with rows of the few lengths left over, which no exchange among themselves can top up
+    (on the bimodal mix: three ~1.2k items and 300-500 tokens free, nothing that small left). Full rows
+    from all over the plan bring back the variety of lengths that FFD needs to end with full rows.
+    """
+    slack = _row_fill(slot_rows, num_rows, values, counts) < capacity
+    full_rows = np.flatnonzero(~slack)
+    best = (slot_rows, num_rows)
+    if not slack.any() or not len(full_rows):
+        return best
+    for share in POOL_SHARES:
+        take = min(len(full_rows), int(share * slack.sum()) + 64)
+        repack = slack.copy()
+        repack[full_rows[np.linspace(0, len(full_rows) - 1, take).round().astype(np.int64)]] = True
+        out = _repack_rows(
+            slot_rows, num_rows, values, counts, capacity, repack, lambda v, c: ffd_classes(v, c, capacity)
+        )
+        if out[1] < best[1]:
+            best = out
+    return best
 
 
 def _assign(
@@ -153,8 +207,13 @@ def _improve(
             slot_rows, num_rows, used = refilled, refilled_rows, used.split("(")[0] + "+refill"
     if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= FULL_REFILL_MAX:
         whole = refill_classes(values, counts, capacity, max_work=REFILL_MAX_WORK)
-        if whole is not None and whole[1] < num_rows:
-            slot_rows, num_rows, used = whole[0], whole[1], "refill"
+        if whole is not None:
+            candidates = [whole, _mix_and_ffd(*whole, values, counts, capacity)]
+            if num_rows > bound:
+                candidates.append(_mix_and_ffd(slot_rows, num_rows, values, counts, capacity))
+            for (new_slots, new_rows), name in zip(candidates, ("refill", "refill+mix", used + "+mix")):
+                if new_rows < num_rows:
+                    slot_rows, num_rows, used = new_slots, new_rows, name
     return slot_rows, num_rows, used
 
 
