@@ -5,15 +5,17 @@ from __future__ import annotations
 import numpy as np
 
 from .balance import balanced_assign, rebalance_rows
-from .bounds import best_bound, lower_bounds
+from .bounds import best_bound, constrained_lower_bounds, lower_bounds
 from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
 from .plan import PackPlan, build_plan
 from .refill import refill_classes
+from .vector_fill import norm_fill
 
 ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
 SECOND_ORDER_MAX = 250_000  # samples up to which the constrained packer also tries its other item order
+NORM_FILL_WEIGHTS = (1.0, 0.6)  # resource weights of the row-by-row norm fill (few amount vectors only)
 REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the whole set (when small)
 FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
 REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill: ~0.5-1.5 s
@@ -154,18 +156,31 @@ def _assign(
 ) -> tuple[np.ndarray, int, str]:
     if constraints is not None:
         row_of, num_rows = constrained_pack(lengths, capacity, constraints)
+        name = "bfd+constraints"
         if improve and len(lengths) <= SECOND_ORDER_MAX:
             # Neither item order wins everywhere (weighted shares: omni mixes; plain sums: image-text).
             plain_row_of, plain_rows = constrained_pack(lengths, capacity, constraints, weigh_by_demand=False)
             if plain_rows < num_rows:
                 row_of, num_rows = plain_row_of, plain_rows
+        if (
+            improve
+            and len(lengths) <= SECOND_ORDER_MAX
+            and num_rows > _constrained_bound(lengths, capacity, constraints)
+        ):
+            # Budgets that bind together: a row-by-row fill that weighs every dimension at once.
+            for weight in NORM_FILL_WEIGHTS:
+                filled = norm_fill(lengths, capacity, constraints, resource_weight=weight)
+                if filled is None:
+                    break
+                if filled[1] < num_rows:
+                    row_of, num_rows, name = filled[0], filled[1], "norm-fill+constraints"
         if improve and len(lengths) <= EXACT_CONSTRAINED_MAX:
             # The fast packer only looks at the front row of each space bucket and can open needless rows
             # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
             exact_row_of, exact_rows = constrained_bfd(lengths, capacity, constraints)
             if exact_rows < num_rows:
                 return exact_row_of, exact_rows, "bfd+constraints(exact)"
-        return row_of, num_rows, "bfd+constraints"
+        return row_of, num_rows, name
     values, counts = _classes(lengths, capacity)
     run = bfd_classes if algorithm == "bfd" else ffd_classes
     slot_rows, num_rows = run(values, counts, capacity)
@@ -173,6 +188,13 @@ def _assign(
     if improve and algorithm == "bfd":
         slot_rows, num_rows, used = _improve(slot_rows, num_rows, lengths, values, counts, capacity)
     return _slots_to_samples(slot_rows, lengths, capacity), num_rows, used
+
+
+def _constrained_bound(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> int:
+    amounts, budgets = constraints.amounts_matrix(len(lengths))
+    return constrained_lower_bounds(lengths, capacity, amounts, budgets, constraints.max_samples_per_row)[
+        "best"
+    ]
 
 
 def _improve(
@@ -208,10 +230,11 @@ def _improve(
     if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= FULL_REFILL_MAX:
         whole = refill_classes(values, counts, capacity, max_work=REFILL_MAX_WORK)
         if whole is not None:
-            candidates = [whole, _mix_and_ffd(*whole, values, counts, capacity)]
+            candidates = [(whole, "refill"), (_mix_and_ffd(*whole, values, counts, capacity), "refill+mix")]
             if num_rows > bound:
-                candidates.append(_mix_and_ffd(slot_rows, num_rows, values, counts, capacity))
-            for (new_slots, new_rows), name in zip(candidates, ("refill", "refill+mix", used + "+mix")):
+                mixed = _mix_and_ffd(slot_rows, num_rows, values, counts, capacity)
+                candidates.append((mixed, used.split("(")[0] + "+mix"))
+            for (new_slots, new_rows), name in candidates:
                 if new_rows < num_rows:
                     slot_rows, num_rows, used = new_slots, new_rows, name
     return slot_rows, num_rows, used
