@@ -120,15 +120,16 @@ def _refill_slack_rows(
     )
 
 
-def _mix_and_ffd(
+def _mix_and_repack(
     slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, int]:
-    """Re-pack the rows that are not exactly full together with evenly spread exactly full rows by FFD;
-    the best of a few pool sizes (class-level FFD: milliseconds each).
+    """Re-pack the rows that are not exactly full together with evenly spread exactly full rows, by FFD
+    and by the subset-sum refill; the best of a few pool sizes.
 
-    A refill ends with rows of the few lengths left over, which no exchange among themselves can top up
-    (on the bimodal mix: three ~1.2k items and 300-500 tokens free, nothing that small left). Full rows
-    from all over the plan bring back the variety of lengths that FFD needs to end with full rows.
+    A refill or a greedy fit ends with rows of the few lengths left over, which no exchange among
+    themselves can top up (on the bimodal mix: three ~1.2k items and 300-500 tokens free, nothing that
+    small left). Full rows from all over the plan bring back the variety of lengths a re-pack needs to
+    end with full rows. Each re-pack keeps the other rows, so it works on a few thousand rows at most.
     """
     slack = _row_fill(slot_rows, num_rows, values, counts) < capacity
     full_rows = np.flatnonzero(~slack)
@@ -139,11 +140,13 @@ def _mix_and_ffd(
         take = min(len(full_rows), int(share * slack.sum()) + 64)
         repack = slack.copy()
         repack[full_rows[np.linspace(0, len(full_rows) - 1, take).round().astype(np.int64)]] = True
-        out = _repack_rows(
-            slot_rows, num_rows, values, counts, capacity, repack, lambda v, c: ffd_classes(v, c, capacity)
-        )
-        if out[1] < best[1]:
-            best = out
+        for packer in (
+            lambda v, c: ffd_classes(v, c, capacity),
+            lambda v, c: refill_classes(v, c, capacity, max_work=REFILL_MAX_WORK),
+        ):
+            out = _repack_rows(slot_rows, num_rows, values, counts, capacity, repack, packer)
+            if out[1] < best[1]:
+                best = out
     return best
 
 
@@ -210,8 +213,9 @@ def _improve(
     1. FFD's row count is computed at class level (milliseconds) and its plan kept only if it has fewer
        rows, so the result never has more rows than FFD.
     2. The rows that are not exactly full are re-packed with the subset-sum refill.
-    3. If still more than REFILL_TARGET over the bound, the whole set is refilled (one subset-sum per
-       distinct row pattern), up to FULL_REFILL_MAX samples.
+    3. If still more than REFILL_TARGET over the bound (and up to FULL_REFILL_MAX samples): the whole
+       set is refilled (one subset-sum per distinct row pattern), and both that plan and the plan so far
+       get the mixed re-pack (``_mix_and_repack``: slack rows plus spread full rows, FFD and refill).
     Each refill gives up past REFILL_MAX_WORK (about a second; a work count, so still deterministic).
     The plan with the fewest rows wins; ties keep the earlier one.
     """
@@ -228,15 +232,18 @@ def _improve(
         if refilled_rows < num_rows:
             slot_rows, num_rows, used = refilled, refilled_rows, used.split("(")[0] + "+refill"
     if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= FULL_REFILL_MAX:
+        candidates = [
+            (_mix_and_repack(slot_rows, num_rows, values, counts, capacity), used.split("(")[0] + "+mix")
+        ]
         whole = refill_classes(values, counts, capacity, max_work=REFILL_MAX_WORK)
         if whole is not None:
-            candidates = [(whole, "refill"), (_mix_and_ffd(*whole, values, counts, capacity), "refill+mix")]
-            if num_rows > bound:
-                mixed = _mix_and_ffd(slot_rows, num_rows, values, counts, capacity)
-                candidates.append((mixed, used.split("(")[0] + "+mix"))
-            for (new_slots, new_rows), name in candidates:
-                if new_rows < num_rows:
-                    slot_rows, num_rows, used = new_slots, new_rows, name
+            candidates += [
+                (whole, "refill"),
+                (_mix_and_repack(*whole, values, counts, capacity), "refill+mix"),
+            ]
+        for (new_slots, new_rows), name in candidates:
+            if new_rows < num_rows:
+                slot_rows, num_rows, used = new_slots, new_rows, name
     return slot_rows, num_rows, used
 
 
