@@ -10,12 +10,11 @@ from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
 from .plan import PackPlan, build_plan
 from .refill import refill_classes
-from .vector_fill import norm_fill
+from .vector_fill import balanced_fill
 
 ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
 SECOND_ORDER_MAX = 250_000  # samples up to which the constrained packer also tries its other item order
-NORM_FILL_WEIGHTS = (1.0, 0.6)  # resource weights of the row-by-row norm fill (few amount vectors only)
 REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the whole set (when small)
 FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
 REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill: ~0.5-1.5 s
@@ -170,13 +169,10 @@ def _assign(
             and len(lengths) <= SECOND_ORDER_MAX
             and num_rows > _constrained_bound(lengths, capacity, constraints)
         ):
-            # Budgets that bind together: a row-by-row fill that weighs every dimension at once.
-            for weight in NORM_FILL_WEIGHTS:
-                filled = norm_fill(lengths, capacity, constraints, resource_weight=weight)
-                if filled is None:
-                    break
-                if filled[1] < num_rows:
-                    row_of, num_rows, name = filled[0], filled[1], "norm-fill+constraints"
+            # Budgets that bind together: a row-by-row fill that keeps every dimension level.
+            filled = balanced_fill(lengths, capacity, constraints)
+            if filled is not None and filled[1] < num_rows:
+                row_of, num_rows, name = filled[0], filled[1], "balanced-fill+constraints"
         if improve and len(lengths) <= EXACT_CONSTRAINED_MAX:
             # The fast packer only looks at the front row of each space bucket and can open needless rows
             # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
