@@ -261,7 +261,9 @@ def pack(
     (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
     each block of N consecutive samples separately (bounded memory; rows never span blocks).
     ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
-    constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says. ``balance`` evens out per-row attention cost (sum of squared
+    constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says; above
+    the vector bound (up to SECOND_ORDER_MAX samples) the row-by-row ``balanced_fill`` is tried as well
+    when the resource amounts take few distinct values (media counts), and the plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared
     lengths) with at most +0.1% rows.
     Rows are shuffled with ``seed`` unless ``shuffle=False``; results are deterministic.
     """
