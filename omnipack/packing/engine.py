@@ -10,7 +10,7 @@ from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
 from .plan import PackPlan, build_plan
 from .refill import refill_classes
-from .vector_fill import balanced_fill
+from .vector_fill import balanced_fill, fits_balanced_fill
 
 ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
@@ -167,6 +167,7 @@ def _assign(
         if (
             improve
             and len(lengths) <= SECOND_ORDER_MAX
+            and fits_balanced_fill(constraints, len(lengths))
             and num_rows > _constrained_bound(lengths, capacity, constraints)
         ):
             # Budgets that bind together: a row-by-row fill that keeps every dimension level.

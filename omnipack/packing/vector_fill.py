@@ -33,6 +33,12 @@ MAX_AMOUNT_VECTORS = 64  # distinct resource-amount vectors up to which the fill
 BALANCE_TOLERANCE = 0.02  # spreads of the remaining shares below this count as level
 
 
+def fits_balanced_fill(constraints: PackConstraints, num_samples: int) -> bool:
+    """Whether the resource amounts take at most MAX_AMOUNT_VECTORS distinct vectors (cheap pre-check)."""
+    amounts, _ = constraints.amounts_matrix(num_samples)
+    return len(np.unique(amounts, axis=0)) <= MAX_AMOUNT_VECTORS
+
+
 def balanced_fill(
     lengths: np.ndarray, capacity: int, constraints: PackConstraints
 ) -> tuple[np.ndarray, int] | None:
