@@ -19,6 +19,7 @@ REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the 
 FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
 REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill: ~0.5-1.5 s
 POOL_SHARES = (0.5, 1, 2, 4)  # full rows mixed into the FFD re-pack, per row that is not full
+MIX_MAX_SLACK_SHARE = 0.25  # the mixed re-pack runs when at most this share of rows is not exactly full
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -133,8 +134,8 @@ def _mix_and_repack(
     slack = _row_fill(slot_rows, num_rows, values, counts) < capacity
     full_rows = np.flatnonzero(~slack)
     best = (slot_rows, num_rows)
-    if not slack.any() or not len(full_rows):
-        return best
+    if not slack.any() or slack.sum() > MIX_MAX_SLACK_SHARE * num_rows:
+        return best  # nothing to do, or no full rows to speak of: the re-pack would redo the whole set
     for share in POOL_SHARES:
         take = min(len(full_rows), int(share * slack.sum()) + 64)
         repack = slack.copy()
