@@ -25,7 +25,7 @@ from peers import LIGHTBINPACK_OBFD, PEERS  # noqa: E402
 from omnipack.packing import PackConstraints, lower_bounds, pack  # noqa: E402
 from omnipack.packing.balance import attention_cost, coefficient_of_variation  # noqa: E402
 from omnipack.packing.bounds import constrained_lower_bounds  # noqa: E402
-from omnipack.packing.constraints import constrained_bfd  # noqa: E402
+from omnipack.packing.constraints import constrained_bfd, constrained_pack  # noqa: E402
 
 ALIGN = 8
 
@@ -204,6 +204,11 @@ def print_table(rows: list[dict]) -> None:
         "real eff": "{:.2%}",
         "padded eff": "{:.2%}",
         "time s": "{:.2f}",
+        "max s": "{:.2f}",
+        "worst": "{:.4f}",
+        "median": "{:.4f}",
+        "baseline worst": "{:.4f}",
+        "baseline median": "{:.4f}",
     }
     cells = [[fmt.get(c, "{}").format(r[c]) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
@@ -216,6 +221,63 @@ def print_table(rows: list[dict]) -> None:
 def two_budget_constraints(data: dict, width: int) -> PackConstraints:
     """Tokens plus a media count that binds as hard: 10 media items per row (image-text: ~2 per sample)."""
     return PackConstraints(resources={"media": (data["media"], 10)})
+
+
+def seed_sweep(seeds: range, sizes: tuple[int, ...]) -> list[dict]:
+    """Worst and median rows/bound over seeds x sizes per mix, for omnipack and for classic FFD (constrained
+    set: omnipack against the previous default, the best-fit ``constrained_pack``, both vs the vector bound)."""
+    out = []
+    for mix, widths in (("text", (4096, 8192, 16384)), ("bimodal img-text", (4096, 8192, 16384))):
+        make = text_sft if mix == "text" else bimodal_image_text
+        for width in widths:
+            ours, ffd, secs = [], [], []
+            for seed in seeds:
+                for n in sizes:
+                    lengths = padded(make(np.random.default_rng(1000 + seed), n, width)["real"], width)
+                    bound = max(lower_bounds(lengths, width).values())
+                    plan, sec = timed(lambda lengths=lengths, width=width: pack(lengths, width))
+                    ours.append(plan.num_rows / bound)
+                    ffd.append(pack(lengths, width, algorithm="ffd").num_rows / bound)
+                    secs.append(sec)
+            out.append(_sweep_row(f"{mix} W={width}", "omnipack bfd", "classic ffd", ours, ffd, secs))
+    ours, base, secs = [], [], []
+    for seed in seeds:
+        for n in sizes:
+            data = image_text(np.random.default_rng(2000 + seed), n, 8192)
+            lengths = padded(data["real"], 8192)
+            constraints = two_budget_constraints(data, 8192)
+            amounts, budgets = constraints.amounts_matrix(n)
+            bound = constrained_lower_bounds(lengths, 8192, amounts, budgets)["best"]
+            plan, sec = timed(lambda lengths=lengths, c=constraints: pack(lengths, 8192, constraints=c))
+            ours.append(plan.num_rows / bound)
+            base.append(constrained_pack(lengths, 8192, constraints)[1] / bound)
+            secs.append(sec)
+    out.append(
+        _sweep_row(
+            "image-text tokens+media W=8192",
+            "omnipack constrained",
+            "best-fit constrained_pack",
+            ours,
+            base,
+            secs,
+        )
+    )
+    return out
+
+
+def _sweep_row(name: str, ours_name: str, base_name: str, ours: list, base: list, secs: list) -> dict:
+    print(f"# sweep {name}: worst {max(ours):.4f} vs {max(base):.4f}", file=sys.stderr, flush=True)
+    return {
+        "set": name,
+        "instances": len(ours),
+        "plan": ours_name,
+        "worst": max(ours),
+        "median": float(np.median(ours)),
+        "baseline": base_name,
+        "baseline worst": max(base),
+        "baseline median": float(np.median(base)),
+        "max s": max(secs),
+    }
 
 
 def main() -> None:
@@ -268,6 +330,12 @@ def main() -> None:
             "text 10M W=4096", text_sft(rng, 10 * big, 4096), 4096, peers=False, window=1_000_000
         )
     print_table(results)
+    seeds = range(3) if args.quick else range(6)
+    sizes = (20_000,) if args.quick else (20_000, 50_000)
+    print(
+        f"\nRows / best lower bound over {len(seeds)} seeds x sizes {sizes} (seeds differ from the table above):\n"
+    )
+    print_table(seed_sweep(seeds, sizes))
     speed_n = big if args.quick else 4 * big
     print(f"\nPlan speed, text {speed_n // big}M W=4096 (same run, best of 3):\n")
     if LIGHTBINPACK_OBFD is None:

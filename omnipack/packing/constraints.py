@@ -1,7 +1,8 @@
 """Per-row limits beyond the token width (media items, encoder patches, audio frames) and the
 packers that respect them.
 
-``constrained_pack`` is the default: linear-time in practice (1M samples in seconds). ``constrained_bfd``
+``constrained_pack`` is the default: linear-time in practice (1M samples in seconds); ``engine`` also
+tries ``vector_fill.balanced_fill`` where budgets bind together. ``constrained_bfd``
 is the older exact item-by-item BFD, kept as a reference for tests; it slows down superlinearly when
 budgets bind because it rescans rows that have token space left but no budget.
 """

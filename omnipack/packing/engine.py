@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from .balance import balanced_assign, rebalance_rows
-from .bounds import best_bound, lower_bounds
+from .bounds import best_bound, constrained_lower_bounds, lower_bounds
 from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
 from .plan import PackPlan, build_plan
 from .refill import refill_classes
+from .vector_fill import balanced_fill, fits_balanced_fill
 
 ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
@@ -17,6 +18,8 @@ SECOND_ORDER_MAX = 250_000  # samples up to which the constrained packer also tr
 REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the whole set (when small)
 FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
 REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill: ~0.5-1.5 s
+POOL_SHARES = (0.5, 1, 2, 4)  # full rows mixed into the FFD re-pack, per row that is not full
+MIX_MAX_SLACK_SHARE = 0.25  # the mixed re-pack runs when at most this share of rows is not exactly full
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -66,29 +69,85 @@ def _slots_to_samples(slot_rows: np.ndarray, lengths: np.ndarray, capacity: int)
     return row_of
 
 
+def _repack_rows(
+    slot_rows: np.ndarray,
+    num_rows: int,
+    values: np.ndarray,
+    counts: np.ndarray,
+    capacity: int,
+    repack: np.ndarray,
+    packer,
+) -> tuple[np.ndarray, int]:
+    """Keep the rows not marked in ``repack`` (renumbered densely, in order) and re-pack the items of the
+    marked rows with ``packer(values, counts)`` (class level, returns ``(slot_rows, rows)`` or None)."""
+    slot_class = np.repeat(np.arange(len(values)), counts)
+    pool = repack[slot_rows]
+    if not pool.any():
+        return slot_rows, num_rows
+    keep = ~repack
+    kept = int(keep.sum())
+    new_id = np.cumsum(keep) - 1
+    pool_counts = np.bincount(slot_class[pool], minlength=len(values))
+    present = pool_counts > 0
+    packed = packer(values[present], pool_counts[present])
+    if packed is None:
+        return slot_rows, num_rows
+    pool_slots, pool_rows = packed
+    out = np.empty_like(slot_rows)
+    out[~pool] = new_id[slot_rows[~pool]]
+    out[pool] = pool_slots + kept  # pool slots are in class order, as the class packers emit them
+    return out, kept + pool_rows
+
+
+def _row_fill(slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    return np.bincount(slot_rows, weights=np.repeat(values, counts), minlength=num_rows)
+
+
 def _refill_slack_rows(
     slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, int]:
     """Keep the exactly full rows of a class-level packing and re-pack the items of all other rows with
     the subset-sum refill (a small pool: greedy fits leave their waste in few rows)."""
-    slot_class = np.repeat(np.arange(len(values)), counts)
-    fill = np.bincount(slot_rows, weights=values[slot_class], minlength=num_rows)
-    full = fill == capacity
-    pool = ~full[slot_rows]
-    if not pool.any():
-        return slot_rows, num_rows
-    kept = int(full.sum())
-    new_id = np.cumsum(full) - 1  # kept rows keep their order, renumbered densely
-    pool_counts = np.bincount(slot_class[pool], minlength=len(values))
-    present = pool_counts > 0
-    refilled = refill_classes(values[present], pool_counts[present], capacity, max_work=REFILL_MAX_WORK)
-    if refilled is None:
-        return slot_rows, num_rows
-    pool_slots, pool_rows = refilled
-    out = np.empty_like(slot_rows)
-    out[~pool] = new_id[slot_rows[~pool]]
-    out[pool] = pool_slots + kept  # pool slots are in class order, as refill_classes emits them
-    return out, kept + pool_rows
+    slack = _row_fill(slot_rows, num_rows, values, counts) < capacity
+    return _repack_rows(
+        slot_rows,
+        num_rows,
+        values,
+        counts,
+        capacity,
+        slack,
+        lambda v, c: refill_classes(v, c, capacity, max_work=REFILL_MAX_WORK),
+    )
+
+
+def _mix_and_repack(
+    slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray, capacity: int
+) -> tuple[np.ndarray, int]:
+    """Re-pack the rows that are not exactly full together with evenly spread exactly full rows, by FFD
+    and by the subset-sum refill; the best of a few pool sizes.
+
+    A refill or a greedy fit ends with rows of the few lengths left over, which no exchange among
+    themselves can top up (on the bimodal mix: three ~1.2k items and 300-500 tokens free, nothing that
+    small left). Full rows from all over the plan bring back the variety of lengths a re-pack needs to
+    end with full rows. Each re-pack keeps the other rows, so it works on a few thousand rows at most.
+    """
+    slack = _row_fill(slot_rows, num_rows, values, counts) < capacity
+    full_rows = np.flatnonzero(~slack)
+    best = (slot_rows, num_rows)
+    if not slack.any() or slack.sum() > MIX_MAX_SLACK_SHARE * num_rows:
+        return best  # nothing to do, or no full rows to speak of: the re-pack would redo the whole set
+    for share in POOL_SHARES:
+        take = min(len(full_rows), int(share * slack.sum()) + 64)
+        repack = slack.copy()
+        repack[full_rows[np.linspace(0, len(full_rows) - 1, take).round().astype(np.int64)]] = True
+        for packer in (
+            lambda v, c: ffd_classes(v, c, capacity),
+            lambda v, c: refill_classes(v, c, capacity, max_work=REFILL_MAX_WORK),
+        ):
+            out = _repack_rows(slot_rows, num_rows, values, counts, capacity, repack, packer)
+            if out[1] < best[1]:
+                best = out
+    return best
 
 
 def _assign(
@@ -100,18 +159,29 @@ def _assign(
 ) -> tuple[np.ndarray, int, str]:
     if constraints is not None:
         row_of, num_rows = constrained_pack(lengths, capacity, constraints)
+        name = "bfd+constraints"
         if improve and len(lengths) <= SECOND_ORDER_MAX:
             # Neither item order wins everywhere (weighted shares: omni mixes; plain sums: image-text).
             plain_row_of, plain_rows = constrained_pack(lengths, capacity, constraints, weigh_by_demand=False)
             if plain_rows < num_rows:
                 row_of, num_rows = plain_row_of, plain_rows
+        if (
+            improve
+            and len(lengths) <= SECOND_ORDER_MAX
+            and fits_balanced_fill(constraints, len(lengths))
+            and num_rows > _constrained_bound(lengths, capacity, constraints)
+        ):
+            # Budgets that bind together: a row-by-row fill that keeps every dimension level.
+            filled = balanced_fill(lengths, capacity, constraints)
+            if filled is not None and filled[1] < num_rows:
+                row_of, num_rows, name = filled[0], filled[1], "balanced-fill+constraints"
         if improve and len(lengths) <= EXACT_CONSTRAINED_MAX:
             # The fast packer only looks at the front row of each space bucket and can open needless rows
             # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
             exact_row_of, exact_rows = constrained_bfd(lengths, capacity, constraints)
             if exact_rows < num_rows:
                 return exact_row_of, exact_rows, "bfd+constraints(exact)"
-        return row_of, num_rows, "bfd+constraints"
+        return row_of, num_rows, name
     values, counts = _classes(lengths, capacity)
     run = bfd_classes if algorithm == "bfd" else ffd_classes
     slot_rows, num_rows = run(values, counts, capacity)
@@ -119,6 +189,13 @@ def _assign(
     if improve and algorithm == "bfd":
         slot_rows, num_rows, used = _improve(slot_rows, num_rows, lengths, values, counts, capacity)
     return _slots_to_samples(slot_rows, lengths, capacity), num_rows, used
+
+
+def _constrained_bound(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> int:
+    amounts, budgets = constraints.amounts_matrix(len(lengths))
+    return constrained_lower_bounds(lengths, capacity, amounts, budgets, constraints.max_samples_per_row)[
+        "best"
+    ]
 
 
 def _improve(
@@ -134,8 +211,9 @@ def _improve(
     1. FFD's row count is computed at class level (milliseconds) and its plan kept only if it has fewer
        rows, so the result never has more rows than FFD.
     2. The rows that are not exactly full are re-packed with the subset-sum refill.
-    3. If still more than REFILL_TARGET over the bound, the whole set is refilled (one subset-sum per
-       distinct row pattern), up to FULL_REFILL_MAX samples.
+    3. If still more than REFILL_TARGET over the bound (and up to FULL_REFILL_MAX samples): the whole
+       set is refilled (one subset-sum per distinct row pattern), and both that plan and the plan so far
+       get the mixed re-pack (``_mix_and_repack``: slack rows plus spread full rows, FFD and refill).
     Each refill gives up past REFILL_MAX_WORK (about a second; a work count, so still deterministic).
     The plan with the fewest rows wins; ties keep the earlier one.
     """
@@ -152,9 +230,18 @@ def _improve(
         if refilled_rows < num_rows:
             slot_rows, num_rows, used = refilled, refilled_rows, used.split("(")[0] + "+refill"
     if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= FULL_REFILL_MAX:
+        candidates = [
+            (_mix_and_repack(slot_rows, num_rows, values, counts, capacity), used.split("(")[0] + "+mix")
+        ]
         whole = refill_classes(values, counts, capacity, max_work=REFILL_MAX_WORK)
-        if whole is not None and whole[1] < num_rows:
-            slot_rows, num_rows, used = whole[0], whole[1], "refill"
+        if whole is not None:
+            candidates += [
+                (whole, "refill"),
+                (_mix_and_repack(*whole, values, counts, capacity), "refill+mix"),
+            ]
+        for (new_slots, new_rows), name in candidates:
+            if new_rows < num_rows:
+                slot_rows, num_rows, used = new_slots, new_rows, name
     return slot_rows, num_rows, used
 
 
@@ -176,7 +263,9 @@ def pack(
     (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
     each block of N consecutive samples separately (bounded memory; rows never span blocks).
     ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
-    constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says. ``balance`` evens out per-row attention cost (sum of squared
+    constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says; above
+    the vector bound (up to SECOND_ORDER_MAX samples) the row-by-row ``balanced_fill`` is tried as well
+    when the resource amounts take few distinct values (media counts), and the plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared
     lengths) with at most +0.1% rows.
     Rows are shuffled with ``seed`` unless ``shuffle=False``; results are deterministic.
     """

@@ -1,0 +1,107 @@
+"""The mixed re-pack of slack rows (bimodal mix) and the balanced fill for two binding budgets."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omnipack.packing import PackConstraints, lower_bounds, pack
+from omnipack.packing.bounds import constrained_lower_bounds
+from omnipack.packing.constraints import constrained_pack
+from omnipack.packing.engine import _classes, _mix_and_repack
+from omnipack.packing.greedy import bfd_classes
+from omnipack.packing.refill import refill_classes
+from omnipack.packing.vector_fill import MAX_AMOUNT_VECTORS, balanced_fill
+
+from .test_packing_bounds_refill import bimodal, check_class_slots
+
+SETTINGS = settings(max_examples=60, deadline=None)
+
+
+@SETTINGS
+@given(st.integers(8, 200), st.lists(st.integers(1, 200), min_size=1, max_size=120))
+def test_mixed_repack_places_every_item_once_within_capacity(capacity, raw):
+    lengths = np.minimum(np.array(raw, dtype=np.int64), capacity)
+    values, counts = _classes(lengths, capacity)
+    for start in (bfd_classes(values, counts, capacity), refill_classes(values, counts, capacity)):
+        slot_rows, num_rows = _mix_and_repack(*start, values, counts, capacity)
+        check_class_slots(slot_rows, num_rows, values, counts, capacity)
+        assert num_rows <= start[1]
+
+
+def test_mixed_repack_closes_the_bimodal_gap_at_4096():
+    # Seeds where the refill alone ends 0.4-0.5% over the bound (rows of three ~1.2k items, 300-500 free).
+    for seed in (0, 4):
+        lengths = bimodal(seed, 20_000, 4096)
+        bound = max(lower_bounds(lengths, 4096).values())
+        values, counts = _classes(lengths, 4096)
+        assert refill_classes(values, counts, 4096)[1] > bound * 1.003
+        plan = pack(lengths, 4096)
+        assert "mix" in plan.algorithm
+        assert plan.num_rows <= bound * 1.001
+        assert plan.num_rows <= pack(lengths, 4096, algorithm="ffd").num_rows
+        fills = np.bincount(plan.row_of, weights=lengths, minlength=plan.num_rows)
+        assert fills.max() <= 4096 and np.array_equal(np.sort(plan.members), np.arange(len(lengths)))
+
+
+def image_text_media(seed: int, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The benchmark's image-text mix: text median 150 plus 0-4 images of 64-1280 tokens; padded to 8."""
+    rng = np.random.default_rng(seed)
+    text = np.round(rng.lognormal(np.log(150), 0.8, n)).astype(np.int64) + 1
+    num_images = rng.integers(0, 5, n)
+    image_tokens = np.zeros(n, dtype=np.int64)
+    for k in range(1, 5):
+        has = num_images >= k
+        image_tokens[has] += rng.integers(64, 1281, int(has.sum()))
+    return np.minimum((text + image_tokens + 7) // 8 * 8, width), num_images
+
+
+def check_constrained(row_of, num_rows, lengths, capacity, constraints):
+    assert len(row_of) == len(lengths) and row_of.min() >= 0 and row_of.max() == num_rows - 1
+    assert np.bincount(row_of, weights=lengths, minlength=num_rows).max() <= capacity
+    if constraints.max_samples_per_row is not None:
+        assert np.bincount(row_of, minlength=num_rows).max() <= constraints.max_samples_per_row
+    for amounts, budget in constraints.resources.values():
+        assert np.bincount(row_of, weights=amounts, minlength=num_rows).max() <= budget
+
+
+@SETTINGS
+@given(
+    st.integers(16, 120),
+    st.lists(st.tuples(st.integers(1, 120), st.integers(0, 4), st.integers(0, 9)), min_size=1, max_size=80),
+    st.sampled_from([None, 2, 5]),
+)
+def test_balanced_fill_respects_every_budget(capacity, raw, cap):
+    lengths = np.minimum(np.array([r[0] for r in raw], dtype=np.int64), capacity)
+    constraints = PackConstraints(
+        max_samples_per_row=cap,
+        resources={
+            "media": (np.array([r[1] for r in raw], dtype=np.int64), 6),
+            "frames": (np.array([r[2] for r in raw], dtype=np.int64), 9),
+        },
+    )
+    row_of, num_rows = balanced_fill(lengths, capacity, constraints)
+    check_constrained(row_of, num_rows, lengths, capacity, constraints)
+    amounts, budgets = constraints.amounts_matrix(len(lengths))
+    assert num_rows >= constrained_lower_bounds(lengths, capacity, amounts, budgets, cap)["best"]
+    again = balanced_fill(lengths, capacity, constraints)
+    assert again[1] == num_rows and np.array_equal(again[0], row_of)
+
+
+def test_balanced_fill_declines_many_distinct_amounts():
+    lengths = np.full(MAX_AMOUNT_VECTORS + 1, 8)
+    constraints = PackConstraints(resources={"patches": (np.arange(MAX_AMOUNT_VECTORS + 1), 1000)})
+    assert balanced_fill(lengths, 64, constraints) is None
+
+
+def test_two_binding_budgets_reach_the_vector_bound():
+    # Tokens and 10 media items per row bind together: best fit leaves rows full in one dimension only.
+    lengths, media = image_text_media(0, 6000, 8192)
+    constraints = PackConstraints(resources={"media": (media, 10)})
+    bound = constrained_lower_bounds(lengths, 8192, media[:, None], np.array([10]))["best"]
+    assert constrained_pack(lengths, 8192, constraints)[1] > bound * 1.01
+    plan = pack(lengths, 8192, constraints=constraints)
+    assert plan.algorithm == "balanced-fill+constraints"
+    assert plan.num_rows <= bound * 1.002
+    check_constrained(plan.row_of, plan.num_rows, lengths, 8192, constraints)
