@@ -12,7 +12,7 @@ from omnipack.writer.shards import ShardWriter, file_digests
 
 def test_checksums_hashed_while_writing_equal_the_written_files(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
-    writer = ShardWriter(tmp_path, max_count=3)
+    writer = ShardWriter(tmp_path, max_count=3, checksums=("xxh3_128", "sha256"))
     rows = {f"{i:05d}": {"a.bin": rng.bytes(int(rng.integers(0, 5000))), "b.json": b"{}"} for i in range(7)}
     for key, parts in rows.items():
         writer.write(key, parts)
@@ -32,6 +32,15 @@ def test_checksums_hashed_while_writing_equal_the_written_files(tmp_path: Path) 
         for m in members:
             key, _, part = m.name.partition(".")
             assert m.size == len(rows[key][part])
+
+
+def test_default_records_only_the_fast_checksum(tmp_path: Path) -> None:
+    assert ShardWriter(tmp_path).close() == []  # nothing written, no shard
+    writer = ShardWriter(tmp_path)
+    writer.write("00000", {"a.bin": b"x"})
+    (info,) = writer.close()
+    assert info.sha256 is None
+    assert info.xxh3_128 == file_digests(tmp_path / info.path, ("xxh3_128",))["xxh3_128"]
 
 
 def test_abort_leaves_completed_shards_and_no_partial_file(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 from omnipack.cli import main
 from omnipack.codec import decode_row, load_npy, npy_bytes
 from omnipack.tools.verify import CHECK_NAMES, run_verify
+from omnipack.writer.shards import file_sha256
 from tests.tools_dataset import (
     DUPLICATE_ID,
     TWIN_IDS,
@@ -68,12 +69,19 @@ def test_flipped_byte_in_a_shard(ds: Path) -> None:
     }
     assert set(quiet) == {"checksums"}
     assert SHARD in fails["checksums"][0] and "xxh3_128" in fails["checksums"][0]
-    # --sha256 recomputes the cryptographic digest instead, and sees it too
+    # --sha256 needs a recorded sha256 (prepare --shard-sha256) and says so
     slow = {r.name: r.failures for r in run_verify(ds, payloads=False, sha256=True) if r.failures}
-    assert set(slow) == {"checksums"} and "sha256" in slow["checksums"][0]
-    # a shard recorded without an xxh3-128 (written before it existed) is checked by its sha256
+    assert set(slow) == {"checksums"} and "no sha256 recorded" in slow["checksums"][0]
+    # with one recorded it recomputes the cryptographic digest, and sees the damage too
     meta_path = ds / ".nv-meta" / "omnipack.json"
     meta = json.loads(meta_path.read_text())
+    before = {s["path"]: file_sha256(ds / s["path"]) for s in meta["shards"]}
+    for s in meta["shards"]:
+        s["sha256"] = "0" * 64 if s["path"] == SHARD else before[s["path"]]
+    meta_path.write_text(json.dumps(meta))
+    slow = {r.name: r.failures for r in run_verify(ds, payloads=False, sha256=True) if r.failures}
+    assert set(slow) == {"checksums"} and f"{SHARD}: sha256" in slow["checksums"][0]
+    # a shard recorded without an xxh3-128 (written before it existed) is checked by its sha256
     for s in meta["shards"]:
         s.pop("xxh3_128")
     meta_path.write_text(json.dumps(meta))

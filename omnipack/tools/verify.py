@@ -421,7 +421,10 @@ def verify_shard(job: ShardJob) -> ShardReport:
     else:
         if size != job.recorded.get("num_bytes"):
             rep.fail("checksums", f"{job.shard}: {size} bytes, recorded {job.recorded.get('num_bytes')}")
-        if algorithm is not None and reader.digest != job.recorded.get(algorithm):
+        if algorithm is not None and job.recorded.get(algorithm) is None:
+            hint = " (prepare with --shard-sha256 to record one)" if algorithm == "sha256" else ""
+            rep.fail("checksums", f"{job.shard}: no {algorithm} recorded in omnipack.json{hint}")
+        elif algorithm is not None and reader.digest != job.recorded.get(algorithm):
             rep.fail(
                 "checksums",
                 f"{job.shard}: {algorithm} {reader.digest} != recorded {job.recorded.get(algorithm)}",
@@ -867,7 +870,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sha256",
         action="store_true",
         help="recompute each shard's sha256 instead of its xxh3-128 (slower; a cryptographic check of the "
-        "bytes, e.g. after a transfer you do not trust)",
+        "bytes, for datasets prepared with --shard-sha256)",
     )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.set_defaults(func=cmd_verify)

@@ -29,14 +29,16 @@ class ShardInfo:
     path: str  # relative to the dataset root
     count: int
     num_bytes: int
-    sha256: str
+    # sha256 of the shard, recorded when asked (``shard_sha256``: for tools that want a cryptographic digest;
+    # it costs ~15x the xxh3 below, a sizeable part of writing raw media); None otherwise.
+    sha256: str | None
     split: str = "train"
-    # xxh3-128 of the same bytes: what ``verify`` recomputes by default (about 15x faster than sha256,
-    # so checking a shard costs little more than reading it); sha256 stays for external tools.
+    # xxh3-128 of the same bytes: what ``verify`` recomputes (near memory speed, so checking a shard costs
+    # little more than reading it). None only in datasets written before it existed.
     xxh3_128: str | None = None
 
 
-SHARD_CHECKSUMS = ("sha256", "xxh3_128")  # recorded per shard in omnipack.json
+SHARD_CHECKSUMS = ("xxh3_128",)  # recorded per shard in omnipack.json; "sha256" is added on request
 
 
 def file_digests(path: Path, algorithms: tuple[str, ...] = ("sha256",)) -> dict[str, str]:
@@ -95,8 +97,9 @@ class ShardWriter:
         max_bytes: int = 1 << 30,
         max_count: int | None = None,
         split: str = "train",
+        checksums: tuple[str, ...] = SHARD_CHECKSUMS,
     ):
-        self.root, self.prefix, self.split = root, prefix, split
+        self.root, self.prefix, self.split, self.checksums = root, prefix, split, checksums
         self.max_bytes, self.max_count = max_bytes, max_count
         self.shards: list[ShardInfo] = []
         self._tar: tarfile.TarFile | None = None
@@ -108,7 +111,7 @@ class ShardWriter:
         self._rel = f"{self.prefix}-{len(self.shards):06d}.tar"
         path = self.root / self._rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = _HashingFile(str(path) + TMP_SUFFIX, SHARD_CHECKSUMS)
+        self._file = _HashingFile(str(path) + TMP_SUFFIX, self.checksums)
         self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
         self._offsets = []
 
@@ -146,9 +149,9 @@ class ShardWriter:
             self._rel,
             len(self._offsets),
             tmp_tar.stat().st_size,
-            digests["sha256"],
+            digests.get("sha256"),
             self.split,
-            digests["xxh3_128"],
+            digests.get("xxh3_128"),
         )
         os.replace(tmp_idx, idx_path)
         os.replace(tmp_tar, path)  # the tar appears last: a present tar always has its index
