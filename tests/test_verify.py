@@ -737,3 +737,19 @@ def test_without_stage_tables_counts_still_checked_and_the_gap_is_said(ds: Path)
     assert any("ledger is incomplete" in n for n in results["accounting"].notes)
     edit_json(ds / ".nv-meta" / "omnipack.json", lambda d: d["counts"].__setitem__("packed", 1))
     assert "accounting" in failing(ds)
+
+
+def test_worker_processes_report_what_one_process_reports(ds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small datasets stay in one process (a worker costs a second to start); large ones use the pool,
+    with the same findings."""
+    path = ds / SHARD
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    one = {r.name: (r.status, r.failures) for r in run_verify(ds, workers=1)}
+    import omnipack.tools.verify as verify_module
+
+    monkeypatch.setattr(verify_module, "BYTES_PER_WORKER", 1)
+    assert len(_meta(ds)["shards"]) >= 2  # so the pool really runs two processes
+    pool = {r.name: (r.status, r.failures) for r in run_verify(ds, workers=2)}
+    assert pool == one and one["checksums"][0] == "fail"

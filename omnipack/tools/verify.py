@@ -691,6 +691,9 @@ def _close_ledger(
         )
 
 
+BYTES_PER_WORKER = 4 << 30
+
+
 def run_verify(
     root: str | Path,
     *,
@@ -754,6 +757,10 @@ def run_verify(
         first += counts.get(shard, (recorded.get(shard) or {}).get("count", 0))
     if not jobs:
         results["shard-files"].failures.append("the dataset names no shards")
+    # A worker process costs about a second to start (interpreter, numpy, torch): worth it only for
+    # several GiB of shards, which one process checks at a few GiB/s.
+    total_bytes = sum((job.recorded or {}).get("num_bytes") or 0 for job in jobs)
+    workers = min(workers, max(1, total_bytes // BYTES_PER_WORKER))
     reports = map_shards(verify_shard, jobs, workers=workers, progress=progress, label="verify")
     for rep in reports:
         for check, msgs in rep.failures.items():
@@ -843,7 +850,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "Prints PASS/FAIL per check naming shard, row and sample; exits 1 on any failure.",
     )
     p.add_argument("dataset", help="dataset folder (the one holding .nv-meta/)")
-    p.add_argument("--workers", "-j", type=int, default=default_workers(), help="processes (one shard each)")
+    p.add_argument(
+        "--workers",
+        "-j",
+        type=int,
+        default=default_workers(),
+        help="at most this many processes (one shard each; one per 4 GiB of shards)",
+    )
     p.add_argument(
         "--tokenizer", help="tokenizer directory for placeholder ids (default: from omnipack.json)"
     )
