@@ -148,7 +148,7 @@ def test_sample_costs_causal_attention_and_padding_rule():
 def test_straggler_overhead_by_hand():
     assert straggler_overhead(np.array([1.0, 1.0, 1.0, 3.0]), 2) == pytest.approx(0.25)
     assert straggler_overhead(np.array([1.0, 1.0, 1.0, 3.0, 9.0]), 2) == pytest.approx(0.25)  # last step cut
-    assert straggler_overhead(np.array([2.0, 2.0]), 4) == 0.0
+    assert straggler_overhead(np.array([2.0, 2.0]), 4) is None  # not one full step
 
 
 # ---- balanced packing -------------------------------------------------------------------------------

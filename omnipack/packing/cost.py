@@ -200,13 +200,16 @@ def row_costs(
     return constant + np.bincount(row_of, weights=sample_cost, minlength=num_rows)
 
 
-def straggler_overhead(costs_in_order: np.ndarray, dp: int) -> float:
+def straggler_overhead(costs_in_order: np.ndarray, dp: int) -> float | None:
     """Mean over steps of (max rank cost / mean rank cost) - 1, one row per rank per step, rows taken in
-    order (a shuffled plan's order is a random assignment); a last incomplete step is left out."""
+    order (a shuffled plan's order is a random assignment); a last incomplete step is left out. None when
+    there are fewer rows than ranks (not one full step)."""
     costs = np.asarray(costs_in_order, dtype=np.float64)
+    if dp < 1:
+        raise ValueError(f"data-parallel size must be >= 1, got {dp}")
     steps = len(costs) // dp
-    if steps == 0 or dp < 1:
-        return 0.0
+    if steps == 0:
+        return None
     per_step = costs[: steps * dp].reshape(steps, dp)
     mean = per_step.mean(axis=1)
     ok = mean > 0
@@ -242,7 +245,10 @@ def windowed_pairs(grid_h: int, grid_w: int, merge: int, window_merged: int) -> 
 
 def describe_row_cost(row_cost: dict[str, Any]) -> str:
     """One line for terminal summaries from a ``row_cost`` stats entry."""
-    overhead = "  ".join(f"DP={dp} {v:.2%}" for dp, v in row_cost.get("straggler_overhead", {}).items())
+    overhead = "  ".join(
+        f"DP={dp} " + (f"{v:.2%}" if v is not None else "n/a (fewer rows than ranks)")
+        for dp, v in row_cost.get("straggler_overhead", {}).items()
+    )
     return (
         f"mean {row_cost['mean']:.3g} FLOPs  CV {row_cost['cv']:.2%}  max/mean {row_cost['max_over_mean']:.3f}"
         f"  straggler overhead {overhead}"
