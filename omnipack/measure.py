@@ -69,6 +69,7 @@ class MeasureConfig:
     align: int = 1
     profile_options: dict[str, Any] = field(default_factory=dict)
     mrope: bool = False
+    max_tokens: int | None = None  # the row length: longer samples may be rejected before tokenizing
 
 
 def reject(raw: RawSample, stage: str, reason: str) -> dict[str, Any]:
@@ -102,7 +103,7 @@ class Measurer:
                 path = resolve_media(self.media_root, ref.path)
                 meta = probe(path, ref.kind)
                 plans.append(self.profile.plan(meta))
-            enc = self.chat.encode(raw.messages, plans)
+            enc = self.chat.encode(raw.messages, plans, self.config.max_tokens)
         except (ManifestError, MediaError, MediaRejected, SampleRejected) as e:
             return "reject", reject(raw, "measure", str(e))
         except AssertionError:  # a broken invariant of omnipack itself: stop, don't reject the corpus
@@ -195,7 +196,9 @@ def run_measure(
     progress: bool = True,
     total: int | None = None,
 ) -> dict[str, int]:
-    """Measure every sample into ``out_dir/samples.parquet`` and ``out_dir/rejects.parquet``."""
+    """Measure every sample into ``out_dir/samples.parquet`` and ``out_dir/rejects.parquet``.
+
+    Returns the counts; ``measured + rejected`` is the number of input samples (the input is read once)."""
     from tqdm import tqdm
 
     out_dir.mkdir(parents=True, exist_ok=True)
