@@ -76,14 +76,13 @@ class ChatTokenizer:
         specials = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special}
         reserved = set(profile.special_tokens()) | set(self.tokenizer.all_special_tokens) | specials
         self._reserved = sorted(reserved, key=len, reverse=True)
-        # A private copy of the Rust tokenizer: called directly (no per-call wrapper work), never truncating.
-        from tokenizers import Tokenizer
-
-        backend = self.tokenizer.backend_tokenizer
-        self._encoder = Tokenizer.from_str(backend.to_str())
-        self._encoder.no_truncation()
-        self._encoder.no_padding()
-        self._encoder.encode_special_tokens = backend.encode_special_tokens
+        # The Rust tokenizer, called directly (no per-call wrapper work); set not to truncate or pad, as the
+        # wrapper itself sets it on every call without those options.
+        self._encoder = self.tokenizer.backend_tokenizer
+        if self._encoder.truncation is not None:
+            self._encoder.no_truncation()
+        if self._encoder.padding is not None:
+            self._encoder.no_padding()
         self._check_setup(tokenizer_dir)
         self._turn_prompt: str | None = None
         self._turn_prompt = self._find_turn_prompt()
