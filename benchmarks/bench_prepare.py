@@ -1,8 +1,9 @@
 """Prepare at scale: time and peak memory per sample over a sweep of corpus sizes, and measure speed
 against the tokenizer's own batch encode.
 
-Corpus: synthetic text conversations (system prompt, 1-3 user/assistant exchanges, lognormal lengths,
-~350 tokens median) over a Zipf-distributed synthetic vocabulary. Tokenizer: a byte-level BPE with a
+Corpus: synthetic text conversations (system prompt, user/assistant exchanges with lognormal lengths)
+over a Zipf-distributed synthetic vocabulary: ~170 tokens a sample for the scale sweep (so 1M samples
+run in reach of a 2-core machine), ~720 for the measure-speed check. Tokenizer: a byte-level BPE with a
 real-size vocabulary (``--vocab``, default 65,536) trained offline on that text, with omnipack's ChatML
 demo template, built once into the cache folder.
 
@@ -99,20 +100,28 @@ def build_tokenizer(vocab: int) -> Path:
     return out
 
 
-def build_corpus(n: int, seed: int = 0) -> Path:
-    """``n`` text conversations as a JSONL manifest (cached per size)."""
-    path = CACHE / f"corpus_{n}.jsonl"
+# (exchanges low/high, question words lognormal mu/sigma, answer words lognormal mu/sigma)
+SHAPES = {
+    "long": ((1, 4), (3.5, 0.8), (4.4, 0.9)),  # ~720 tokens a sample: the measure-speed check
+    "short": ((1, 3), (2.8, 0.7), (3.6, 0.8)),  # ~170 tokens a sample: the scale sweep (1M in reach)
+}
+
+
+def build_corpus(n: int, shape: str = "long", seed: int = 0) -> Path:
+    """``n`` text conversations as a JSONL manifest (cached per size and shape)."""
+    path = CACHE / (f"corpus_{n}.jsonl" if shape == "long" else f"corpus_{shape}_{n}.jsonl")
     if path.exists():
         return path
+    (lo, hi), (qm, qs), (am, as_) = SHAPES[shape]
     src = TextSource(seed=seed)
     rng = np.random.default_rng(seed + 1)
     tmp = path.with_suffix(".partial")
     with open(tmp, "w") as f:
         for i in range(n):
             messages = [{"role": "system", "content": "You are a helpful assistant."}]
-            for _ in range(int(rng.integers(1, 4))):
-                q = int(np.clip(rng.lognormal(3.5, 0.8), 3, 2000))
-                a = int(np.clip(rng.lognormal(4.4, 0.9), 3, 2500))
+            for _ in range(int(rng.integers(lo, hi))):
+                q = int(np.clip(rng.lognormal(qm, qs), 3, 2000))
+                a = int(np.clip(rng.lognormal(am, as_), 3, 2500))
                 messages.append({"role": "user", "content": src.text(q)})
                 messages.append({"role": "assistant", "content": src.text(a)})
             f.write(json.dumps({"id": f"s{i}", "messages": messages}) + "\n")
@@ -131,6 +140,7 @@ def run_prepare_child(manifest: str, tokenizer: str, out: str, workers: int) -> 
     from omnipack.pipeline import PrepareConfig, run_prepare
 
     t0 = time.perf_counter()
+    c0 = time.process_time()
     cfg = PrepareConfig(
         manifest=[manifest],
         media_root=str(CACHE),
@@ -143,10 +153,12 @@ def run_prepare_child(manifest: str, tokenizer: str, out: str, workers: int) -> 
     )
     summary = run_prepare(cfg)
     dt = time.perf_counter() - t0
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(
         json.dumps(
             {
                 "seconds": dt,
+                "cpu_seconds": time.process_time() - c0 + children.ru_utime + children.ru_stime,
                 "peak_rss_mb": _peak_rss_mb(),
                 "input": summary["counts"]["input"],
                 "packed": summary["counts"]["packed"],
@@ -157,7 +169,7 @@ def run_prepare_child(manifest: str, tokenizer: str, out: str, workers: int) -> 
 
 
 def prepare_at(n: int, tokenizer: Path, workers: int) -> dict:
-    manifest = build_corpus(n)
+    manifest = build_corpus(n, "short")
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         cmd = [sys.executable, __file__, "--child", str(manifest), str(tokenizer), tmp, str(workers)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -167,11 +179,16 @@ def prepare_at(n: int, tokenizer: Path, workers: int) -> dict:
 
 
 def measure_speed(n: int, tokenizer: Path, repeats: int) -> dict:
-    """Tokens/s of the measure stage vs the tokenizer's batch encode of the same rendered text (one core)."""
+    """Tokens/s of the measure stage vs the tokenizer's batch encode of the same rendered text (one core).
+
+    The measure stage runs whole (manifest read and schema check, template, tokenization, labels, table
+    write) with its worker built beforehand: start-up (tokenizer load and setup checks, once per worker)
+    is timed separately. CPU time of this process (both sides run on one thread; on a shared machine wall
+    time measures the neighbours), best of ``repeats``."""
     from transformers import AutoTokenizer
 
+    import omnipack.measure as measure
     from omnipack.manifest import read_manifest
-    from omnipack.measure import MeasureConfig, run_measure
     from omnipack.text.chat import template_messages
 
     manifest = build_corpus(n)
@@ -180,21 +197,30 @@ def measure_speed(n: int, tokenizer: Path, repeats: int) -> dict:
         tok.apply_chat_template(template_messages(r.messages), tokenize=False)
         for r in read_manifest([manifest])
     ]
-    cfg = MeasureConfig("qwen2_5_vl", str(tokenizer), str(CACHE))
+    cfg = measure.MeasureConfig("qwen2_5_vl", str(tokenizer), str(CACHE), max_tokens=4096)
+    t0 = time.perf_counter()
+    worker = measure.Measurer(cfg)
+    startup = time.perf_counter() - t0
+    build = measure.Measurer
+    measure.Measurer = lambda config: worker  # run_measure's pool of one builds this worker
     best_enc = best_measure = float("inf")
     tokens = 0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        ids = tok(texts, add_special_tokens=False)["input_ids"]
-        best_enc = min(best_enc, time.perf_counter() - t0)
-        tokens = sum(map(len, ids))
-        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-            t0 = time.perf_counter()
-            run_measure(read_manifest([manifest]), cfg, Path(tmp), progress=False)
-            best_measure = min(best_measure, time.perf_counter() - t0)
+    try:
+        for _ in range(repeats):
+            t0 = time.process_time()
+            ids = tok(texts, add_special_tokens=False)["input_ids"]
+            best_enc = min(best_enc, time.process_time() - t0)
+            tokens = sum(map(len, ids))
+            with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+                t0 = time.process_time()
+                measure.run_measure(read_manifest([manifest]), cfg, Path(tmp), progress=False)
+                best_measure = min(best_measure, time.process_time() - t0)
+    finally:
+        measure.Measurer = build
     return {
         "samples": n,
         "tokens": tokens,
+        "startup_s": startup,
         "encode_tok_s": tokens / best_enc,
         "measure_tok_s": tokens / best_measure,
     }
@@ -207,7 +233,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=65536)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--speed-samples", type=int, default=5000, help="corpus size of the measure-speed check")
-    ap.add_argument("--repeats", type=int, default=2, help="best of this many measure-speed runs")
+    ap.add_argument("--repeats", type=int, default=3, help="best of this many measure-speed runs")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -226,7 +252,10 @@ def main() -> None:
 
     if not args.skip_speed:
         s = measure_speed(args.speed_samples, tokenizer, args.repeats)
-        print(f"\nmeasure speed, {s['samples']} samples, {s['tokens']} tokens, one core")
+        print(
+            f"\nmeasure speed, {s['samples']} samples, {s['tokens']} tokens, one core, best of {args.repeats} "
+            f"(worker start-up {s['startup_s']:.1f} s once, not included)"
+        )
         print("| what                           | tokens/s  | ratio |")
         print("|--------------------------------|-----------|-------|")
         print(f"| tokenizer batch encode         | {s['encode_tok_s']:9.0f} | 1.00  |")
@@ -237,24 +266,25 @@ def main() -> None:
         sizes = [int(x) for x in args.sizes.split(",")]
         results = {}
         for n in sizes:
-            build_corpus(n)
+            build_corpus(n, "short")
             results[n] = prepare_at(n, tokenizer, args.workers)
             r = results[n]
             print(
-                f"  {n}: {r['seconds']:.1f} s, {r['peak_rss_mb']:.0f} MB peak, {r['rows']} rows",
+                f"  {n}: {r['seconds']:.1f} s wall, {r['cpu_seconds']:.1f} s CPU, {r['peak_rss_mb']:.0f} MB peak, "
+                f"{r['rows']} rows",
                 flush=True,
             )
         base = results.get(args.base)
         print(f"\nprepare scale sweep, {args.workers} worker(s), W=4096")
-        print("| samples   | rows     | seconds | ms/sample | x base | peak RSS MB | x base |")
-        print("|-----------|----------|---------|-----------|--------|-------------|--------|")
+        print("| samples   | rows     | wall s  | CPU s   | CPU ms/sample | x base | peak RSS MB | x base |")
+        print("|-----------|----------|---------|---------|---------------|--------|-------------|--------|")
         for n, r in results.items():
-            per = r["seconds"] / n * 1e3
-            t_ratio = f"{per / (base['seconds'] / args.base * 1e3):.2f}" if base else "-"
+            per = r["cpu_seconds"] / n * 1e3
+            t_ratio = f"{per / (base['cpu_seconds'] / args.base * 1e3):.2f}" if base else "-"
             m_ratio = f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}" if base else "-"
             print(
-                f"| {n:9d} | {r['rows']:8d} | {r['seconds']:7.1f} | {per:9.3f} | {t_ratio:>6} "
-                f"| {r['peak_rss_mb']:11.0f} | {m_ratio:>6} |"
+                f"| {n:9d} | {r['rows']:8d} | {r['seconds']:7.1f} | {r['cpu_seconds']:7.1f} | {per:13.3f} "
+                f"| {t_ratio:>6} | {r['peak_rss_mb']:11.0f} | {m_ratio:>6} |"
             )
 
 

@@ -83,7 +83,9 @@ class ChatTokenizer:
             self._encoder.no_truncation()
         if self._encoder.padding is not None:
             self._encoder.no_padding()
+        self._compiled, self._template_vars = None, None
         self._check_setup(tokenizer_dir)
+        self._compiled, self._template_vars = self._direct_template()
         self._turn_prompt: str | None = None
         self._turn_prompt = self._find_turn_prompt()
         self.max_chars_per_token = self._find_max_chars_per_token()
@@ -175,9 +177,50 @@ class ChatTokenizer:
         return self._encoder.encode(text, add_special_tokens=False)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+        """The chat template's text for ``messages`` (plain role/content dicts, see ``template_messages``)."""
+        if self._compiled is not None:
+            return self._compiled.render(
+                messages=messages,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._template_vars,
+            )
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt
         )
+
+    def _direct_template(self) -> tuple[Any, dict[str, Any]] | tuple[None, None]:
+        """transformers' compiled template and the variables ``apply_chat_template`` gives it, to render
+        plain messages without its per-call copying (a third of a sample's non-tokenizer time). Used only
+        when it renders probe conversations exactly as ``apply_chat_template`` does."""
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
+
+            compiled = _compile_jinja_template(self.tokenizer.get_chat_template())
+            variables = _plain_template_data(dict(self.tokenizer.special_tokens_map))
+        except Exception:  # another transformers version: its public path is always right
+            return None, None
+        probes = [
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            [
+                {"role": "system", "content": "s"},
+                {"role": "user", "content": [{"type": k} for k in self.profile.kinds] + [{"type": "text", "text": "t"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "a"}]},
+                {"role": "user", "content": "r"},
+            ],
+        ]
+        for probe in probes:
+            for gen in (False, True):
+                try:
+                    direct = compiled.render(
+                        messages=probe, tools=None, documents=None, add_generation_prompt=gen, **variables
+                    )
+                except Exception:
+                    return None, None
+                if direct != self.tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=gen):
+                    return None, None
+        return compiled, variables
 
     def supervised_char_spans(self, messages: list[dict[str, Any]], full: str) -> list[tuple[int, int]]:
         """Character spans of ``full`` to supervise: each assistant turn's text through its turn-end marker.
