@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
@@ -175,6 +176,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         n_input = measured["measured"] + measured["rejected"]
         (measure_dir / MEASURE_KEY_FILE).write_text(json.dumps({**measure_key, "input": n_input}, indent=2))
     samples_path = measure_dir / "samples.parquet"
+    pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages: stages start flat
 
     # The pack settings are the same-named fields of the prepare config.
     pcfg = PackConfig(
@@ -182,6 +184,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
     )
     plan = run_pack(samples_path, pcfg)
     write_plan(plan, stages / "plan.parquet")
+    pa.default_memory_pool().release_unused()
 
     pad_id = chat.tokenizer.pad_token_id
     if pad_id is None:

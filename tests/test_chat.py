@@ -212,7 +212,9 @@ def test_one_render_gives_the_labels_of_prefix_renders(chat, monkeypatch, messag
     assert chat._turn_prompt == "<|im_start|>assistant\n"
     renders = []
     original = ChatTokenizer.render
-    monkeypatch.setattr(ChatTokenizer, "render", lambda self, *a, **k: renders.append(1) or original(self, *a, **k))
+    monkeypatch.setattr(
+        ChatTokenizer, "render", lambda self, *a, **k: renders.append(1) or original(self, *a, **k)
+    )
     enc = chat.encode(messages, [])
     assert len(renders) == 1  # the template is rendered once per sample
     monkeypatch.undo()
@@ -257,7 +259,9 @@ def test_think_stripping_template_is_exact_from_one_render(tmp_path, demo_tokeni
     ]
     calls = []
     original = ChatTokenizer.render
-    monkeypatch.setattr(ChatTokenizer, "render", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    monkeypatch.setattr(
+        ChatTokenizer, "render", lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+    )
     enc = chat.encode(messages, [])
     assert len(calls) == 1
     targets = chat.tokenizer.decode(enc.labels[enc.labels != IGNORE_INDEX])
@@ -281,7 +285,9 @@ def test_think_stripping_template_is_exact_from_one_render(tmp_path, demo_tokeni
         ),
     ],
 )
-def test_templates_without_a_usable_turn_prompt_fall_back_exactly(tmp_path, demo_tokenizer, template, expected):
+def test_templates_without_a_usable_turn_prompt_fall_back_exactly(
+    tmp_path, demo_tokenizer, template, expected
+):
     chat = _chat_with_template(tmp_path, demo_tokenizer, template)
     messages = [
         {"role": "user", "content": "q1"},
@@ -300,11 +306,17 @@ def test_sample_that_cannot_fit_is_rejected_before_tokenizing(chat, monkeypatch)
     import time
 
     tokenized = []
-    original = ChatTokenizer._tokenize
-    monkeypatch.setattr(ChatTokenizer, "_tokenize", lambda self, text: tokenized.append(len(text)) or original(self, text))
+    original = ChatTokenizer._tokenize_many
+    monkeypatch.setattr(
+        ChatTokenizer,
+        "_tokenize_many",
+        lambda self, texts: tokenized.extend(map(len, texts)) or original(self, texts),
+    )
     huge = "word " * 1_000_000  # 5 MB of text
     t0 = time.perf_counter()
-    with pytest.raises(SampleRejected, match="over-length: .* over seq_length 4096; rejected before tokenizing"):
+    with pytest.raises(
+        SampleRejected, match="over-length: .* over seq_length 4096; rejected before tokenizing"
+    ):
         chat.encode([{"role": "user", "content": huge}, {"role": "assistant", "content": "ok"}], [], 4096)
     assert time.perf_counter() - t0 < 5
     assert tokenized == []
@@ -314,7 +326,9 @@ def test_early_length_bound_never_rejects_a_sample_that_fits(chat):
     """The worst case for the bound: text made of the vocabulary's longest tokens."""
     vocab = chat.tokenizer.get_vocab()
     added = {t.content for t in chat.tokenizer.added_tokens_decoder.values()}
-    longest = max((t for t in vocab if t not in added), key=lambda t: len(chat.tokenizer.convert_tokens_to_string([t])))
+    longest = max(
+        (t for t in vocab if t not in added), key=lambda t: len(chat.tokenizer.convert_tokens_to_string([t]))
+    )
     word = chat.tokenizer.convert_tokens_to_string([longest])
     for k in (1, 50, 400):
         messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": word * k}]
@@ -322,3 +336,15 @@ def test_early_length_bound_never_rejects_a_sample_that_fits(chat):
         assert chat.encode(messages, [], n).num_tokens == n  # exactly full: not rejected
         with pytest.raises(SampleRejected):
             chat.encode(messages, [], n // chat.max_chars_per_token - 1)
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_direct_render_is_apply_chat_template(chat, messages):
+    from omnipack.text.chat import template_messages
+
+    assert chat._compiled is not None
+    msgs = template_messages(messages)
+    for gen in (False, True):
+        assert chat.render(msgs, gen) == chat.tokenizer.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=gen
+        )

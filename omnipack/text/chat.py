@@ -176,6 +176,9 @@ class ChatTokenizer:
         """The tokenizer's encoding of ``text`` (ids and offsets stay in Rust until asked for)."""
         return self._encoder.encode(text, add_special_tokens=False)
 
+    def _tokenize_many(self, texts: list[str]) -> list[Any]:
+        return self._encoder.encode_batch(texts, add_special_tokens=False) if texts else []
+
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         """The chat template's text for ``messages`` (plain role/content dicts, see ``template_messages``)."""
         if self._compiled is not None:
@@ -205,7 +208,10 @@ class ChatTokenizer:
             [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
             [
                 {"role": "system", "content": "s"},
-                {"role": "user", "content": [{"type": k} for k in self.profile.kinds] + [{"type": "text", "text": "t"}]},
+                {
+                    "role": "user",
+                    "content": [{"type": k} for k in self.profile.kinds] + [{"type": "text", "text": "t"}],
+                },
                 {"role": "assistant", "content": [{"type": "text", "text": "a"}]},
                 {"role": "user", "content": "r"},
             ],
@@ -218,7 +224,9 @@ class ChatTokenizer:
                     )
                 except Exception:
                     return None, None
-                if direct != self.tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=gen):
+                if direct != self.tokenizer.apply_chat_template(
+                    probe, tokenize=False, add_generation_prompt=gen
+                ):
                     return None, None
         return compiled, variables
 
@@ -297,13 +305,46 @@ class ChatTokenizer:
 
         With ``max_tokens``, a sample whose rendered text certainly expands to more tokens is rejected
         before it is tokenized, so one huge sample costs no more than reading it."""
-        self._check_text(messages)
-        msgs = template_messages(messages)
-        full = self.render(msgs)
-        if max_tokens is not None and self.max_chars_per_token is not None:
-            self._check_length(full, plans, max_tokens)
-        char_spans = self.supervised_char_spans(msgs, full)
-        enc = self._tokenize(full)
+        out = self.encode_many([(messages, plans)], max_tokens)[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def encode_many(
+        self,
+        samples: Sequence[tuple[Sequence[dict[str, Any]], Sequence[MediaPlan]]],
+        max_tokens: int | None = None,
+    ) -> list[EncodedSample | Exception]:
+        """``encode`` for many (messages, plans) at once, tokenized in one call (the tokenizer's batch
+        path, as fast as its own batch encode); a sample that fails gets its exception in its place."""
+        results: list[EncodedSample | Exception | None] = [None] * len(samples)
+        texts, pending = [], []
+        for k, (messages, plans) in enumerate(samples):
+            try:
+                self._check_text(messages)
+                msgs = template_messages(messages)
+                full = self.render(msgs)
+                if max_tokens is not None and self.max_chars_per_token is not None:
+                    self._check_length(full, plans, max_tokens)
+                pending.append((k, self.supervised_char_spans(msgs, full), plans))
+                texts.append(full)
+            except AssertionError:
+                raise
+            except Exception as e:
+                results[k] = e
+        for enc, (k, char_spans, plans) in zip(self._tokenize_many(texts), pending, strict=True):
+            try:
+                results[k] = self._finish(enc, char_spans, plans)
+            except AssertionError:
+                raise
+            except Exception as e:
+                results[k] = e
+        return results  # type: ignore[return-value]
+
+    def _finish(
+        self, enc: Any, char_spans: list[tuple[int, int]], plans: Sequence[MediaPlan]
+    ) -> EncodedSample:
+        """Labels from the supervised spans, media blocks expanded to their plans."""
         ids = np.asarray(enc.ids, dtype=np.int64)
         assistant = self._assistant_mask(enc, char_spans)
 

@@ -110,6 +110,7 @@ def _arrow_copy(samples_path: Path) -> Path:
             for batch in parquet.iter_batches(batch_size=4096):
                 out.write_batch(batch)
         os.replace(tmp, arrow_path)
+        pa.default_memory_pool().release_unused()  # the allocator keeps freed pages: give them back
     return arrow_path
 
 
