@@ -348,3 +348,28 @@ def test_direct_render_is_apply_chat_template(chat, messages):
         assert chat.render(msgs, gen) == chat.tokenizer.apply_chat_template(
             msgs, tokenize=False, add_generation_prompt=gen
         )
+
+
+def test_batches_are_split_by_characters_and_keep_order(chat, monkeypatch):
+    import omnipack.text.chat as chat_module
+
+    monkeypatch.setattr(chat_module, "TOKENIZE_BATCH_CHARS", 100)
+    calls = []
+    encode_batch = chat._encoder.encode_batch
+    monkeypatch.setattr(
+        chat,
+        "_encoder",
+        type(
+            "Spy",
+            (),
+            {
+                "encode_batch": lambda self, texts, **k: (
+                    calls.append(sum(map(len, texts))) or encode_batch(texts, **k)
+                ),
+            },
+        )(),
+    )
+    texts = ["a" * 60, "b" * 30, "c" * 30, "d" * 300, "e"]
+    encs = chat._tokenize_many(texts)
+    assert calls == [90, 30, 300, 1]
+    assert [chat.tokenizer.decode(e.ids) for e in encs] == texts

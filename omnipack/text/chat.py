@@ -20,6 +20,9 @@ from ..contract import IGNORE_INDEX
 from ..profiles.base import MediaPlan, MediaSpan, ModelProfile
 
 
+TOKENIZE_BATCH_CHARS = 1 << 22  # characters tokenized in one call
+
+
 class SampleRejected(ValueError):
     """The sample cannot be encoded; the message is the reject reason."""
 
@@ -177,7 +180,18 @@ class ChatTokenizer:
         return self._encoder.encode(text, add_special_tokens=False)
 
     def _tokenize_many(self, texts: list[str]) -> list[Any]:
-        return self._encoder.encode_batch(texts, add_special_tokens=False) if texts else []
+        """Encodings of ``texts``, in calls of at most ``TOKENIZE_BATCH_CHARS`` characters (one longer text
+        alone), so the tokenizer's working memory has a fixed cap."""
+        out: list[Any] = []
+        start, size = 0, 0
+        for k, text in enumerate(texts):
+            if size and size + len(text) > TOKENIZE_BATCH_CHARS:
+                out += self._encoder.encode_batch(texts[start:k], add_special_tokens=False)
+                start, size = k, 0
+            size += len(text)
+        if start < len(texts):
+            out += self._encoder.encode_batch(texts[start:], add_special_tokens=False)
+        return out
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
         """The chat template's text for ``messages`` (plain role/content dicts, see ``template_messages``)."""
