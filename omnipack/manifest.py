@@ -30,6 +30,7 @@ class RawSample:
     source: str  # "file:line"
     record: dict[str, Any] | None  # None when the line could not be parsed
     error: str | None = None
+    size: int = 0  # bytes of the manifest line (lets stages bound the work they take on at once)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -204,7 +205,7 @@ def read_manifest(
                     if sid in seen:
                         raise ManifestError(f"duplicate sample id {sid!r}")
                     seen.add(sid)
-                    yield RawSample(index, sid, source, record)
+                    yield RawSample(index, sid, source, record, size=size)
                 except ManifestError as e:
                     yield RawSample(index, sid, source, None, str(e))
                 index += 1

@@ -19,7 +19,6 @@ import numpy as np
 from ..contract import IGNORE_INDEX
 from ..profiles.base import MediaPlan, MediaSpan, ModelProfile
 
-
 TOKENIZE_BATCH_CHARS = 1 << 22  # characters tokenized in one call
 
 
