@@ -31,7 +31,7 @@ def _measure_table(path, n: int, seed: int = 0) -> pa.Table:
 
 def test_gather_matches_a_take_per_row_across_record_batches(tmp_path):
     path = tmp_path / "samples.parquet"
-    n = 9000  # three 4096-row record batches in the mapped copy
+    n = 9000  # nine record batches in the mapped copy (one per 1000-row row group)
     table = _measure_table(path, n)
     rng = np.random.default_rng(1)
     order = rng.permutation(n)
@@ -40,7 +40,7 @@ def test_gather_matches_a_take_per_row_across_record_batches(tmp_path):
     plan = PackResult(row_ptr, order.astype(np.int64) * 2, [], {})
 
     samples = MeasuredSamples(path, release_every=97)  # pages released many times along the way
-    assert len(samples) == n and len(samples._batches) == 3
+    assert len(samples) == n and len(samples._batches) == 9
     jobs = list(_row_jobs(path, plan))
     assert len(jobs) == plan.num_rows
     for r, (key, records) in enumerate(jobs):

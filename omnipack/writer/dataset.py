@@ -101,16 +101,19 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteConfig) -> RowR
 
 def _arrow_copy(samples_path: Path) -> Path:
     """The measure table as an Arrow IPC file next to the Parquet file (Parquet pages cannot be mapped;
-    converted once, streaming)."""
+    converted once, streaming, a record batch per row group)."""
     arrow_path = samples_path.with_suffix(".arrow")
     if not arrow_path.exists() or arrow_path.stat().st_mtime_ns < samples_path.stat().st_mtime_ns:
         parquet = pq.ParquetFile(samples_path)
         tmp = arrow_path.with_suffix(".arrow.partial")
+        pool = pa.default_memory_pool()
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, parquet.schema_arrow) as out:
-            for batch in parquet.iter_batches(batch_size=4096):
-                out.write_batch(batch)
+            # a row group at a time, one thread, freed pages handed back each time: memory stays flat
+            # (batch iteration reads ahead on threads and the allocator keeps what it freed)
+            for i in range(parquet.num_row_groups):
+                out.write_table(parquet.read_row_group(i, use_threads=False))
+                pool.release_unused()
         os.replace(tmp, arrow_path)
-        pa.default_memory_pool().release_unused()  # the allocator keeps freed pages: give them back
     return arrow_path
 
 
