@@ -122,11 +122,12 @@ class MeasuredSamples:
 
     A sample costs O(its size): its record batch is found by bisection and its token lists are numpy views
     of the mapped file (a ``Table.take`` copies every record batch it spans: quadratic over a run). The
-    mapped pages the rows touched are released every ``release_every`` samples (shuffled rows touch a
-    few pages per sample all over the file), so resident memory stays flat however large the table is.
+    mapped pages the rows touched are released every ``release_every`` samples (shuffled rows read a few
+    arrays per sample all over the file, and each read maps the kernel's fault-around window, 64 KiB), so
+    resident memory stays flat however large the table is.
     """
 
-    def __init__(self, samples_path: Path, release_every: int = 1024) -> None:
+    def __init__(self, samples_path: Path, release_every: int = 64) -> None:
         import mmap
 
         with open(_arrow_copy(samples_path), "rb") as f:
