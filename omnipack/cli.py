@@ -63,6 +63,18 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     ),
     (("--shard-size-mb",), {"type": float, "help": "roll shards over at this size"}),
     (("--shard-max-rows",), {"type": int}),
+    (
+        ("--shard-sha256",),
+        {
+            "action": argparse.BooleanOptionalAction,
+            "default": None,
+            "help": "also record each shard's sha256 (xxh3-128 is always recorded; sha256 is slower)",
+        },
+    ),
+    (
+        ("--max-line-bytes",),
+        {"type": int, "help": "reject longer manifest lines unread (default max(16 MiB, 256 B x seq_length))"},
+    ),
     (("--val-fraction",), {"type": float, "help": "fraction of rows written to separate 'val' shards"}),
     (("--workers", "-j"), {"type": int, "help": "processes for measuring and writing"}),
     (

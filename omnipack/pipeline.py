@@ -9,16 +9,17 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import __version__
 from .alignment import ParallelLayout, check_seq_length
-from .manifest import read_manifest
+from .manifest import count_lines, default_max_line_bytes, read_manifest
 from .measure import MeasureConfig, run_measure
 from .plan import PackConfig, run_pack, write_plan
 from .writer.dataset import WriteConfig, write_rows
 from .writer.energon_meta import NV_META, write_energon_meta, write_omnipack_meta
-from .writer.shards import file_sha256
+from .writer.shards import SHARD_CHECKSUMS, file_sha256
 
 STAGES_DIR = "stages"
 REJECTS_FILE = "rejects.jsonl"
@@ -34,7 +35,11 @@ def _check_measure_reusable(measure_dir: Path, key: dict[str, Any]) -> int:
     if not path.exists() or not (measure_dir / "samples.parquet").exists():
         raise FileNotFoundError(f"no earlier measure run under {measure_dir}; run without --from-stage first")
     recorded = json.loads(path.read_text())
-    changed = [k for k, v in key.items() if recorded.get(k) != v]
+    changed = [k for k, v in key.items() if k != "max_tokens" and recorded.get(k) != v]
+    # Samples longer than the earlier run's rows were rejected unmeasured: a longer row needs them measured.
+    earlier = recorded.get("max_tokens")
+    if earlier is not None and key["max_tokens"] is not None and key["max_tokens"] > earlier:
+        changed.append(f"seq_length {key['max_tokens']} over the measured {earlier}")
     if changed:
         raise ValueError(
             f"measure settings changed since the last run ({', '.join(changed)}): re-measure instead"
@@ -86,8 +91,10 @@ class PrepareConfig:
     compress_video: bool = False
     shard_size_mb: float = 1024.0
     shard_max_rows: int | None = None
+    shard_sha256: bool = False  # also record each shard's sha256 (xxh3-128 always; sha256 costs ~15x more)
     val_fraction: float = 0.0
     workers: int = 1
+    max_line_bytes: int | None = None  # longer manifest lines are rejected unread (default: from seq_length)
     overwrite: bool = False
     progress: bool = True
     from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
@@ -126,8 +133,15 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
             shutil.rmtree(out / sub, ignore_errors=True)
     stages.mkdir(parents=True, exist_ok=True)
     mcfg = MeasureConfig(
-        cfg.profile, cfg.tokenizer, cfg.media_root, align, dict(cfg.profile_options), cfg.mrope
+        cfg.profile,
+        cfg.tokenizer,
+        cfg.media_root,
+        align,
+        dict(cfg.profile_options),
+        cfg.mrope,
+        max_tokens=cfg.seq_length,
     )
+    max_line_bytes = cfg.max_line_bytes or default_max_line_bytes(cfg.seq_length)
     from .profiles import get_profile
     from .profiles.base import placeholder_token_ids
     from .text.chat import ChatTokenizer
@@ -142,6 +156,8 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         # contents, not just paths: an edited manifest must be measured again
         "manifest_sha256": [file_sha256(Path(p)) if Path(p).is_file() else None for p in cfg.manifest],
         "media_root": str(Path(cfg.media_root).resolve()),
+        "max_line_bytes": max_line_bytes,
+        "max_tokens": cfg.seq_length,
     }
     if resume:
         n_input = _check_measure_reusable(measure_dir, measure_key)
@@ -151,17 +167,19 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         for p in manifests:
             if not p.is_file():
                 raise FileNotFoundError(f"manifest {p} not found")
-        n_input = sum(1 for _ in read_manifest(manifests))
+        # read and checked once; the progress bar's total is a cheap line count
         measured = run_measure(
-            read_manifest(manifests),
+            read_manifest(manifests, max_line_bytes=max_line_bytes),
             mcfg,
             measure_dir,
             workers=cfg.workers,
             progress=cfg.progress,
-            total=n_input,
+            total=count_lines(manifests) if cfg.progress else None,
         )
+        n_input = measured["measured"] + measured["rejected"]
         (measure_dir / MEASURE_KEY_FILE).write_text(json.dumps({**measure_key, "input": n_input}, indent=2))
     samples_path = measure_dir / "samples.parquet"
+    pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages: stages start flat
 
     # The pack settings are the same-named fields of the prepare config.
     pcfg = PackConfig(
@@ -169,6 +187,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
     )
     plan = run_pack(samples_path, pcfg)
     write_plan(plan, stages / "plan.parquet")
+    pa.default_memory_pool().release_unused()
 
     pad_id = chat.tokenizer.pad_token_id
     if pad_id is None:
@@ -182,6 +201,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         compress_video=cfg.compress_video,
         shard_max_bytes=int(cfg.shard_size_mb * (1 << 20)),
         shard_max_rows=cfg.shard_max_rows,
+        shard_checksums=SHARD_CHECKSUMS + (("sha256",) if cfg.shard_sha256 else ()),
         workers=cfg.workers,
         val_rows=_val_rows(cfg.val_fraction, plan.num_rows),
         val_seed=cfg.seed,

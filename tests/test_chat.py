@@ -172,3 +172,204 @@ def test_fingerprint_is_stable_and_follows_the_template(chat, demo_tokenizer, tm
     tok.chat_template = tok.chat_template.replace("You are a helpful assistant.", "Be terse.")
     tok.save_pretrained(tmp_path)
     assert ChatTokenizer(tmp_path, get_profile("qwen2_5_vl")).fingerprint() != chat.fingerprint()
+
+
+def _labels_by_prefix_renders(chat, messages):
+    """The reference: spans from rendering every prefix, tokens selected by their start offsets."""
+    from omnipack.text.chat import template_messages
+
+    msgs = template_messages(messages)
+    full = chat.render(msgs)
+    spans = chat._spans_by_prefixes(msgs, full)
+    enc = chat.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids = np.asarray(enc["input_ids"])
+    starts = np.asarray([o[0] for o in enc["offset_mapping"]])
+    mask = np.zeros(len(ids), dtype=bool)
+    for a, b in spans:
+        mask |= (starts >= a) & (starts < b)
+    labels = np.full(len(ids), IGNORE_INDEX)
+    labels[:-1] = np.where(mask[1:], ids[1:], IGNORE_INDEX)
+    return ids, labels
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+    [
+        {"role": "system", "content": "Sys tem."},
+        {"role": "user", "content": "é😀中文 question"},
+        {"role": "assistant", "content": "😀 starts with an emoji, ends with one 🎉"},
+        {"role": "user", "content": [{"type": "text", "text": "  spaced  "}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "\n\n  leading newlines"}]},
+        {"role": "user", "content": "e\u0301 combining"},
+        {"role": "assistant", "content": "中文答案。"},
+    ],
+    [{"role": "user", "content": "x" * 300}, {"role": "assistant", "content": "y " * 200}],
+]
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_one_render_gives_the_labels_of_prefix_renders(chat, monkeypatch, messages):
+    assert chat._turn_prompt == "<|im_start|>assistant\n"
+    renders = []
+    original = ChatTokenizer.render
+    monkeypatch.setattr(
+        ChatTokenizer, "render", lambda self, *a, **k: renders.append(1) or original(self, *a, **k)
+    )
+    enc = chat.encode(messages, [])
+    assert len(renders) == 1  # the template is rendered once per sample
+    monkeypatch.undo()
+    ids, labels = _labels_by_prefix_renders(chat, messages)
+    assert np.array_equal(enc.input_ids, ids) and np.array_equal(enc.labels, labels)
+
+
+def _chat_with_template(tmp_path, demo_tokenizer, template):
+    from transformers import AutoTokenizer
+
+    from omnipack.profiles.qwen_vl import Qwen25VLProfile
+
+    tok = AutoTokenizer.from_pretrained(demo_tokenizer)
+    tok.chat_template = template
+    tok.save_pretrained(tmp_path)
+
+    class TextOnly(Qwen25VLProfile):
+        template_blocks = {}
+
+    return ChatTokenizer(tmp_path, TextOnly())
+
+
+THINK_STRIPPING = (
+    "{%- for m in messages -%}<|im_start|>{{ m['role'] }}\n"
+    "{%- set c = m['content'] if m['content'] is string else m['content'] | map(attribute='text') | join('') -%}"
+    "{%- if m['role'] == 'assistant' and not loop.last -%}{{ c.split('</think>')[-1] | trim }}"
+    "{%- else -%}{{ c }}{%- endif -%}<|im_end|>\n{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+)
+
+
+def test_think_stripping_template_is_exact_from_one_render(tmp_path, demo_tokenizer, monkeypatch):
+    chat = _chat_with_template(tmp_path, demo_tokenizer, THINK_STRIPPING)
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "<think>a</think>  first"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "<think>b</think>second"},
+        {"role": "user", "content": "q3"},
+        {"role": "assistant", "content": "<think>c</think>third"},
+    ]
+    calls = []
+    original = ChatTokenizer.render
+    monkeypatch.setattr(
+        ChatTokenizer, "render", lambda self, *a, **k: calls.append(1) or original(self, *a, **k)
+    )
+    enc = chat.encode(messages, [])
+    assert len(calls) == 1
+    targets = chat.tokenizer.decode(enc.labels[enc.labels != IGNORE_INDEX])
+    assert targets == "first<|im_end|>second<|im_end|><think>c</think>third<|im_end|>"
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        # the generation prompt is plain text, which a sample could type: prefixes are rendered instead
+        (
+            "{%- for m in messages -%}### {{ m['role'] }}:\n{{ m['content'] }}<|im_end|>\n{%- endfor -%}"
+            "{%- if add_generation_prompt -%}### assistant:\n{% endif -%}",
+            "first<|im_end|>second<|im_end|>",
+        ),
+        # forced thinking: the generation prompt opens a <think> block earlier turns never show
+        (
+            "{%- for m in messages -%}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- endfor -%}"
+            "{%- if add_generation_prompt -%}<|im_start|>assistant\n<think>\n{%- endif -%}",
+            "first<|im_end|>second<|im_end|>",
+        ),
+    ],
+)
+def test_templates_without_a_usable_turn_prompt_fall_back_exactly(
+    tmp_path, demo_tokenizer, template, expected
+):
+    chat = _chat_with_template(tmp_path, demo_tokenizer, template)
+    messages = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "first"},
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "second"},
+    ]
+    assert chat._turn_prompt is None
+    enc = chat.encode(messages, [])
+    assert chat.tokenizer.decode(enc.labels[enc.labels != IGNORE_INDEX]) == expected
+    ids, labels = _labels_by_prefix_renders(chat, messages)
+    assert np.array_equal(enc.input_ids, ids) and np.array_equal(enc.labels, labels)
+
+
+def test_sample_that_cannot_fit_is_rejected_before_tokenizing(chat, monkeypatch):
+    import time
+
+    tokenized = []
+    original = ChatTokenizer._tokenize_many
+    monkeypatch.setattr(
+        ChatTokenizer,
+        "_tokenize_many",
+        lambda self, texts: tokenized.extend(map(len, texts)) or original(self, texts),
+    )
+    huge = "word " * 1_000_000  # 5 MB of text
+    t0 = time.perf_counter()
+    with pytest.raises(
+        SampleRejected, match="over-length: .* over seq_length 4096; rejected before tokenizing"
+    ):
+        chat.encode([{"role": "user", "content": huge}, {"role": "assistant", "content": "ok"}], [], 4096)
+    assert time.perf_counter() - t0 < 5
+    assert tokenized == []
+
+
+def test_early_length_bound_never_rejects_a_sample_that_fits(chat):
+    """The worst case for the bound: text made of the vocabulary's longest tokens."""
+    vocab = chat.tokenizer.get_vocab()
+    added = {t.content for t in chat.tokenizer.added_tokens_decoder.values()}
+    longest = max(
+        (t for t in vocab if t not in added), key=lambda t: len(chat.tokenizer.convert_tokens_to_string([t]))
+    )
+    word = chat.tokenizer.convert_tokens_to_string([longest])
+    for k in (1, 50, 400):
+        messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": word * k}]
+        n = chat.encode(messages, []).num_tokens
+        assert chat.encode(messages, [], n).num_tokens == n  # exactly full: not rejected
+        with pytest.raises(SampleRejected):
+            chat.encode(messages, [], n // chat.max_chars_per_token - 1)
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_direct_render_is_apply_chat_template(chat, messages):
+    from omnipack.text.chat import template_messages
+
+    assert chat._compiled is not None
+    msgs = template_messages(messages)
+    for gen in (False, True):
+        assert chat.render(msgs, gen) == chat.tokenizer.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=gen
+        )
+
+
+def test_batches_are_split_by_characters_and_keep_order(chat, monkeypatch):
+    import omnipack.text.chat as chat_module
+
+    monkeypatch.setattr(chat_module, "TOKENIZE_BATCH_CHARS", 100)
+    calls = []
+    encode_batch = chat._encoder.encode_batch
+    monkeypatch.setattr(
+        chat,
+        "_encoder",
+        type(
+            "Spy",
+            (),
+            {
+                "encode_batch": lambda self, texts, **k: (
+                    calls.append(sum(map(len, texts))) or encode_batch(texts, **k)
+                ),
+            },
+        )(),
+    )
+    texts = ["a" * 60, "b" * 30, "c" * 30, "d" * 300, "e"]
+    encs = chat._tokenize_many(texts)
+    assert calls == [90, 30, 300, 1]
+    assert [chat.tokenizer.decode(e.ids) for e in encs] == texts

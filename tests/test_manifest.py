@@ -85,3 +85,89 @@ def test_byte_order_mark_and_crlf_are_tolerated(tmp_path):
     p.write_bytes(("\ufeff" + line + "\r\n" + line.replace('"x"', '"y"') + "\r\n").encode())
     samples = list(read_manifest([p]))
     assert [(s.sample_id, s.error) for s in samples] == [("x", None), ("y", None)]
+
+
+def test_overlong_line_is_rejected_unread_and_reading_goes_on(tmp_path):
+    from omnipack.manifest import count_lines
+
+    p = tmp_path / "m.jsonl"
+    good = {"id": "a", "messages": [{"role": "user", "content": "q"}, ASSISTANT]}
+    huge = {"id": "b", "messages": [{"role": "user", "content": "x" * 3_000_000}, ASSISTANT]}
+    lines = [json.dumps(good), json.dumps(huge), json.dumps({**good, "id": "c"})]
+    p.write_text("\n".join(lines))  # no newline at the end
+    samples = list(read_manifest([p], max_line_bytes=1 << 20))
+    assert [s.index for s in samples] == [0, 1, 2]
+    assert [s.source for s in samples] == ["m.jsonl:1", "m.jsonl:2", "m.jsonl:3"]
+    assert samples[0].error is None and samples[2].error is None and samples[2].sample_id == "c"
+    assert samples[1].record is None
+    assert (
+        samples[1].error
+        == f"line of {len(lines[1]) + 1} bytes is over the 1048576-byte limit (max_line_bytes); not read"
+    )
+    # a line exactly at the cap is read
+    exact = list(read_manifest([p], max_line_bytes=len(lines[1])))
+    assert exact[1].error is None and exact[1].sample_id == "b"
+    assert count_lines([p]) == 3
+
+
+def test_invalid_utf8_line_is_rejected_and_reading_goes_on(tmp_path):
+    p = tmp_path / "m.jsonl"
+    line = json.dumps({"id": "x", "messages": [{"role": "user", "content": "q"}, ASSISTANT]}).encode()
+    p.write_bytes(b'{"id": "\xff"}\n' + line + b"\n")
+    samples = list(read_manifest([p]))
+    assert samples[0].error == "invalid UTF-8 at byte 8" and samples[1].error is None
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"id": True, "messages": [ASSISTANT]},
+        {"id": 1.5, "messages": [ASSISTANT]},
+        {"id": "a", "messages": [ASSISTANT], "meta": []},
+        {"id": "a", "messages": [{"role": "user", "content": [{"type": "image", "image": ""}]}, ASSISTANT]},
+        {"id": "a", "messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}, ASSISTANT]},
+        {"id": "a", "messages": [{"role": "user", "content": None}, ASSISTANT]},
+        {"id": "a", "messages": [{"role": "user"}, ASSISTANT]},
+        {"id": "a", "messages": [ASSISTANT, "text"]},
+        ["not", "a", "record"],
+    ],
+)
+def test_fast_path_never_accepts_what_the_schema_rejects(record):
+    from omnipack.manifest import _plainly_valid, _validator
+
+    assert not _plainly_valid(record)
+    assert list(_validator().iter_errors(record))
+
+
+def test_fast_path_agrees_with_the_schema_on_generated_records():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from omnipack.manifest import _plainly_valid, _validator
+
+    scalar = st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=3)
+    )
+    kind = st.sampled_from(["text", "image", "video", "audio", "gif"])
+    part = st.fixed_dictionaries(
+        {"type": kind}, optional={"text": scalar, "image": scalar, "video": scalar, "audio": scalar}
+    )
+    message = st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant", "robot"])},
+        optional={"content": st.one_of(scalar, st.lists(part, max_size=3))},
+    )
+    record = st.fixed_dictionaries(
+        {},
+        optional={
+            "id": scalar,
+            "messages": st.lists(message, max_size=3),
+            "meta": st.one_of(scalar, st.just({})),
+        },
+    )
+
+    @given(record)
+    def check(r):
+        if _plainly_valid(r):
+            assert not list(_validator().iter_errors(r))
+
+    check()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -276,3 +277,57 @@ def test_val_fraction_writes_separate_val_shards(tmp_path, demo_tokenizer, demo_
             val2 |= {int(m.name.split(".")[0]) for m in tf.getmembers()}
     n_val, n_rows = s2["counts"]["rows_by_split"]["val"], s2["counts"]["rows"]
     assert len(val2) == n_val and val2 != set(range(n_rows - n_val, n_rows))
+
+
+def test_manifest_read_once_and_oversized_samples_rejected_without_tokenizing(
+    tmp_path, monkeypatch, demo_tokenizer, demo_corpus
+):
+    """A few-MB line over the line cap is skipped unread; a long text under it is rejected from its
+    rendered length before tokenizing; every input is still packed or rejected, from one manifest read."""
+    import omnipack.pipeline as pipeline
+    from omnipack.text.chat import ChatTokenizer
+
+    manifest, media = demo_corpus
+    lines = manifest.read_text().splitlines()
+    qa = [{"role": "assistant", "content": "ok"}]
+    lines.insert(
+        3, json.dumps({"id": "huge-line", "messages": [{"role": "user", "content": "w " * 1_500_000}, *qa]})
+    )
+    lines.insert(
+        7, json.dumps({"id": "long-text", "messages": [{"role": "user", "content": "w " * 300_000}, *qa]})
+    )
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    reads, tokenized = [], []
+    read_manifest = pipeline.read_manifest
+    monkeypatch.setattr(pipeline, "read_manifest", lambda *a, **k: reads.append(1) or read_manifest(*a, **k))
+    tokenize = ChatTokenizer._tokenize_many
+    monkeypatch.setattr(
+        ChatTokenizer,
+        "_tokenize_many",
+        lambda self, texts: tokenized.extend(map(len, texts)) or tokenize(self, texts),
+    )
+    root, summary = _prepare(tmp_path / "ds", demo_tokenizer, (path, media), max_line_bytes=2 << 20)
+
+    assert len(reads) == 1
+    assert max(tokenized) < 100_000  # neither long sample reached the tokenizer
+    rejects = {r["sample_id"]: r for r in map(json.loads, (root / "rejects.jsonl").read_text().splitlines())}
+    assert rejects["m.jsonl:4"]["stage"] == "read"
+    assert (
+        rejects["m.jsonl:4"]["reason"].startswith("line of 3000")
+        and "max_line_bytes" in rejects["m.jsonl:4"]["reason"]
+    )
+    assert rejects["long-text"]["stage"] == "measure"
+    assert re.search(
+        r"over-length: .* over seq_length 2048; rejected before tokenizing", rejects["long-text"]["reason"]
+    )
+    c = summary["counts"]
+    assert c["input"] == len(lines) == c["packed"] + c["rejected"]
+
+
+def test_repack_for_longer_rows_than_measured_asks_to_remeasure(tmp_path, demo_tokenizer, demo_corpus):
+    root, _ = _prepare(tmp_path / "ds", demo_tokenizer, demo_corpus, seq_length=1024)
+    _prepare(root, demo_tokenizer, demo_corpus, seq_length=512, from_stage="pack")  # shorter rows: fine
+    with pytest.raises(ValueError, match="measure settings changed .*seq_length 2048 over the measured 1024"):
+        _prepare(root, demo_tokenizer, demo_corpus, seq_length=2048, from_stage="pack")

@@ -1,10 +1,10 @@
 """Chat-template tokenization with exact media placeholder expansion and assistant-only labels.
 
-The conversation is rendered by the tokenizer's own chat template (so token ids are what the model sees
-at inference), tokenized once with character offsets, and every media block the template wrote is
-replaced by the profile's expansion with the exact feature count. Supervised spans are found by
-rendering conversation prefixes: the text an assistant turn adds after the generation prompt, up to and
-including the turn-end marker.
+The conversation is rendered once by the tokenizer's own chat template (so token ids are what the model
+sees at inference), tokenized once, and every media block the template wrote is replaced by the
+profile's expansion with the exact feature count. Supervised spans are what each assistant turn renders
+after the generation prompt, up to and including the turn-end marker: found in that one render where the
+generation prompt carries a special token (text can not forge it), else by rendering prefixes.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import numpy as np
 
 from ..contract import IGNORE_INDEX
 from ..profiles.base import MediaPlan, MediaSpan, ModelProfile
+
+TOKENIZE_BATCH_CHARS = 1 << 22  # characters tokenized in one call
 
 
 class SampleRejected(ValueError):
@@ -76,7 +78,19 @@ class ChatTokenizer:
         specials = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special}
         reserved = set(profile.special_tokens()) | set(self.tokenizer.all_special_tokens) | specials
         self._reserved = sorted(reserved, key=len, reverse=True)
+        # The Rust tokenizer, called directly (no per-call wrapper work); set not to truncate or pad, as the
+        # wrapper itself sets it on every call without those options.
+        self._encoder = self.tokenizer.backend_tokenizer
+        if self._encoder.truncation is not None:
+            self._encoder.no_truncation()
+        if self._encoder.padding is not None:
+            self._encoder.no_padding()
+        self._compiled, self._template_vars = None, None
         self._check_setup(tokenizer_dir)
+        self._compiled, self._template_vars = self._direct_template()
+        self._turn_prompt: str | None = None
+        self._turn_prompt = self._find_turn_prompt()
+        self.max_chars_per_token = self._find_max_chars_per_token()
 
     def _check_setup(self, tokenizer_dir: str | Path) -> None:
         """Fail once, at start-up, on a setup that would reject every sample."""
@@ -113,18 +127,153 @@ class ChatTokenizer:
         h.update(self.tokenizer.chat_template.encode())
         return h.hexdigest()[:16]
 
+    def _find_turn_prompt(self) -> str | None:
+        """The text the template writes before every assistant turn (its generation prompt), when one
+        render can locate assistant turns by it: it holds a special token (so sample text, checked by
+        ``_check_text``, can not contain it) and it gives the prefix-render spans on probe conversations."""
+        user = {"role": "user", "content": "q"}
+        bare = self.render([user])
+        with_prompt = self.render([user], add_generation_prompt=True)
+        if not with_prompt.startswith(bare) or len(with_prompt) == len(bare):
+            return None
+        prompt = with_prompt[len(bare) :]
+        if not any(t in prompt for t in self._reserved):
+            return None
+        turn = {"role": "assistant", "content": "a"}
+        probes = [
+            [user, turn],
+            [{"role": "system", "content": "s"}, user, turn, {"role": "user", "content": "r"}, turn],
+            [user, turn, {"role": "user", "content": [{"type": "text", "text": "t"}]}, turn],
+        ]
+        self._turn_prompt = prompt
+        try:
+            for probe in probes:
+                full = self.render(probe)
+                if self._spans_by_turn_prompt(probe, full) != self._spans_by_prefixes(probe, full):
+                    return None
+        except SampleRejected:
+            return None
+        return prompt
+
+    def _find_max_chars_per_token(self) -> int | None:
+        """An upper bound on the characters one token covers, so a rendered text longer than
+        ``seq_length`` times it certainly can not fit and is rejected before tokenizing. None (no bound)
+        when the tokenizer may drop characters (a whitespace-splitting pre-tokenizer, a cleaning
+        normalizer): then the text length says nothing about the token count."""
+        probe = "a  b\t\n\n c\u00e9e\u0301 \u4e2d\u6587 \U0001f600!!  \x07x   "
+        enc = self._tokenize(probe)
+        covered = np.zeros(len(probe), dtype=bool)
+        for a, b in enc.offsets:
+            covered[a:b] = True
+        if not covered.all():
+            return None
+        longest = max(
+            max(map(len, self._encoder.get_vocab(with_added_tokens=True))),
+            max((len(t.content) for t in self._encoder.get_added_tokens_decoder().values()), default=1),
+        )
+        # A normalizer may compose characters (NFC / NFKC): at most 4 code points become one.
+        return longest * (4 if self._encoder.normalizer is not None else 1)
+
+    def _tokenize(self, text: str) -> Any:
+        """The tokenizer's encoding of ``text`` (ids and offsets stay in Rust until asked for)."""
+        return self._encoder.encode(text, add_special_tokens=False)
+
+    def _tokenize_many(self, texts: list[str]) -> list[Any]:
+        """Encodings of ``texts``, in calls of at most ``TOKENIZE_BATCH_CHARS`` characters (one longer text
+        alone), so the tokenizer's working memory has a fixed cap."""
+        out: list[Any] = []
+        start, size = 0, 0
+        for k, text in enumerate(texts):
+            if size and size + len(text) > TOKENIZE_BATCH_CHARS:
+                out += self._encoder.encode_batch(texts[start:k], add_special_tokens=False)
+                start, size = k, 0
+            size += len(text)
+        if start < len(texts):
+            out += self._encoder.encode_batch(texts[start:], add_special_tokens=False)
+        return out
+
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+        """The chat template's text for ``messages`` (plain role/content dicts, see ``template_messages``)."""
+        if self._compiled is not None:
+            return self._compiled.render(
+                messages=messages,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._template_vars,
+            )
         return self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
+    def _direct_template(self) -> tuple[Any, dict[str, Any]] | tuple[None, None]:
+        """transformers' compiled template and the variables ``apply_chat_template`` gives it, to render
+        plain messages without its per-call copying (a third of a sample's non-tokenizer time). Used only
+        when it renders probe conversations exactly as ``apply_chat_template`` does."""
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
+
+            compiled = _compile_jinja_template(self.tokenizer.get_chat_template())
+            variables = _plain_template_data(dict(self.tokenizer.special_tokens_map))
+        except Exception:  # another transformers version: its public path is always right
+            return None, None
+        probes = [
+            [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+            [
+                {"role": "system", "content": "s"},
+                {
+                    "role": "user",
+                    "content": [{"type": k} for k in self.profile.kinds] + [{"type": "text", "text": "t"}],
+                },
+                {"role": "assistant", "content": [{"type": "text", "text": "a"}]},
+                {"role": "user", "content": "r"},
+            ],
+        ]
+        for probe in probes:
+            for gen in (False, True):
+                try:
+                    direct = compiled.render(
+                        messages=probe, tools=None, documents=None, add_generation_prompt=gen, **variables
+                    )
+                except Exception:
+                    return None, None
+                if direct != self.tokenizer.apply_chat_template(
+                    probe, tokenize=False, add_generation_prompt=gen
+                ):
+                    return None, None
+        return compiled, variables
+
     def supervised_char_spans(self, messages: list[dict[str, Any]], full: str) -> list[tuple[int, int]]:
         """Character spans of ``full`` to supervise: each assistant turn's text through its turn-end marker.
 
-        Found by rendering prefixes (exact, for templates where earlier turns render the same once later
-        turns follow); templates that rewrite earlier turns (e.g. dropping reasoning from all but the last
-        assistant turn) fall back to locating each turn with a sentinel.
+        From the one render ``full`` when the template's generation prompt marks every assistant turn
+        there; otherwise by rendering prefixes (exact, for templates where earlier turns render the same
+        once later turns follow); templates that rewrite earlier turns (e.g. dropping reasoning from all but
+        the last assistant turn) fall back to locating each turn with a sentinel.
         """
+        if self._turn_prompt is not None:
+            spans = self._spans_by_turn_prompt(messages, full)
+            if spans is not None:
+                return spans
+        return self._spans_by_prefixes(messages, full)
+
+    def _spans_by_turn_prompt(
+        self, messages: list[dict[str, Any]], full: str
+    ) -> list[tuple[int, int]] | None:
+        """Each assistant turn starts after an occurrence of the generation prompt; None unless there is
+        exactly one occurrence per assistant turn."""
+        prompt = self._turn_prompt
+        assert prompt is not None
+        starts = []
+        at = full.find(prompt)
+        while at >= 0:
+            starts.append(at + len(prompt))
+            at = full.find(prompt, at + len(prompt))
+        if len(starts) != sum(m["role"] == "assistant" for m in messages):
+            return None
+        return [(a, self._through_turn_end(full, a)) for a in starts]
+
+    def _spans_by_prefixes(self, messages: list[dict[str, Any]], full: str) -> list[tuple[int, int]]:
         spans = []
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
@@ -159,17 +308,58 @@ class ChatTokenizer:
             spans.append((at, self._through_turn_end(full, end)))
         return spans
 
-    def encode(self, messages: Sequence[dict[str, Any]], plans: Sequence[MediaPlan]) -> EncodedSample:
-        self._check_text(messages)
-        msgs = template_messages(messages)
-        full = self.render(msgs)
-        char_spans = self.supervised_char_spans(msgs, full)
-        enc = self.tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-        ids = np.asarray(enc["input_ids"], dtype=np.int64)
-        starts = np.asarray([o[0] for o in enc["offset_mapping"]], dtype=np.int64)
-        assistant = np.zeros(len(ids), dtype=bool)
-        for a, b in char_spans:
-            assistant |= (starts >= a) & (starts < b)
+    def encode(
+        self,
+        messages: Sequence[dict[str, Any]],
+        plans: Sequence[MediaPlan],
+        max_tokens: int | None = None,
+    ) -> EncodedSample:
+        """Token ids, labels and media spans of one conversation.
+
+        With ``max_tokens``, a sample whose rendered text certainly expands to more tokens is rejected
+        before it is tokenized, so one huge sample costs no more than reading it."""
+        out = self.encode_many([(messages, plans)], max_tokens)[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def encode_many(
+        self,
+        samples: Sequence[tuple[Sequence[dict[str, Any]], Sequence[MediaPlan]]],
+        max_tokens: int | None = None,
+    ) -> list[EncodedSample | Exception]:
+        """``encode`` for many (messages, plans) at once, tokenized in one call (the tokenizer's batch
+        path, as fast as its own batch encode); a sample that fails gets its exception in its place."""
+        results: list[EncodedSample | Exception | None] = [None] * len(samples)
+        texts, pending = [], []
+        for k, (messages, plans) in enumerate(samples):
+            try:
+                self._check_text(messages)
+                msgs = template_messages(messages)
+                full = self.render(msgs)
+                if max_tokens is not None and self.max_chars_per_token is not None:
+                    self._check_length(full, plans, max_tokens)
+                pending.append((k, self.supervised_char_spans(msgs, full), plans))
+                texts.append(full)
+            except AssertionError:
+                raise
+            except Exception as e:
+                results[k] = e
+        for enc, (k, char_spans, plans) in zip(self._tokenize_many(texts), pending, strict=True):
+            try:
+                results[k] = self._finish(enc, char_spans, plans)
+            except AssertionError:
+                raise
+            except Exception as e:
+                results[k] = e
+        return results  # type: ignore[return-value]
+
+    def _finish(
+        self, enc: Any, char_spans: list[tuple[int, int]], plans: Sequence[MediaPlan]
+    ) -> EncodedSample:
+        """Labels from the supervised spans, media blocks expanded to their plans."""
+        ids = np.asarray(enc.ids, dtype=np.int64)
+        assistant = self._assistant_mask(enc, char_spans)
 
         pieces_ids: list[np.ndarray] = []
         pieces_mask: list[np.ndarray] = []
@@ -212,6 +402,47 @@ class ChatTokenizer:
         if self.mrope and mrope is None:
             raise ValueError(f"profile {self.profile.name} has no mRoPE position ids")
         return EncodedSample(input_ids, labels, spans, mrope)
+
+    def _check_length(self, full: str, plans: Sequence[MediaPlan], max_tokens: int) -> None:
+        assert self.max_chars_per_token is not None
+        text_tokens = -(-len(full) // self.max_chars_per_token)  # no fewer tokens than this
+        # each media block becomes its expansion, which holds at least the plan's placeholders
+        at_least = text_tokens + sum(p.num_tokens - len(self._blocks.get(p.kind, ())) for p in plans)
+        if at_least > max_tokens:
+            raise SampleRejected(
+                f"over-length: the rendered text of {len(full)} characters is at least {at_least} tokens "
+                f"(a token covers at most {self.max_chars_per_token} characters), over seq_length "
+                f"{max_tokens}; rejected before tokenizing"
+            )
+
+    def _assistant_mask(self, enc: Any, char_spans: list[tuple[int, int]]) -> np.ndarray:
+        """True for the tokens whose first character lies in a supervised span."""
+        n = len(enc.ids)
+        mask = np.zeros(n, dtype=bool)
+        try:
+            for a, b in char_spans:
+                mask[self._first_token_from(enc, a, n) : self._first_token_from(enc, b, n)] = True
+        except LookupError:  # offsets out of text order, or a character no token covers: every token
+            starts = np.fromiter((s for s, _ in enc.offsets), dtype=np.int64, count=n)
+            mask[:] = False
+            for a, b in char_spans:
+                mask |= (starts >= a) & (starts < b)
+        return mask
+
+    @staticmethod
+    def _first_token_from(enc: Any, char: int, n: int) -> int:
+        """The first token starting at or after ``char``, from the token that covers ``char`` and its
+        neighbours (no per-token work in Python); LookupError where that does not decide it."""
+        t = enc.char_to_token(char)
+        if t is None:
+            if n == 0 or char >= enc.token_to_chars(n - 1)[1]:
+                return n
+            raise LookupError(char)
+        while t < n and enc.token_to_chars(t)[0] < char:
+            t += 1
+        if t > 0 and enc.token_to_chars(t - 1)[0] >= char:
+            raise LookupError(char)
+        return t
 
     def _check_text(self, messages: Sequence[dict[str, Any]]) -> None:
         """Reject text that contains special tokens: a typed ``<|image_pad|>`` would become a placeholder

@@ -27,7 +27,7 @@ from ..media.errors import MediaError
 from ..plan import PackResult
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
-from .shards import ShardInfo, ShardWriter
+from .shards import SHARD_CHECKSUMS, ShardInfo, ShardWriter
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,11 @@ class WriteConfig:
     seq_length: int
     align: int
     pad_token_id: int
-    image_encoding: str = "png"
-    compress_video: bool = True
+    image_encoding: str = "npy"
+    compress_video: bool = False
     shard_max_bytes: int = 1 << 30
     shard_max_rows: int | None = None
+    shard_checksums: tuple[str, ...] = SHARD_CHECKSUMS
     workers: int = 1
     val_rows: int = 0  # this many rows, drawn with ``val_seed``, go to separate "val" shards
     val_seed: int = 0
@@ -99,31 +100,110 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteConfig) -> RowR
     return RowResult(key, encode_row(row, payloads), rejects, len(seqs), int(row.seqlens.sum()))
 
 
-def mapped_samples(samples_path: Path) -> pa.Table:
-    """The measure table as a memory-mapped Arrow file, so rows can gather samples from anywhere in it
-    without holding every sample's tokens in memory (Parquet pages cannot be mapped; converted once,
-    streaming, next to the Parquet file)."""
+def _arrow_copy(samples_path: Path) -> Path:
+    """The measure table as an Arrow IPC file next to the Parquet file (Parquet pages cannot be mapped;
+    converted once, streaming, a record batch per row group)."""
     arrow_path = samples_path.with_suffix(".arrow")
     if not arrow_path.exists() or arrow_path.stat().st_mtime_ns < samples_path.stat().st_mtime_ns:
         parquet = pq.ParquetFile(samples_path)
         tmp = arrow_path.with_suffix(".arrow.partial")
+        pool = pa.default_memory_pool()
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, parquet.schema_arrow) as out:
-            for batch in parquet.iter_batches(batch_size=4096):
-                out.write_batch(batch)
+            # a row group at a time, one thread, freed pages handed back each time: memory stays flat
+            # (batch iteration reads ahead on threads and the allocator keeps what it freed)
+            for i in range(parquet.num_row_groups):
+                out.write_table(parquet.read_row_group(i, use_threads=False))
+                pool.release_unused()
         os.replace(tmp, arrow_path)
-    return pa.ipc.open_file(pa.memory_map(str(arrow_path), "r")).read_all()
+    return arrow_path
+
+
+class MeasuredSamples:
+    """Measured samples by position, read in place from the memory-mapped Arrow copy of the measure table.
+
+    A sample costs O(its size): its record batch is found by bisection and its token lists are numpy views
+    of the mapped file (a ``Table.take`` copies every record batch it spans: quadratic over a run). The
+    mapped pages the rows touched are released every ``release_every`` samples (shuffled rows read a few
+    arrays per sample all over the file, and each read maps the kernel's fault-around window, 64 KiB), so
+    resident memory stays flat however large the table is.
+    """
+
+    def __init__(self, samples_path: Path, release_every: int = 64) -> None:
+        import mmap
+
+        with open(_arrow_copy(samples_path), "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        reader = pa.ipc.open_file(pa.py_buffer(self._map))
+        self.schema = reader.schema
+        self._batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        sizes = np.asarray([b.num_rows for b in self._batches], dtype=np.int64)
+        self._batch_start = np.concatenate([[0], np.cumsum(sizes)])
+        self.sample_index = (
+            np.concatenate([b.column("sample_index").to_numpy() for b in self._batches])
+            if self._batches
+            else np.zeros(0, dtype=np.int64)
+        )
+        self._lists = {
+            f.name for f in self.schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
+        }
+        self._list_views: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
+        self._release_every, self._since_release = release_every, 0
+
+    def __len__(self) -> int:
+        return int(self._batch_start[-1])
+
+    def positions(self, sample_index: np.ndarray) -> np.ndarray:
+        """Table positions of input sample indices (the measure stage writes them in input order)."""
+        indices = self.sample_index
+        if len(indices) == 0:
+            raise AssertionError("planned samples missing from the measure table")
+        pos = np.minimum(np.searchsorted(indices, sample_index), len(indices) - 1)
+        if not np.array_equal(indices[pos], sample_index):
+            raise AssertionError("planned samples missing from the measure table")
+        return pos
+
+    def _list_view(self, b: int, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(offsets, values, validity or None when no list is null) of a list column of batch ``b``."""
+        key = (b, name)
+        view = self._list_views.get(key)
+        if view is None:
+            column = self._batches[b].column(name)
+            valid = None if column.null_count == 0 else column.is_valid().to_numpy(zero_copy_only=False)
+            view = (column.offsets.to_numpy(), column.values.to_numpy(), valid)
+            self._list_views[key] = view
+        return view
+
+    def record(self, pos: int) -> dict[str, Any]:
+        """The sample at table position ``pos``: scalars as Python values, token lists as numpy views."""
+        b = int(np.searchsorted(self._batch_start, pos, side="right")) - 1
+        i = int(pos - self._batch_start[b])
+        batch = self._batches[b]
+        rec: dict[str, Any] = {}
+        for name in self.schema.names:
+            if name in self._lists:
+                offsets, values, valid = self._list_view(b, name)
+                rec[name] = values[offsets[i] : offsets[i + 1]] if valid is None or valid[i] else None
+            else:
+                rec[name] = batch.column(name)[i].as_py()
+        self._since_release += 1
+        if self._since_release >= self._release_every:
+            self.release()
+        return rec
+
+    def release(self) -> None:
+        """Drop the mapped pages from this process's resident set (they stay in the page cache)."""
+        import mmap
+
+        self._since_release = 0
+        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
 
 
 def _row_jobs(samples_path: Path, plan: PackResult) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    table = mapped_samples(samples_path)
-    # The measure stage writes samples in input order, so sample_index is sorted: positions by bisection.
-    indices = table.column("sample_index").to_numpy()
+    samples = MeasuredSamples(samples_path)
     for r in range(plan.num_rows):
-        wanted = plan.row(r)
-        take = np.minimum(np.searchsorted(indices, wanted), len(indices) - 1)
-        if not np.array_equal(indices[take], wanted):
-            raise AssertionError(f"row {r}: planned samples missing from the measure table")
-        yield f"{r:09d}", table.take(take).to_pylist()
+        pos = samples.positions(plan.row(r))
+        yield f"{r:09d}", [samples.record(int(p)) for p in pos]
 
 
 def _row_builder(cfg: WriteConfig) -> Callable[[tuple[str, list[dict[str, Any]]]], RowResult]:
@@ -136,8 +216,12 @@ def write_rows(
     """Write every planned row; returns shard infos, write-time rejects and row statistics."""
     from tqdm import tqdm
 
-    train = ShardWriter(out_root, max_bytes=cfg.shard_max_bytes, max_count=cfg.shard_max_rows)
-    val = ShardWriter(out_root, "shards/val", cfg.shard_max_bytes, cfg.shard_max_rows, split="val")
+    train = ShardWriter(
+        out_root, max_bytes=cfg.shard_max_bytes, max_count=cfg.shard_max_rows, checksums=cfg.shard_checksums
+    )
+    val = ShardWriter(
+        out_root, "shards/val", cfg.shard_max_bytes, cfg.shard_max_rows, "val", cfg.shard_checksums
+    )
     # Drawn at random, not the plan's tail: unshuffled plans are ordered by length.
     val_picks = np.random.default_rng(cfg.val_seed).permutation(plan.num_rows)[: cfg.val_rows]
     is_val = np.zeros(plan.num_rows, dtype=bool)

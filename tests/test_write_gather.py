@@ -1,0 +1,68 @@
+"""The write stage's sample gather: in place from the mapped measure table, the same records as a take."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from omnipack.measure import SAMPLES_SCHEMA
+from omnipack.plan import PackResult
+from omnipack.writer.dataset import MeasuredSamples, _row_jobs
+
+
+def _measure_table(path, n: int, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 40, size=n)
+    columns = {f.name: [0] * n for f in SAMPLES_SCHEMA}
+    columns["sample_index"] = list(range(0, 2 * n, 2))  # input indices with gaps (rejects)
+    columns["sample_id"] = [f"id{i}" for i in range(n)]
+    columns["source"] = [f"m.jsonl:{i}" for i in range(n)]
+    columns["num_tokens"] = lengths.tolist()
+    columns["padded_length"] = lengths.tolist()
+    columns["media_json"] = ["[]"] * n
+    columns["input_ids"] = [rng.integers(0, 1000, size=k).tolist() for k in lengths]
+    columns["labels"] = [rng.integers(-100, 1000, size=k).tolist() for k in lengths]
+    columns["mrope_position_ids"] = [None if i % 3 else list(range(3 * k)) for i, k in enumerate(lengths)]
+    table = pa.table(columns, schema=SAMPLES_SCHEMA)
+    pq.write_table(table, path, row_group_size=1000)
+    return table
+
+
+def test_gather_matches_a_take_per_row_across_record_batches(tmp_path):
+    path = tmp_path / "samples.parquet"
+    n = 9000  # nine record batches in the mapped copy (one per 1000-row row group)
+    table = _measure_table(path, n)
+    rng = np.random.default_rng(1)
+    order = rng.permutation(n)
+    cuts = np.sort(rng.choice(np.arange(1, n), size=1500, replace=False))
+    row_ptr = np.concatenate([[0], cuts, [n]]).astype(np.int64)
+    plan = PackResult(row_ptr, order.astype(np.int64) * 2, [], {})
+
+    samples = MeasuredSamples(path, release_every=97)  # pages released many times along the way
+    assert len(samples) == n and len(samples._batches) == 9
+    jobs = list(_row_jobs(path, plan))
+    assert len(jobs) == plan.num_rows
+    for r, (key, records) in enumerate(jobs):
+        assert key == f"{r:09d}"
+        expected = table.take(order[row_ptr[r] : row_ptr[r + 1]]).to_pylist()
+        assert len(records) == len(expected)
+        for got, want in zip(records, expected, strict=True):
+            assert got.keys() == want.keys()
+            for k, v in want.items():
+                if isinstance(v, list):
+                    assert isinstance(got[k], np.ndarray) and got[k].tolist() == v
+                else:
+                    assert got[k] == v
+    samples.release()
+    assert samples.record(5)["input_ids"].tolist() == table.column("input_ids")[5].as_py()
+
+
+def test_planned_sample_missing_from_the_table_is_a_bug(tmp_path):
+    import pytest
+
+    path = tmp_path / "samples.parquet"
+    _measure_table(path, 10)
+    plan = PackResult(np.array([0, 2], dtype=np.int64), np.array([0, 3], dtype=np.int64), [], {})  # 3 is odd
+    with pytest.raises(AssertionError, match="planned samples missing"):
+        list(_row_jobs(path, plan))
