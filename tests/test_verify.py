@@ -753,3 +753,16 @@ def test_worker_processes_report_what_one_process_reports(ds: Path, monkeypatch:
     assert len(_meta(ds)["shards"]) >= 2  # so the pool really runs two processes
     pool = {r.name: (r.status, r.failures) for r in run_verify(ds, workers=2)}
     assert pool == one and one["checksums"][0] == "fail"
+
+
+def test_prepare_shard_sha256_records_a_digest_that_verify_sha256_checks(tmp_path: Path) -> None:
+    ds = build_small_dataset(tmp_path, num_samples=6, shard_sha256=True)
+    shards = _meta(ds)["shards"]
+    assert all(s["sha256"] == file_sha256(ds / s["path"]) and s["xxh3_128"] for s in shards)
+    assert main(["verify", str(ds), "-j", "1", "--sha256"]) == 0
+    path = ds / shards[0]["path"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    fails = {r.name: r.failures for r in run_verify(ds, sha256=True, payloads=False) if r.failures}
+    assert set(fails) == {"checksums"} and f"{shards[0]['path']}: sha256" in fails["checksums"][0]

@@ -8,6 +8,7 @@ import shutil
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -52,7 +53,7 @@ def _add_twins_and_duplicate_ids(manifest: Path, media: Path) -> None:
 
 
 def build_small_dataset(
-    root: Path, num_samples: int = 24, *, mrope: bool = False, extras: bool = False
+    root: Path, num_samples: int = 24, *, mrope: bool = False, extras: bool = False, **settings: Any
 ) -> Path:
     """24 good samples (+6 broken ones the demo adds), W=2048, cp=2 (align 4), 2 rows per shard.
 
@@ -73,6 +74,7 @@ def build_small_dataset(
         mrope=mrope,
         shard_max_rows=2,
         progress=False,
+        **settings,
     )
     run_prepare(cfg)
     return out
