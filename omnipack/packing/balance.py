@@ -38,6 +38,15 @@ def coefficient_of_variation(values: np.ndarray) -> float:
     return float(np.std(values) / mean) if mean > 0 else 0.0
 
 
+def row_limits(constraints: PackConstraints | None, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-sample resource amounts [n, k], per-row budgets [k] and the sample cap (n + 1: none) of
+    ``constraints`` (k = 0 without resource budgets)."""
+    if constraints is None:
+        return np.zeros((n, 0), dtype=np.int64), np.zeros(0, dtype=np.int64), n + 1
+    amounts, budgets = constraints.amounts_matrix(n)
+    return amounts, budgets, constraints.max_samples_per_row or n + 1
+
+
 def rebalance_rows(
     row_of: np.ndarray,
     num_rows: int,
@@ -51,12 +60,7 @@ def rebalance_rows(
     row_of = np.array(row_of, dtype=np.int32, copy=True)
     if num_rows < 2:
         return row_of
-    if constraints is not None:
-        amounts, budgets = constraints.amounts_matrix(n)
-        max_samples = constraints.max_samples_per_row or n + 1
-    else:
-        amounts, budgets = np.zeros((n, 0), dtype=np.int64), np.zeros(0, dtype=np.int64)
-        max_samples = n + 1
+    amounts, budgets, max_samples = row_limits(constraints, n)
     has_resources = amounts.shape[1] > 0
     lengths_list = lengths.tolist()
     for round_index in range(rounds):
@@ -280,12 +284,7 @@ def refine_costs(
     row_of = np.array(row_of, dtype=np.int32, copy=True)
     if num_rows < 2:
         return row_of
-    if constraints is not None:
-        amounts_np, budgets_np = constraints.amounts_matrix(n)
-        max_samples = constraints.max_samples_per_row or n + 1
-    else:
-        amounts_np, budgets_np = np.zeros((n, 0), dtype=np.int64), np.zeros(0, dtype=np.int64)
-        max_samples = n + 1
+    amounts_np, budgets_np, max_samples = row_limits(constraints, n)
     resources = amounts_np.shape[1] > 0
     amounts = [tuple(a) for a in amounts_np.tolist()] if resources else None
     budgets = tuple(budgets_np.tolist())
