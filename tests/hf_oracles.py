@@ -76,3 +76,19 @@ def processor_videos_kwargs(module: str, cls_name: str) -> dict:
     cls = getattr(importlib.import_module(f"transformers.{module}"), cls_name)
     proc = object.__new__(cls)
     return dict(proc._merge_kwargs(tokenizer_init_kwargs={})["videos_kwargs"])
+
+
+def qwen_image_processor(profile):
+    """``Qwen2VLImageProcessorPil`` configured as ``profile``'s images are (the class users call)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    s = profile.image
+    return Qwen2VLImageProcessorPil(
+        patch_size=s.patch_size,
+        merge_size=s.merge_size,
+        temporal_patch_size=s.temporal_patch_size,
+        min_pixels=s.min_pixels,
+        max_pixels=s.max_pixels,
+        image_mean=list(profile.image_mean),
+        image_std=list(profile.image_std),
+    )

@@ -10,23 +10,9 @@ from omnipack.contract import MediaItem
 from omnipack.loader.media import MediaMismatchError, check_row_media, decode_payload
 from omnipack.profiles import get_profile
 from omnipack.profiles.qwen3_omni import audio_output_length
+from tests.hf_oracles import qwen_image_processor
 
 RNG = np.random.default_rng(0)
-
-
-def _hf_image_processor(profile):
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    s = profile.image
-    return Qwen2VLImageProcessorPil(
-        patch_size=s.patch_size,
-        merge_size=s.merge_size,
-        temporal_patch_size=s.temporal_patch_size,
-        min_pixels=s.min_pixels,
-        max_pixels=s.max_pixels,
-        image_mean=list(profile.image_mean),
-        image_std=list(profile.image_std),
-    )
 
 
 def _hf(proc, img: np.ndarray, **kw) -> dict:
@@ -49,11 +35,11 @@ def _item(kind: str, num_tokens: int = 0, **kw) -> MediaItem:
 @pytest.mark.parametrize(
     ("name", "hw"), [("qwen2_5_vl", (56, 84)), ("qwen3_vl", (256, 320)), ("qwen3_omni", (96, 64))]
 )
-def test_image_patches_match_the_hf_image_processor(name, hw):
+def test_image_patches_match_theqwen_image_processor(name, hw):
     profile = get_profile(name)
     img = RNG.integers(0, 256, (*hw, 3), dtype=np.uint8)  # already at a target size (multiple of factor)
     ours = profile.media_inputs(_item("image"), img)
-    ref = _hf(_hf_image_processor(profile), img)
+    ref = _hf(qwen_image_processor(profile), img)
     assert ours["pixel_values"].shape == ref["pixel_values"].shape
     np.testing.assert_allclose(ours["pixel_values"], ref["pixel_values"], atol=1e-5, rtol=0)
     assert ours["image_grid_thw"].tolist() == ref["image_grid_thw"].tolist()
@@ -94,13 +80,13 @@ def test_video_patches_follow_the_processor_layout(name):
     # Pairs of equal frames are what the image processor sees for one image: same patches, per step.
     a, b = frames[0], frames[1]
     pairs = profile.media_inputs(item, np.stack([a, a, b, b]))["pixel_values_videos"]
-    proc = _hf_image_processor(profile)
+    proc = qwen_image_processor(profile)
     expect = np.concatenate([_hf(proc, f, do_resize=False)["pixel_values"] for f in (a, b)])
     np.testing.assert_allclose(pairs, expect, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl", "qwen3_omni"])
-def test_both_pixel_paths_are_bit_identical_to_the_hf_image_processor(name):
+def test_both_pixel_paths_are_bit_identical_to_theqwen_image_processor(name):
     """Every uint8 value of every channel: the worker's float32 patches and the uint8 patches normalized by
     ``normalize_pixels`` (what the trainer runs on the GPU) equal Qwen2VLImageProcessorPil's bits."""
     from omnipack.loader.media import normalize_pixels
@@ -111,7 +97,7 @@ def test_both_pixel_paths_are_bit_identical_to_the_hf_image_processor(name):
     img = (np.arange(hw[0] * hw[1] * 3).reshape(*hw, 3) * 7 % 256).astype(np.uint8)
     img[:f, :f] = RNG.integers(0, 256, (f, f, 3), dtype=np.uint8)
     assert all(len(np.unique(img[..., c])) == 256 for c in range(3))
-    ref = _hf(_hf_image_processor(profile), img)["pixel_values"]
+    ref = _hf(qwen_image_processor(profile), img)["pixel_values"]
     f32 = profile.media_inputs(_item("image"), img)["pixel_values"]
     u8 = profile.media_inputs(_item("image"), img, pixel_dtype="uint8")["pixel_values"]
     gpu_path = normalize_pixels(torch.from_numpy(u8), *profile.pixel_normalization()).numpy()

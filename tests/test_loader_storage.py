@@ -21,6 +21,7 @@ from omnipack.media.probe import materialize, probe
 from omnipack.media.video import encode_video
 from omnipack.profiles import get_profile
 from omnipack.tools.payload_header import HeaderError, payload_header
+from tests.hf_oracles import qwen_image_processor
 
 PROFILE = "qwen3_omni"
 
@@ -87,19 +88,8 @@ def test_default_storage_is_raw_and_older_storage_loads_to_the_same_batches(data
 def test_stored_pixels_are_what_the_hf_image_processor_gives(datasets) -> None:
     """Source image file -> plan -> stored npy -> loader patches (uint8, normalized as on the GPU) equals
     Qwen2VLImageProcessorPil run on the source file itself, bit for bit."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
     profile = get_profile(PROFILE)
-    s = profile.image
-    hf = Qwen2VLImageProcessorPil(
-        patch_size=s.patch_size,
-        merge_size=s.merge_size,
-        temporal_patch_size=s.temporal_patch_size,
-        min_pixels=s.min_pixels,
-        max_pixels=s.max_pixels,
-        image_mean=list(profile.image_mean),
-        image_std=list(profile.image_std),
-    )
+    hf = qwen_image_processor(profile)
     item = MediaItem("image", "media.0.npy", 0, 0, 0, 0, 0)
     checked = 0
     for path in sorted(datasets["media"].glob("*.png")) + sorted(datasets["media"].glob("*.jpg")):
