@@ -25,6 +25,7 @@ _LAZY = {
     "row_to_batch": "omnipack.loader.batch",
     "concat_rows": "omnipack.loader.batch",
     "packed_seq_params": "omnipack.loader.batch",
+    "packed_seq_fields": "omnipack.loader.batch",
     "slice_batch_for_cp": "omnipack.loader.context_parallel",
     "get_profile": "omnipack.profiles",
 }

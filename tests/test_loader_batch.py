@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnipack.loader.batch import concat_rows, packed_seq_params, row_to_batch
+from omnipack.loader.batch import concat_rows, packed_seq_fields, packed_seq_params, row_to_batch
 from omnipack.loader.compat import DatasetAlignmentError, check_dataset_alignment
 from tests.loader_rowgen import make_row
 
@@ -182,12 +182,18 @@ def test_packed_seq_params_megatron() -> None:
         assert p.total_tokens == 64
 
 
-def test_packed_seq_params_fallback_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packed_seq_params_without_megatron_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     from omnipack.loader import batch as batch_mod
 
     monkeypatch.setattr(batch_mod, "_megatron_packed_seq_params", lambda: (None, frozenset()))
     b = row_to_batch(make_row(np.random.default_rng(6), 32, 8))
-    p = packed_seq_params(b)
+    with pytest.raises(ImportError, match=r"omnipack\[megatron\]"):
+        packed_seq_params(b)
+
+
+def test_packed_seq_fields_is_a_plain_dict_with_total_tokens() -> None:
+    b = row_to_batch(make_row(np.random.default_rng(6), 32, 8))
+    p = packed_seq_fields(b)
     assert isinstance(p, dict)
     assert p["total_tokens"] == 32
     for k, v in _expected_fields(b).items():
@@ -196,15 +202,12 @@ def test_packed_seq_params_fallback_dict(monkeypatch: pytest.MonkeyPatch) -> Non
         assert torch.equal(p[k], b[k])
 
 
-def test_packed_seq_params_unpadded_shares_object(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packed_seq_params_unpadded_shares_object() -> None:
     # TE picks its no-padding path only if padded and logical are the same objects.
-    from omnipack.loader import batch as batch_mod
-
-    monkeypatch.setattr(batch_mod, "_megatron_packed_seq_params", lambda: (None, frozenset()))
     row = make_row(np.random.default_rng(7), 16, 1, max_seqs=1)
     row["cu_seqlens"] = row["cu_seqlens_padded"].copy()
     row["padding_mask"][:] = False
-    p = packed_seq_params(row_to_batch(row))
+    p = packed_seq_fields(row_to_batch(row))
     assert p["cu_seqlens_q_padded"] is p["cu_seqlens_q"] and p["cu_seqlens_kv_padded"] is p["cu_seqlens_kv"]
 
 

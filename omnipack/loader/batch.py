@@ -146,13 +146,11 @@ def _as_int(x: torch.Tensor | int) -> int:
     return int(x.item()) if isinstance(x, torch.Tensor) else int(x)
 
 
-def packed_seq_params(batch: Mapping[str, Any]) -> Any:
-    """THD attention parameters for a batch from ``row_to_batch``/``concat_rows``/``slice_batch_for_cp``.
-
-    Returns ``megatron.core.packed_seq_params.PackedSeqParams(qkv_format="thd", ...)`` when megatron-core is
-    importable (passing only the fields the installed version defines, e.g. ``total_tokens`` is newer), else
-    a plain dict with the same fields. ``max_seqlen_*`` become Python ints, as Bridge does.
-    """
+def packed_seq_fields(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """THD attention parameters for a batch from ``row_to_batch``/``concat_rows``/``slice_batch_for_cp``
+    as a plain dict: every field of megatron-core's ``PackedSeqParams(qkv_format="thd", ...)`` plus
+    ``total_tokens`` (the physical row width, which newer versions take). ``max_seqlen_*`` become Python
+    ints, as Bridge does. For trainers that build their own attention arguments."""
     cu_q, cu_kv = batch["cu_seqlens_q"], batch["cu_seqlens_kv"]
     cup_q = batch.get("cu_seqlens_q_padded")
     cup_kv = batch.get("cu_seqlens_kv_padded")
@@ -173,7 +171,19 @@ def packed_seq_params(batch: Mapping[str, Any]) -> Any:
     }
     if batch.get("total_tokens") is not None:
         fields["total_tokens"] = _as_int(batch["total_tokens"])
+    return fields
+
+
+def packed_seq_params(batch: Mapping[str, Any]) -> Any:
+    """``megatron.core.packed_seq_params.PackedSeqParams`` of a batch (see ``packed_seq_fields``), passing
+    the fields the installed megatron-core defines (``total_tokens`` where it has it).
+
+    Raises ImportError naming the extra when megatron-core is not installed: a dict in its place would
+    fail later, inside the model, far from the cause."""
     cls, names = _megatron_packed_seq_params()
     if cls is None:
-        return fields
-    return cls(**{k: v for k, v in fields.items() if k in names})
+        raise ImportError(
+            "packed_seq_params() builds megatron-core's PackedSeqParams, and megatron-core is not installed: "
+            "pip install 'omnipack[megatron]' (or use packed_seq_fields() for a plain dict)"
+        )
+    return cls(**{k: v for k, v in packed_seq_fields(batch).items() if k in names})

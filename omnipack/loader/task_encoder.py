@@ -22,7 +22,7 @@ from megatron.energon.errors import FatalSampleError
 from ..contract import PackedRowArrays, row_contract_errors
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
 from ..profiles.qwen_vl import PIXEL_DTYPES
-from .batch import concat_rows, packed_seq_params
+from .batch import concat_rows, packed_seq_fields, packed_seq_params
 from .context_parallel import cp_partition_indices, slice_batch_for_cp
 from .media import (
     MediaMismatchError,
@@ -156,8 +156,12 @@ class PackedBatch(Batch):
         return out
 
     def packed_seq_params(self) -> Any:
-        """megatron-core's ``PackedSeqParams`` (qkv_format "thd"), or a dict of its fields without it."""
+        """megatron-core's ``PackedSeqParams`` (qkv_format "thd"); ImportError naming the extra without it."""
         return packed_seq_params(self.as_dict())
+
+    def packed_seq_fields(self) -> dict[str, Any]:
+        """The same fields as a plain dict (with ``total_tokens``), for trainers without megatron-core."""
+        return packed_seq_fields(self.as_dict())
 
 
 class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, PackedBatch, PackedBatch]):
