@@ -165,13 +165,20 @@ def _deal_then_fill(
         row_of[items] = rows
         space[rows] -= lengths[items]
         cost[rows] += lengths[items].astype(np.float64) ** 2
+    return _fill_rest(row_of, lengths, capacity, space)
+
+
+def _fill_rest(
+    row_of: np.ndarray, lengths: np.ndarray, capacity: int, space: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """Best-fit the samples not yet placed (``row_of < 0``) into the rows' free ``space``, opening rows as
+    needed; rows renumbered densely (a dealt row that received nothing would be empty)."""
     rest = np.flatnonzero(row_of < 0)
     rest_lengths = lengths[rest]
     count_at = np.bincount(rest_lengths, minlength=capacity + 1)
     values = np.flatnonzero(count_at)[::-1]
     slot_rows, total_rows = bfd_classes(values, count_at[values], capacity, open_space=space)
     row_of[rest[np.argsort(-rest_lengths, kind="stable")]] = slot_rows
-    # A dealt row that received nothing would be empty: renumber the used rows densely.
     used = np.zeros(total_rows, dtype=bool)
     used[row_of] = True
     new_id = (np.cumsum(used) - 1).astype(np.int32)
@@ -252,17 +259,9 @@ def _deal_by_cost(
             row_of[items] = rows
             space[rows] -= lengths[items]
             cost[rows] += costs[items]
-        rest = np.flatnonzero(row_of < 0)
-        rest_lengths = lengths[rest]
-        count_at = np.bincount(rest_lengths, minlength=capacity + 1)
-        values = np.flatnonzero(count_at)[::-1]
-        slot_rows, total_rows = bfd_classes(values, count_at[values], capacity, open_space=space)
-        row_of[rest[np.argsort(-rest_lengths, kind="stable")]] = slot_rows
-        used = np.zeros(total_rows, dtype=bool)
-        used[row_of] = True
-        if int(used.sum()) <= max_rows:
-            new_id = (np.cumsum(used) - 1).astype(np.int32)
-            return new_id[row_of], int(used.sum())
+        filled = _fill_rest(row_of, lengths, capacity, space)
+        if filled[1] <= max_rows:
+            return filled
     return None
 
 
