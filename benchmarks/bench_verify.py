@@ -37,32 +37,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PHOTO_SIZES = [(960, 1280), (1080, 1920), (600, 800), (1280, 960), (768, 1024), (720, 1280)]  # (h, w)
-WORDS = [
-    "the",
-    "a",
-    "photo",
-    "shows",
-    "person",
-    "street",
-    "car",
-    "tree",
-    "sky",
-    "building",
-    "left",
-    "right",
-    "small",
-    "large",
-    "bright",
-    "dark",
-]
-
-
-def _photo(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
-    """Photo-like uint8 [h, w, 3]: a bicubic-upsampled random field plus Gaussian sensor noise."""
-    small = rng.integers(0, 256, (max(h // 48, 2), max(w // 48, 2), 3), dtype=np.uint8)
-    base = np.asarray(Image.fromarray(small).resize((w, h), Image.Resampling.BICUBIC), dtype=np.float32)
-    return np.clip(base + rng.normal(0, 6.0, base.shape), 0, 255).astype(np.uint8)
+# The loader benchmark's photo generator and words: the same camera-size, JPEG-noisy photos.
+from bench_loader import PHOTO_SIZES, WORDS, _smooth  # noqa: E402
 
 
 def build_corpus(root: Path, n: int, seed: int = 0) -> tuple[Path, Path]:
@@ -71,7 +47,7 @@ def build_corpus(root: Path, n: int, seed: int = 0) -> tuple[Path, Path]:
     media = root / "media"
     media.mkdir(parents=True, exist_ok=True)
     for i, (h, w) in enumerate(PHOTO_SIZES):
-        Image.fromarray(_photo(rng, h, w)).save(media / f"photo{i}.jpg", quality=90)
+        Image.fromarray(_smooth(rng, h, w, 6.0)).save(media / f"photo{i}.jpg", quality=90)
     lines = []
     for i in range(n):
         text = " ".join(rng.choice(WORDS, size=int(rng.integers(5, 40))))
