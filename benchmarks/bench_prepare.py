@@ -70,34 +70,14 @@ class TextSource:
 
 
 def build_tokenizer(vocab: int) -> Path:
+    """The demo tokenizer (ChatML template) trained on the synthetic text with a ``vocab``-size BPE."""
     out = CACHE / f"tokenizer_{vocab}"
     if (out / "tokenizer.json").exists():
         return out
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from omnipack.demo.tokenizer import BASE_SPECIAL_TOKENS, chat_template, special_tokens
+    from omnipack.demo.tokenizer import build_demo_tokenizer
 
     src = TextSource(seed=1)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=special_tokens(),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator((src.text(500) for _ in range(20000)), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=special_tokens()[len(BASE_SPECIAL_TOKENS) :],
-    )
-    fast.chat_template = chat_template("qwen2_5_vl")
-    fast.save_pretrained(out)
-    return out
+    return build_demo_tokenizer(out, vocab_size=vocab, training_text=(src.text(500) for _ in range(20000)))
 
 
 # (exchanges low/high, question words lognormal mu/sigma, answer words lognormal mu/sigma)

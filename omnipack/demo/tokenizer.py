@@ -6,6 +6,7 @@ It stands in for a model's tokenizer directory in the demo and the tests (nothin
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
@@ -44,8 +45,14 @@ def chat_template(profile: str = "qwen2_5_vl") -> str:
     return text
 
 
-def build_demo_tokenizer(out_dir: str | Path, profile: str = "qwen2_5_vl", vocab_size: int = 600) -> Path:
-    """Train and save the demo tokenizer (chat template for ``profile``) to ``out_dir``."""
+def build_demo_tokenizer(
+    out_dir: str | Path,
+    profile: str = "qwen2_5_vl",
+    vocab_size: int = 600,
+    training_text: Iterable[str] | None = None,
+) -> Path:
+    """Train and save the demo tokenizer (chat template for ``profile``) to ``out_dir``; ``training_text``
+    replaces the built-in text (e.g. a corpus for a real-size vocabulary)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -60,7 +67,7 @@ def build_demo_tokenizer(out_dir: str | Path, profile: str = "qwen2_5_vl", vocab
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(TRAINING_TEXT * 20, trainer=trainer)
+    tok.train_from_iterator(TRAINING_TEXT * 20 if training_text is None else training_text, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
