@@ -130,6 +130,17 @@ class PackedBatch(Batch):
         """The Megatron-Bridge ``get_batch`` dict, model-ready: media inputs as ``normalized_media_inputs``
         (float32 pixels). With ``device`` every tensor is moved there first (non-blocking), so uint8 pixels
         cross the host-device link and are normalized on the device."""
+        out = self._token_fields()
+        if device is not None:
+            out = {
+                k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in out.items()
+            }
+        out.update(self.normalized_media_inputs(device))
+        return out
+
+    def _token_fields(self) -> dict[str, Any]:
+        """Token, boundary and position fields by their ``get_batch`` names (no media)."""
         keys = [
             "tokens",
             "labels",
@@ -147,21 +158,15 @@ class PackedBatch(Batch):
         out = {k: getattr(self, k) for k in keys}
         if self.mrope_position_ids is not None:
             out["mrope_position_ids"] = self.mrope_position_ids
-        if device is not None:
-            out = {
-                k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                for k, v in out.items()
-            }
-        out.update(self.normalized_media_inputs(device))
         return out
 
     def packed_seq_params(self) -> Any:
         """megatron-core's ``PackedSeqParams`` (qkv_format "thd"); ImportError naming the extra without it."""
-        return packed_seq_params(self.as_dict())
+        return packed_seq_params(self._token_fields())  # no media: nothing to normalize
 
     def packed_seq_fields(self) -> dict[str, Any]:
         """The same fields as a plain dict (with ``total_tokens``), for trainers without megatron-core."""
-        return packed_seq_fields(self.as_dict())
+        return packed_seq_fields(self._token_fields())
 
 
 class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, PackedBatch, PackedBatch]):
