@@ -93,10 +93,6 @@ class Measurer:
         self.chat = ChatTokenizer(config.tokenizer, self.profile, mrope=config.mrope)
         self.media_root = Path(config.media_root)
 
-    def __call__(self, raw: RawSample) -> tuple[str, dict[str, Any]]:
-        """("sample", record) or ("reject", reject record)."""
-        return self.measure_many([raw])[0]
-
     def measure_many(self, raws: list[RawSample]) -> list[tuple[str, dict[str, Any]]]:
         """``self(raw)`` for each of ``raws``, their texts tokenized in one batch."""
         results: list[tuple[str, dict[str, Any]] | None] = [None] * len(raws)

@@ -40,14 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..profiles.base import MediaMeta
+from ..profiles.base import INT16_SCALE, MediaMeta
 from ..profiles.base import resampled_length as _resampled_length
 from .errors import MediaError
 
 AUDIO_RATE = 16000  # every supported profile's encoder consumes 16 kHz mono
 AUDIO_ENCODING = "npy"  # mono [N] .npy: int16 when that is exact, else float32 (see storage_array)
 RESAMPLE_QUALITY = "soxr_hq"  # librosa.load's default res_type
-INT16_SCALE = 32768.0  # libsndfile's int16 <-> float scale, used both ways
 # libsndfile subtypes whose header frame count is exactly what decodes (lossy codecs are counted by decoding)
 _EXACT_HEADER_SUBTYPES = ("PCM_", "FLOAT", "DOUBLE", "ULAW", "ALAW")
 _READ_BLOCK = 1 << 16

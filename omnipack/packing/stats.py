@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .balance import attention_cost, coefficient_of_variation
-from .bounds import lower_bounds
+from .bounds import best_bound, lower_bounds
 from .plan import PackPlan
 
 
@@ -36,7 +36,7 @@ def packing_stats(
         "l1": bounds["l1"],
         "l2": bounds["l2"],
         "dff": bounds["dff"],
-        "rows_over_bound": rows / max(*bounds.values(), 1),
+        "rows_over_bound": rows / max(best_bound(bounds), 1),
         "real_efficiency": float(real.sum() / slots) if slots else 0.0,
         "padded_efficiency": float(padded.sum() / slots) if slots else 0.0,
         "alignment_overhead": float((padded - real).sum() / slots) if slots else 0.0,

@@ -229,11 +229,6 @@ class PendingRows:
     dtype: np.dtype
     fill: Callable[[np.ndarray], Any]
 
-    def build(self) -> np.ndarray:
-        out = np.empty(self.shape, self.dtype)
-        self.fill(out)
-        return out
-
 
 def empty_batch_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
     """An uninitialised torch tensor for a batch; in a DataLoader worker its storage is created in shared
@@ -327,6 +322,7 @@ AUDIO_LOADING = (
     "librosa.load reference: soundfile decode (FFmpeg via PyAV where libsndfile cannot read), float32 channel "
     "mean, soxr_hq, decoded length; stored int16 k (= k / 32768) when exact, else float32"
 )
+INT16_SCALE = 32768.0  # libsndfile's int16 <-> float scale: the writer's and the reader's, both ways
 # The dtypes an audio payload may have (int16 where that is exact, else float32).
 STORED_AUDIO_DTYPES = (np.dtype(np.int16), np.dtype(np.float32))
 
@@ -336,7 +332,7 @@ def audio_waveform(stored: np.ndarray) -> np.ndarray:
     writer's inverse), float32 is the waveform itself; both are exactly what the counts came from."""
     arr = np.asarray(stored)
     if arr.dtype == np.int16:
-        return arr.astype(np.float32) / np.float32(32768.0)
+        return arr.astype(np.float32) / np.float32(INT16_SCALE)
     if arr.dtype == np.float32:
         return arr
     raise ValueError(f"audio payload has dtype {arr.dtype}, expected int16 or float32")

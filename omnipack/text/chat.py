@@ -472,7 +472,7 @@ class ChatTokenizer:
         first, count, length = -1, 0, 0
         for seg in self.profile.expand(plan):
             if seg.text is not None:
-                seg_ids = self.tokenizer.encode(seg.text, add_special_tokens=False)
+                seg_ids = self._tokenize(seg.text).ids  # the Rust tokenizer directly (hot path)
             else:
                 seg_ids = [self._token_id(seg.token)] * seg.count
             if seg.placeholder:
