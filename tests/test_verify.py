@@ -445,9 +445,12 @@ def test_relayout_without_damage_is_the_written_row(ds: Path) -> None:
                 "loss_mask",
                 "position_ids",
                 "padding_mask",
+                "cu_seqlens",
                 "cu_seqlens_padded",
+                "mrope_position_ids",
             ):
                 assert r.parts[f"{name}.npy"] == before[f"{name}.npy"], name
+            assert json.loads(r.parts["meta.json"]) == json.loads(before["meta.json"])
 
 
 def test_media_payload_swapped_between_same_size_samples(ds: Path) -> None:
