@@ -120,12 +120,12 @@ def run_pack(samples_path: Path, cfg: PackConfig) -> PackResult:
     if len(keep) == 0:
         return PackResult(np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), rejects, {"rows": 0})
     constraints = _constraints(table, keep, cfg)
-    model = _cost_model(cfg)
+    profile, model = _cost_model(cfg)
     sample_cost = None
-    if model is not None:
-        media = pq.read_table(samples_path, columns=["media_json"]).column("media_json").to_pylist()
-        flops = media_encoder_flops(get_profile(cfg.profile, **cfg.profile_options), model, media)
-        sample_cost = model.sample_costs(padded[keep], flops[keep])
+    if model is not None:  # encoder FLOPs of the kept samples only (rejects are never placed)
+        media = pq.read_table(samples_path, columns=["media_json"]).column("media_json").take(keep)
+        flops = media_encoder_flops(profile, model, media.to_pylist())
+        sample_cost = model.sample_costs(padded[keep], flops)
     if cfg.balance and sample_cost is not None:
         plan = _pack_cost_balanced(padded[keep], sample_cost, constraints, model, cfg)
     else:
@@ -153,20 +153,21 @@ def _dp_sizes(value: tuple[int, ...] | list[int] | int) -> list[int]:
     return sizes
 
 
-def _cost_model(cfg: PackConfig) -> CostModel | None:
-    """The profile's cost model, or None without a profile. Asking to balance with a profile that has no
-    cost model, or giving cost overrides without a profile, is an error."""
+def _cost_model(cfg: PackConfig) -> tuple[Any, CostModel | None]:
+    """The profile and its cost model; (None, None) without a profile, (profile, None) when it has no cost
+    model. Asking to balance with a profile that has no cost model, or giving cost overrides without a
+    profile, is an error."""
     if cfg.profile is None:
         if cfg.cost:
             raise ValueError("cost settings need a profile (its shapes are the defaults they override)")
-        return None
+        return None, None
     profile = get_profile(cfg.profile, **cfg.profile_options)
     try:
-        return profile.cost_model(cfg.cost)
+        return profile, profile.cost_model(cfg.cost)
     except ValueError:
         if cfg.balance or cfg.cost:
             raise
-        return None
+        return profile, None
 
 
 def _pack_cost_balanced(
