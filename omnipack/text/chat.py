@@ -88,7 +88,6 @@ class ChatTokenizer:
         self._compiled, self._template_vars = None, None
         self._check_setup(tokenizer_dir)
         self._compiled, self._template_vars = self._direct_template()
-        self._turn_prompt: str | None = None
         self._turn_prompt = self._find_turn_prompt()
         self.max_chars_per_token = self._find_max_chars_per_token()
 
@@ -145,11 +144,10 @@ class ChatTokenizer:
             [{"role": "system", "content": "s"}, user, turn, {"role": "user", "content": "r"}, turn],
             [user, turn, {"role": "user", "content": [{"type": "text", "text": "t"}]}, turn],
         ]
-        self._turn_prompt = prompt
         try:
             for probe in probes:
                 full = self.render(probe)
-                if self._spans_by_turn_prompt(probe, full) != self._spans_by_prefixes(probe, full):
+                if self._spans_by_turn_prompt(probe, full, prompt) != self._spans_by_prefixes(probe, full):
                     return None
         except SampleRejected:
             return None
@@ -252,18 +250,16 @@ class ChatTokenizer:
         the last assistant turn) fall back to locating each turn with a sentinel.
         """
         if self._turn_prompt is not None:
-            spans = self._spans_by_turn_prompt(messages, full)
+            spans = self._spans_by_turn_prompt(messages, full, self._turn_prompt)
             if spans is not None:
                 return spans
         return self._spans_by_prefixes(messages, full)
 
     def _spans_by_turn_prompt(
-        self, messages: list[dict[str, Any]], full: str
+        self, messages: list[dict[str, Any]], full: str, prompt: str
     ) -> list[tuple[int, int]] | None:
-        """Each assistant turn starts after an occurrence of the generation prompt; None unless there is
+        """Each assistant turn starts after an occurrence of the generation ``prompt``; None unless there is
         exactly one occurrence per assistant turn."""
-        prompt = self._turn_prompt
-        assert prompt is not None
         starts = []
         at = full.find(prompt)
         while at >= 0:
