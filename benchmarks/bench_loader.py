@@ -234,7 +234,7 @@ def storage_candidates(media: Path, profile_name: str) -> list[str]:
     the batch layout) and whether the loader's pixels equal Qwen2VLImageProcessorPil on the source JPEG."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from omnipack.contract import MediaItem
+    from omnipack.dataset.contract import MediaItem
     from omnipack.loader.media import decode_payload, normalize_pixels
     from omnipack.media.image import encode_image, load_image
     from omnipack.media.probe import probe

@@ -103,7 +103,7 @@ def read_floor(ds: Path) -> int:
 
 def read_hashed(ds: Path, algorithm: str) -> None:
     """The floor plus hashing every shard with ``algorithm`` (xxh3_128: the checksum verify compares)."""
-    from omnipack.writer.shards import new_hasher
+    from omnipack.dataset.shards import new_hasher
 
     buf = bytearray(1 << 20)
     view = memoryview(buf)
@@ -117,8 +117,8 @@ def read_hashed(ds: Path, algorithm: str) -> None:
 
 def decode_payloads(ds: Path) -> None:
     """Read the shards and fully decode every media part."""
+    from omnipack.dataset.reader import ShardReader
     from omnipack.loader.media import decode_payload
-    from omnipack.tools.dataset_reader import ShardReader
 
     for p in sorted(ds.rglob("*.tar")):
         for raw in ShardReader(p):

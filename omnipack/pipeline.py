@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 
 from . import __version__
 from .alignment import ParallelLayout, check_seq_length
+from .dataset.meta import NV_META, write_energon_meta, write_omnipack_meta
+from .dataset.shards import SHARD_CHECKSUMS, file_sha256
 from .manifest import count_lines, default_max_line_bytes, read_manifest
 from .measure import MeasureConfig, run_measure
 from .plan import PackConfig, run_pack, write_plan
 from .writer.dataset import WriteConfig, write_rows
-from .writer.energon_meta import NV_META, write_energon_meta, write_omnipack_meta
-from .writer.shards import SHARD_CHECKSUMS, file_sha256
 
 STAGES_DIR = "stages"
 REJECTS_FILE = "rejects.jsonl"

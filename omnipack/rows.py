@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .alignment import pad_to_multiple
-from .contract import IGNORE_INDEX, MediaItem, PackedRowArrays
+from .dataset.contract import IGNORE_INDEX, MediaItem, PackedRowArrays
 from .profiles.base import MediaPlan
 
 

@@ -1,10 +1,10 @@
-"""Random valid packed rows (per ``omnipack.contract``) for the loader tests."""
+"""Random valid packed rows (per ``omnipack.dataset.contract``) for the loader tests."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from omnipack.contract import IGNORE_INDEX, PackedRowArrays, row_invariant_errors
+from omnipack.dataset.contract import IGNORE_INDEX, PackedRowArrays, row_invariant_errors
 
 
 def make_row(

@@ -326,10 +326,10 @@ def test_cli_cost_options_nest_into_the_cost_mapping():
 
 def test_prepare_balanced_records_row_costs_and_inspect_shows_them(tmp_path, capsys):
     from omnipack.cli import main
+    from omnipack.dataset.reader import open_dataset
     from omnipack.demo.corpus import build_demo_corpus
     from omnipack.demo.tokenizer import build_demo_tokenizer
     from omnipack.pipeline import PrepareConfig, run_prepare
-    from omnipack.tools.dataset_reader import open_dataset
     from omnipack.tools.inspect import scan_rows, summary
 
     src = tmp_path / "source"

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from omnipack.contract import IGNORE_INDEX
+from omnipack.dataset.contract import IGNORE_INDEX
 from omnipack.profiles import MediaMeta, get_profile
 from omnipack.text.chat import ChatTokenizer, SampleRejected
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from omnipack.cli import main
-from omnipack.tools.dataset_reader import open_dataset, read_row
+from omnipack.dataset.reader import open_dataset, read_row
 from omnipack.tools.inspect import find_sample, row_view, scan_rows, summary
 from tests.tools_dataset import build_small_dataset
 

@@ -13,8 +13,8 @@ import pytest
 from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 from megatron.energon.errors import FatalSampleError
 
-from omnipack.codec import load_npy, npy_bytes
-from omnipack.contract import IGNORE_INDEX
+from omnipack.dataset.codec import load_npy, npy_bytes
+from omnipack.dataset.contract import IGNORE_INDEX
 from omnipack.loader.task_encoder import OmnipackTaskEncoder, RowContractError
 from tests.tools_dataset import build_small_dataset, copy_dataset, rewrite_shard
 

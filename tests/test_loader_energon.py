@@ -13,7 +13,7 @@ import torch
 from megatron.energon import WorkerConfig, get_loader, get_savable_loader, get_train_dataset, get_val_dataset
 from megatron.energon.errors import FatalSampleError
 
-from omnipack.codec import decode_row
+from omnipack.dataset.codec import decode_row
 from omnipack.loader.compat import DatasetAlignmentError
 from omnipack.loader.media import MediaMismatchError, decode_payload
 from omnipack.loader.sample import cook_packed_row
@@ -184,7 +184,7 @@ def test_a_row_whose_media_disagrees_with_its_placeholders_fails_loudly(dataset)
     key, parts = next((k, p) for k, p in read_rows_from_tars(dataset).items() if b"image" in p["meta.json"])
     row, meta = decode_row(parts)
     img = next(m for m in row.media if m.kind == "image")
-    from omnipack.codec import npy_bytes
+    from omnipack.dataset.codec import npy_bytes
 
     bad = dict(parts)
     wrong = (32, 1024, 3)  # a stored size whose feature count differs from the plan's

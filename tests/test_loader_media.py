@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnipack.contract import MediaItem
+from omnipack.dataset.contract import MediaItem
 from omnipack.loader.media import MediaMismatchError, check_row_media, decode_payload
 from omnipack.profiles import get_profile
 from omnipack.profiles.qwen3_omni import audio_output_length

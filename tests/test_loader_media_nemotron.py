@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnipack.contract import MediaItem
+from omnipack.dataset.contract import MediaItem
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta
 from omnipack.profiles.nemotron_omni import parakeet_tokens, radio_patches

@@ -12,15 +12,15 @@ import torch
 from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 from PIL import Image
 
-from omnipack.codec import npy_bytes, view_npy, view_npz
-from omnipack.contract import MediaItem
+from omnipack.dataset.codec import npy_bytes, view_npy, view_npz
+from omnipack.dataset.contract import MediaItem
+from omnipack.dataset.payload_header import HeaderError, payload_header
 from omnipack.loader.media import decode_payload, normalize_pixels
 from omnipack.loader.task_encoder import OmnipackTaskEncoder
 from omnipack.media.image import encode_image
 from omnipack.media.probe import materialize, probe
 from omnipack.media.video import encode_video
 from omnipack.profiles import get_profile
-from omnipack.tools.payload_header import HeaderError, payload_header
 from tests.hf_oracles import qwen_image_processor
 
 PROFILE = "qwen3_omni"

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import yaml
 
-from omnipack.codec import decode_row
-from omnipack.contract import row_invariant_errors
+from omnipack.dataset.codec import decode_row
+from omnipack.dataset.contract import row_invariant_errors
+from omnipack.dataset.meta import read_omnipack_meta
 from omnipack.pipeline import PrepareConfig, run_prepare
-from omnipack.writer.energon_meta import read_omnipack_meta
 
 SEQ_LENGTH = 2048
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omnipack.codec import decode_row, load_npy
-from omnipack.contract import row_invariant_errors
+from omnipack.dataset.codec import decode_row, load_npy
+from omnipack.dataset.contract import row_invariant_errors
 from omnipack.demo.corpus import build_demo_corpus
 from omnipack.demo.tokenizer import build_demo_tokenizer
 from omnipack.pipeline import PrepareConfig, run_prepare

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnipack.alignment import ParallelLayout, check_seq_length, pad_to_multiple, required_alignment
-from omnipack.contract import IGNORE_INDEX, row_invariant_errors
+from omnipack.dataset.contract import IGNORE_INDEX, row_invariant_errors
 from omnipack.rows import SequenceInput, assemble_row
 
 PAD = 0
@@ -67,7 +67,7 @@ def test_invariant_checker_catches_broken_rows():
 
 
 def test_stray_placeholders_are_caught_in_rows_without_media():
-    from omnipack.contract import media_placeholder_errors
+    from omnipack.dataset.contract import media_placeholder_errors
 
     rng = np.random.default_rng(1)
     row = assemble_row([_seq(rng, 0, 10), _seq(rng, 1, 7)], 24, 4, PAD)

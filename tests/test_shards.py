@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnipack.writer.shards import ShardWriter, file_digests
+from omnipack.dataset.shards import ShardWriter, file_digests
 
 
 def test_checksums_hashed_while_writing_equal_the_written_files(tmp_path: Path) -> None:

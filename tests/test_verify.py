@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from omnipack.cli import main
-from omnipack.codec import decode_row, load_npy, npy_bytes
+from omnipack.dataset.codec import decode_row, load_npy, npy_bytes
+from omnipack.dataset.shards import file_sha256
 from omnipack.tools.verify import CHECK_NAMES, run_verify
-from omnipack.writer.shards import file_sha256
 from tests.tools_dataset import (
     DUPLICATE_ID,
     TWIN_IDS,
@@ -251,7 +251,7 @@ def _meta(ds: Path) -> dict:
 
 
 def _all_rows(ds: Path) -> dict[str, list]:
-    from omnipack.tools.dataset_reader import ShardReader
+    from omnipack.dataset.reader import ShardReader
 
     return {s["path"]: list(ShardReader(ds / s["path"])) for s in _meta(ds)["shards"]}
 
@@ -656,8 +656,8 @@ def test_payload_short_by_a_frame_or_160_samples(av: Path, tmp_path: Path, damag
 
 
 def test_truncated_shard_is_a_finding_not_a_crash(ds: Path) -> None:
-    from omnipack.tools.dataset_reader import ShardReader
-    from omnipack.writer.shards import file_sha256
+    from omnipack.dataset.reader import ShardReader
+    from omnipack.dataset.shards import file_sha256
 
     path = ds / SHARD
     reader = ShardReader(path, checksum="sha256")
@@ -691,7 +691,7 @@ def _encoded(fmt: str, pixels: np.ndarray, **kw) -> bytes:
 def test_header_shapes_match_the_decoded_arrays(part: str, make, shape: tuple) -> None:
     from PIL import Image
 
-    from omnipack.tools.payload_header import payload_header
+    from omnipack.dataset.payload_header import payload_header
 
     pixels = np.random.default_rng(0).integers(0, 255, (37, 53, 3), dtype=np.uint8)
     data = make(pixels)
@@ -703,7 +703,7 @@ def test_header_shapes_match_the_decoded_arrays(part: str, make, shape: tuple) -
 
 
 def test_npz_header_reads_every_member_without_inflating_it() -> None:
-    from omnipack.tools.payload_header import payload_header
+    from omnipack.dataset.payload_header import payload_header
 
     frames = np.zeros((4, 64, 96, 3), dtype=np.uint8)
     audio = np.zeros(16000, dtype=np.int16)
@@ -713,7 +713,7 @@ def test_npz_header_reads_every_member_without_inflating_it() -> None:
 
 @pytest.mark.parametrize("fmt", ["png", "jpg", "npy"])
 def test_image_payload_checked_against_its_plan_in_any_format(fmt: str) -> None:
-    from omnipack.contract import MediaItem
+    from omnipack.dataset.contract import MediaItem
     from omnipack.profiles import get_profile
     from omnipack.tools.verify import _payload_errors
 

@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from omnipack.codec import decode_row
-from omnipack.contract import DIGESTS_KEY, META_PART, content_digests
+from omnipack.dataset.codec import decode_row
+from omnipack.dataset.contract import DIGESTS_KEY, META_PART, content_digests
+from omnipack.dataset.reader import RawRow, ShardReader
+from omnipack.dataset.shards import file_digests
 from omnipack.demo.corpus import build_demo_corpus
 from omnipack.demo.tokenizer import build_demo_tokenizer
 from omnipack.pipeline import PrepareConfig, run_prepare
 from omnipack.profiles import get_profile
-from omnipack.tools.dataset_reader import RawRow, ShardReader
-from omnipack.writer.shards import file_digests
 
 TWIN_IDS = ("twin-a", "twin-b")  # two samples whose images differ but share one size
 DUPLICATE_ID = "dup-id"  # two input lines share this id: one is packed, the other rejected as a duplicate

@@ -1,7 +1,7 @@
 """Stored packed rows -> Megatron-Bridge ``get_batch``-shaped THD batches.
 
 Pure functions (torch + numpy only) so an Energon task encoder can call them per batch. Rows follow
-``omnipack.contract``: per-token arrays of length W, logical ``cu_seqlens`` (cumulative real lengths) and
+``omnipack.dataset.contract``: per-token arrays of length W, logical ``cu_seqlens`` (cumulative real lengths) and
 physical ``cu_seqlens_padded`` (offsets in the row, last == W).
 """
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import view_npy, view_npz
-from ..contract import MediaItem
+from ..dataset.codec import view_npy, view_npz
+from ..dataset.contract import MediaItem
 from ..profiles.base import ModelProfile, Payload
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from megatron.energon import Sample, basic_sample_keys, edataclass, stateless
 
-from ..codec import decode_row
-from ..contract import MediaItem
+from ..dataset.codec import decode_row
+from ..dataset.contract import MediaItem
 
 
 @edataclass

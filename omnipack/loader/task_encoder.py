@@ -19,7 +19,7 @@ import torch
 from megatron.energon import Batch, Cooker, DefaultTaskEncoder, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
-from ..contract import PackedRowArrays, row_contract_errors
+from ..dataset.contract import PackedRowArrays, row_contract_errors
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
 from ..profiles.qwen_vl import PIXEL_DTYPES
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
@@ -186,7 +186,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     "float32" builds those normalized values in the worker (same bits, 4x the bytes).
 
     ``check_rows`` (default on): every row is checked against the packed-row contract
-    (``omnipack.contract.row_contract_errors``: boundaries, dtypes, padding mask, labels / loss mask, no
+    (``omnipack.dataset.contract.row_contract_errors``: boundaries, dtypes, padding mask, labels / loss mask, no
     supervision on placeholders); a broken row raises ``RowContractError`` (fatal for Energon) naming the
     row key and sample ids. ``align``: the dataset's alignment (``from_dataset`` reads it).
     """
@@ -261,8 +261,8 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         ``pixel_dtype``: "auto", "uint8" (normalized on the device, see the class) or "float32";
         ``check_rows``: the per-row contract check (see the class).
         """
+        from ..dataset.meta import read_omnipack_meta
         from ..profiles import get_profile
-        from ..writer.energon_meta import read_omnipack_meta
         from .compat import check_dataset_alignment
 
         meta = read_omnipack_meta(Path(path))

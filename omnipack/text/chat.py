@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import IGNORE_INDEX
+from ..dataset.contract import IGNORE_INDEX
 from ..profiles.base import MediaPlan, MediaSpan, ModelProfile
 
 TOKENIZE_BATCH_CHARS = 1 << 22  # characters tokenized in one call

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..alignment import pad_to_multiple
-from ..contract import IGNORE_INDEX
-from .dataset_reader import (
+from ..dataset.contract import IGNORE_INDEX
+from ..dataset.reader import (
     Dataset,
     RowSummary,
     default_workers,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset_reader import RowSummary
+from ..dataset.reader import RowSummary
 
 # Text samples alternate between blues so neighbours stay distinct; media kinds get loud colours on top.
 SAMPLE_COLORS = ("#9ecae1", "#4f8fc0", "#c6dbef", "#2f6a9a")

@@ -1,7 +1,7 @@
 """``omnipack verify DATASET``: prove a written dataset still satisfies the packed-row contract.
 
 Each shard is read once (checksum, tar index and every row in one sequential pass), shards in parallel;
-the row invariants come from ``omnipack.contract`` so the writer and this tool cannot drift apart.
+the row invariants come from ``omnipack.dataset.contract`` so the writer and this tool cannot drift apart.
 Every failure names its shard, row and sample(s); the exit status is non-zero on any failure.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..contract import (
+from ..dataset.contract import (
     BOUNDARY_PARTS,
     DIGEST_ALGORITHM,
     DIGESTS_KEY,
@@ -34,9 +34,9 @@ from ..contract import (
     row_invariant_errors,
     sample_digests,
 )
+from ..dataset.payload_header import Header, HeaderError, payload_header, shaped_like
+from ..dataset.reader import Dataset, ShardReader, default_workers, map_shards, open_dataset, read_index
 from ..profiles.base import STORED_AUDIO_DTYPES
-from .dataset_reader import Dataset, ShardReader, default_workers, map_shards, open_dataset, read_index
-from .payload_header import Header, HeaderError, payload_header, shaped_like
 
 # (name, what it proves), in report order.
 CHECKS: list[tuple[str, str]] = [
@@ -49,7 +49,7 @@ CHECKS: list[tuple[str, str]] = [
     ("row-meta", "meta.json agrees with the arrays (W, samples, real tokens, max seqlens, version)"),
     (
         "row-contract",
-        "boundaries, alignment, padding mask, position resets, labels (omnipack.contract); no label on or "
+        "boundaries, alignment, padding mask, position resets, labels (omnipack.dataset.contract); no label on or "
         "targeting a placeholder; mRoPE ids as the profile computes them",
     ),
     (

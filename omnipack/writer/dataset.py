@@ -18,8 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..codec import encode_row
-from ..contract import row_invariant_errors
+from ..dataset.codec import encode_row
+from ..dataset.contract import row_invariant_errors
+from ..dataset.shards import SHARD_CHECKSUMS, ShardInfo, ShardWriter
 from ..executor import map_ordered
 from ..manifest import ManifestError, resolve_media
 from ..measure import sample_arrays
@@ -27,7 +28,6 @@ from ..media.errors import MediaError
 from ..plan import PackResult
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
-from .shards import SHARD_CHECKSUMS, ShardInfo, ShardWriter
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..codec import decode_row, load_npy
-from ..contract import META_PART, PackedRowArrays, part_name
-from ..writer.energon_meta import NV_META, OMNIPACK_META
-from ..writer.shards import new_hasher
+from .codec import decode_row, load_npy
+from .contract import META_PART, PackedRowArrays, part_name
+from .meta import NV_META, OMNIPACK_META
+from .shards import new_hasher
 
 INFO_JSON = ".info.json"
 SPLIT_YAML = "split.yaml"

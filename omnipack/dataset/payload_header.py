@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..codec import NPY_HEADER_MAX, stored_member_offset
-from ..codec import npy_header as codec_npy_header
+from .codec import NPY_HEADER_MAX, stored_member_offset
+from .codec import npy_header as codec_npy_header
 
 Header = dict[str, tuple[tuple[int, ...], np.dtype]]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from ..contract import BOUNDARY_PARTS, META_PART, TOKEN_PARTS, part_name
+from .contract import BOUNDARY_PARTS, META_PART, TOKEN_PARTS, part_name
 from .shards import ShardInfo
 
 NV_META = ".nv-meta"
