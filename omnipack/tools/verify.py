@@ -23,7 +23,6 @@ from ..dataset.contract import (
     DIGEST_ALGORITHM,
     DIGESTS_KEY,
     FORMAT_VERSION,
-    IGNORE_INDEX,
     META_PART,
     OPTIONAL_TOKEN_PARTS,
     TOKEN_PARTS,
@@ -31,6 +30,7 @@ from ..dataset.contract import (
     media_digest,
     media_placeholder_errors,
     part_name,
+    placeholder_label_errors,
     row_invariant_errors,
     sample_digests,
 )
@@ -132,32 +132,6 @@ class ShardReport:
 def _describe(job: ShardJob, local: int, key: str, sample_ids: list[str]) -> str:
     ids = ", ".join(sample_ids[:3]) + (f", … (+{len(sample_ids) - 3})" if len(sample_ids) > 3 else "")
     return f"{job.shard} row {local} (key {key}, global row {job.first_row + local}; samples {ids})"
-
-
-def _sample_at(row: Any, pos: int) -> str:
-    """The id of the sample whose padded extent holds row position ``pos``."""
-    i = int(np.searchsorted(row.cu_seqlens_padded, pos, side="right")) - 1
-    return row.sample_ids[i] if 0 <= i < len(row.sample_ids) else "?"
-
-
-def _placeholder_label_errors(row: Any, placeholder_ids: dict[str, list[int]]) -> list[str]:
-    """Placeholders stand for encoder features: none may carry a label or loss, nor be a label's target."""
-    known = sorted({int(t) for ids in placeholder_ids.values() for t in ids})
-    if not known:
-        return []
-    errs = []
-    on_ph = np.isin(row.tokens, known)
-    for what, bad in (
-        ("labels on placeholder tokens", on_ph & (row.labels != IGNORE_INDEX)),
-        ("loss on placeholder tokens", on_ph & (row.loss_mask != 0)),
-        ("labels whose target is a placeholder", np.isin(row.labels, known)),
-    ):
-        pos = np.flatnonzero(bad)
-        if len(pos):
-            errs.append(
-                f"{what}: {len(pos)} position(s), first {int(pos[0])} (sample {_sample_at(row, int(pos[0]))})"
-            )
-    return errs
 
 
 def _plan_of(m: MediaItem) -> Any:
@@ -363,7 +337,7 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
     if unknown and job.placeholder_ids is not None:
         rep.notes.update(f"{k} blocks not counted: no placeholder id recorded for {k}" for k in unknown)
     if job.placeholder_ids is not None:  # rows without media too: a stray placeholder is an error
-        for e in _placeholder_label_errors(row, job.placeholder_ids):
+        for e in placeholder_label_errors(row, job.placeholder_ids):
             rep.fail("row-contract", f"{where}: {e}")
         for e in media_placeholder_errors(row, job.placeholder_ids, job.merge_sizes):
             rep.fail("media", f"{where}: {e}")
