@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -49,11 +50,17 @@ class PackConstraints:
                 )
 
     def amounts_matrix(self, num_samples: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per-sample amounts as int64 [n, K] and budgets as int64 [K]."""
+        """Per-sample amounts as int64 [n, K] and budgets as int64 [K] (built once; treat as read-only)."""
         if not self.resources:
             return np.zeros((num_samples, 0), dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return self._stacked
+
+    @cached_property
+    def _stacked(self) -> tuple[np.ndarray, np.ndarray]:
+        # Every packer and bound asks for the matrix; one pack() used to stack it five times.
         amounts = np.stack([np.asarray(a, dtype=np.int64) for a, _ in self.resources.values()], axis=1)
         budgets = np.array([b for _, b in self.resources.values()], dtype=np.int64)
+        amounts.flags.writeable = budgets.flags.writeable = False  # shared by every caller
         return amounts, budgets
 
 
