@@ -233,8 +233,8 @@ def read_measured(
 
 
 def read_run_measured(stages: Path, columns: list[str]) -> pa.Table | None:
-    """A finished run's measured samples (global ``sample_index``), from the parts its plan used; None
-    when the run has no plan."""
+    """A finished run's measured samples (global ``sample_index``), from the parts its plan used, less the
+    duplicates the pack stage dropped; None when the run has no plan."""
     try:
         plan = json.loads((stages / "plan.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -243,4 +243,7 @@ def read_run_measured(stages: Path, columns: list[str]) -> pa.Table | None:
     offsets = plan["offsets"]
     for rec, (a, b) in zip(records, itertools.pairwise(offsets), strict=False):
         rec["records"] = b - a
-    return read_measured(stages / "measure", records, columns)
+    table = read_measured(stages / "measure", records, sorted({*columns, "sample_index"}))
+    dropped = pa.array(plan.get("dropped_duplicates", []), pa.int64())
+    table = table.filter(pc.invert(pc.is_in(table.column("sample_index"), value_set=dropped)))
+    return table.select(columns)

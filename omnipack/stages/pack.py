@@ -192,7 +192,8 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, A
     record = {
         "key": key,
         "input": n_input,
-        "measured": sum(r["measured"] for r in records),
+        "measured": table.num_rows,  # less the duplicates dropped: as if the input were read as one part
+        "dropped_duplicates": sorted({r["sample_index"] for r in dup_rejects} - set(superseded)),
         "parts": [r["number"] for r in records],
         "offsets": offsets.tolist(),
         "rejects": plan.rejects + dup_rejects,
