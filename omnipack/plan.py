@@ -106,7 +106,10 @@ def run_pack(
     }
     over_budget = {c: table.column(c).to_numpy() > b for c, b in budget_cols.items() if b is not None}
     rejects = []
-    ids, sources, indices = table.column("sample_id"), table.column("source"), table.column("sample_index")
+    indices = table.column("sample_index")
+    # without the name columns (a large plan keeps only numbers in memory) rejects name their sample later
+    named = "sample_id" in table.column_names
+    ids, sources = (table.column("sample_id"), table.column("source")) if named else (None, None)
     bad = too_long.copy()
     for mask in over_budget.values():
         bad |= mask
@@ -122,8 +125,8 @@ def run_pack(
         rejects.append(
             {
                 "sample_index": indices[i].as_py(),
-                "sample_id": ids[i].as_py(),
-                "source": sources[i].as_py(),
+                "sample_id": ids[i].as_py() if named else None,
+                "source": sources[i].as_py() if named else None,
                 "stage": "pack",
                 "reason": reason,
             }

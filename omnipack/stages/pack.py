@@ -21,6 +21,7 @@ from .measure import part_files, part_key, part_offsets, read_measured
 from .records import digest, read_record, write_json_atomic
 from .spec import RunSpec, ShardLayout
 
+NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
 MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (read by verify)
 LAYOUT_SCHEMA = pa.schema([("row", pa.int32()), ("shard", pa.int32())])
 # Bytes per token position in a row's arrays (tokens, labels, positions, masks, boundaries), plus mRoPE's
@@ -59,7 +60,7 @@ def _any_record(path: Path) -> dict[str, Any] | None:
 
 
 def _duplicates(
-    spec: RunSpec, records: list[dict[str, Any]], table: pa.Table
+    spec: RunSpec, records: list[dict[str, Any]], measured_index: np.ndarray
 ) -> tuple[np.ndarray, list, list]:
     """Ids seen in an earlier part: (mask of measured samples to drop, their rejects, indices of measure
     rejects they replace). An id is claimed by every record that passed the manifest checks: measured
@@ -69,34 +70,61 @@ def _duplicates(
         spec.measure_dir, records, ["sample_index", "sample_id", "source", "stage"], rejects=True
     )
     claimed = rejected.filter(pc.equal(rejected.column("stage"), "measure"))
-    index = np.concatenate(
-        [table.column("sample_index").to_numpy(), claimed.column("sample_index").to_numpy()]
-    )
-    ids = table.column("sample_id").to_pylist() + claimed.column("sample_id").to_pylist()
-    sources = table.column("source").to_pylist() + claimed.column("source").to_pylist()
-    n_measured = table.num_rows
-    seen: set[str] = set()
+    n_measured = len(measured_index)
+    index = np.concatenate([measured_index, claimed.column("sample_index").to_numpy()])
+    ids = read_measured(spec.measure_dir, records, ["sample_id"]).column("sample_id")
+    ids = pa.chunked_array(ids.chunks + claimed.column("sample_id").chunks, pa.string())
+    # vectorised: an id's code in input order; every occurrence after its first is a duplicate
+    order = np.argsort(index, kind="stable")
+    encoded = pc.dictionary_encode(ids)  # chunks share one dictionary: codes are comparable
+    del ids
+    codes = np.concatenate([c.indices.to_numpy() for c in encoded.chunks] or [np.zeros(0, np.int32)])[order]
+    del encoded
+    later = np.ones(len(order), dtype=bool)
+    later[np.unique(codes, return_index=True)[1]] = False
     drop = np.zeros(n_measured, dtype=bool)
+    drop_index = [int(index[k]) for k in order[later] if k < n_measured]
+    drop[order[later][order[later] < n_measured]] = True
+    names = _names(spec, records, drop_index)
     dup_rejects, superseded = [], []
-    for k in np.argsort(index, kind="stable"):
-        sid = ids[k]
-        if sid not in seen:
-            seen.add(sid)
-            continue
+    for k in order[later].tolist():
         if k < n_measured:
-            drop[k] = True
+            sid, source = names[int(index[k])]
         else:
+            j = k - n_measured
+            sid, source = claimed.column("sample_id")[j].as_py(), claimed.column("source")[j].as_py()
             superseded.append(int(index[k]))
         dup_rejects.append(
             {
                 "sample_index": int(index[k]),
                 "sample_id": sid,
-                "source": sources[k],
+                "source": source,
                 "stage": "read",
                 "reason": f"duplicate sample id {sid!r}",
             }
         )
     return drop, dup_rejects, superseded
+
+
+def _names(spec: RunSpec, records: list[dict[str, Any]], indices: list[int]) -> dict[int, tuple[str, str]]:
+    """(sample_id, source) of measured samples by global index, read from just the parts that hold them."""
+    offsets = part_offsets(records)
+    out: dict[int, tuple[str, str]] = {}
+    wanted = np.asarray(sorted(indices), dtype=np.int64)
+    which = np.searchsorted(offsets, wanted, side="right") - 1
+    for p in np.unique(which).tolist():
+        local = wanted[which == p] - offsets[p]
+        table = pq.read_table(
+            part_files(spec.measure_dir, records[p]["number"])["samples"],
+            columns=["sample_index", "sample_id", "source"],
+        )
+        pos = np.searchsorted(table.column("sample_index").to_numpy(), local)
+        for i, q in zip(local.tolist(), pos.tolist(), strict=True):
+            out[int(i + offsets[p])] = (
+                table.column("sample_id")[q].as_py(),
+                table.column("source")[q].as_py(),
+            )
+    return out
 
 
 def _val_rows(fraction: float, num_rows: int) -> int:
@@ -164,15 +192,20 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, A
     if record is not None and spec.plan_table.is_file() and spec.layout_table.is_file():
         return record
     offsets = part_offsets(records)
-    table = read_measured(spec.measure_dir, records, [*PACK_COLUMNS, "media_bytes"])
-    drop, dup_rejects, superseded = _duplicates(spec, records, table)
+    # numbers only: the names (ids, sources) of a large corpus are read when needed, not held
+    table = read_measured(spec.measure_dir, records, NUMERIC_COLUMNS)
+    drop, dup_rejects, superseded = _duplicates(spec, records, table.column("sample_index").to_numpy())
     keep_mask = pa.array(~drop)
     table = table.filter(keep_mask)
+    pa.default_memory_pool().release_unused()
 
     def media_json() -> pa.ChunkedArray:
         return read_measured(spec.measure_dir, records, ["media_json"]).column("media_json").filter(keep_mask)
 
-    plan = run_pack(table.select(PACK_COLUMNS), spec.pack, media_json)
+    plan = run_pack(table.select([c for c in PACK_COLUMNS if c in NUMERIC_COLUMNS]), spec.pack, media_json)
+    names = _names(spec, records, [r["sample_index"] for r in plan.rejects])
+    for r in plan.rejects:
+        r["sample_id"], r["source"] = names[r["sample_index"]]
     pos = np.searchsorted(table.column("sample_index").to_numpy(), plan.sample_index)
     sample_bytes = table.column("media_bytes").to_numpy()[pos]
     per_token = ROW_TOKEN_BYTES + (MROPE_TOKEN_BYTES if spec.measure.mrope else 0)
@@ -188,7 +221,9 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, A
     )
     n_input = int(offsets[-1])
     if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings
-        write_json_atomic(spec.measure_dir / MEASURE_KEY_FILE, {**spec.summary["measure_key"], "input": n_input})
+        write_json_atomic(
+            spec.measure_dir / MEASURE_KEY_FILE, {**spec.summary["measure_key"], "input": n_input}
+        )
     record = {
         "key": key,
         "input": n_input,

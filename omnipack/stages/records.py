@@ -16,7 +16,9 @@ from typing import Any
 
 import xxhash
 
-CRASH_ENV = "OMNIPACK_CRASH_AT"  # tests: "STAGE:UNIT" kills this process (SIGKILL) at that unit's commit point
+CRASH_ENV = (
+    "OMNIPACK_CRASH_AT"  # tests: "STAGE:UNIT" kills this process (SIGKILL) at that unit's commit point
+)
 
 
 def digest(value: Any) -> str:
