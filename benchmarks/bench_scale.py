@@ -137,8 +137,10 @@ def run_config(
     )
     with OutputLock(out):
         spec = build_spec(cfg)
-        t0 = time.perf_counter()
+        ts = time.perf_counter()
         with make_executor(executor, workers) as ex:
+            assert len(set(ex.map(warm_worker, spec, list(range(workers))))) == workers
+            t0 = time.perf_counter()
             _run_units(ex, measure_part, spec, [p.number for p in spec.parts], "measure", False)
             t1 = time.perf_counter()
             plan = run_pack_stage(spec)
@@ -149,6 +151,7 @@ def run_config(
     shard_bytes = sum(s["num_bytes"] for s in summary["shards"])
     measure_bytes = sum(p.stat().st_size for p in (out / "stages" / "measure").glob("part-*.*"))
     return {
+        "start_s": t0 - ts,
         "measure_s": t1 - t0,
         "pack_s": t2 - t1,
         "write_s": t3 - t2,
@@ -160,28 +163,37 @@ def run_config(
     }
 
 
+def warm_worker(spec, unit: int) -> int:
+    """Start a worker: import the stages and media decoders, load the tokenizer (as its first unit would), and hold it a moment
+    so each worker gets one of these; returns the worker's pid."""
+    import omnipack.media.image  # noqa: F401
+    import omnipack.media.video  # noqa: F401
+    import omnipack.stages.write  # noqa: F401
+    from omnipack.stages.measure import _measurer
+
+    _measurer(spec.measure)
+    time.sleep(1.0)
+    return os.getpid()
+
+
 def dataset_bytes(root: Path) -> dict[str, bytes]:
     files = [*root.glob("shards/*"), *root.glob(".nv-meta/*"), root / "rejects.jsonl"]
     return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 
-def pack_memory_child(n: int, folder: str) -> None:
-    """The pack stage on ``n`` synthetic measured samples; prints peak RSS above the baseline."""
+def synthetic_parts(n: int, folder: str) -> None:
+    """Measured parts of ``n`` synthetic samples (length columns, realistic id and source strings)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from omnipack.measure import SAMPLES_SCHEMA, MeasureConfig
-    from omnipack.plan import PackConfig
-    from omnipack.stages.measure import InputPart, part_files
-    from omnipack.stages.pack import run_pack_stage
+    from omnipack.measure import SAMPLES_SCHEMA
+    from omnipack.stages.measure import part_files
     from omnipack.stages.records import write_json_atomic
-    from omnipack.stages.spec import RunSpec, ShardLayout, WriteSettings
 
-    out = Path(folder)
-    measure_dir = out / "stages" / "measure"
+    measure_dir = Path(folder) / "stages" / "measure"
     measure_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    parts, per_part = [], 100_000
+    per_part = 100_000
     for k in range(-(-n // per_part)):
         m = min(per_part, n - k * per_part)
         tokens = rng.lognormal(6.0, 1.0, size=m).clip(16, 4000).astype(np.int32)
@@ -216,7 +228,23 @@ def pack_memory_child(n: int, folder: str) -> None:
             files["record"],
             {"key": "synthetic", "number": k, "records": m, "measured": m, "rejected": 0, "files": {}},
         )
-        parts.append(InputPart(k, f"train-{k:05d}.jsonl", 0, 1, m, ""))
+
+
+def pack_memory_child(n: int, folder: str) -> None:
+    """The pack stage on the synthetic parts under ``folder``; prints its peak RSS above the baseline."""
+    import pyarrow as pa
+
+    from omnipack.measure import MeasureConfig
+    from omnipack.plan import PackConfig
+    from omnipack.stages.measure import InputPart
+    from omnipack.stages.pack import run_pack_stage
+    from omnipack.stages.spec import RunSpec, ShardLayout, WriteSettings
+
+    out, per_part = Path(folder), 100_000
+    parts = [
+        InputPart(k, f"train-{k:05d}.jsonl", 0, 1, min(per_part, n - k * per_part), "")
+        for k in range(-(-n // per_part))
+    ]
     spec = RunSpec(
         output=str(out),
         manifests=(),
@@ -231,6 +259,10 @@ def pack_memory_child(n: int, folder: str) -> None:
     )
     import gc
 
+    from omnipack.profiles import get_profile
+
+    if spec.pack.profile:  # the profile's code is loaded once per process: not a per-sample cost
+        get_profile(spec.pack.profile).cost_model({})
     gc.collect()
     pa.default_memory_pool().release_unused()
     base = _rss_mb()
@@ -264,6 +296,7 @@ def _rss_mb() -> float:
 
 def pack_memory(n: int) -> dict:
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        synthetic_parts(n, tmp)
         res = subprocess.run(
             [sys.executable, __file__, "--pack-child", str(n), tmp],
             capture_output=True,
@@ -334,7 +367,7 @@ def main() -> None:
     n_img, mb_img = corpora["image"]
     two_s = two_node(build_corpus("image", n_img), work / "image-2node", n_img, mb_img)
     two_same = dataset_bytes(work / "image-2node") == dataset_bytes(work / "image-x1")
-    pack = pack_memory(args.pack_samples)
+    small, pack = pack_memory(args.pack_samples // 10), pack_memory(args.pack_samples)
 
     print(
         "\n| corpus | samples | run | measure samples/s | vs 1 local | write samples/s | vs 1 local | same bytes |"
@@ -373,11 +406,16 @@ def main() -> None:
             f"| {kind} | {b['input'] / b['measure_s']:,.0f} | {b['packed'] / b['write_s']:,.0f} | "
             f"{b['shard_bytes'] / b['packed']:,.0f} | {b['measure_bytes'] / b['input']:,.0f} |"
         )
+    marginal = (
+        (pack["peak_above_base_mb"] - small["peak_above_base_mb"])
+        * 2**20
+        / (pack["samples"] - small["samples"])
+    )
     print(
-        f"\nPack stage, {pack['samples']:,} synthetic samples -> {pack['rows']:,} rows: {pack['seconds']:.1f} s, "
-        f"peak {pack['peak_above_base_mb']:.0f} MiB above baseline = "
-        f"{pack['peak_above_base_mb'] * 2**20 / pack['samples']:.0f} bytes/sample; plan files "
-        f"{pack['plan_file_bytes'] / pack['samples']:.1f} bytes/sample"
+        f"\nPack stage (plan + shard layout), {pack['samples']:,} synthetic samples -> {pack['rows']:,} rows: "
+        f"{pack['seconds']:.1f} s ({small['samples']:,}: {small['seconds']:.1f} s); peak above baseline "
+        f"{pack['peak_above_base_mb']:.0f} MiB ({small['peak_above_base_mb']:.0f} MiB for {small['samples']:,}): "
+        f"{marginal:.0f} bytes per extra sample; plan files {pack['plan_file_bytes'] / pack['samples']:.1f} bytes/sample"
     )
 
 
