@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -269,7 +268,7 @@ def pack_memory_child(n: int, folder: str) -> None:
     t0 = time.perf_counter()
     plan = run_pack_stage(spec, reuse_measure=True)
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _rss_mb("VmHWM:")  # this process's own high-water mark (ru_maxrss would include its parent's)
     plan_file = (out / "stages" / "plan.parquet").stat().st_size + (
         out / "stages" / "layout.parquet"
     ).stat().st_size
@@ -286,10 +285,10 @@ def pack_memory_child(n: int, folder: str) -> None:
     )
 
 
-def _rss_mb() -> float:
+def _rss_mb(field: str = "VmRSS:") -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
     return 0.0
 
