@@ -8,8 +8,9 @@ one photo each (a pool of 48 distinct PNGs, 240x320 to 720x960), and conversatio
 pool of 8 mp4 clips, 24 frames at 160x120 to 320x240). Qwen2.5-VL rules, W=4096, the demo tokenizer.
 Each configuration runs measure -> pack -> write -> finalize into its own folder; a stage's time includes
 starting its workers (pool processes or Ray actors) and loading the tokenizer there. The input is split
-into 16 parts and the plan into about 16 shards, so two workers always have work. Every configuration's
-dataset must be byte-identical to the 1-worker one (checked; "same bytes" column).
+into 16 parts and the plan into about 16 shards, so two workers always have work. Each configuration runs
+twice and its best time per stage counts (the machine is shared). Every configuration's dataset must be
+byte-identical to the 1-worker one (checked; "same bytes" column).
 
 Pack memory: the pack stage alone, in a fresh process, on synthetic measured parts of ``--pack-samples``
 samples (realistic id/source strings and length columns): peak RSS above the process's baseline, per
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 CACHE = Path(tempfile.gettempdir()) / "omnipack_bench_scale"
+REPEATS = 2  # each configuration's best run: the machine is shared, so single runs are noisy
 WORDS = [
     "the",
     "a",

@@ -1,8 +1,8 @@
 """The Ray executor: the same unit functions on a Ray cluster, one actor per worker.
 
 An actor is a long-lived worker process: what a unit loads there (the tokenizer, the mapped measure
-tables) stays loaded for the next unit it runs. Units go to the actors through ``ActorPool.map``, which
-returns results in unit order; nothing depends on which actor ran what. Inputs and outputs live on a path
+tables) stays loaded for the next unit it runs. Units go to free actors (``ActorPool.map_unordered``) and
+results are handed back in unit order; nothing depends on which actor ran what. Inputs and outputs live on a path
 every node sees (a shared filesystem). Imported only when ``--executor ray`` is chosen.
 """
 
@@ -26,8 +26,8 @@ class _UnitWorker:
     def __init__(self) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one CPU per actor
 
-    def run(self, fn: UnitFn, spec: Any, unit: Any) -> Any:
-        return fn(spec, unit)
+    def run(self, fn: UnitFn, spec: Any, unit: Any) -> tuple[Any, Any]:
+        return unit, fn(spec, unit)
 
 
 class RayExecutor(Executor):
@@ -46,7 +46,18 @@ class RayExecutor(Executor):
 
     def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
         spec_ref = ray.put(spec)
-        yield from self._pool.map(lambda actor, unit: actor.run.remote(fn, spec_ref, unit), units)
+        # Units go to whichever actor is free (in order, an actor would wait for a slower one's result to
+        # be taken); results come back in unit order.
+        done: dict[int, Any] = {}
+        position = {unit: k for k, unit in enumerate(units)}
+        next_k = 0
+        for unit, result in self._pool.map_unordered(
+            lambda actor, unit: actor.run.remote(fn, spec_ref, unit), units
+        ):
+            done[position[unit]] = result
+            while next_k in done:
+                yield done.pop(next_k)
+                next_k += 1
 
     def close(self) -> None:
         for actor in self._actors:
