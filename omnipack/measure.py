@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .alignment import pad_to_multiple
-from .executor import map_ordered
+from .executors.local import map_ordered
 from .manifest import ManifestError, MediaRef, RawSample, resolve_media
 from .media.errors import MediaError
 from .media.probe import probe

@@ -243,6 +243,8 @@ def run_prepare(
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+    if stage is not None and cfg.overwrite:  # ranks would delete each other's fresh outputs
+        raise ValueError("--overwrite applies to whole runs; remove the old output before a staged run")
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
     check_seq_length(cfg.seq_length, cfg.layout.alignment)

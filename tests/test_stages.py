@@ -53,6 +53,7 @@ def test_staged_cli_ranks_give_the_bytes_of_one_local_run(tmp_path, reference, d
     cfg = demo_config(tmp_path / "staged", demo_tokenizer, demo_corpus)
     args = cli_args(cfg)
     assert main([*args, "--stage", "pack"]) == 2  # nothing measured yet: refused, clearly
+    assert main([*args, "--stage", "measure", "--overwrite"]) == 2  # ranks must not delete each other's work
     for rank in range(3):
         assert main([*args, "--stage", "measure", "--rank", str(rank), "--world-size", "3"]) == 0
     assert main([*args, "--stage", "pack"]) == 0
