@@ -25,7 +25,7 @@ from .stages.finalize import NothingPacked, finalize
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
 from .stages.measure import PART_LINES, load_parts, measure_part
 from .stages.pack import MEASURE_KEY_FILE, run_pack_stage
-from .stages.records import digest
+from .stages.records import digest, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
 from .stages.write import write_shard
 
@@ -222,6 +222,29 @@ def _output_state(cfg: PrepareConfig, stage: str | None) -> str:
     raise FileExistsError(f"output {out} is not empty (use --overwrite, or --from-stage pack to repack)")
 
 
+RUN_FILE = "run.json"
+# Settings that change how a run goes, never what it writes: a resumed run may change them.
+HOW_NOT_WHAT = ("workers", "executor", "ray_address", "progress", "overwrite", "from_stage")
+
+
+def _check_run_settings(cfg: PrepareConfig, state: str) -> None:
+    """Resume only the same run: an unfinished run with other settings is refused without --overwrite
+    (with it, the run goes on and redoes exactly the units the changed settings touch); the pieces of a
+    staged run must all be started with the same settings."""
+    path = Path(cfg.output) / STAGES_DIR / RUN_FILE
+    settings = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in HOW_NOT_WHAT}))
+    if state == "resume" and path.exists():
+        recorded = json.loads(path.read_text())
+        changed = sorted(k for k in settings.keys() | recorded.keys() if settings.get(k) != recorded.get(k))
+        if changed and not cfg.overwrite:
+            raise FileExistsError(
+                f"output {cfg.output} holds an unfinished run with other settings ({', '.join(changed)}): "
+                "rerun it with the same settings to resume it, or use --overwrite to go on with these"
+            )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, settings)
+
+
 def _lock_name(stage: str | None, rank: int, world_size: int) -> str:
     if stage is None:
         return WHOLE_RUN
@@ -255,6 +278,7 @@ def run_prepare(
             for sub in (NV_META, "shards", STAGES_DIR):
                 shutil.rmtree(out / sub, ignore_errors=True)
             (out / REJECTS_FILE).unlink(missing_ok=True)
+        _check_run_settings(cfg, state)
         spec = build_spec(cfg)
         reuse = cfg.from_stage == "pack"
         if reuse and stage in (None, "pack"):

@@ -97,3 +97,20 @@ def test_duplicate_ids_are_found_across_parts(tmp_path, demo_tokenizer, demo_cor
         outputs.append(dataset_bytes(out))
         assert main(["verify", str(out)]) == 0  # the ledger closes: each index packed or rejected once
     assert outputs[0] == outputs[1]
+
+
+def test_an_unfinished_run_resumes_only_with_its_own_settings(tmp_path, demo_tokenizer, demo_corpus):
+    out = tmp_path / "ds"
+    run_prepare(demo_config(out, demo_tokenizer, demo_corpus), stage="measure")  # an unfinished run
+    other = demo_config(out, demo_tokenizer, demo_corpus, seq_length=1024, shard_max_rows=5)
+    with pytest.raises(
+        FileExistsError, match=r"unfinished run with other settings \(seq_length, shard_max_rows\)"
+    ):
+        run_prepare(other)
+    with pytest.raises(FileExistsError, match="other settings"):  # nor a piece of it
+        run_prepare(other, stage="pack")
+    goes_on = demo_config(out, demo_tokenizer, demo_corpus, seq_length=1024, shard_max_rows=5, overwrite=True)
+    run_prepare(goes_on)
+    fresh = tmp_path / "fresh"
+    run_prepare(demo_config(fresh, demo_tokenizer, demo_corpus, seq_length=1024, shard_max_rows=5))
+    assert dataset_bytes(out) == dataset_bytes(fresh)
