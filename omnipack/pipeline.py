@@ -8,6 +8,7 @@ after a crash redoes only what is unfinished, and the output folder is held by o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from dataclasses import asdict, dataclass, field, fields
@@ -284,7 +285,9 @@ def run_prepare(
         if reuse and stage in (None, "pack"):
             _check_measure_reusable(spec.measure_dir, spec.summary["measure_key"])
         if state == "repack":
-            shutil.rmtree(out / NV_META, ignore_errors=True)  # first: a dataset in the making never looks whole
+            shutil.rmtree(
+                out / NV_META, ignore_errors=True
+            )  # first: a dataset in the making never looks whole
         return _run_stages(cfg, spec, stage, rank, world_size, reuse)
 
 
@@ -296,7 +299,7 @@ def _run_stages(
     with (
         make_executor(cfg.executor, cfg.workers, cfg.ray_address)
         if stage in (None, "measure", "write")
-        else (_NoExecutor()) as executor
+        else contextlib.nullcontext() as executor
     ):
         if stage in (None, "measure") and not reuse:
             units = [p.number for p in spec.parts][rank::world_size]
@@ -316,11 +319,3 @@ def _run_stages(
             if stage:
                 return {"stage": stage, "shards": len(done), "rows": sum(r["rows_written"] for r in done)}
         return finalize(spec, plan, reuse_measure=reuse)
-
-
-class _NoExecutor:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
