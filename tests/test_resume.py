@@ -1,4 +1,4 @@
-"""Resume: a run killed with SIGKILL in measure, write or finalize, rerun with the same command, redoes only
+"""Resume: a run killed with SIGKILL in measure, pack, write or finalize, rerun with the same command, redoes only
 the unfinished units and ends byte-identical to an uninterrupted run; changed inputs are redone."""
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ def _prepare(cfg, crash_at: str | None = None) -> subprocess.CompletedProcess:
     if crash_at:
         env[CRASH_ENV] = crash_at
     return subprocess.run(
-        [sys.executable, "-m", "omnipack", *cli_args(cfg)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "omnipack", *cli_args(cfg)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -74,6 +78,17 @@ def test_kill_in_write_redoes_only_unfinished_shards(tmp_path, reference, demo_t
     before = _mtimes(root, "shards/shard-00000[01].tar") | _mtimes(root, "stages/measure/*")
     assert _prepare(cfg).returncode == 0
     assert _mtimes(root, "shards/shard-00000[01].tar") | _mtimes(root, "stages/measure/*") == before
+    assert dataset_bytes(root) == reference
+
+
+def test_kill_in_pack_then_rerun(tmp_path, reference, demo_tokenizer, demo_corpus):
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    assert _killed(_prepare(cfg, "pack:0"))
+    assert (root / "stages" / "plan.parquet").exists() and not (root / "stages" / "plan.json").exists()
+    measured = _mtimes(root, "stages/measure/part-*")
+    assert _prepare(cfg).returncode == 0
+    assert _mtimes(root, "stages/measure/part-*") == measured
     assert dataset_bytes(root) == reference
 
 

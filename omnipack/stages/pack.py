@@ -8,6 +8,7 @@ the plan's rows into shards by their estimated size, so each shard is a write un
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pyarrow.parquet as pq
 
 from ..plan import PACK_COLUMNS, PackResult, run_pack, write_plan
 from .measure import part_files, part_key, part_offsets, read_measured
-from .records import digest, read_record, write_json_atomic
+from .records import crash_point, digest, read_record, write_json_atomic
 from .spec import RunSpec, ShardLayout
 
 NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
@@ -214,11 +215,16 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, A
     shard_of, shards = shard_layout(plan, row_bytes, spec.layout)
 
     spec.stages.mkdir(parents=True, exist_ok=True)
-    write_plan(plan, spec.plan_table)
+    spec.plan_record.unlink(missing_ok=True)  # an old record must never vouch for half-replaced files
+    tmp_plan, tmp_layout = (Path(f"{p}.{os.getpid()}.partial") for p in (spec.plan_table, spec.layout_table))
+    write_plan(plan, tmp_plan)
     pq.write_table(
         pa.table({"row": np.arange(plan.num_rows, dtype=np.int32), "shard": shard_of}, schema=LAYOUT_SCHEMA),
-        spec.layout_table,
+        tmp_layout,
     )
+    os.replace(tmp_plan, spec.plan_table)
+    os.replace(tmp_layout, spec.layout_table)
+    crash_point("pack", 0)
     n_input = int(offsets[-1])
     if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings
         write_json_atomic(
