@@ -76,7 +76,13 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         {"type": int, "help": "reject longer manifest lines unread (default max(16 MiB, 256 B x seq_length))"},
     ),
     (("--val-fraction",), {"type": float, "help": "fraction of rows written to separate 'val' shards"}),
-    (("--workers", "-j"), {"type": int, "help": "processes for measuring and writing"}),
+    (("--workers", "-j"), {"type": int, "help": "processes (or Ray actors) for measuring and writing"}),
+    (
+        ("--executor",),
+        {"choices": ["local", "ray"], "help": "local process pool (default) or Ray (pip install omnipack[ray])"},
+    ),
+    (("--ray-address",), {"help": "Ray cluster to join (ray.init(address=...)); default: local Ray"}),
+    (("--part-lines",), {"type": int, "help": "manifest lines per measure unit (default 4096)"}),
     (
         ("--from-stage",),
         {
@@ -211,14 +217,23 @@ def _print_summary(summary: dict[str, Any], out: str) -> None:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from .pipeline import NothingPacked, run_prepare
+    from .stages.finalize import WriteIncomplete
+    from .stages.lock import OutputLocked
+    from .stages.pack import MeasureIncomplete
 
     cfg = _prepare_config(args)
     try:
-        summary = run_prepare(cfg)
+        summary = run_prepare(cfg, stage=args.stage, rank=args.rank, world_size=args.world_size)
     except NothingPacked as e:
         print(f"omnipack prepare: {e}", file=sys.stderr)
         return 1
-    _print_summary(summary, cfg.output)
+    except (OutputLocked, MeasureIncomplete, WriteIncomplete) as e:
+        print(f"omnipack prepare: error: {e}", file=sys.stderr)
+        return 2
+    if args.stage in (None, "finalize"):
+        _print_summary(summary, cfg.output)
+    else:
+        print(f"omnipack prepare: {json.dumps(summary)}", file=sys.stderr)
     return 0
 
 
@@ -273,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
         pp.add_argument(*flags, **kw)
     for flag, kw in PROFILE_FLAGS:
         pp.add_argument(flag, **kw)
+    staged = pp.add_argument_group(
+        "staged runs", "one stage's share of units, for schedulers without Ray (e.g. a Slurm array per stage)"
+    )
+    staged.add_argument("--stage", choices=["measure", "pack", "write", "finalize"])
+    staged.add_argument("--rank", type=int, default=0, help="this task's rank (measure and write)")
+    staged.add_argument("--world-size", type=int, default=1, help="tasks sharing the stage")
     pp.set_defaults(func=cmd_prepare)
 
     pd = sub.add_parser(

@@ -174,41 +174,63 @@ def read_manifest(
     index = start_index
     seen: set[str] = set()
     for path in paths:
-        with open(path, "rb") as f:
-            for line_no, (line, size) in enumerate(_lines(f, max_line_bytes), 1):
-                source = f"{path.name}:{line_no}"
-                if line is None:
-                    reason = (
-                        f"line of {size} bytes is over the {max_line_bytes}-byte limit (max_line_bytes); "
-                        "not read"
-                    )
-                    yield RawSample(index, source, source, None, reason)
-                    index += 1
-                    continue
-                if line_no == 1 and line.startswith(b"\xef\xbb\xbf"):  # tolerate a byte-order mark
-                    line = line[3:]
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line.decode("utf-8"))
-                except UnicodeDecodeError as e:
-                    yield RawSample(index, source, source, None, f"invalid UTF-8 at byte {e.start}")
-                    index += 1
-                    continue
-                except json.JSONDecodeError as e:
-                    yield RawSample(index, source, source, None, f"invalid JSON: {e.msg}")
-                    index += 1
-                    continue
-                sid = str(record.get("id", source)) if isinstance(record, dict) else source
-                try:
-                    validate_record(record)
-                    if sid in seen:
-                        raise ManifestError(f"duplicate sample id {sid!r}")
-                    seen.add(sid)
-                    yield RawSample(index, sid, source, record, size=size)
-                except ManifestError as e:
-                    yield RawSample(index, sid, source, None, str(e))
+        for raw in read_manifest_lines(path, start_index=index, max_line_bytes=max_line_bytes, seen=seen):
+            index = raw.index + 1
+            yield raw
+
+
+def read_manifest_lines(
+    path: Path,
+    *,
+    start_byte: int = 0,
+    first_line: int = 1,
+    num_lines: int | None = None,
+    start_index: int = 0,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    seen: set[str] | None = None,
+) -> Iterator[RawSample]:
+    """The samples of ``num_lines`` lines of one manifest (all when None) starting at byte ``start_byte``,
+    which is the start of line ``first_line``: a record range of the input, read without the lines before
+    it. Duplicate ids are found within what one call reads (and ``seen``, when given)."""
+    seen = set() if seen is None else seen
+    index = start_index
+    with open(path, "rb") as f:
+        f.seek(start_byte)
+        for line_no, (line, size) in enumerate(_lines(f, max_line_bytes), first_line):
+            if num_lines is not None and line_no >= first_line + num_lines:
+                return
+            source = f"{path.name}:{line_no}"
+            if line is None:
+                reason = (
+                    f"line of {size} bytes is over the {max_line_bytes}-byte limit (max_line_bytes); not read"
+                )
+                yield RawSample(index, source, source, None, reason)
                 index += 1
+                continue
+            if line_no == 1 and line.startswith(b"\xef\xbb\xbf"):  # tolerate a byte-order mark
+                line = line[3:]
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                yield RawSample(index, source, source, None, f"invalid UTF-8 at byte {e.start}")
+                index += 1
+                continue
+            except json.JSONDecodeError as e:
+                yield RawSample(index, source, source, None, f"invalid JSON: {e.msg}")
+                index += 1
+                continue
+            sid = str(record.get("id", source)) if isinstance(record, dict) else source
+            try:
+                validate_record(record)
+                if sid in seen:
+                    raise ManifestError(f"duplicate sample id {sid!r}")
+                seen.add(sid)
+                yield RawSample(index, sid, source, record, size=size)
+            except ManifestError as e:
+                yield RawSample(index, sid, source, None, str(e))
+            index += 1
 
 
 def resolve_media(root: Path, ref: str) -> Path:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .alignment import pad_to_multiple
-from .executor import map_ordered
+from .executors.local import map_ordered
 from .manifest import ManifestError, MediaRef, RawSample, resolve_media
 from .media.errors import MediaError
 from .media.probe import probe
@@ -43,6 +43,7 @@ SAMPLES_SCHEMA = pa.schema(
         ("audio_tokens", pa.int32()),
         ("vision_patches", pa.int64()),
         ("audio_frames", pa.int64()),
+        ("media_bytes", pa.int64()),  # estimated shard bytes of the sample's media (shards are cut by it)
         ("media_json", pa.string()),
         ("input_ids", pa.list_(pa.int32())),
         ("labels", pa.list_(pa.int32())),
@@ -162,6 +163,7 @@ class Measurer:
             "audio_tokens": tokens_by_kind["audio"],
             "vision_patches": sum(s.plan.vision_patches for s in enc.spans),
             "audio_frames": sum(s.plan.audio_frames for s in enc.spans),
+            "media_bytes": sum(media_bytes_estimate(s.plan) for s in enc.spans),
             "media_json": json.dumps(media),
             "input_ids": enc.input_ids,
             "labels": enc.labels,
@@ -169,6 +171,14 @@ class Measurer:
             if enc.mrope_position_ids is None
             else enc.mrope_position_ids.reshape(-1),
         }
+
+
+def media_bytes_estimate(plan: MediaPlan) -> int:
+    """About the bytes a media item takes in a shard, stored raw: frames or an image at the target size as
+    uint8 RGB, audio as 4-byte samples (compressed encodings come out smaller)."""
+    h, w = plan.target_hw or (0, 0)
+    frames = len(plan.frame_indices or ()) if plan.kind == "video" else int(plan.kind == "image")
+    return frames * h * w * 3 + 4 * int(plan.num_audio_samples or 0)
 
 
 def _batch_measurer(config: MeasureConfig) -> Any:

@@ -1,38 +1,53 @@
-"""``omnipack prepare``: measure -> pack -> write, with every input sample accounted for."""
+"""``omnipack prepare``: measure -> pack -> write -> finalize, with every input sample accounted for.
+
+Each stage is a list of units of work (``omnipack.stages``) that an executor runs (``omnipack.executors``:
+a local process pool, or Ray); a staged run (``stage=``, ``rank``/``world_size``) runs one stage's share
+of units, for schedulers without Ray. Every unit records its completion, so rerunning the same command
+after a crash redoes only what is unfinished, and the output folder is held by one run at a time.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from . import __version__
 from .alignment import ParallelLayout, check_seq_length
-from .dataset.meta import NV_META, write_energon_meta, write_omnipack_meta
-from .dataset.shards import SHARD_CHECKSUMS, file_sha256
-from .manifest import count_lines, default_max_line_bytes, read_manifest
-from .measure import MeasureConfig, run_measure
-from .plan import PackConfig, run_pack, write_plan
-from .writer.dataset import WriteConfig, write_rows
+from .dataset.meta import NV_META, OMNIPACK_META
+from .dataset.shards import SHARD_CHECKSUMS
+from .manifest import default_max_line_bytes
+from .measure import MeasureConfig
+from .plan import PackConfig
+from .stages.finalize import NothingPacked, finalize
+from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
+from .stages.measure import PART_LINES, load_parts, measure_part
+from .stages.pack import MEASURE_KEY_FILE, run_pack_stage
+from .stages.records import digest, write_json_atomic
+from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
+from .stages.write import write_shard
 
-STAGES_DIR = "stages"
-REJECTS_FILE = "rejects.jsonl"
+__all__ = [
+    "MEASURE_KEY_FILE",
+    "REJECTS_FILE",
+    "STAGES",
+    "STAGES_DIR",
+    "NothingPacked",
+    "PrepareConfig",
+    "run_prepare",
+]
 
-
+STAGES = ("measure", "pack", "write", "finalize")
 FROM_STAGES = ("measure", "pack")
-MEASURE_KEY_FILE = "measure.json"
 
 
 def _check_measure_reusable(measure_dir: Path, key: dict[str, Any]) -> int:
     """The input count of an earlier measure run, after checking it measured with the same settings."""
     path = measure_dir / MEASURE_KEY_FILE
-    if not path.exists() or not (measure_dir / "samples.parquet").exists():
+    if not path.exists():
         raise FileNotFoundError(f"no earlier measure run under {measure_dir}; run without --from-stage first")
     recorded = json.loads(path.read_text())
     changed = [k for k, v in key.items() if k != "max_tokens" and recorded.get(k) != v]
@@ -45,19 +60,6 @@ def _check_measure_reusable(measure_dir: Path, key: dict[str, Any]) -> int:
             f"measure settings changed since the last run ({', '.join(changed)}): re-measure instead"
         )
     return int(recorded["input"])
-
-
-def _val_rows(fraction: float, num_rows: int) -> int:
-    """Rows held out for validation: at least one when asked for, never all of them."""
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {fraction}")
-    if fraction == 0.0 or num_rows < 2:
-        return 0
-    return min(num_rows - 1, max(1, round(fraction * num_rows)))
-
-
-class NothingPacked(RuntimeError):
-    """Every input sample was rejected."""
 
 
 @dataclass
@@ -98,6 +100,9 @@ class PrepareConfig:
     overwrite: bool = False
     progress: bool = True
     from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
+    executor: str = "local"  # "ray": the same units on a Ray cluster (omnipack[ray])
+    ray_address: str | None = None  # ray.init(address=...): None starts or joins a local Ray
+    part_lines: int = PART_LINES  # manifest lines per measure unit
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PrepareConfig:
@@ -114,39 +119,21 @@ class PrepareConfig:
         return ParallelLayout(self.tp, self.cp, self.sequence_parallel, self.fp8)
 
 
-def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
-    """Run all stages into ``cfg.output``; returns the run summary (also stored in omnipack.json)."""
-    align = cfg.layout.alignment
-    check_seq_length(cfg.seq_length, align)
-    out = Path(cfg.output)
-    stages = out / STAGES_DIR
-    measure_dir = stages / "measure"
-    if cfg.from_stage not in FROM_STAGES:
-        raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
-    resume = cfg.from_stage == "pack"
-    if out.exists() and any(out.iterdir()):
-        if not (cfg.overwrite or resume):
-            raise FileExistsError(
-                f"output {out} is not empty (use --overwrite, or --from-stage pack to repack)"
-            )
-        for sub in ("shards", NV_META) + (() if resume else (STAGES_DIR,)):
-            shutil.rmtree(out / sub, ignore_errors=True)
-    stages.mkdir(parents=True, exist_ok=True)
-    mcfg = MeasureConfig(
-        cfg.profile,
-        cfg.tokenizer,
-        cfg.media_root,
-        align,
-        dict(cfg.profile_options),
-        cfg.mrope,
-        max_tokens=cfg.seq_length,
-    )
-    max_line_bytes = cfg.max_line_bytes or default_max_line_bytes(cfg.seq_length)
+def build_spec(cfg: PrepareConfig) -> RunSpec:
+    """The run's plain-data spec: derived stage settings, run facts, and the input's parts."""
     from .profiles import get_profile
     from .profiles.base import placeholder_token_ids
     from .text.chat import ChatTokenizer
 
+    align = cfg.layout.alignment
+    check_seq_length(cfg.seq_length, align)
     chat = ChatTokenizer(cfg.tokenizer, get_profile(cfg.profile, **cfg.profile_options))
+    pad_id = chat.tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = chat.tokenizer.eos_token_id
+    max_line_bytes = cfg.max_line_bytes or default_max_line_bytes(cfg.seq_length)
+    out = Path(cfg.output)
+    parts = load_parts(out / STAGES_DIR, [Path(p) for p in cfg.manifest], cfg.part_lines)
     measure_key = {
         "profile": cfg.profile,
         "profile_options": dict(cfg.profile_options),
@@ -154,123 +141,181 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         "mrope": cfg.mrope,
         "manifest": [str(p) for p in cfg.manifest],
         # contents, not just paths: an edited manifest must be measured again
-        "manifest_sha256": [file_sha256(Path(p)) if Path(p).is_file() else None for p in cfg.manifest],
+        "manifest_xxh3": digest([p.xxh3 for p in parts]),
         "media_root": str(Path(cfg.media_root).resolve()),
         "max_line_bytes": max_line_bytes,
         "max_tokens": cfg.seq_length,
     }
-    if resume:
-        n_input = _check_measure_reusable(measure_dir, measure_key)
-        measured = {"measured": pq.read_metadata(measure_dir / "samples.parquet").num_rows}
-    else:
-        manifests = [Path(p) for p in cfg.manifest]
-        for p in manifests:
-            if not p.is_file():
-                raise FileNotFoundError(f"manifest {p} not found")
-        # read and checked once; the progress bar's total is a cheap line count
-        measured = run_measure(
-            read_manifest(manifests, max_line_bytes=max_line_bytes),
-            mcfg,
-            measure_dir,
-            workers=cfg.workers,
-            progress=cfg.progress,
-            total=count_lines(manifests) if cfg.progress else None,
-        )
-        n_input = measured["measured"] + measured["rejected"]
-        (measure_dir / MEASURE_KEY_FILE).write_text(json.dumps({**measure_key, "input": n_input}, indent=2))
-    samples_path = measure_dir / "samples.parquet"
-    pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages: stages start flat
-
-    # The pack settings are the same-named fields of the prepare config.
-    pcfg = PackConfig(
-        align=align, **{f.name: getattr(cfg, f.name) for f in fields(PackConfig) if f.name != "align"}
-    )
-    plan = run_pack(samples_path, pcfg)
-    write_plan(plan, stages / "plan.parquet")
-    pa.default_memory_pool().release_unused()
-
-    pad_id = chat.tokenizer.pad_token_id
-    if pad_id is None:
-        pad_id = chat.tokenizer.eos_token_id
-    wcfg = WriteConfig(
-        media_root=cfg.media_root,
-        seq_length=cfg.seq_length,
-        align=align,
-        pad_token_id=int(pad_id),
-        image_encoding=cfg.image_encoding,
-        compress_video=cfg.compress_video,
-        shard_max_bytes=int(cfg.shard_size_mb * (1 << 20)),
-        shard_max_rows=cfg.shard_max_rows,
-        shard_checksums=SHARD_CHECKSUMS + (("sha256",) if cfg.shard_sha256 else ()),
-        workers=cfg.workers,
-        val_rows=_val_rows(cfg.val_fraction, plan.num_rows),
-        val_seed=cfg.seed,
-    )
-    shards, write_rejects, write_stats = write_rows(samples_path, plan, out, wcfg, progress=cfg.progress)
-
-    rejects = pq.read_table(measure_dir / "rejects.parquet").to_pylist() + plan.rejects + write_rejects
-    rejects.sort(key=lambda r: r["sample_index"])
-    with open(out / REJECTS_FILE, "w") as f:
-        for r in rejects:
-            f.write(json.dumps(r) + "\n")
-    packed = write_stats["samples_written"]
-    if packed + len(rejects) != n_input:  # every input sample is either packed or rejected
-        raise AssertionError(f"accounting: {n_input} input != {packed} packed + {len(rejects)} rejected")
-
-    summary = {
-        "omnipack_version": __version__,
-        "profile": {
-            "name": cfg.profile,
-            "options": dict(cfg.profile_options),
-            "settings": chat.profile.settings(),
-        },
-        "tokenizer": {
-            "path": str(cfg.tokenizer),
-            "fingerprint": chat.fingerprint(),
-            "pad_token_id": int(pad_id),
-            # lets the loader count placeholders without the tokenizer directory
-            "placeholder_token_ids": placeholder_token_ids(chat.profile, chat.tokenizer),
-        },
-        "seq_length": cfg.seq_length,
-        "align": align,
-        "parallel": asdict(cfg.layout),
-        "image_encoding": cfg.image_encoding,
-        "compress_video": cfg.compress_video,
-        "mrope_position_ids": cfg.mrope,
-        "counts": {
-            "input": n_input,
-            "packed": packed,
-            "rejected": len(rejects),
-            "rows": write_stats["rows_written"],
-            "rows_by_split": {
-                part: sum(s.count for s in shards if s.split == part) for part in ("train", "val")
+    return RunSpec(
+        output=str(out),
+        manifests=tuple(str(p) for p in cfg.manifest),
+        measure=MeasureConfig(
+            cfg.profile,
+            cfg.tokenizer,
+            cfg.media_root,
+            align,
+            dict(cfg.profile_options),
+            cfg.mrope,
+            max_tokens=cfg.seq_length,
+        ),
+        max_line_bytes=max_line_bytes,
+        part_lines=cfg.part_lines,
+        # The pack settings are the same-named fields of the prepare config.
+        pack=PackConfig(
+            align=align, **{f.name: getattr(cfg, f.name) for f in fields(PackConfig) if f.name != "align"}
+        ),
+        layout=ShardLayout(
+            int(cfg.shard_size_mb * (1 << 20)), cfg.shard_max_rows, cfg.val_fraction, cfg.seed
+        ),
+        write=WriteSettings(
+            media_root=cfg.media_root,
+            seq_length=cfg.seq_length,
+            align=align,
+            pad_token_id=int(pad_id),
+            image_encoding=cfg.image_encoding,
+            compress_video=cfg.compress_video,
+            shard_checksums=SHARD_CHECKSUMS + (("sha256",) if cfg.shard_sha256 else ()),
+        ),
+        parts=tuple(parts),
+        summary={
+            "omnipack_version": __version__,
+            "profile": {
+                "name": cfg.profile,
+                "options": dict(cfg.profile_options),
+                "settings": chat.profile.settings(),
             },
-            "rejected_by_stage": dict(Counter(r["stage"] for r in rejects)),
-            "measured": measured["measured"],
+            "tokenizer": {
+                "path": str(cfg.tokenizer),
+                "fingerprint": chat.fingerprint(),
+                "pad_token_id": int(pad_id),
+                # lets the loader count placeholders without the tokenizer directory
+                "placeholder_token_ids": placeholder_token_ids(chat.profile, chat.tokenizer),
+            },
+            "parallel": asdict(cfg.layout),
+            "tokenizer_fingerprint": chat.fingerprint(),
+            "measure_key": measure_key,
         },
-        "packing": {
-            **plan.stats,
-            "algorithm": cfg.algorithm,
-            "seed": cfg.seed,
-            "shuffle": cfg.shuffle,
-            "real_tokens": write_stats["real_tokens"],
-            "real_efficiency_written": (
-                write_stats["real_tokens"] / (write_stats["rows_written"] * cfg.seq_length)
-                if write_stats["rows_written"]
-                else 0.0
-            ),
-        },
-        "shards": [asdict(s) for s in shards],
-        "rejects_file": REJECTS_FILE,
-    }
-    if not shards:
-        if n_input == 0:
-            raise NothingPacked(
-                f"nothing to pack: the manifest(s) {', '.join(map(str, cfg.manifest))} hold no samples"
-            )
-        raise NothingPacked(
-            f"nothing could be packed: all {n_input} samples were rejected (see {out / REJECTS_FILE})"
+    )
+
+
+def _output_state(cfg: PrepareConfig, stage: str | None) -> str:
+    """What to do with the output folder: "fresh", "resume", "repack" or "overwrite" (refusals raise)."""
+    out = Path(cfg.output)
+    if stage not in (None, "measure"):
+        if not (out / STAGES_DIR).is_dir():
+            raise FileNotFoundError(f"no run under {out}: run the measure stage first")
+        return "resume"
+    entries = [p for p in out.iterdir() if p.name != LOCK_DIR] if out.is_dir() else []
+    finished = (out / NV_META / OMNIPACK_META).exists()
+    is_run = (out / STAGES_DIR).is_dir()
+    if cfg.from_stage == "pack":
+        return "repack"
+    if not entries:
+        return "fresh"
+    if is_run and not finished:
+        return "resume"  # an unfinished run: its records say what is left to do
+    if cfg.overwrite:
+        return "overwrite"
+    if finished:
+        raise FileExistsError(
+            f"output {out} already holds a dataset (use --overwrite to replace it, or --from-stage pack to repack)"
         )
-    write_energon_meta(out, shards)
-    write_omnipack_meta(out, summary)
-    return summary
+    raise FileExistsError(f"output {out} is not empty (use --overwrite, or --from-stage pack to repack)")
+
+
+RUN_FILE = "run.json"
+# Settings that change how a run goes, never what it writes: a resumed run may change them.
+HOW_NOT_WHAT = ("workers", "executor", "ray_address", "progress", "overwrite", "from_stage")
+
+
+def _check_run_settings(cfg: PrepareConfig, state: str) -> None:
+    """Resume only the same run: an unfinished run with other settings is refused without --overwrite
+    (with it, the run goes on and redoes exactly the units the changed settings touch); the pieces of a
+    staged run must all be started with the same settings."""
+    path = Path(cfg.output) / STAGES_DIR / RUN_FILE
+    settings = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in HOW_NOT_WHAT}))
+    if state == "resume" and path.exists():
+        recorded = json.loads(path.read_text())
+        changed = sorted(k for k in settings.keys() | recorded.keys() if settings.get(k) != recorded.get(k))
+        if changed and not cfg.overwrite:
+            raise FileExistsError(
+                f"output {cfg.output} holds an unfinished run with other settings ({', '.join(changed)}): "
+                "rerun it with the same settings to resume it, or use --overwrite to go on with these"
+            )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, settings)
+
+
+def _lock_name(stage: str | None, rank: int, world_size: int) -> str:
+    if stage is None:
+        return WHOLE_RUN
+    return f"{stage}-{rank}-of-{world_size}" if stage in ("measure", "write") else stage
+
+
+def _run_units(executor: Any, fn: Any, spec: RunSpec, units: list[int], desc: str, progress: bool) -> list:
+    from tqdm import tqdm
+
+    return list(tqdm(executor.map(fn, spec, units), total=len(units), desc=desc, disable=not progress))
+
+
+def run_prepare(
+    cfg: PrepareConfig, *, stage: str | None = None, rank: int = 0, world_size: int = 1
+) -> dict[str, Any]:
+    """Run all stages into ``cfg.output`` (or, with ``stage``, that stage's units ``rank::world_size``);
+    returns the run summary (also stored in omnipack.json), or a staged piece's counts."""
+    if stage is not None and stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+    if stage is not None and cfg.overwrite:  # ranks would delete each other's fresh outputs
+        raise ValueError("--overwrite applies to whole runs; remove the old output before a staged run")
+    if cfg.from_stage not in FROM_STAGES:
+        raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
+    check_seq_length(cfg.seq_length, cfg.layout.alignment)
+    out = Path(cfg.output)
+    with OutputLock(out, _lock_name(stage, rank, world_size)):
+        state = _output_state(cfg, stage)
+        if state == "overwrite":
+            for sub in (NV_META, "shards", STAGES_DIR):
+                shutil.rmtree(out / sub, ignore_errors=True)
+            (out / REJECTS_FILE).unlink(missing_ok=True)
+        _check_run_settings(cfg, state)
+        spec = build_spec(cfg)
+        reuse = cfg.from_stage == "pack"
+        if reuse and stage in (None, "pack"):
+            _check_measure_reusable(spec.measure_dir, spec.summary["measure_key"])
+        if state == "repack":
+            shutil.rmtree(
+                out / NV_META, ignore_errors=True
+            )  # first: a dataset in the making never looks whole
+        return _run_stages(cfg, spec, stage, rank, world_size, reuse)
+
+
+def _run_stages(
+    cfg: PrepareConfig, spec: RunSpec, stage: str | None, rank: int, world_size: int, reuse: bool
+) -> dict[str, Any]:
+    from .executors import make_executor
+
+    with (
+        make_executor(cfg.executor, cfg.workers, cfg.ray_address)
+        if stage in (None, "measure", "write")
+        else contextlib.nullcontext() as executor
+    ):
+        if stage in (None, "measure") and not reuse:
+            units = [p.number for p in spec.parts][rank::world_size]
+            done = _run_units(executor, measure_part, spec, units, "measure", cfg.progress)
+            if stage:
+                return {"stage": stage, "parts": len(done), "measured": sum(r["measured"] for r in done)}
+        if stage in (None, "pack"):
+            plan = run_pack_stage(spec, reuse_measure=reuse)
+            if stage:
+                return {"stage": stage, "rows": plan["num_rows"], "shards": len(plan["shards"])}
+        plan = json.loads(spec.plan_record.read_text()) if spec.plan_record.exists() else None
+        if plan is None:
+            raise FileNotFoundError(f"no plan under {spec.stages}: run the pack stage first")
+        if stage in (None, "write"):
+            units = [s["number"] for s in plan["shards"]][rank::world_size]
+            done = _run_units(executor, write_shard, spec, units, "write", cfg.progress)
+            if stage:
+                return {"stage": stage, "shards": len(done), "rows": sum(r["rows_written"] for r in done)}
+        return finalize(spec, plan, reuse_measure=reuse)

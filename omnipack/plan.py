@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,22 @@ def _constraints(table: pa.Table, keep: np.ndarray, cfg: PackConfig) -> Any:
     return packing.PackConstraints(max_samples_per_row=cfg.max_samples_per_row, resources=resources)
 
 
-def run_pack(samples_path: Path, cfg: PackConfig) -> PackResult:
-    """Plan rows for every measured sample; over-length samples and budget violators become rejects."""
+def run_pack(
+    samples: Path | pa.Table, cfg: PackConfig, media_json: Callable[[], pa.ChunkedArray] | None = None
+) -> PackResult:
+    """Plan rows for every measured sample; over-length samples and budget violators become rejects.
+
+    ``samples``: the measure table (a Parquet file) or its ``PACK_COLUMNS``; ``media_json`` gives that
+    table's ``media_json`` column when the cost model needs it (read from the file by default)."""
     check_seq_length(cfg.seq_length, cfg.align)
-    table = pq.read_table(samples_path, columns=PACK_COLUMNS)
+    if isinstance(samples, pa.Table):
+        table = samples
+    else:
+        table = pq.read_table(samples, columns=PACK_COLUMNS)
+        path = samples
+
+        def media_json() -> pa.ChunkedArray:
+            return pq.read_table(path, columns=["media_json"]).column("media_json")
     n_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
     padded = pad_to_multiple(n_tokens, cfg.align)
     too_long = padded > cfg.seq_length
@@ -93,7 +106,10 @@ def run_pack(samples_path: Path, cfg: PackConfig) -> PackResult:
     }
     over_budget = {c: table.column(c).to_numpy() > b for c, b in budget_cols.items() if b is not None}
     rejects = []
-    ids, sources, indices = table.column("sample_id"), table.column("source"), table.column("sample_index")
+    indices = table.column("sample_index")
+    # without the name columns (a large plan keeps only numbers in memory) rejects name their sample later
+    named = "sample_id" in table.column_names
+    ids, sources = (table.column("sample_id"), table.column("source")) if named else (None, None)
     bad = too_long.copy()
     for mask in over_budget.values():
         bad |= mask
@@ -109,8 +125,8 @@ def run_pack(samples_path: Path, cfg: PackConfig) -> PackResult:
         rejects.append(
             {
                 "sample_index": indices[i].as_py(),
-                "sample_id": ids[i].as_py(),
-                "source": sources[i].as_py(),
+                "sample_id": ids[i].as_py() if named else None,
+                "source": sources[i].as_py() if named else None,
                 "stage": "pack",
                 "reason": reason,
             }
@@ -123,7 +139,9 @@ def run_pack(samples_path: Path, cfg: PackConfig) -> PackResult:
     profile, model = _cost_model(cfg)
     sample_cost = None
     if model is not None:  # encoder FLOPs of the kept samples only (rejects are never placed)
-        media = pq.read_table(samples_path, columns=["media_json"]).column("media_json").take(keep)
+        if media_json is None:
+            raise ValueError("a cost model needs the samples' media_json column")
+        media = media_json().take(keep)
         flops = media_encoder_flops(profile, model, media.to_pylist())
         sample_cost = model.sample_costs(padded[keep], flops)
     if cfg.balance and sample_cost is not None:

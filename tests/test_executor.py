@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from omnipack.executor import map_ordered
+from omnipack.executors.local import LocalExecutor, map_ordered
 
 
 def _scaler(factor: int):
@@ -28,3 +28,14 @@ def test_input_is_read_in_bounded_windows():
     assert next(results) == 0
     assert len(consumed) <= 10  # only the first window was handed to the pool
     assert list(results) == list(range(1, 100))
+
+
+def _unit(spec, unit):
+    return spec * unit
+
+
+def test_local_executor_runs_units_in_unit_order_inline_and_on_a_pool():
+    units = list(range(12))
+    with LocalExecutor(1) as inline, LocalExecutor(2) as pool:
+        assert list(inline.map(_unit, 3, units)) == list(pool.map(_unit, 3, units)) == [3 * u for u in units]
+        assert list(pool.map(_unit, 2, units[:3])) == [0, 2, 4]  # the pool serves several stages

@@ -210,7 +210,7 @@ def test_row_meta_follows_the_published_schema(dataset):
 
 def test_repack_from_measure_tables(tmp_path, demo_tokenizer, demo_corpus):
     root, first = _prepare(tmp_path / "ds", demo_tokenizer, demo_corpus, seq_length=4096)
-    samples = root / "stages" / "measure" / "samples.parquet"
+    samples = root / "stages" / "measure" / "part-000000.parquet"
     before = samples.stat().st_mtime_ns
     _, second = _prepare(root, demo_tokenizer, demo_corpus, seq_length=2048, cp=4, from_stage="pack")
     assert samples.stat().st_mtime_ns == before  # nothing re-measured
@@ -231,7 +231,7 @@ def test_repack_from_measure_tables(tmp_path, demo_tokenizer, demo_corpus):
     corpus = (manifest, demo_corpus[1])
     _prepare(tmp_path / "ds3", demo_tokenizer, corpus)
     manifest.write_text(manifest.read_text().splitlines()[0] + "\n")
-    with pytest.raises(ValueError, match="measure settings changed .*manifest_sha256"):
+    with pytest.raises(ValueError, match="measure settings changed .*manifest_xxh3"):
         _prepare(tmp_path / "ds3", demo_tokenizer, corpus, from_stage="pack")
 
 
@@ -284,7 +284,7 @@ def test_manifest_read_once_and_oversized_samples_rejected_without_tokenizing(
 ):
     """A few-MB line over the line cap is skipped unread; a long text under it is rejected from its
     rendered length before tokenizing; every input is still packed or rejected, from one manifest read."""
-    import omnipack.pipeline as pipeline
+    import omnipack.stages.measure as measure_stage
     from omnipack.text.chat import ChatTokenizer
 
     manifest, media = demo_corpus
@@ -300,8 +300,10 @@ def test_manifest_read_once_and_oversized_samples_rejected_without_tokenizing(
     path.write_text("\n".join(lines) + "\n")
 
     reads, tokenized = [], []
-    read_manifest = pipeline.read_manifest
-    monkeypatch.setattr(pipeline, "read_manifest", lambda *a, **k: reads.append(1) or read_manifest(*a, **k))
+    read_lines = measure_stage.read_manifest_lines
+    monkeypatch.setattr(
+        measure_stage, "read_manifest_lines", lambda *a, **k: reads.append(1) or read_lines(*a, **k)
+    )
     tokenize = ChatTokenizer._tokenize_many
     monkeypatch.setattr(
         ChatTokenizer,
@@ -310,7 +312,7 @@ def test_manifest_read_once_and_oversized_samples_rejected_without_tokenizing(
     )
     root, summary = _prepare(tmp_path / "ds", demo_tokenizer, (path, media), max_line_bytes=2 << 20)
 
-    assert len(reads) == 1
+    assert len(reads) == 1  # one part, read once
     assert max(tokenized) < 100_000  # neither long sample reached the tokenizer
     rejects = {r["sample_id"]: r for r in map(json.loads, (root / "rejects.jsonl").read_text().splitlines())}
     assert rejects["m.jsonl:4"]["stage"] == "read"

@@ -1,14 +1,37 @@
-"""The write stage's sample gather: in place from the mapped measure table, the same records as a take."""
+"""The write stage's sample gather: in place from the mapped measured parts, the same records as a take."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.parquet as pq
 
 from omnipack.measure import SAMPLES_SCHEMA
 from omnipack.plan import PackResult
-from omnipack.writer.dataset import MeasuredSamples, _row_jobs
+from omnipack.stages.measure import arrow_copy, part_files
+from omnipack.stages.write import MeasuredParts, MeasuredSamples
+
+
+def _as_parts(table: pa.Table, measure_dir, split: int) -> MeasuredParts:
+    """The table as two measured parts (the second's record indices restart at 0), read back by global
+    index: the part offsets turn them into the table's indices again."""
+    measure_dir.mkdir(exist_ok=True)
+    first = int(table.column("sample_index")[split].as_py())
+    for k, piece in enumerate((table.slice(0, split), table.slice(split))):
+        if k:
+            local = pa.compute.subtract(piece.column("sample_index"), pa.scalar(first, pa.int64()))
+            piece = piece.set_column(0, "sample_index", local)
+        files = part_files(measure_dir, k)
+        pq.write_table(piece, files["samples"], row_group_size=1000)
+        arrow_copy(files["samples"], files["arrow"])
+    total = int(table.column("sample_index")[-1].as_py()) + 1
+    return MeasuredParts(measure_dir, [0, 1], np.asarray([0, first, total]))
+
+
+def _row_jobs(samples: MeasuredParts, plan: PackResult):
+    for r in range(plan.num_rows):
+        yield f"{r:09d}", samples.records(plan.row(r))
 
 
 def _measure_table(path, n: int, seed: int = 0) -> pa.Table:
@@ -39,9 +62,11 @@ def test_gather_matches_a_take_per_row_across_record_batches(tmp_path):
     row_ptr = np.concatenate([[0], cuts, [n]]).astype(np.int64)
     plan = PackResult(row_ptr, order.astype(np.int64) * 2, [], {})
 
-    samples = MeasuredSamples(path, release_every=97)  # pages released many times along the way
+    arrow = tmp_path / "samples.arrow"
+    arrow_copy(path, arrow)
+    samples = MeasuredSamples(arrow, release_every=97)  # pages released many times along the way
     assert len(samples) == n and len(samples._batches) == 9
-    jobs = list(_row_jobs(path, plan))
+    jobs = list(_row_jobs(_as_parts(table, tmp_path / "measure", 4500), plan))
     assert len(jobs) == plan.num_rows
     for r, (key, records) in enumerate(jobs):
         assert key == f"{r:09d}"
@@ -62,7 +87,9 @@ def test_planned_sample_missing_from_the_table_is_a_bug(tmp_path):
     import pytest
 
     path = tmp_path / "samples.parquet"
-    _measure_table(path, 10)
-    plan = PackResult(np.array([0, 2], dtype=np.int64), np.array([0, 3], dtype=np.int64), [], {})  # 3 is odd
-    with pytest.raises(AssertionError, match="planned samples missing"):
-        list(_row_jobs(path, plan))
+    table = _measure_table(path, 10)
+    parts = _as_parts(table, tmp_path / "measure", 5)
+    for odd in (3, 13, 25):  # a reject's index in either part, and one past the input
+        plan = PackResult(np.array([0, 2], dtype=np.int64), np.array([0, odd], dtype=np.int64), [], {})
+        with pytest.raises(AssertionError, match="planned samples missing"):
+            list(_row_jobs(parts, plan))

@@ -98,8 +98,10 @@ class ShardWriter:
         max_count: int | None = None,
         split: str = "train",
         checksums: tuple[str, ...] = SHARD_CHECKSUMS,
+        first_number: int = 0,  # the number of the first shard (a write unit writes one numbered shard)
     ):
         self.root, self.prefix, self.split, self.checksums = root, prefix, split, checksums
+        self.first_number = first_number
         self.max_bytes, self.max_count = max_bytes, max_count
         self.shards: list[ShardInfo] = []
         self._tar: tarfile.TarFile | None = None
@@ -108,7 +110,7 @@ class ShardWriter:
         self._rel: str = ""
 
     def _open(self) -> None:
-        self._rel = f"{self.prefix}-{len(self.shards):06d}.tar"
+        self._rel = f"{self.prefix}-{self.first_number + len(self.shards):06d}.tar"
         path = self.root / self._rel
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = _HashingFile(str(path) + TMP_SUFFIX, self.checksums)

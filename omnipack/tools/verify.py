@@ -503,18 +503,18 @@ def _stage_tables(ds: Dataset) -> tuple[Any, Any, dict[str, Any] | None, list[st
     import pyarrow.parquet as pq
 
     from ..pipeline import MEASURE_KEY_FILE, STAGES_DIR
+    from ..stages.measure import read_run_measured
 
     stages = ds.root / STAGES_DIR
-    notes, out = [], []
-    for path, columns in (
-        (stages / "measure" / "samples.parquet", ["sample_index", "sample_id"]),
-        (stages / "plan.parquet", ["row", "sample_index"]),
-    ):
-        if path.exists():
-            out.append(pq.read_table(path, columns=columns))
-        else:
-            out.append(None)
-            notes.append(f"no {path.relative_to(ds.root)}: the sample ledger is incomplete")
+    notes, out = [], [read_run_measured(stages, ["sample_index", "sample_id"])]
+    if out[0] is None:
+        notes.append(f"no {STAGES_DIR}/plan.json and measured parts: the sample ledger is incomplete")
+    path = stages / "plan.parquet"
+    if path.exists():
+        out.append(pq.read_table(path, columns=["row", "sample_index"]))
+    else:
+        out.append(None)
+        notes.append(f"no {path.relative_to(ds.root)}: the sample ledger is incomplete")
     record_path = stages / "measure" / MEASURE_KEY_FILE
     record = json.loads(record_path.read_text()) if record_path.exists() else None
     if record is None:

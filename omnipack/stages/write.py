@@ -1,16 +1,15 @@
-"""Write stage: planned rows -> media materialised at the model's target size -> tar shards.
+"""Write stage: one shard's planned rows -> media materialised at the model's target size -> its tar.
 
-Rows are built on a process pool (media decoding is the heavy part); the main process writes shards in
-plan order, so output is deterministic regardless of the worker count. A sample whose media fails to
-decode here is rejected with its reason and its row is rebuilt from the remaining samples.
+A unit is one shard of the pack stage's layout: its rows are known before writing, so any worker (a local
+process, a Ray actor, a Slurm task) writes it to the same bytes, and writes only it. A sample whose media
+fails to decode here is rejected with its reason and its row is rebuilt from the remaining samples. The
+unit's record (shard info with checksums, rejects, counts) is written after its tar and index are in place.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,30 +19,15 @@ import pyarrow.parquet as pq
 
 from ..dataset.codec import encode_row
 from ..dataset.contract import row_invariant_errors
-from ..dataset.shards import SHARD_CHECKSUMS, ShardInfo, ShardWriter
-from ..executor import map_ordered
+from ..dataset.shards import ShardWriter
 from ..manifest import ManifestError, resolve_media
 from ..measure import sample_arrays
 from ..media.errors import MediaError
-from ..plan import PackResult
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
-
-
-@dataclass(frozen=True)
-class WriteConfig:
-    media_root: str
-    seq_length: int
-    align: int
-    pad_token_id: int
-    image_encoding: str = "npy"
-    compress_video: bool = False
-    shard_max_bytes: int = 1 << 30
-    shard_max_rows: int | None = None
-    shard_checksums: tuple[str, ...] = SHARD_CHECKSUMS
-    workers: int = 1
-    val_rows: int = 0  # this many rows, drawn with ``val_seed``, go to separate "val" shards
-    val_seed: int = 0
+from .measure import part_files
+from .records import crash_point, digest, read_record, write_json_atomic
+from .spec import RunSpec, WriteSettings
 
 
 @dataclass
@@ -55,7 +39,7 @@ class RowResult:
     real_tokens: int
 
 
-def build_row(key: str, records: list[dict[str, Any]], cfg: WriteConfig) -> RowResult:
+def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> RowResult:
     """Materialise a row's media and assemble its arrays; pure function of its inputs."""
     from ..media.probe import materialize
 
@@ -100,26 +84,8 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteConfig) -> RowR
     return RowResult(key, encode_row(row, payloads), rejects, len(seqs), int(row.seqlens.sum()))
 
 
-def _arrow_copy(samples_path: Path) -> Path:
-    """The measure table as an Arrow IPC file next to the Parquet file (Parquet pages cannot be mapped;
-    converted once, streaming, a record batch per row group)."""
-    arrow_path = samples_path.with_suffix(".arrow")
-    if not arrow_path.exists() or arrow_path.stat().st_mtime_ns < samples_path.stat().st_mtime_ns:
-        parquet = pq.ParquetFile(samples_path)
-        tmp = arrow_path.with_suffix(".arrow.partial")
-        pool = pa.default_memory_pool()
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, parquet.schema_arrow) as out:
-            # a row group at a time, one thread, freed pages handed back each time: memory stays flat
-            # (batch iteration reads ahead on threads and the allocator keeps what it freed)
-            for i in range(parquet.num_row_groups):
-                out.write_table(parquet.read_row_group(i, use_threads=False))
-                pool.release_unused()
-        os.replace(tmp, arrow_path)
-    return arrow_path
-
-
 class MeasuredSamples:
-    """Measured samples by position, read in place from the memory-mapped Arrow copy of the measure table.
+    """Measured samples by position, read in place from the memory-mapped Arrow copy of a measured part.
 
     A sample costs O(its size): its record batch is found by bisection and its token lists are numpy views
     of the mapped file (a ``Table.take`` copies every record batch it spans: quadratic over a run). The
@@ -128,10 +94,10 @@ class MeasuredSamples:
     resident memory stays flat however large the table is.
     """
 
-    def __init__(self, samples_path: Path, release_every: int = 64) -> None:
+    def __init__(self, arrow_path: Path, release_every: int = 64) -> None:
         import mmap
 
-        with open(_arrow_copy(samples_path), "rb") as f:
+        with open(arrow_path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         reader = pa.ipc.open_file(pa.py_buffer(self._map))
         self.schema = reader.schema
@@ -153,7 +119,7 @@ class MeasuredSamples:
         return int(self._batch_start[-1])
 
     def positions(self, sample_index: np.ndarray) -> np.ndarray:
-        """Table positions of input sample indices (the measure stage writes them in input order)."""
+        """Table positions of sample indices (the measure stage writes them in input order)."""
         indices = self.sample_index
         if len(indices) == 0:
             raise AssertionError("planned samples missing from the measure table")
@@ -199,57 +165,124 @@ class MeasuredSamples:
             self._map.madvise(mmap.MADV_DONTNEED)
 
 
-def _row_jobs(samples_path: Path, plan: PackResult) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    samples = MeasuredSamples(samples_path)
-    for r in range(plan.num_rows):
-        pos = samples.positions(plan.row(r))
-        yield f"{r:09d}", [samples.record(int(p)) for p in pos]
+class MeasuredParts:
+    """Measured samples by global sample index, across every part (each part mapped when first needed)."""
+
+    def __init__(self, measure_dir: Path, part_numbers: list[int], offsets: np.ndarray) -> None:
+        self.measure_dir, self.numbers, self.offsets = measure_dir, part_numbers, np.asarray(offsets)
+        self._parts: dict[int, MeasuredSamples] = {}
+
+    def _part(self, p: int) -> MeasuredSamples:
+        if p not in self._parts:
+            self._parts[p] = MeasuredSamples(part_files(self.measure_dir, self.numbers[p])["arrow"])
+        return self._parts[p]
+
+    def records(self, indices: np.ndarray) -> list[dict[str, Any]]:
+        """The samples with these global indices, in that order (``sample_index`` global)."""
+        out = []
+        for idx in np.asarray(indices, dtype=np.int64).tolist():
+            p = int(np.searchsorted(self.offsets, idx, side="right")) - 1
+            if not 0 <= p < len(self.numbers):
+                raise AssertionError("planned samples missing from the measure table")
+            samples = self._part(p)
+            pos = samples.positions(np.asarray([idx - self.offsets[p]], dtype=np.int64))
+            rec = samples.record(int(pos[0]))
+            rec["sample_index"] = idx
+            out.append(rec)
+        return out
 
 
-def _row_builder(cfg: WriteConfig) -> Callable[[tuple[str, list[dict[str, Any]]]], RowResult]:
-    return lambda job: build_row(job[0], job[1], cfg)
+@dataclass
+class _PlanView:
+    record: dict[str, Any]
+    row_ptr: np.ndarray
+    sample_index: np.ndarray
+    shard_of: np.ndarray
+    samples: MeasuredParts
 
 
-def write_rows(
-    samples_path: Path, plan: PackResult, out_root: Path, cfg: WriteConfig, *, progress: bool = True
-) -> tuple[list[ShardInfo], list[dict[str, Any]], dict[str, Any]]:
-    """Write every planned row; returns shard infos, write-time rejects and row statistics."""
-    from tqdm import tqdm
+_PLANS: dict[str, _PlanView] = {}
 
-    train = ShardWriter(
-        out_root, max_bytes=cfg.shard_max_bytes, max_count=cfg.shard_max_rows, checksums=cfg.shard_checksums
+
+def _plan_view(spec: RunSpec) -> _PlanView:
+    """The plan, the layout and the measured parts, loaded once per process and plan."""
+    record = json.loads(spec.plan_record.read_text())
+    view = _PLANS.get(record["key"])
+    if view is None:
+        plan = pq.read_table(spec.plan_table)
+        rows = plan.column("row").to_numpy()
+        row_ptr = np.searchsorted(rows, np.arange(record["num_rows"] + 1)).astype(np.int64)
+        shard_of = pq.read_table(spec.layout_table).column("shard").to_numpy()
+        samples = MeasuredParts(spec.measure_dir, record["parts"], np.asarray(record["offsets"]))
+        view = _PlanView(record, row_ptr, plan.column("sample_index").to_numpy(), shard_of, samples)
+        _PLANS.clear()  # one plan at a time: a replanned run drops the old mappings
+        _PLANS[record["key"]] = view
+    return view
+
+
+def shard_key(spec: RunSpec, plan_key: str, shard: dict[str, Any]) -> str:
+    return digest({"plan": plan_key, "write": spec.write, "shard": shard})
+
+
+def shard_record_path(spec: RunSpec, number: int) -> Path:
+    return spec.write_dir / f"shard-{number:06d}.json"
+
+
+def shard_done(spec: RunSpec, record: dict[str, Any] | None) -> bool:
+    """A recorded shard whose tar and index are in place with the recorded size."""
+    if record is None:
+        return False
+    info = record["shard"]
+    if info is None:
+        return True
+    tar = spec.out / info["path"]
+    return tar.is_file() and tar.stat().st_size == info["num_bytes"] and Path(f"{tar}.idx").is_file()
+
+
+def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
+    """Write one shard of the layout (or keep it when its record matches); returns its record."""
+    view = _plan_view(spec)
+    shard = view.record["shards"][number]
+    key = shard_key(spec, view.record["key"], shard)
+    path = shard_record_path(spec, number)
+    record = read_record(path, key)
+    if shard_done(spec, record):
+        return record  # type: ignore[return-value]
+    writer = ShardWriter(
+        spec.out,
+        shard["prefix"],
+        max_bytes=1 << 62,  # one shard: the layout already cut the rows
+        split=shard["split"],
+        checksums=spec.write.shard_checksums,
+        first_number=shard["index"],
     )
-    val = ShardWriter(
-        out_root, "shards/val", cfg.shard_max_bytes, cfg.shard_max_rows, "val", cfg.shard_checksums
-    )
-    # Drawn at random, not the plan's tail: unshuffled plans are ordered by length.
-    val_picks = np.random.default_rng(cfg.val_seed).permutation(plan.num_rows)[: cfg.val_rows]
-    is_val = np.zeros(plan.num_rows, dtype=bool)
-    is_val[val_picks] = True
     rejects: list[dict[str, Any]] = []
-    samples_per_row: list[int] = []
-    real_tokens = 0
+    rows_written = samples_written = real_tokens = 0
     try:
-        # small windows: each job carries a whole row's samples
-        results = map_ordered(
-            _row_builder, cfg, _row_jobs(samples_path, plan), workers=cfg.workers, window=64, chunksize=2
-        )
-        for r, res in enumerate(
-            tqdm(results, total=plan.num_rows, desc="write", unit="row", disable=not progress)
-        ):
+        for r in np.flatnonzero(view.shard_of == number).tolist():
+            members = view.sample_index[view.row_ptr[r] : view.row_ptr[r + 1]]
+            res = build_row(f"{r:09d}", view.samples.records(members), spec.write)
             rejects.extend(res.rejects)
             if res.parts is not None:
-                (val if is_val[r] else train).write(res.key, res.parts)
-                samples_per_row.append(res.num_samples)
+                writer.write(res.key, res.parts)
+                rows_written += 1
+                samples_written += res.num_samples
                 real_tokens += res.real_tokens
     except BaseException:
-        train.abort()
-        val.abort()
+        writer.abort()
         raise
-    shards = train.close() + val.close()
-    stats = {
-        "rows_written": len(samples_per_row),
-        "samples_written": int(sum(samples_per_row)),
+    infos = writer.close()
+    pa.default_memory_pool().release_unused()
+    crash_point("write", number)
+    record = {
+        "key": key,
+        "number": number,
+        "shard": asdict(infos[0]) if infos else None,
+        "rejects": rejects,
+        "rows_written": rows_written,
+        "samples_written": samples_written,
         "real_tokens": real_tokens,
     }
-    return shards, rejects, stats
+    spec.write_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, record)
+    return record

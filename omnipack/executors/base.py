@@ -1,0 +1,29 @@
+"""What an executor is: something that runs a stage's unit function over its units, results in unit order.
+
+A unit function is a module-level ``fn(spec, unit) -> record`` of plain data (``spec``: the run's settings
+and paths; ``unit``: a part or shard number), so any executor can ship it to any process or machine.
+Output never depends on the executor: every unit writes its own files, named by the unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+UnitFn = Callable[[Any, Any], Any]
+
+
+class Executor:
+    workers: int = 1
+
+    def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release workers (the executor may be used for several stages first)."""
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,86 @@
+"""The embedded executor: stage units on a local process pool (nothing to start), or in this process.
+
+``LocalExecutor.map`` runs a stage's unit function over its units (parts, shards) on spawned processes;
+each process keeps what it loads (a tokenizer, the mapped measure tables) for all the units it runs.
+``map_ordered`` runs a per-item function within one unit of work: the function is built once per process from plain data (``make_fn(context)``), so heavy state such as a
+tokenizer is loaded once per worker and never pickled. Items are handed to the pool in bounded windows:
+the input is never read far ahead of the output, so memory stays flat on large inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
+from typing import Any, TypeVar
+
+from .base import Executor, UnitFn
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_FN: Callable[[Any], Any] | None = None  # this worker's function, built by the pool initializer
+
+
+def _init(make_fn: Callable[[Any], Callable[[Any], Any]], context: Any) -> None:
+    global _FN
+    _FN = make_fn(context)
+
+
+def _call(item: Any) -> Any:
+    assert _FN is not None
+    return _FN(item)
+
+
+def map_ordered(
+    make_fn: Callable[[Any], Callable[[T], R]],
+    context: Any,
+    items: Iterable[T],
+    *,
+    workers: int = 1,
+    window: int = 1024,
+    chunksize: int = 8,
+) -> Iterator[R]:
+    """``make_fn(context)(item)`` for every item, results in input order.
+
+    ``make_fn`` must be a module-level callable (it crosses to spawned workers); ``context`` plain data.
+    """
+    if workers <= 1:
+        yield from map(make_fn(context), items)
+        return
+    import multiprocessing as mp
+
+    # spawn, not fork: tokenizers' thread pools and fork do not mix
+    with mp.get_context("spawn").Pool(workers, initializer=_init, initargs=(make_fn, context)) as pool:
+        it = iter(items)
+        while chunk := list(islice(it, window)):
+            yield from pool.imap(_call, chunk, chunksize=chunksize)
+
+
+class LocalExecutor(Executor):
+    """Units on ``workers`` spawned processes (inline with one worker); results in unit order.
+
+    A worker killed mid-unit (``kill -9``, the OOM killer) fails the run with ``BrokenProcessPool`` rather
+    than hanging it; a rerun then redoes only the unfinished units.
+    """
+
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = max(1, int(workers))
+        self._pool: Any = None
+
+    def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
+        if self.workers <= 1 or len(units) <= 1:
+            for unit in units:
+                yield fn(spec, unit)
+            return
+        if self._pool is None:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn, not fork: tokenizers' thread pools and fork do not mix
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        yield from self._pool.map(fn, [spec] * len(units), units)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,149 @@
+"""Finalize stage: the shard records -> ``rejects.jsonl``, ``.nv-meta/`` and ``omnipack.json``, written last.
+
+Energon and ``omnipack verify`` know a dataset by its ``.nv-meta`` folder; it is built beside the output
+and renamed into place as the very last step, so an unfinished or crashed run never looks like a dataset.
+Every input sample must come out packed or rejected with its reason (checked here, before anything shows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..dataset.meta import NV_META, write_energon_meta, write_omnipack_meta
+from ..dataset.shards import ShardInfo
+from .measure import read_measured
+from .pack import part_records
+from .records import crash_point
+from .spec import REJECTS_FILE, RunSpec
+from .write import shard_done, shard_key, shard_record_path
+
+
+class NothingPacked(RuntimeError):
+    """Every input sample was rejected."""
+
+
+class WriteIncomplete(RuntimeError):
+    """The finalize stage found shards not written (yet) for the current plan."""
+
+
+def shard_records(spec: RunSpec, plan: dict[str, Any]) -> list[dict[str, Any]]:
+    records, missing = [], []
+    for shard in plan["shards"]:
+        path = shard_record_path(spec, shard["number"])
+        try:
+            rec = json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            rec = None
+        if rec is None or rec.get("key") != shard_key(spec, plan["key"], shard) or not shard_done(spec, rec):
+            missing.append(shard["number"])
+        else:
+            records.append(rec)
+    if missing:
+        raise WriteIncomplete(
+            f"{len(missing)} of {len(plan['shards'])} shards are not written for this plan "
+            f"(e.g. {missing[:10]}): run the write stage (every rank) first"
+        )
+    return records
+
+
+def all_rejects(
+    spec: RunSpec, plan: dict[str, Any], shards: list[dict[str, Any]], *, reuse_measure: bool
+) -> list:
+    """Rejects of every stage with global sample indices, in input order."""
+    parts = part_records(spec, check_keys=not reuse_measure)
+    measured = read_measured(
+        spec.measure_dir, parts, ["sample_index", "sample_id", "source", "stage", "reason"], rejects=True
+    ).to_pylist()
+    superseded = set(plan["superseded_rejects"])  # replaced by the pack stage's duplicate-id rejects
+    rejects = [r for r in measured if r["sample_index"] not in superseded] + plan["rejects"]
+    for rec in shards:
+        rejects += rec["rejects"]
+    rejects.sort(key=lambda r: r["sample_index"])
+    return rejects
+
+
+def _remove_strays(spec: RunSpec, shards: list[ShardInfo]) -> None:
+    """Shard files of an earlier plan (a resumed run whose settings changed) would read as part of the
+    dataset: only the recorded shards stay."""
+    keep = {s.path for s in shards}
+    for tar in (spec.out / "shards").glob("*.tar"):
+        rel = str(tar.relative_to(spec.out))
+        if rel not in keep:
+            tar.unlink()
+            Path(f"{tar}.idx").unlink(missing_ok=True)
+
+
+def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False) -> dict[str, Any]:
+    """Write the dataset's metadata from the shard records; returns the run summary (``omnipack.json``)."""
+    records = shard_records(spec, plan)
+    rejects = all_rejects(spec, plan, records, reuse_measure=reuse_measure)
+    shards = [ShardInfo(**r["shard"]) for r in records if r["shard"] is not None]
+    shards.sort(key=lambda s: (s.split != "train", s.path))
+    n_input = plan["input"]
+    packed = sum(r["samples_written"] for r in records)
+    rows = sum(r["rows_written"] for r in records)
+    real_tokens = sum(r["real_tokens"] for r in records)
+    if packed + len(rejects) != n_input:  # every input sample is either packed or rejected
+        raise AssertionError(f"accounting: {n_input} input != {packed} packed + {len(rejects)} rejected")
+    seq_length = spec.pack.seq_length
+    summary = {
+        "omnipack_version": spec.summary["omnipack_version"],
+        "profile": spec.summary["profile"],
+        "tokenizer": spec.summary["tokenizer"],
+        "seq_length": seq_length,
+        "align": spec.pack.align,
+        "parallel": spec.summary["parallel"],
+        "image_encoding": spec.write.image_encoding,
+        "compress_video": spec.write.compress_video,
+        "mrope_position_ids": spec.measure.mrope,
+        "counts": {
+            "input": n_input,
+            "packed": packed,
+            "rejected": len(rejects),
+            "rows": rows,
+            "rows_by_split": {
+                part: sum(s.count for s in shards if s.split == part) for part in ("train", "val")
+            },
+            "rejected_by_stage": dict(Counter(r["stage"] for r in rejects)),
+            "measured": plan["measured"],
+        },
+        "packing": {
+            **plan["stats"],
+            "algorithm": spec.pack.algorithm,
+            "seed": spec.pack.seed,
+            "shuffle": spec.pack.shuffle,
+            "real_tokens": real_tokens,
+            "real_efficiency_written": real_tokens / (rows * seq_length) if rows else 0.0,
+        },
+        "shards": [asdict(s) for s in shards],
+        "rejects_file": REJECTS_FILE,
+    }
+    tmp = spec.out.joinpath(f"{REJECTS_FILE}.{os.getpid()}.partial")
+    with open(tmp, "w") as f:
+        for r in rejects:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, spec.out / REJECTS_FILE)
+    if not shards:
+        if n_input == 0:
+            raise NothingPacked(
+                f"nothing to pack: the manifest(s) {', '.join(spec.manifests)} hold no samples"
+            )
+        raise NothingPacked(
+            f"nothing could be packed: all {n_input} samples were rejected (see {spec.out / REJECTS_FILE})"
+        )
+    _remove_strays(spec, shards)
+    staging = spec.stages / "finalize"
+    shutil.rmtree(staging, ignore_errors=True)
+    write_energon_meta(staging, shards)
+    write_omnipack_meta(staging, summary)
+    crash_point("finalize", 0)
+    shutil.rmtree(spec.out / NV_META, ignore_errors=True)
+    os.replace(staging / NV_META, spec.out / NV_META)  # the dataset appears here, whole
+    staging.rmdir()
+    return summary

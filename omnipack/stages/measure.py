@@ -1,0 +1,249 @@
+"""Measure stage: one input part (a range of manifest records) -> its measured samples and rejects.
+
+The input is split into parts of ``part_lines`` lines each (cut at line ends, never across files), so a
+part is a plain-data unit: (file, first byte, first line, number of lines, checksum of its bytes). A part's
+samples go to ``stages/measure/part-K.parquet`` (plus ``part-K.arrow``, the same table for the write stage's
+in-place reads) and its rejects to ``part-K.rejects.parquet``, keyed by their record index within the part:
+the pack stage turns (part, record) into the global sample index once every part is measured, so no part
+needs to know how many records the parts before it hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+
+from .. import __version__
+from ..manifest import RawSample, read_manifest_lines
+from ..measure import REJECTS_SCHEMA, SAMPLES_SCHEMA, MeasureConfig, Measurer, TableWriter, _batches
+from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
+from .spec import RunSpec
+
+PART_LINES = 4096  # manifest lines per part: enough work to amortise a part's files, small enough to spread
+PARTS_FILE = "parts.json"
+_CHUNK = 1 << 24
+
+
+@dataclass(frozen=True)
+class InputPart:
+    """A range of one manifest's lines: the unit of measure work."""
+
+    number: int
+    path: str
+    start_byte: int
+    first_line: int  # 1-based line number of the part's first line in its file
+    num_lines: int
+    xxh3: str  # of the part's bytes: a changed input redoes exactly the parts it touches
+
+
+def split_input(manifests: list[Path], part_lines: int = PART_LINES) -> list[InputPart]:
+    """Parts of ``part_lines`` lines over the manifests, in input order (one read, at memory speed)."""
+    if part_lines < 1:
+        raise ValueError(f"part_lines must be >= 1, got {part_lines}")
+    parts: list[InputPart] = []
+    for path in manifests:
+        start_byte, first_line, lines_in_part, pos = 0, 1, 0, 0
+        hasher = xxhash.xxh3_128()
+        last = b"\n"
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                view = memoryview(chunk)
+                newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+                i, cut = 0, 0
+                while len(newlines) - i >= part_lines - lines_in_part:
+                    j = i + part_lines - lines_in_part - 1  # the newline that ends this part
+                    end = int(newlines[j]) + 1
+                    hasher.update(view[cut:end])
+                    parts.append(
+                        InputPart(
+                            len(parts), str(path), start_byte, first_line, part_lines, hasher.hexdigest()
+                        )
+                    )
+                    start_byte, first_line, lines_in_part = pos + end, first_line + part_lines, 0
+                    hasher, cut, i = xxhash.xxh3_128(), end, j + 1
+                lines_in_part += len(newlines) - i
+                hasher.update(view[cut:])
+                pos += len(chunk)
+                last = chunk[-1:]
+        if pos > start_byte:  # the last lines (the very last may lack its newline)
+            n = lines_in_part + (last != b"\n")
+            parts.append(InputPart(len(parts), str(path), start_byte, first_line, n, hasher.hexdigest()))
+    return parts
+
+
+def load_parts(stages: Path, manifests: list[Path], part_lines: int) -> list[InputPart]:
+    """The input's parts, split once and kept in ``stages/parts.json`` while the files stay the same (so
+    every rank of a staged run, and every rerun, sees the same parts without reading the input again)."""
+    for p in manifests:
+        if not p.is_file():
+            raise FileNotFoundError(f"manifest {p} not found")
+    files = [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in manifests]
+    cache = stages / PARTS_FILE
+    record = read_record(cache, digest({"files": files, "part_lines": part_lines}))
+    if record is not None:
+        return [InputPart(**p) for p in record["parts"]]
+    parts = split_input(manifests, part_lines)
+    stages.mkdir(parents=True, exist_ok=True)
+    key = digest({"files": files, "part_lines": part_lines})
+    write_json_atomic(cache, {"key": key, "parts": [asdict(p) for p in parts]})
+    return parts
+
+
+def read_part(part: InputPart, max_line_bytes: int) -> Any:
+    """The part's samples, indexed from 0 within the part."""
+    return read_manifest_lines(
+        Path(part.path),
+        start_byte=part.start_byte,
+        first_line=part.first_line,
+        num_lines=part.num_lines,
+        max_line_bytes=max_line_bytes,
+    )
+
+
+def measure_settings(spec: RunSpec) -> dict[str, Any]:
+    """Everything a part's measured output depends on besides its bytes."""
+    return {
+        "omnipack_version": __version__,
+        "measure": asdict(spec.measure),
+        "media_root": str(Path(spec.measure.media_root).resolve()),
+        "tokenizer_fingerprint": spec.summary.get("tokenizer_fingerprint"),
+        "max_line_bytes": spec.max_line_bytes,
+    }
+
+
+def part_key(spec: RunSpec, part: InputPart) -> str:
+    return digest({**measure_settings(spec), "part": asdict(part), "name": Path(part.path).name})
+
+
+def part_files(measure_dir: Path, number: int) -> dict[str, Path]:
+    stem = measure_dir / f"part-{number:06d}"
+    return {
+        "samples": Path(f"{stem}.parquet"),
+        "rejects": Path(f"{stem}.rejects.parquet"),
+        "arrow": Path(f"{stem}.arrow"),
+        "record": Path(f"{stem}.json"),
+    }
+
+
+def outputs_intact(record: dict[str, Any], root: Path) -> bool:
+    """A recorded unit's files are all there with their recorded sizes and checksums."""
+    for name, info in record.get("files", {}).items():
+        path = root / name
+        if not path.is_file() or path.stat().st_size != info["bytes"] or file_xxh3(path) != info["xxh3"]:
+            return False
+    return True
+
+
+_MEASURERS: dict[str, Measurer] = {}
+
+
+def _measurer(config: MeasureConfig) -> Measurer:
+    """This process's Measurer (the tokenizer is loaded once per worker, for all the parts it measures)."""
+    key = digest(asdict(config))
+    if key not in _MEASURERS:
+        _MEASURERS[key] = Measurer(config)
+    return _MEASURERS[key]
+
+
+def arrow_copy(parquet_path: Path, arrow_path: Path) -> None:
+    """The table as an Arrow IPC file (Parquet pages can not be memory-mapped; the write stage reads samples
+    in place from this copy), converted a row group at a time so memory stays flat."""
+    parquet = pq.ParquetFile(parquet_path)
+    pool = pa.default_memory_pool()
+    with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_file(sink, parquet.schema_arrow) as out:
+        for i in range(parquet.num_row_groups):
+            out.write_table(parquet.read_row_group(i, use_threads=False))
+            pool.release_unused()
+
+
+def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
+    """Measure one part (or reuse its earlier output when its record matches); returns its record."""
+    part: InputPart = spec.parts[number]
+    key = part_key(spec, part)
+    files = part_files(spec.measure_dir, number)
+    record = read_record(files["record"], key)
+    if record is not None and outputs_intact(record, spec.measure_dir):
+        return record
+    spec.measure_dir.mkdir(parents=True, exist_ok=True)
+    measurer = _measurer(spec.measure)
+    tmp = {name: Path(f"{p}.{os.getpid()}.partial") for name, p in files.items() if name != "record"}
+    samples: list[RawSample]
+    with (
+        TableWriter(tmp["samples"], SAMPLES_SCHEMA) as good,
+        TableWriter(tmp["rejects"], REJECTS_SCHEMA) as bad,
+    ):
+        for samples in _batches(read_part(part, spec.max_line_bytes)):
+            for kind, rec in measurer.measure_many(samples):
+                (good if kind == "sample" else bad).add(rec)
+    arrow_copy(tmp["samples"], tmp["arrow"])
+    pa.default_memory_pool().release_unused()
+    for name, path in tmp.items():
+        os.replace(path, files[name])
+    crash_point("measure", number)
+    record = {
+        "key": key,
+        "number": number,
+        "part": asdict(part),
+        "records": good.count + bad.count,
+        "measured": good.count,
+        "rejected": bad.count,
+        "files": {
+            files[name].name: {"bytes": files[name].stat().st_size, "xxh3": file_xxh3(files[name])}
+            for name in ("samples", "rejects", "arrow")
+        },
+    }
+    write_json_atomic(files["record"], record)
+    return record
+
+
+def part_offsets(records: list[dict[str, Any]]) -> np.ndarray:
+    """Global sample index of each part's first record, plus the total: [P + 1]."""
+    return np.concatenate([[0], np.cumsum([r["records"] for r in records])]).astype(np.int64)
+
+
+def read_measured(
+    measure_dir: Path, records: list[dict[str, Any]], columns: list[str], *, rejects: bool = False
+) -> pa.Table:
+    """The measured samples (or rejects) of all parts as one table, ``sample_index`` made global."""
+    offsets = part_offsets(records)
+    tables = []
+    for rec, offset in zip(records, offsets[:-1], strict=False):
+        files = part_files(measure_dir, rec["number"])
+        table = pq.read_table(files["rejects" if rejects else "samples"], columns=columns)
+        if "sample_index" in columns:
+            i = table.schema.get_field_index("sample_index")
+            table = table.set_column(
+                i, "sample_index", pc.add(table.column(i), pa.scalar(int(offset), pa.int64()))
+            )
+        tables.append(table)
+    schema = REJECTS_SCHEMA if rejects else SAMPLES_SCHEMA
+    if not tables:
+        return pa.table({c: pa.array([], schema.field(c).type) for c in columns})
+    return pa.concat_tables(tables)
+
+
+def read_run_measured(stages: Path, columns: list[str]) -> pa.Table | None:
+    """A finished run's measured samples (global ``sample_index``), from the parts its plan used, less the
+    duplicates the pack stage dropped; None when the run has no plan."""
+    try:
+        plan = json.loads((stages / "plan.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    records = [{"number": n, "records": 0} for n in plan["parts"]]
+    offsets = plan["offsets"]
+    for rec, (a, b) in zip(records, itertools.pairwise(offsets), strict=False):
+        rec["records"] = b - a
+    table = read_measured(stages / "measure", records, sorted({*columns, "sample_index"}))
+    dropped = pa.array(plan.get("dropped_duplicates", []), pa.int64())
+    table = table.filter(pc.invert(pc.is_in(table.column("sample_index"), value_set=dropped)))
+    return table.select(columns)

@@ -1,0 +1,247 @@
+"""Pack stage: the length columns of every measured part -> the plan and the shard layout (once, one node).
+
+Reads only the parts' length columns (a few bytes a sample), makes their record indices global, finds ids
+that repeat across parts (within a part the reader finds them), plans rows (``omnipack.plan``), and cuts
+the plan's rows into shards by their estimated size, so each shard is a write unit known before writing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..plan import PACK_COLUMNS, PackResult, run_pack, write_plan
+from .measure import part_files, part_key, part_offsets, read_measured
+from .records import crash_point, digest, read_record, write_json_atomic
+from .spec import RunSpec, ShardLayout
+
+NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
+MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (read by verify)
+LAYOUT_SCHEMA = pa.schema([("row", pa.int32()), ("shard", pa.int32())])
+# Bytes per token position in a row's arrays (tokens, labels, positions, masks, boundaries), plus mRoPE's
+# 3 x int32: the part of a row's shard size that does not come from its media.
+ROW_TOKEN_BYTES, MROPE_TOKEN_BYTES = 17, 12
+
+
+class MeasureIncomplete(RuntimeError):
+    """The pack stage found parts not measured (yet) with the current settings."""
+
+
+def part_records(spec: RunSpec, *, check_keys: bool = True) -> list[dict[str, Any]]:
+    """Every part's completion record; all parts must be measured (with the current settings)."""
+    records, missing = [], []
+    for part in spec.parts:
+        path = part_files(spec.measure_dir, part.number)["record"]
+        rec = read_record(path, part_key(spec, part)) if check_keys else _any_record(path)
+        if rec is None:
+            missing.append(part.number)
+        else:
+            records.append(rec)
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        raise MeasureIncomplete(
+            f"{len(missing)} of {len(spec.parts)} input parts are not measured with these settings "
+            f"(parts {shown}): run the measure stage (every rank) first"
+        )
+    return records
+
+
+def _any_record(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _duplicates(
+    spec: RunSpec, records: list[dict[str, Any]], measured_index: np.ndarray
+) -> tuple[np.ndarray, list, list]:
+    """Ids seen in an earlier part: (mask of measured samples to drop, their rejects, indices of measure
+    rejects they replace). An id is claimed by every record that passed the manifest checks: measured
+    samples and measure-stage rejects. Every claim after an id's first is a duplicate, as the reader says
+    within one part, so the result does not depend on how the input was split."""
+    rejected = read_measured(
+        spec.measure_dir, records, ["sample_index", "sample_id", "source", "stage"], rejects=True
+    )
+    claimed = rejected.filter(pc.equal(rejected.column("stage"), "measure"))
+    n_measured = len(measured_index)
+    index = np.concatenate([measured_index, claimed.column("sample_index").to_numpy()])
+    ids = read_measured(spec.measure_dir, records, ["sample_id"]).column("sample_id")
+    ids = pa.chunked_array(ids.chunks + claimed.column("sample_id").chunks, pa.string())
+    # vectorised: an id's code in input order; every occurrence after its first is a duplicate
+    order = np.argsort(index, kind="stable")
+    encoded = pc.dictionary_encode(ids)  # chunks share one dictionary: codes are comparable
+    del ids
+    codes = np.concatenate([c.indices.to_numpy() for c in encoded.chunks] or [np.zeros(0, np.int32)])[order]
+    del encoded
+    later = np.ones(len(order), dtype=bool)
+    later[np.unique(codes, return_index=True)[1]] = False
+    drop = np.zeros(n_measured, dtype=bool)
+    drop_index = [int(index[k]) for k in order[later] if k < n_measured]
+    drop[order[later][order[later] < n_measured]] = True
+    names = _names(spec, records, drop_index)
+    dup_rejects, superseded = [], []
+    for k in order[later].tolist():
+        if k < n_measured:
+            sid, source = names[int(index[k])]
+        else:
+            j = k - n_measured
+            sid, source = claimed.column("sample_id")[j].as_py(), claimed.column("source")[j].as_py()
+            superseded.append(int(index[k]))
+        dup_rejects.append(
+            {
+                "sample_index": int(index[k]),
+                "sample_id": sid,
+                "source": source,
+                "stage": "read",
+                "reason": f"duplicate sample id {sid!r}",
+            }
+        )
+    return drop, dup_rejects, superseded
+
+
+def _names(spec: RunSpec, records: list[dict[str, Any]], indices: list[int]) -> dict[int, tuple[str, str]]:
+    """(sample_id, source) of measured samples by global index, read from just the parts that hold them."""
+    offsets = part_offsets(records)
+    out: dict[int, tuple[str, str]] = {}
+    wanted = np.asarray(sorted(indices), dtype=np.int64)
+    which = np.searchsorted(offsets, wanted, side="right") - 1
+    for p in np.unique(which).tolist():
+        local = wanted[which == p] - offsets[p]
+        table = pq.read_table(
+            part_files(spec.measure_dir, records[p]["number"])["samples"],
+            columns=["sample_index", "sample_id", "source"],
+        )
+        pos = np.searchsorted(table.column("sample_index").to_numpy(), local)
+        for i, q in zip(local.tolist(), pos.tolist(), strict=True):
+            out[int(i + offsets[p])] = (
+                table.column("sample_id")[q].as_py(),
+                table.column("source")[q].as_py(),
+            )
+    return out
+
+
+def _val_rows(fraction: float, num_rows: int) -> int:
+    """Rows held out for validation: at least one when asked for, never all of them."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {fraction}")
+    if fraction == 0.0 or num_rows < 2:
+        return 0
+    return min(num_rows - 1, max(1, round(fraction * num_rows)))
+
+
+def shard_layout(
+    plan: PackResult, row_bytes: np.ndarray, layout: ShardLayout
+) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """Each plan row's shard, and the shards (path, split, rows): train shards, then val shards.
+
+    Val rows are drawn at random (unshuffled plans are ordered by length); each split's rows fill shards in
+    plan order, a shard closing once it reaches ``shard_max_bytes`` (estimated) or ``shard_max_rows``."""
+    n = plan.num_rows
+    picks = np.random.default_rng(layout.val_seed).permutation(n)[: _val_rows(layout.val_fraction, n)]
+    is_val = np.zeros(n, dtype=bool)
+    is_val[picks] = True
+    shard_of = np.empty(n, dtype=np.int32)
+    shards: list[dict[str, Any]] = []
+    for split, prefix in (("train", "shards/shard"), ("val", "shards/val")):
+        first = len(shards)
+        size = count = 0
+        for r in np.flatnonzero(is_val == (split == "val")):
+            if count and (
+                size >= layout.shard_max_bytes or (layout.shard_max_rows and count >= layout.shard_max_rows)
+            ):
+                shards[-1]["rows"] = count
+                size = count = 0
+            if count == 0:
+                index = len(shards) - first
+                shards.append(
+                    {
+                        "number": len(shards),
+                        "path": f"{prefix}-{index:06d}.tar",
+                        "split": split,
+                        "prefix": prefix,
+                        "index": index,
+                    }
+                )
+            shard_of[r] = len(shards) - 1
+            size += int(row_bytes[r])
+            count += 1
+        if count:
+            shards[-1]["rows"] = count
+    return shard_of, shards
+
+
+def pack_key(spec: RunSpec, records: list[dict[str, Any]]) -> str:
+    parts = [[r["key"], {n: f["xxh3"] for n, f in r["files"].items()}] for r in records]
+    return digest({"parts": parts, "pack": spec.pack, "layout": spec.layout})
+
+
+def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, Any]:
+    """Plan the measured parts (or reuse the plan when nothing it depends on changed); returns the plan
+    record. ``reuse_measure``: take the parts as measured before even if measure settings changed (the
+    caller checked they still fit, for ``--from-stage pack``)."""
+    records = part_records(spec, check_keys=not reuse_measure)
+    key = pack_key(spec, records)
+    record = read_record(spec.plan_record, key)
+    if record is not None and spec.plan_table.is_file() and spec.layout_table.is_file():
+        return record
+    offsets = part_offsets(records)
+    # numbers only: the names (ids, sources) of a large corpus are read when needed, not held
+    table = read_measured(spec.measure_dir, records, NUMERIC_COLUMNS)
+    drop, dup_rejects, superseded = _duplicates(spec, records, table.column("sample_index").to_numpy())
+    keep_mask = pa.array(~drop)
+    table = table.filter(keep_mask)
+    pa.default_memory_pool().release_unused()
+
+    def media_json() -> pa.ChunkedArray:
+        return read_measured(spec.measure_dir, records, ["media_json"]).column("media_json").filter(keep_mask)
+
+    plan = run_pack(table.select([c for c in PACK_COLUMNS if c in NUMERIC_COLUMNS]), spec.pack, media_json)
+    names = _names(spec, records, [r["sample_index"] for r in plan.rejects])
+    for r in plan.rejects:
+        r["sample_id"], r["source"] = names[r["sample_index"]]
+    pos = np.searchsorted(table.column("sample_index").to_numpy(), plan.sample_index)
+    sample_bytes = table.column("media_bytes").to_numpy()[pos]
+    per_token = ROW_TOKEN_BYTES + (MROPE_TOKEN_BYTES if spec.measure.mrope else 0)
+    row_media = np.add.reduceat(sample_bytes, plan.row_ptr[:-1]) if plan.num_rows else np.zeros(0, np.int64)
+    row_bytes = row_media + per_token * spec.pack.seq_length
+    shard_of, shards = shard_layout(plan, row_bytes, spec.layout)
+
+    spec.stages.mkdir(parents=True, exist_ok=True)
+    spec.plan_record.unlink(missing_ok=True)  # an old record must never vouch for half-replaced files
+    tmp_plan, tmp_layout = (Path(f"{p}.{os.getpid()}.partial") for p in (spec.plan_table, spec.layout_table))
+    write_plan(plan, tmp_plan)
+    pq.write_table(
+        pa.table({"row": np.arange(plan.num_rows, dtype=np.int32), "shard": shard_of}, schema=LAYOUT_SCHEMA),
+        tmp_layout,
+    )
+    os.replace(tmp_plan, spec.plan_table)
+    os.replace(tmp_layout, spec.layout_table)
+    crash_point("pack", 0)
+    n_input = int(offsets[-1])
+    if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings
+        write_json_atomic(
+            spec.measure_dir / MEASURE_KEY_FILE, {**spec.summary["measure_key"], "input": n_input}
+        )
+    record = {
+        "key": key,
+        "input": n_input,
+        "measured": table.num_rows,  # less the duplicates dropped: as if the input were read as one part
+        "dropped_duplicates": sorted({r["sample_index"] for r in dup_rejects} - set(superseded)),
+        "parts": [r["number"] for r in records],
+        "offsets": offsets.tolist(),
+        "rejects": plan.rejects + dup_rejects,
+        "superseded_rejects": superseded,
+        "stats": plan.stats,
+        "num_rows": plan.num_rows,
+        "shards": shards,
+    }
+    write_json_atomic(spec.plan_record, record)
+    return record

@@ -1,0 +1,77 @@
+"""A run's settings and paths as plain data: what every unit of every stage gets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..measure import MeasureConfig
+from ..plan import PackConfig
+
+STAGES_DIR = "stages"
+REJECTS_FILE = "rejects.jsonl"
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """How the pack stage cuts the plan's rows into shards (decided before writing, so the cut is the same
+    whoever writes which shard)."""
+
+    shard_max_bytes: int = 1 << 30  # estimated from the plan: token arrays plus raw media sizes
+    shard_max_rows: int | None = None
+    val_fraction: float = 0.0
+    val_seed: int = 0
+
+
+@dataclass(frozen=True)
+class WriteSettings:
+    media_root: str
+    seq_length: int
+    align: int
+    pad_token_id: int
+    image_encoding: str = "npy"
+    compress_video: bool = False
+    shard_checksums: tuple[str, ...] = ("xxh3_128",)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    output: str
+    manifests: tuple[str, ...]
+    measure: MeasureConfig
+    max_line_bytes: int
+    part_lines: int
+    pack: PackConfig
+    layout: ShardLayout
+    write: WriteSettings
+    parts: tuple[Any, ...] = ()  # InputPart, filled in once the input is split
+    summary: dict[str, Any] = field(default_factory=dict)  # run facts for omnipack.json (profile, tokenizer)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.output)
+
+    @property
+    def stages(self) -> Path:
+        return self.out / STAGES_DIR
+
+    @property
+    def measure_dir(self) -> Path:
+        return self.stages / "measure"
+
+    @property
+    def write_dir(self) -> Path:
+        return self.stages / "write"
+
+    @property
+    def plan_record(self) -> Path:
+        return self.stages / "plan.json"
+
+    @property
+    def plan_table(self) -> Path:
+        return self.stages / "plan.parquet"
+
+    @property
+    def layout_table(self) -> Path:
+        return self.stages / "layout.parquet"

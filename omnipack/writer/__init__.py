@@ -1,1 +1,0 @@
-"""Write stage: packed rows into Energon webdataset shards with their metadata."""

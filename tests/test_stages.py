@@ -1,0 +1,116 @@
+"""The stages as units: a staged run (ranks per stage, as a Slurm array runs them) and any split of the
+input into parts give the same bytes as one local run; stages refuse to run ahead of their inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omnipack.cli import main
+from omnipack.pipeline import run_prepare
+from omnipack.stages.measure import split_input
+from tests.stage_outputs import cli_args, dataset_bytes, demo_config
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, demo_tokenizer, demo_corpus):
+    """One local run with one worker: the bytes every other way of running must reproduce."""
+    out = tmp_path_factory.mktemp("reference")
+    summary = run_prepare(demo_config(out, demo_tokenizer, demo_corpus))
+    return dataset_bytes(out), summary
+
+
+def test_parts_cover_every_line_once_with_their_line_numbers(tmp_path):
+    path = tmp_path / "m.jsonl"
+    lines = [f'{{"n": {i}}}' for i in range(23)]
+    path.write_bytes(("\n".join(lines) + "\n").encode())
+    no_newline = tmp_path / "last.jsonl"
+    no_newline.write_bytes(b"a\nb\nc")
+    for chunk in (1 << 24, 7):  # a chunk boundary inside lines and parts
+        import omnipack.stages.measure as measure_stage
+
+        saved, measure_stage._CHUNK = measure_stage._CHUNK, chunk
+        try:
+            parts = split_input([path, no_newline], part_lines=5)
+        finally:
+            measure_stage._CHUNK = saved
+        assert [(p.path.endswith("m.jsonl"), p.first_line, p.num_lines) for p in parts] == [
+            (True, 1, 5),
+            (True, 6, 5),
+            (True, 11, 5),
+            (True, 16, 5),
+            (True, 21, 3),
+            (False, 1, 3),
+        ]
+        data = path.read_bytes()
+        for p in parts[:5]:
+            assert data[p.start_byte :].split(b"\n")[0] == lines[p.first_line - 1].encode()
+        assert len({p.xxh3 for p in parts}) == len(parts)
+
+
+def test_staged_cli_ranks_give_the_bytes_of_one_local_run(tmp_path, reference, demo_tokenizer, demo_corpus):
+    cfg = demo_config(tmp_path / "staged", demo_tokenizer, demo_corpus)
+    args = cli_args(cfg)
+    assert main([*args, "--stage", "pack"]) == 2  # nothing measured yet: refused, clearly
+    assert main([*args, "--stage", "measure", "--overwrite"]) == 2  # ranks must not delete each other's work
+    for rank in range(3):
+        assert main([*args, "--stage", "measure", "--rank", str(rank), "--world-size", "3"]) == 0
+    assert main([*args, "--stage", "pack"]) == 0
+    assert main([*args, "--stage", "finalize"]) == 2  # no shard written yet
+    plan = json.loads((tmp_path / "staged" / "stages" / "plan.json").read_text())
+    assert len(plan["shards"]) > 2 and len(plan["parts"]) > 2  # every rank had work
+    assert main([*args, "--stage", "write", "--rank", "1", "--world-size", "2"]) == 0
+    assert not (tmp_path / "staged" / ".nv-meta").exists()
+    assert main([*args, "--stage", "finalize"]) == 2  # rank 0's shards are missing
+    assert main([*args, "--stage", "write", "--rank", "0", "--world-size", "2"]) == 0
+    assert main([*args, "--stage", "finalize"]) == 0
+    assert dataset_bytes(tmp_path / "staged") == reference[0]
+
+
+def test_local_workers_and_part_sizes_give_the_same_bytes(tmp_path, reference, demo_tokenizer, demo_corpus):
+    two = tmp_path / "two"
+    run_prepare(demo_config(two, demo_tokenizer, demo_corpus, workers=2))
+    assert dataset_bytes(two) == reference[0]
+    whole = tmp_path / "one-part"
+    run_prepare(demo_config(whole, demo_tokenizer, demo_corpus, part_lines=4096))
+    assert dataset_bytes(whole) == reference[0]
+
+
+def test_duplicate_ids_are_found_across_parts(tmp_path, demo_tokenizer, demo_corpus):
+    manifest, media = demo_corpus
+    lines = manifest.read_text().splitlines()
+    first = json.loads(lines[0])["id"]
+    edited = tmp_path / "dup.jsonl"
+    edited.write_text("\n".join([*lines, lines[0], lines[2]]) + "\n")  # two ids again, in the last part
+    outputs = []
+    for part_lines in (16, 4096):  # across parts, and within the one part
+        out = tmp_path / f"p{part_lines}"
+        summary = run_prepare(demo_config(out, demo_tokenizer, (edited, media), part_lines=part_lines))
+        rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
+        dups = [r for r in rejects if r["reason"].startswith("duplicate sample id")]
+        assert [(r["sample_id"], r["stage"], r["sample_index"]) for r in dups] == [
+            (first, "read", len(lines)),
+            (json.loads(lines[2])["id"], "read", len(lines) + 1),
+        ]
+        assert summary["counts"]["input"] == len(lines) + 2
+        outputs.append(dataset_bytes(out))
+        assert main(["verify", str(out)]) == 0  # the ledger closes: each index packed or rejected once
+    assert outputs[0] == outputs[1]
+
+
+def test_an_unfinished_run_resumes_only_with_its_own_settings(tmp_path, demo_tokenizer, demo_corpus):
+    out = tmp_path / "ds"
+    run_prepare(demo_config(out, demo_tokenizer, demo_corpus), stage="measure")  # an unfinished run
+    other = demo_config(out, demo_tokenizer, demo_corpus, seq_length=1024, shard_max_rows=5)
+    with pytest.raises(
+        FileExistsError, match=r"unfinished run with other settings \(seq_length, shard_max_rows\)"
+    ):
+        run_prepare(other)
+    with pytest.raises(FileExistsError, match="other settings"):  # nor a piece of it
+        run_prepare(other, stage="pack")
+    goes_on = demo_config(out, demo_tokenizer, demo_corpus, seq_length=1024, shard_max_rows=5, overwrite=True)
+    run_prepare(goes_on)
+    fresh = tmp_path / "fresh"
+    run_prepare(demo_config(fresh, demo_tokenizer, demo_corpus, seq_length=1024, shard_max_rows=5))
+    assert dataset_bytes(out) == dataset_bytes(fresh)
