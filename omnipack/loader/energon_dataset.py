@@ -52,35 +52,37 @@ class MRopePositionIds:
 
 
 class RowSummary:
-    """What a row holds, in words: token counts, its sequences and its media with their stored shapes."""
+    """What a row holds, in words: token counts, its sequences and its media with their stored shapes.
 
-    __slots__ = ("text",)
+    Written on first ``repr`` (only a viewer such as ``energon preview`` asks), from the row's own tensors,
+    meta and payloads (references, no copies): the training loader never pays for it.
+    """
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+    __slots__ = ("_arrays", "_key", "_media", "_meta", "_text")
+
+    def __init__(
+        self, key: str, arrays: dict[str, torch.Tensor], meta: dict[str, Any], media: dict[str, bytes]
+    ) -> None:
+        self._key, self._arrays, self._meta, self._media = key, arrays, meta, media
+        self._text: str | None = None
 
     def __repr__(self) -> str:
-        return self.text
+        if self._text is None:
+            self._text = self._describe()
+        return self._text
 
-    @classmethod
-    def of(
-        cls,
-        key: str,
-        arrays: dict[str, torch.Tensor],
-        meta: dict[str, Any],
-        media: dict[str, bytes],
-    ) -> "RowSummary":
+    def _describe(self) -> str:
+        arrays, meta, media = self._arrays, self._meta, self._media
         width = int(arrays["tokens"].numel())
         padding = int(arrays["padding_mask"].sum())
         supervised = int(arrays["loss_mask"].sum())
-        cu = arrays["cu_seqlens"].numpy().astype(np.int64)
-        cu_padded = arrays["cu_seqlens_padded"].numpy().astype(np.int64)
-        lengths, padded = np.diff(cu), np.diff(cu_padded)
+        lengths = np.diff(arrays["cu_seqlens"].numpy().astype(np.int64))
+        padded = np.diff(arrays["cu_seqlens_padded"].numpy().astype(np.int64))
         ids = list(meta.get("sample_ids", []))
         items = [MediaItem.from_json(m) for m in meta.get("media", [])]
         lines = [
-            f"row {key!r}: {width} tokens = {width - padding} in {len(lengths)} sequences + {padding} padding; "
-            f"{supervised} supervised (loss_mask)"
+            f"row {self._key!r}: {width} tokens = {width - padding} in {len(lengths)} sequences + {padding} "
+            f"padding; {supervised} supervised (loss_mask)"
         ]
         for i, (n, p) in enumerate(zip(lengths.tolist(), padded.tolist(), strict=False)):
             kinds = [m.kind for m in items if m.sample_index == i]
@@ -89,24 +91,26 @@ class RowSummary:
             lines.append(f"  sequence {i} {sid!r}: {n} tokens (padded to {p}){held}")
         for j, m in enumerate(items):
             lines.append(
-                f"  media {j}: {m.kind} {m.part!r} {_stored_shape(m.part, media.get(m.part))}, "
+                f"  media {j}: {m.kind} {m.part!r} {_stored_shape(m, media.get(m.part))}, "
                 f"{m.num_tokens} placeholder tokens"
             )
         if "mrope_position_ids" in arrays:
             lines.append(f"  {MRopePositionIds(arrays['mrope_position_ids'])!r}")
-        return cls("\n".join(lines))
+        return "\n".join(lines)
 
 
-def _stored_shape(part: str, data: bytes | None) -> str:
-    """``uint8 [224, 308, 3]`` (or one such per array of an ``.npz``) from the payload's header alone."""
+def _stored_shape(item: MediaItem, data: bytes | None) -> str:
+    """``uint8 [224, 308, 3]`` (or one such per array of an ``.npz``) from the payload's header alone; for a
+    format without a header reader here (e.g. an encoded video), its size and the planned grid."""
     if data is None:
         return "(payload missing)"
     try:
-        header = payload_header(part, data)
+        header = payload_header(item.part, data)
     except HeaderError as e:
         return f"({len(data):,} bytes, unreadable header: {e})"
     if header is None:
-        return f"({len(data):,} bytes)"
+        grid = f", grid_thw {list(item.grid_thw)}" if item.grid_thw is not None else ""
+        return f"({len(data):,} bytes{grid})"
     return ", ".join(
         f"{name + ' ' if name else ''}{np.dtype(dtype).name} {list(shape)}"
         for name, (shape, dtype) in header.items()
@@ -180,7 +184,7 @@ def load_row_fields(raw: dict[str, Any]) -> dict[str, Any]:
     arrays = row.arrays()
     media = MediaParts(row.media or {})
     return {
-        "summary": RowSummary.of(raw["__key__"], arrays, row.meta, media),
+        "summary": RowSummary(raw["__key__"], arrays, row.meta, media),
         **{k: v for k, v in arrays.items() if k != "mrope_position_ids"},
         "meta": row.meta,
         "mrope": None if row.mrope_position_ids is None else MRopePositionIds(row.mrope_position_ids),
