@@ -1,9 +1,11 @@
 """Energon's ``.nv-meta`` files for an omnipack dataset, plus omnipack's own metadata file.
 
 Energon rejects unknown keys in ``.info.json``, so omnipack's metadata lives in ``.nv-meta/omnipack.json``.
-``dataset.yaml`` declares a CrudeWebdataset (rows are cooked by omnipack's cooker in the task encoder);
-``dataset_typed.yaml`` maps the fixed parts onto a typed sample so stock ``energon info|lint|preview``
-work with ``--dataset-config dataset_typed.yaml``.
+``dataset.yaml`` (what stock ``energon info|lint|preview`` and the loaders read by default) names omnipack's
+typed factory, ``omnipack.loader.energon_dataset.OmnipackWebdataset``, which decodes each row with
+omnipack's codec into a sample the omnipack task encoder loads and ``energon preview`` prints readably;
+``dataset_typed.yaml`` is the same config under the name older instructions used. ``dataset_crude.yaml``
+declares a CrudeWebdataset, for task encoders that cook rows themselves (omnipack's cooker does).
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from typing import Any
 
 import yaml
 
-from .contract import BOUNDARY_PARTS, META_PART, TOKEN_PARTS, part_name
 from .shards import ShardInfo
 
 NV_META = ".nv-meta"
 OMNIPACK_META = "omnipack.json"
+DATASET_CONFIG = "dataset.yaml"
 TYPED_CONFIG = "dataset_typed.yaml"
+CRUDE_CONFIG = "dataset_crude.yaml"
+ROW_FACTORY = {"__module__": "omnipack.loader.energon_dataset", "__class__": "OmnipackWebdataset"}
+ROW_SAMPLE = {"__module__": "omnipack.loader.energon_dataset", "__class__": "OmnipackRow"}
 
 
 def _energon_version() -> str | None:
@@ -48,14 +53,17 @@ def write_energon_meta(
         "exclude": [],
     }
     (meta / "split.yaml").write_text(yaml.safe_dump(split, sort_keys=False))
-    (meta / "dataset.yaml").write_text("__module__: megatron.energon\n__class__: CrudeWebdataset\n")
-    field_map = {name: part_name(name) for name in TOKEN_PARTS + BOUNDARY_PARTS}
-    field_map["meta"] = META_PART
-    typed = {
-        "sample_type": {"__module__": "omnipack.loader.sample", "__class__": "PackedRowSample"},
-        "field_map": field_map,
-    }
-    (meta / TYPED_CONFIG).write_text(yaml.safe_dump(typed, sort_keys=False))
+    write_dataset_configs(root)
+
+
+def write_dataset_configs(root: Path) -> None:
+    """(Re)write the dataset configs in ``root/.nv-meta`` (also upgrades a dataset prepared when
+    ``dataset.yaml`` was the crude config, which stock ``energon info|lint|preview`` cannot read)."""
+    meta = Path(root) / NV_META
+    typed = yaml.safe_dump({**ROW_FACTORY, "sample_type": ROW_SAMPLE}, sort_keys=False)
+    (meta / DATASET_CONFIG).write_text(typed)
+    (meta / TYPED_CONFIG).write_text(typed)
+    (meta / CRUDE_CONFIG).write_text("__module__: megatron.energon\n__class__: CrudeWebdataset\n")
 
 
 def write_omnipack_meta(root: Path, metadata: dict[str, Any]) -> None:

@@ -1,11 +1,12 @@
-"""Thin Energon loader factories for an omnipack dataset (the task encoder does the work)."""
+"""Thin Energon loader factories for an omnipack dataset or a metadataset blending several (the task
+encoder does the work; ``blend.task_encoder_for`` checks that one encoder serves every blended dataset)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from .task_encoder import OmnipackTaskEncoder
+from .blend import task_encoder_for
 
 
 def _worker_config(num_workers: int, rank: int, world_size: int, data_parallel_group: Any) -> Any:
@@ -32,6 +33,11 @@ def get_train_loader(
 ) -> Any:
     """An endless (repeating) Energon loader of ``PackedBatch`` micro-batches of ``batch_size`` rows.
 
+    ``path`` is a prepared dataset directory or an Energon metadataset YAML (``blend`` weights,
+    ``blend_epochized`` repetitions, subflavors, nested metadatasets) whose leaves are omnipack datasets;
+    every leaf is checked against the first and against the parallel layout (``BlendMismatchError`` names
+    the leaf and the field).
+
     ``rank``/``world_size`` (or ``data_parallel_group``) are the data-parallel coordinates.
     ``encoder_options`` go to ``OmnipackTaskEncoder.from_dataset`` (tp, cp, cp_rank, sequence_parallel,
     fp8 -- checked against the dataset's alignment -- decode_media, check_media, pixel_dtype, check_rows);
@@ -40,6 +46,8 @@ def get_train_loader(
     """
     from megatron.energon import get_loader, get_savable_loader, get_train_dataset
 
+    options = dict(dataset_options or {})
+    te = task_encoder_for(path, split_part=options.get("split_part", "train"), **encoder_options)
     ds = get_train_dataset(
         str(path),
         worker_config=_worker_config(num_workers, rank, world_size, data_parallel_group),
@@ -47,8 +55,8 @@ def get_train_loader(
         shuffle_buffer_size=shuffle_buffer_size,
         max_samples_per_sequence=max_samples_per_sequence,
         packing_buffer_size=None,  # rows are packed offline
-        task_encoder=OmnipackTaskEncoder.from_dataset(path, **encoder_options),
-        **(dataset_options or {}),
+        task_encoder=te,
+        **options,
     )
     return get_savable_loader(ds) if savable else get_loader(ds)
 
@@ -65,8 +73,8 @@ def get_val_loader(
     dataset_options: dict[str, Any] | None = None,
     **encoder_options: Any,
 ) -> Any:
-    """One deterministic pass over ``split_part`` (``omnipack prepare --val-fraction`` fills "val");
-    options as for ``get_train_loader``."""
+    """One deterministic pass over ``split_part`` (``omnipack prepare --val-fraction`` fills "val") of a
+    dataset or a metadataset's ``split_part`` split; options as for ``get_train_loader``."""
     from megatron.energon import get_loader, get_val_dataset
 
     ds = get_val_dataset(
@@ -74,7 +82,7 @@ def get_val_loader(
         split_part=split_part,
         worker_config=_worker_config(num_workers, rank, world_size, data_parallel_group),
         batch_size=batch_size,
-        task_encoder=OmnipackTaskEncoder.from_dataset(path, **encoder_options),
+        task_encoder=task_encoder_for(path, split_part=split_part, **encoder_options),
         **(dataset_options or {}),
     )
     return get_loader(ds)
