@@ -42,11 +42,15 @@ def slaney_mel_to_hz(mel: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=8)
-def slaney_mel_filters(n_fft: int, num_mels: int, sample_rate: int, max_hz: float) -> np.ndarray:
+def slaney_mel_filters(
+    n_fft: int, num_mels: int, sample_rate: int, max_hz: float, *, round_before_norm: bool = False
+) -> np.ndarray:
     """float32 ``[num_mels, n_fft // 2 + 1]`` triangular filters, area-normalised (slaney norm).
 
     Band edges are ``num_mels + 2`` points equally spaced on the slaney mel scale from 0 to ``max_hz``;
-    bin frequencies are equally spaced from 0 to ``sample_rate // 2``. Computed in float64, stored float32.
+    bin frequencies are equally spaced from 0 to ``sample_rate // 2``. Computed in float64, stored float32;
+    ``round_before_norm`` rounds the triangles to float32 before the normalisation (Parakeet's filters are
+    built that way, Whisper's are normalised in float64), so each matches its extractor bit for bit.
     """
     bins = np.linspace(0.0, sample_rate // 2, n_fft // 2 + 1)
     edges = slaney_mel_to_hz(np.linspace(hz_to_slaney_mel(0.0), hz_to_slaney_mel(max_hz), num_mels + 2))
@@ -55,15 +59,20 @@ def slaney_mel_filters(n_fft: int, num_mels: int, sample_rate: int, max_hz: floa
     rising = -rel[:, :-2] / width[:-1]
     falling = rel[:, 2:] / width[1:]
     tri = np.maximum(0.0, np.minimum(rising, falling))  # [bins, mels]
+    if round_before_norm:
+        tri = tri.astype(np.float32)
     tri *= 2.0 / (edges[2:] - edges[:-2])
     return np.ascontiguousarray(tri.T, dtype=np.float32)
 
 
 @functools.lru_cache(maxsize=8)
-def _filters_tensor(n_fft: int, num_mels: int, sample_rate: int, max_hz: float) -> Any:
+def _filters_tensor(
+    n_fft: int, num_mels: int, sample_rate: int, max_hz: float, round_before_norm: bool
+) -> Any:
     import torch
 
-    return torch.from_numpy(slaney_mel_filters(n_fft, num_mels, sample_rate, max_hz))
+    filters = slaney_mel_filters(n_fft, num_mels, sample_rate, max_hz, round_before_norm=round_before_norm)
+    return torch.from_numpy(filters)
 
 
 def _wave_tensor(wave: np.ndarray) -> Any:
@@ -94,7 +103,7 @@ def whisper_log_mel(wave: np.ndarray, num_mels: int = 128, sample_rate: int = 16
         return_complex=True,
     )
     power = (spec[..., :-1].abs() ** 2).contiguous()
-    mel = _filters_tensor(n_fft, num_mels, sample_rate, 8000.0) @ power
+    mel = _filters_tensor(n_fft, num_mels, sample_rate, 8000.0, False) @ power
     log = torch.clamp(mel, min=1e-10).log10()
     log = torch.maximum(log, log.max() - 8.0)
     return ((log + 4.0) / 4.0).numpy()
@@ -124,7 +133,7 @@ def parakeet_log_mel(
         return_complex=True,
     )
     power = torch.view_as_real(spec).pow(2).sum(-1).sqrt().pow(2)  # |z|^2 through the magnitude
-    mel = _filters_tensor(n_fft, num_mels, sample_rate, sample_rate / 2) @ power
+    mel = _filters_tensor(n_fft, num_mels, sample_rate, sample_rate / 2, True) @ power
     feats = torch.log(mel + 2.0**-24).permute(0, 2, 1)[0]  # [frames, mels]
     valid = (x.numel() + n_fft // 2 * 2 - n_fft) // HOP_LENGTH
     mask = torch.arange(feats.shape[0]) < valid
