@@ -348,6 +348,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         # Encoder inputs travel under ("encoder", key) so one shared storage holds every small tensor.
         flat = share_in_one_storage(
             {
+                "mrope_position_ids": None,  # rows without mRoPE ids (from_samples would list the rows' Nones)
                 **fields,
                 **norm,
                 "cp_token_indices": cp_token_indices,

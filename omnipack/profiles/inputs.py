@@ -18,6 +18,10 @@ import numpy as np
 
 from .base import INT16_SCALE, STORED_AUDIO_DTYPES
 
+# The OpenAI CLIP pixel statistics, the default normalisation of several vision towers.
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
 # A decoded media part: an array (image [H,W,3], video [T,H,W,3], audio [n]) or named arrays (npz).
 Payload = np.ndarray | Mapping[str, np.ndarray]
 
@@ -185,3 +189,9 @@ def payload_audio(payload: Payload) -> np.ndarray | None:
     if arr.dtype not in STORED_AUDIO_DTYPES:
         raise ValueError(f"audio payload has dtype {arr.dtype}, expected int16 or float32")
     return arr
+
+
+def normalize_lut(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """float32 [3, 256]: ``(v / 255 - mean[c]) / std[c]`` for every uint8 value (rescale + normalize)."""
+    v = np.arange(256, dtype=np.float64) / 255.0
+    return ((v[None, :] - np.asarray(mean)[:, None]) / np.asarray(std)[:, None]).astype(np.float32)

@@ -37,8 +37,17 @@ from .base import (
     audio_samples_at,
     read_preprocessor_config,
 )
-from .inputs import EncoderInputs, Payload, audio_waveform, item_kind, payload_audio, payload_frames
-from .qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, normalize_lut
+from .inputs import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    EncoderInputs,
+    Payload,
+    audio_waveform,
+    item_kind,
+    normalize_lut,
+    payload_audio,
+    payload_frames,
+)
 
 AUDIO_RATE = 16000
 HOP_LENGTH = 160

@@ -31,10 +31,17 @@ from .base import (
     Segment,
     read_preprocessor_config,
 )
-from .inputs import EncoderInputs, Payload, PendingRows, item_info, item_kind, payload_frames
+from .inputs import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    EncoderInputs,
+    Payload,
+    PendingRows,
+    item_info,
+    item_kind,
+    payload_frames,
+)
 
-OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HALF = (0.5, 0.5, 0.5)
 
 MAX_ASPECT_RATIO = 200
@@ -201,12 +208,6 @@ def sample_frames_qwen3(total: int, src_fps: float, v: VideoSettings) -> list[in
 
 
 PIXEL_DTYPES = ("float32", "uint8")
-
-
-def normalize_lut(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
-    """float32 [3, 256]: ``(v / 255 - mean[c]) / std[c]`` for every uint8 value (rescale + normalize)."""
-    v = np.arange(256, dtype=np.float64) / 255.0
-    return ((v[None, :] - np.asarray(mean)[:, None]) / np.asarray(std)[:, None]).astype(np.float32)
 
 
 def normalize_hf_float32(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
