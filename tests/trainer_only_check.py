@@ -188,7 +188,10 @@ def check_family(out: Path, name: str, families: list[str]) -> None:
 
 def check(out: Path) -> None:
     """Every family of ``OUT/expected.json``, each in a fresh process."""
+    import omnipack
+
     families = sorted(json.loads((out / "expected.json").read_text()))
+    print(f"omnipack from {Path(omnipack.__file__).parent}")
     failed = []
     for name in families:
         proc = subprocess.run(
