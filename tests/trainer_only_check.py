@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 # What a trainer install lacks: the offline preparation stack (the ``prepare`` extra).
-BLOCKED = ("transformers", "av", "decord", "tokenizers", "jinja2", "soundfile", "soxr")
-# Present in a trainer install (megatron-energon depends on pillow) but never imported by omnipack's loader.
-NOT_FROM_OMNIPACK = ("PIL",)
+BLOCKED = ("transformers", "av", "decord", "tokenizers", "soundfile", "soxr")
+# Present in a trainer install (megatron-energon needs pillow, torch jinja2); omnipack's loader never imports them.
+NOT_FROM_OMNIPACK = ("PIL", "jinja2")
 SEQ_LENGTH = 1024
 MICRO_BATCH = 2
 CP = 2
