@@ -120,6 +120,14 @@ def test_a_new_family_is_one_module(tmp_path, monkeypatch):
     assert inputs.batch_keys == ("pixels",)
     with pytest.raises(ValueError, match="recorded settings lack 'tokens_per_image'"):
         get_encoder_inputs("toy_family", {})
+    # omnipack inspect finds this family's turns by its own marker
+    from types import SimpleNamespace
+
+    from omnipack.tools.inspect import _turn_start
+
+    assert _turn_start(SimpleNamespace(meta={"profile": {"name": "toy_family"}})) == "<start_of_turn>"
+    assert _turn_start(SimpleNamespace(meta={"profile": {"name": "qwen3_vl"}})) == "<|im_start|>"
+    assert _turn_start(SimpleNamespace(meta={})) is None
 
 
 def test_family_facts_live_in_the_profile():

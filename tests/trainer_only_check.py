@@ -15,7 +15,8 @@ Two steps, run by ``.ci/run`` in two virtual environments:
     bit, that every CP rank holds exactly its ``cp_token_indices`` of the full stream with the full
     encoder inputs, and that a loader with a worker process gives the same first batch.
 
-This file is a script, not a test module: ``tests/test_trainer_only.py`` runs both steps in one venv.
+This file is a script, not a test module (pytest collects ``test_*.py`` only); ``tests/test_profiles_split.py``
+checks the same import discipline per family inside the test suite.
 """
 
 from __future__ import annotations
