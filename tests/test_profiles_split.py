@@ -234,3 +234,32 @@ def test_planner_and_trainer_halves_are_separate_classes():
         for method in ("plan", "expand", "settings"):
             assert not hasattr(cls.inputs_class, method), f"{n} trainer half has {method}"
         assert issubclass(cls, ModelProfile)
+
+
+def test_planner_half_imports_no_trainer_stack():
+    """Planning every family imports neither torch nor Energon / megatron (the trainer's heavy stack)."""
+    code = (
+        "import sys\n"
+        "from omnipack.profiles import available_profiles, get_profile\n"
+        "from omnipack.profiles.base import MediaMeta\n"
+        "for n in available_profiles():\n"
+        "    p = get_profile(n)\n"
+        "    p.plan(MediaMeta(kind='image', height=300, width=400)); p.settings()\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'transformers'})\n"
+        "assert not heavy, heavy\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_packed_batch_names_no_family_field():
+    """PackedBatch is not a union of families' forward arguments: encoder inputs are a dict keyed by the
+    family's ``batch_keys``."""
+    import dataclasses
+
+    from omnipack.loader.task_encoder import PackedBatch
+
+    fields = {f.name for f in dataclasses.fields(PackedBatch)}
+    every_key = {k for n in FAMILIES for k in profile_class(n).inputs_class.batch_keys}
+    assert "encoder_inputs" in fields and not fields & every_key
