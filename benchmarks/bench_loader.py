@@ -259,7 +259,7 @@ def storage_candidates(media: Path, profile_name: str) -> list[str]:
     item = MediaItem("image", "media.0.npy", 0, 0, 0, 0, 0)
 
     def patches(frames: np.ndarray) -> np.ndarray:
-        return p.media_inputs(item, frames, pixel_dtype="uint8")["pixel_values"]
+        return p.inputs().media_inputs(item, frames, pixel_dtype="uint8")["pixel_values"]
 
     def patch_layout_bytes(px: np.ndarray) -> bytes:
         # The loader's own layout stored: [gh*gw, C, ps*ps] spatial patches, one per temporal slot later.
@@ -282,7 +282,7 @@ def storage_candidates(media: Path, profile_name: str) -> list[str]:
         decode_resize = _best_ms(lambda: load_image(f, plan.target_hw), 2)
         with Image.open(f) as img:
             ref = hf(images=[np.asarray(img.convert("RGB"))], return_tensors="np")["pixel_values"]
-        norm = p.pixel_normalization()
+        norm = p.inputs().pixel_normalization()
 
         def check(name: str, u8: np.ndarray) -> None:
             got = normalize_pixels(torch.from_numpy(u8), *norm).numpy()

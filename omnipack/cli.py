@@ -247,7 +247,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .profiles import get_profile
 
     tok = build_demo_tokenizer(src / "tokenizer", profile=args.profile)
-    manifest, media = build_demo_corpus(src, num_samples=args.samples, kinds=get_profile(args.profile).kinds)
+    profile = get_profile(args.profile)
+    manifest, media = build_demo_corpus(src, num_samples=args.samples, kinds=profile.kinds)
     cfg = PrepareConfig(
         manifest=[str(manifest)],
         media_root=str(media),
@@ -259,7 +260,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overwrite=True,
         workers=args.workers,
         shard_max_rows=args.shard_max_rows,
-        mrope=args.profile != "nemotron_omni",
+        mrope=profile.uses_mrope(),
     )
     summary = run_prepare(cfg)
     _print_summary(summary, cfg.output)

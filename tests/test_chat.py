@@ -141,7 +141,7 @@ def test_templates_that_rewrite_earlier_turns_still_get_exact_labels(tmp_path, d
         "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
     )
     tok.save_pretrained(tmp_path)
-    from omnipack.profiles.qwen_vl import Qwen25VLProfile
+    from omnipack.profiles.qwen2_5_vl import Qwen25VLProfile
 
     class TextOnly(Qwen25VLProfile):
         template_blocks = {}
@@ -225,7 +225,7 @@ def test_one_render_gives_the_labels_of_prefix_renders(chat, monkeypatch, messag
 def _chat_with_template(tmp_path, demo_tokenizer, template):
     from transformers import AutoTokenizer
 
-    from omnipack.profiles.qwen_vl import Qwen25VLProfile
+    from omnipack.profiles.qwen2_5_vl import Qwen25VLProfile
 
     tok = AutoTokenizer.from_pretrained(demo_tokenizer)
     tok.chat_template = template

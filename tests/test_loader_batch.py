@@ -247,3 +247,49 @@ def test_check_dataset_alignment_errors() -> None:
         check_dataset_alignment(16, fp8="fp16")
     with pytest.raises(ValueError, match="positive"):
         check_dataset_alignment(0)
+
+
+def test_packed_seq_params_passes_total_tokens_where_megatron_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Newer megatron-core PackedSeqParams take ``total_tokens``: it is passed (the physical width), and
+    fields a version lacks are not (the installed 0.16 has no ``total_tokens``)."""
+    import dataclasses
+
+    from omnipack.loader import batch as batch_mod
+
+    @dataclasses.dataclass
+    class NewerPackedSeqParams:
+        qkv_format: str | None = None
+        cu_seqlens_q: torch.Tensor | None = None
+        cu_seqlens_kv: torch.Tensor | None = None
+        cu_seqlens_q_padded: torch.Tensor | None = None
+        cu_seqlens_kv_padded: torch.Tensor | None = None
+        max_seqlen_q: int | None = None
+        max_seqlen_kv: int | None = None
+        total_tokens: int | None = None
+
+    names = frozenset(f.name for f in dataclasses.fields(NewerPackedSeqParams))
+    monkeypatch.setattr(batch_mod, "_megatron_packed_seq_params", lambda: (NewerPackedSeqParams, names))
+    rng = np.random.default_rng(7)
+    b = concat_rows([make_row(rng, 32, 8) for _ in range(2)])
+    p = packed_seq_params(b)
+    assert isinstance(p, NewerPackedSeqParams) and p.total_tokens == 64 and type(p.total_tokens) is int
+    older = names - {"total_tokens"}
+    monkeypatch.setattr(batch_mod, "_megatron_packed_seq_params", lambda: (_Older, older))
+    assert packed_seq_params(b).qkv_format == "thd"
+
+
+class _Older:
+    """A PackedSeqParams without ``total_tokens``: passing it would be a TypeError."""
+
+    def __init__(
+        self,
+        *,
+        qkv_format,
+        cu_seqlens_q,
+        cu_seqlens_kv,
+        cu_seqlens_q_padded,
+        cu_seqlens_kv_padded,
+        max_seqlen_q,
+        max_seqlen_kv,
+    ) -> None:
+        self.qkv_format = qkv_format

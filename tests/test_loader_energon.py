@@ -137,7 +137,7 @@ def test_cp_rank_batches_are_sliced(dataset):
         )
     )
     assert half.tokens.shape == (1, 512) and torch.equal(half.cu_seqlens_q_padded, full.cu_seqlens_q_padded)
-    assert full.media is not None and full.pixel_values is None  # text-only consumers get bytes, no decode
+    assert full.media is not None and full.encoder_inputs is None  # text-only consumers get bytes, no decode
     # the rank's tokens are the full stream at cp_token_indices (media placeholders located through them)
     assert full.cp_token_indices is None
     assert torch.equal(half.tokens[0], full.tokens[0, half.cp_token_indices])

@@ -51,13 +51,13 @@ def test_image_pixels_match_the_hf_image_processor(hf_image_processor, src_hw):
     profile = get_profile("nemotron_omni")
     plan = profile.plan_image(MediaMeta("image", width=src_hw[1], height=src_hw[0]))
     img = RNG.integers(0, 256, (*plan.target_hw, 3), dtype=np.uint8)  # what the writer stored
-    ours = profile.media_inputs(_item("image"), img)
+    ours = profile.inputs().media_inputs(_item("image"), img)
     ref = hf_image_processor(images=[img], return_tensors="np", do_convert_rgb=False)
     assert ours["image_grid_hw"].tolist() == ref["image_grid_hw"].tolist() == [list(plan.grid_thw[1:])]
     assert ours["pixel_values"].shape == ref["pixel_values"].shape
     np.testing.assert_allclose(ours["pixel_values"], ref["pixel_values"], atol=1e-5, rtol=0)
     gh, gw = ref["image_grid_hw"][0]
-    assert profile.feature_count(_item("image"), img) == gh * gw // 4 == plan.num_tokens
+    assert profile.inputs().feature_count(_item("image"), img) == gh * gw // 4 == plan.num_tokens
 
 
 def test_video_tubelets_match_the_hf_video_processor():
@@ -68,12 +68,12 @@ def test_video_tubelets_match_the_hf_video_processor():
     )
     assert proc._compute_target_patches(512, 512) == (32, 32)  # a 512 square frame is not resized
     frames = RNG.integers(0, 256, (3, 512, 512, 3), dtype=np.uint8)  # odd: the last frame pads
-    ours = profile.media_inputs(_item("video"), frames)["pixel_values_videos"]
+    ours = profile.inputs().media_inputs(_item("video"), frames)["pixel_values_videos"]
     ref = proc(videos=[frames], return_tensors="np", do_sample_frames=False)  # frames already sampled
     assert ours.shape == ref["pixel_values_videos"].shape == (1, 2, 6, 512, 512)
     np.testing.assert_allclose(ours, ref["pixel_values_videos"], atol=1e-5, rtol=0)
     # one tubelet per 256 placeholders; stored videos are already padded to whole tubelets
-    assert profile.feature_count(_item("video"), frames) == 2 * 256
+    assert profile.inputs().feature_count(_item("video"), frames) == 2 * 256
 
 
 def _parakeet_oracle(waves: list[np.ndarray]) -> dict:
@@ -103,11 +103,11 @@ def test_audio_features_match_parakeet_batched_and_the_token_rules():
     profile = get_profile("nemotron_omni")
     hf_rule = get_profile("nemotron_omni", audio_count_rule="hf")
     waves = [(RNG.standard_normal(n) * 3000).astype(np.int16) for n in (16000, 1280, 24321)]
-    per_item = [profile.media_inputs(_item("audio"), w) for w in waves]
+    per_item = [profile.inputs().media_inputs(_item("audio"), w) for w in waves]
     for w, d in zip(waves, per_item, strict=True):
         assert d["input_features"].shape == (1, len(w) // 160 + 1, 128)
         assert d["input_features_mask"].sum() == len(w) // 160
-    batch = profile.collate_media(per_item)
+    batch = profile.inputs().collate_media(per_item)
     # HF's batched extraction (padding to the longest) equals per-clip extraction right-padded
     ref = _parakeet_oracle(waves)
     assert batch["input_features"].shape == ref["input_features"].shape
@@ -115,47 +115,47 @@ def test_audio_features_match_parakeet_batched_and_the_token_rules():
     assert np.array_equal(batch["input_features_mask"].numpy(), ref["attention_mask"])
     valid = batch["input_features_mask"].sum(-1)
     # HF's model sizes each clip from mask.sum + 1 (the "hf" rule), Bridge from sound_length (the default)
-    assert _hf_subsampled(valid + 1) == [hf_rule.feature_count(_item("audio"), w) for w in waves]
-    bridge = profile.bridge_media_inputs(batch)
+    assert _hf_subsampled(valid + 1) == [hf_rule.inputs().feature_count(_item("audio"), w) for w in waves]
+    bridge = profile.inputs().bridge_media_inputs(batch)
     assert bridge["sound_length"].tolist() == [len(w) // 160 for w in waves]
-    counts = [profile.feature_count(_item("audio"), w) for w in waves]
+    counts = [profile.inputs().feature_count(_item("audio"), w) for w in waves]
     assert [max(1, x) for x in _hf_subsampled(bridge["sound_length"])] == counts == [13, 1, 19]
     assert [parakeet_tokens(len(w) // 160) for w in waves] == counts
-    assert hf_rule.feature_count(_item("audio"), waves[1]) == 2  # the documented off-by-one (8 mel frames)
+    assert hf_rule.inputs().feature_count(_item("audio"), waves[1]) == 2  # the documented off-by-one (8 mel frames)
     hf_proc = import_hf(
         "models.nemotron_h_omni.processing_nemotron_h_omni"
     ).NemotronH_Omni_Reasoning_V3Processor
     stub = types.SimpleNamespace(audio_hop_length=160, audio_subsampling_factor=8)
     assert [hf_proc._estimate_audio_num_embeddings(stub, len(w)) for w in waves] == [
-        hf_rule.feature_count(_item("audio"), w) for w in waves
+        hf_rule.inputs().feature_count(_item("audio"), w) for w in waves
     ]
 
 
 def test_collate_and_bridge_layout():
     profile = get_profile("nemotron_omni")
-    a = profile.media_inputs(_item("image"), RNG.integers(0, 256, (64, 96, 3), dtype=np.uint8))
-    b = profile.media_inputs(_item("image"), RNG.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    a = profile.inputs().media_inputs(_item("image"), RNG.integers(0, 256, (64, 96, 3), dtype=np.uint8))
+    b = profile.inputs().media_inputs(_item("image"), RNG.integers(0, 256, (32, 32, 3), dtype=np.uint8))
     v1 = RNG.integers(0, 256, (4, 64, 64, 3), dtype=np.uint8)
     v2 = RNG.integers(0, 256, (2, 64, 64, 3), dtype=np.uint8)
-    vids = [profile.media_inputs(_item("video"), v) for v in (v1, v2)]
-    out = profile.collate_media([a, vids[0], b, vids[1]])
+    vids = [profile.inputs().media_inputs(_item("video"), v) for v in (v1, v2)]
+    out = profile.inputs().collate_media([a, vids[0], b, vids[1]])
     assert out["image_grid_hw"].tolist() == [[4, 6], [2, 2]]
     assert out["pixel_values"].shape == (28, 768)
     assert torch.equal(out["pixel_values"][24:], torch.from_numpy(b["pixel_values"]))
     assert out["pixel_values_videos"].shape == (1, 3, 6, 64, 64)
     # features emitted == placeholders: images grid/4, videos 16 tokens per 64x64 tubelet... / 4
     tokens = int((out["image_grid_hw"].prod(-1) // 4).sum()) + out["pixel_values_videos"].shape[1] * 4
-    n_ph = sum(profile.feature_count(_item(k), x) for k, x in [("video", v1), ("video", v2)])
+    n_ph = sum(profile.inputs().feature_count(_item(k), x) for k, x in [("video", v1), ("video", v2)])
     n_ph += (4 * 6 + 2 * 2) // 4
     assert tokens == n_ph
     with pytest.raises(ValueError, match="does not mix"):
-        profile.bridge_media_inputs(out)
-    bv = profile.bridge_media_inputs({"pixel_values_videos": out["pixel_values_videos"]})
-    lut = profile._lut()
+        profile.inputs().bridge_media_inputs(out)
+    bv = profile.inputs().bridge_media_inputs({"pixel_values_videos": out["pixel_values_videos"]})
+    lut = profile.inputs()._lut()
     expect = radio_patches(np.concatenate([v1, v2]), lut, 16)  # Bridge's per-frame patch layout
     np.testing.assert_array_equal(bv["pixel_values"][0].numpy(), expect)
     assert bv["imgs_sizes"].tolist() == [[64, 64]] * 6 and bv["num_frames"].tolist() == [6]
-    bi = profile.bridge_media_inputs({k: out[k] for k in ("pixel_values", "image_grid_hw")})
+    bi = profile.inputs().bridge_media_inputs({k: out[k] for k in ("pixel_values", "image_grid_hw")})
     assert bi["imgs_sizes"].tolist() == [[64, 96], [32, 32]] and bi["num_image_tiles"].tolist() == [6, 1]
     assert bi["pixel_values"].shape == (1, 28, 768)
 

@@ -99,8 +99,8 @@ def test_stored_pixels_are_what_the_hf_image_processor_gives(datasets) -> None:
             continue
         ext, data = materialize(path, plan)
         assert ext == "npy"
-        u8 = profile.media_inputs(item, decode_payload("media.0.npy", data), pixel_dtype="uint8")
-        got = normalize_pixels(torch.from_numpy(u8["pixel_values"]), *profile.pixel_normalization())
+        u8 = profile.inputs().media_inputs(item, decode_payload("media.0.npy", data), pixel_dtype="uint8")
+        got = normalize_pixels(torch.from_numpy(u8["pixel_values"]), *profile.inputs().pixel_normalization())
         with Image.open(path) as img:
             ref = hf(images=[np.asarray(img.convert("RGB"))], return_tensors="np")
         assert u8["image_grid_thw"].tolist() == ref["image_grid_thw"].tolist(), path.name

@@ -160,8 +160,8 @@ def test_stored_audio_and_features_are_the_reference(tmp_path, name, writer, rat
         stored = _stored(ext, data)
         assert stored.dtype in (np.int16, np.float32) and stored.shape == (len(ref),)
         item = {"kind": "audio", "info": plan.info}
-        assert prof.feature_count(item, stored) == plan.num_tokens
-        inputs = prof.media_inputs(item, stored)
+        assert prof.inputs().feature_count(item, stored) == plan.num_tokens
+        inputs = prof.inputs().media_inputs(item, stored)
         if prof is qwen:
             assert plan.num_tokens == ref_tokens
             got = inputs["input_features"]
@@ -172,7 +172,7 @@ def test_stored_audio_and_features_are_the_reference(tmp_path, name, writer, rat
             assert got.shape == want.shape
             assert float(np.abs(got - want).max()) <= FEATURE_TOL
     # storage is exact: int16 only where the waveform sits on the int16 grid (16 kHz mono, <= 16-bit)
-    from omnipack.profiles.base import audio_waveform
+    from omnipack.profiles.inputs import audio_waveform
 
     np.testing.assert_array_equal(audio_waveform(stored), ref)
     int16_exact = rate == RATE and channels == 1 and writer in (("WAV", "PCM_16"), ("WAV", "PCM_U8"))
@@ -266,8 +266,8 @@ def test_video_audio_track_uses_the_decoded_length(tmp_path):
     assert stored["audio"].dtype == np.float32
     np.testing.assert_array_equal(stored["audio"], ref)
     item = {"kind": "video", "info": plan.info}
-    assert prof.feature_count(item, stored) == plan.num_tokens
-    got = prof.media_inputs(item, stored)["input_features"]
+    assert prof.inputs().feature_count(item, stored) == plan.num_tokens
+    got = prof.inputs().media_inputs(item, stored)["input_features"]
     assert got.shape == ref_feats.shape and float(np.abs(got - ref_feats).max()) <= FEATURE_TOL
 
 
@@ -339,9 +339,9 @@ def test_stored_audio_dtypes(tmp_path):
     prof = get_profile("qwen3_omni")
     item = {"kind": "audio", "info": {}}
     old = (np.sin(np.arange(16000) / 7) * 20000).astype(np.int16)
-    feats = prof.media_inputs(item, old)["input_features"]
+    feats = prof.inputs().media_inputs(item, old)["input_features"]
     np.testing.assert_array_equal(feats, hf_whisper(old.astype(np.float32) / 32768)[0])
     with pytest.raises(ValueError, match="dtype float64"):
-        prof.feature_count(item, np.zeros(16000))
+        prof.inputs().feature_count(item, np.zeros(16000))
     with pytest.raises(ValueError, match="dtype int32"):
-        get_profile("nemotron_omni").media_inputs(item, np.zeros(16000, np.int32))
+        get_profile("nemotron_omni").inputs().media_inputs(item, np.zeros(16000, np.int32))

@@ -2,7 +2,7 @@
 
 Parts are what ``omnipack.media.probe.materialize`` wrote: images npy (default) or png (older datasets)
 uint8 RGB already at the target size, videos npz {frames uint8 [T,H,W,3], audio} (stored or deflated),
-audio npy mono at 16 kHz (int16 when exact, else float32; ``profiles.base.audio_waveform`` reads both).
+audio npy mono at 16 kHz (int16 when exact, else float32; ``profiles.inputs.audio_waveform`` reads both).
 npy and stored npz members are read as zero-copy views of the part's bytes; PIL is imported only when a
 png is actually decoded.
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..dataset.codec import view_npy, view_npz
 from ..dataset.contract import MediaItem
-from ..profiles.base import ModelProfile, Payload
+from ..profiles.inputs import EncoderInputs, Payload
 
 
 class MediaMismatchError(ValueError):
@@ -45,7 +45,7 @@ def decode_payload(part: str, data: bytes) -> Payload:
 
 
 def check_row_media(
-    profile: ModelProfile,
+    profile: EncoderInputs,
     items: Sequence[MediaItem],
     payloads: Sequence[Payload],
     tokens: np.ndarray,
@@ -85,7 +85,7 @@ def _shape(payload: Payload) -> str:
 
 
 def row_media_inputs(
-    profile: ModelProfile,
+    profile: EncoderInputs,
     items: Sequence[MediaItem],
     payloads: Sequence[Any],
     *,

@@ -10,7 +10,6 @@ over to the trainer copies nothing), in placeholder order across the micro-batch
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from megatron.energon.errors import FatalSampleError
 
 from ..dataset.contract import PackedRowArrays, row_contract_errors
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
-from ..profiles.qwen_vl import PIXEL_DTYPES
+from ..profiles.inputs import EncoderInputs
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
 from .context_parallel import cp_partition_indices, slice_batch_for_cp
 from .media import (
@@ -32,21 +31,6 @@ from .media import (
     row_media_inputs,
 )
 from .sample import PackedRowSample, cook_packed_row
-
-# Encoder inputs a batch can carry, named as the HF model forward arguments.
-MEDIA_KEYS = (
-    "pixel_values",
-    "image_grid_thw",
-    "image_grid_hw",
-    "pixel_values_videos",
-    "video_grid_thw",
-    "second_per_grid_ts",
-    "video_second_per_grid",
-    "input_features",
-    "feature_attention_mask",
-    "audio_feature_lengths",
-    "input_features_mask",
-)
 
 
 class FatalMediaMismatch(FatalSampleError, MediaMismatchError):
@@ -61,7 +45,7 @@ class RowContractError(FatalSampleError, ValueError):
     """
 
 
-PIXEL_DTYPE_CHOICES = ("auto", *PIXEL_DTYPES)
+PIXEL_DTYPE_CHOICES = ("auto", "float32", "uint8")
 
 
 @edataclass
@@ -84,30 +68,24 @@ class PackedBatch(Batch):
     row_meta: list[dict[str, Any]]
     mrope_position_ids: torch.Tensor | None = None
     media: list[dict[str, bytes]] | None = None
-    pixel_values: torch.Tensor | None = None  # uint8 (Qwen default) or float32 [patches, 3*tps*ps*ps]
-    image_grid_thw: torch.Tensor | None = None  # int64 [n_images, 3]
-    image_grid_hw: torch.Tensor | None = None  # Nemotron Omni, int64 [n_images, 2]
-    pixel_values_videos: torch.Tensor | None = None  # as pixel_values; Nemotron: f32 [1, tubelets, 6, H, W]
-    video_grid_thw: torch.Tensor | None = None  # int64 [n_videos, 3]
-    second_per_grid_ts: torch.Tensor | None = None  # Qwen2.5-VL, float32 [n_videos]
-    video_second_per_grid: torch.Tensor | None = None  # Qwen3-Omni, float32 [n_videos]
-    input_features: torch.Tensor | None = (
-        None  # float32 [n_clips, 128, max mel frames] (Nemotron: [n, T, bins])
-    )
-    feature_attention_mask: torch.Tensor | None = None  # int64 [n_clips, max mel frames]
-    audio_feature_lengths: torch.Tensor | None = None  # int64 [n_clips]
-    input_features_mask: torch.Tensor | None = None  # Nemotron Omni, bool [n_clips, max mel frames]
-    # uint8 pixels (the default for Qwen profiles): pixel_values(_videos) are raw uint8 patches and the
-    # model input is (x / 255 - pixel_mean[c]) / pixel_std[c] per channel (``normalized_media_inputs`` /
-    # ``as_dict`` apply it, on the device when given one, bit-identical to the HF processor's float32).
+    # The model's encoder inputs, named as its forward arguments; which keys exist is the family's
+    # (``EncoderInputs.batch_keys``), e.g. Qwen-VL ``pixel_values`` / ``image_grid_thw``, Qwen3-Omni also
+    # ``input_features`` / ``feature_attention_mask``, Nemotron Omni ``image_grid_hw`` / ``input_features_mask``.
+    # Placeholder order across the micro-batch.
+    encoder_inputs: dict[str, torch.Tensor] | None = None
+    # The encoder inputs that hold pixels; uint8 ones (the default for Qwen families) are raw pixel values
+    # and the model input is (x / 255 - pixel_mean[c]) / pixel_std[c] per channel
+    # (``normalized_media_inputs`` / ``as_dict`` apply it, on the device when given one, bit-identical to
+    # the HF processor's float32).
+    pixel_keys: tuple[str, ...] = ()
     pixel_mean: torch.Tensor | None = None  # float32 [3]
+    pixel_std: torch.Tensor | None = None  # float32 [3]
     # cp_size > 1: int64 [T_local], the full-stream position of each of this rank's tokens.
     cp_token_indices: torch.Tensor | None = None
-    pixel_std: torch.Tensor | None = None  # float32 [3]
 
     def media_inputs(self) -> dict[str, torch.Tensor]:
         """The encoder inputs present in this batch (placeholder order across the micro-batch)."""
-        return {k: getattr(self, k) for k in MEDIA_KEYS if getattr(self, k) is not None}
+        return dict(self.encoder_inputs or {})
 
     def normalized_media_inputs(self, device: Any = None) -> dict[str, torch.Tensor]:
         """``media_inputs`` moved to ``device`` with uint8 pixel patches normalized to float32 there.
@@ -121,7 +99,7 @@ class PackedBatch(Batch):
             for k, v in self.media_inputs().items()
         }
         if self.pixel_mean is not None and self.pixel_std is not None:
-            for k in ("pixel_values", "pixel_values_videos"):
+            for k in self.pixel_keys:
                 if k in out and out[k].dtype == torch.uint8:
                     out[k] = normalize_pixels(out[k], self.pixel_mean, self.pixel_std)
         return out
@@ -201,7 +179,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         cp_rank: int = 0,
         tp_size: int = 1,
         sequence_parallel: bool = False,
-        profile: ModelProfile | None = None,
+        profile: EncoderInputs | ModelProfile | None = None,
         decode_media: bool = False,
         check_media: bool = True,
         placeholder_ids: Mapping[str, Sequence[int]] | None = None,
@@ -210,6 +188,8 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         align: int = 1,
     ) -> None:
         super().__init__(raw_batch_type=PackedBatch, batch_type=PackedBatch)
+        if isinstance(profile, ModelProfile):  # a planner: the loader needs only its trainer half
+            profile = profile.inputs()
         if pixel_dtype not in PIXEL_DTYPE_CHOICES:
             raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPE_CHOICES}, got {pixel_dtype!r}")
         norm = profile.pixel_normalization() if profile is not None else None
@@ -256,13 +236,13 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         """An encoder for the dataset at ``path``, configured from its ``.nv-meta/omnipack.json``.
 
         Checks that the dataset's alignment serves ``tp/cp/sequence_parallel/fp8`` (``DatasetAlignmentError``
-        otherwise) and rebuilds the profile from the recorded name and options (``ValueError`` if it no
-        longer reproduces the recorded settings, e.g. a preprocessor_config that changed or is missing).
+        otherwise) and builds the profile's trainer half (``EncoderInputs``) from the recorded name and
+        settings: only that family's module is imported, and no preprocessor_config or tokenizer is needed.
         ``pixel_dtype``: "auto", "uint8" (normalized on the device, see the class) or "float32";
         ``check_rows``: the per-row contract check (see the class).
         """
         from ..dataset.meta import read_omnipack_meta
-        from ..profiles import get_profile
+        from ..profiles import get_encoder_inputs
         from .compat import check_dataset_alignment
 
         meta = read_omnipack_meta(Path(path))
@@ -275,8 +255,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             seq_length=int(meta["seq_length"]),
         )
         rec = meta["profile"]
-        profile = get_profile(rec["name"], **rec.get("options", {}))
-        _check_settings(profile, rec.get("settings", {}), path)
+        profile = get_encoder_inputs(rec["name"], rec.get("settings", {}))
         return cls(
             cp_size=cp,
             cp_rank=cp_rank,
@@ -351,24 +330,37 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                 tp_size=self.tp_size,
                 sequence_parallel=self.sequence_parallel,
             )
-        # Every optional field explicitly (from_samples would otherwise look them up on the row samples).
-        media: dict[str, Any] = dict.fromkeys((*MEDIA_KEYS, "pixel_mean", "pixel_std"))
+        media: dict[str, Any] = {}
         if self.decode_media and self.profile is not None:
             per_item = [d for s in samples for d in (s.media_inputs or [])]
             if per_item:
-                collated = self.profile.collate_media(per_item)
-                unknown = set(collated) - set(MEDIA_KEYS)
+                media = self.profile.collate_media(per_item)
+                unknown = set(media) - set(self.profile.batch_keys)
                 if unknown:
                     raise ValueError(
-                        f"profile {self.profile.name} produced unknown batch keys {sorted(unknown)}"
+                        f"profile {self.profile.name} produced batch keys {sorted(unknown)} outside its "
+                        f"batch_keys {list(self.profile.batch_keys)}"
                     )
-                media.update(collated)
+        norm: dict[str, Any] = dict.fromkeys(("pixel_mean", "pixel_std"))
         if self.pixel_mean is not None and self.pixel_std is not None:
-            media.update(pixel_mean=self.pixel_mean.clone(), pixel_std=self.pixel_std.clone())
-        tensors = share_in_one_storage({**fields, **media, "cp_token_indices": cp_token_indices})
+            norm.update(pixel_mean=self.pixel_mean.clone(), pixel_std=self.pixel_std.clone())
+        # Every optional field explicitly (from_samples would otherwise look them up on the row samples).
+        # Encoder inputs travel under ("encoder", key) so one shared storage holds every small tensor.
+        flat = share_in_one_storage(
+            {
+                "mrope_position_ids": None,  # rows without mRoPE ids (from_samples would list the rows' Nones)
+                **fields,
+                **norm,
+                "cp_token_indices": cp_token_indices,
+                **{("encoder", k): v for k, v in media.items()},
+            }
+        )
+        encoder_inputs = {k[1]: flat.pop(k) for k in list(flat) if isinstance(k, tuple)}
         return PackedBatch.from_samples(
             samples,
-            **tensors,
+            **flat,
+            encoder_inputs=encoder_inputs if self.decode_media else None,
+            pixel_keys=tuple(self.profile.pixel_keys) if self.profile is not None else (),
             sample_ids=[s.sample_ids for s in samples],
             row_meta=[s.meta for s in samples],
             media=None if self.decode_media else [s.media or {} for s in samples],
@@ -379,7 +371,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         return batch
 
 
-def share_in_one_storage(values: dict[str, Any], align: int = 64) -> dict[str, Any]:
+def share_in_one_storage(values: dict[Any, Any], align: int = 64) -> dict[Any, Any]:
     """Inside a loader worker: the tensors of ``values`` not yet in shared memory, copied into ONE new shared
     storage (``align``-byte aligned, non-overlapping views); other values unchanged. Outside a worker:
     ``values`` as they are.
@@ -404,19 +396,3 @@ def share_in_one_storage(values: dict[str, Any], align: int = 64) -> dict[str, A
         view = torch.empty(0, dtype=v.dtype).set_(storage, offsets[k] // v.element_size(), v.shape)
         out[k] = view.copy_(v)
     return out
-
-
-def _jsonable(x: Any) -> Any:
-    return json.loads(json.dumps(x))
-
-
-def _check_settings(profile: ModelProfile, recorded: Mapping[str, Any], path: str | Path) -> None:
-    """The rebuilt profile must reproduce every recorded setting (new settings keys are allowed)."""
-    now = _jsonable(profile.settings())
-    diff = {k: (v, now.get(k)) for k, v in recorded.items() if now.get(k) != v}
-    if diff:
-        detail = "; ".join(f"{k}: recorded {a!r}, now {b!r}" for k, (a, b) in diff.items())
-        raise ValueError(
-            f"profile {profile.name!r} rebuilt from {path} does not match the settings the dataset was "
-            f"prepared with ({detail}); make the recorded options (e.g. preprocessor_config) available"
-        )

@@ -1,35 +1,90 @@
-"""Model profiles, selected by name. Adding a family is one new module registered here."""
+"""Model profiles, found by name: profile ``X`` is the module ``omnipack.profiles.X`` and its ``PROFILE``.
+
+Adding a family is one new module: a ``ModelProfile`` subclass (the offline planner) with its
+``EncoderInputs`` subclass (the trainer half) as ``inputs_class``, and ``PROFILE = <the planner>``.
+Nothing here lists the families, and resolving a name imports only that family's module.
+"""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import re
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .base import MediaMeta, MediaPlan, MediaRejected, MediaSpan, ModelProfile, Segment
-from .nemotron_omni import NemotronOmniProfile
-from .qwen3_omni import Qwen3OmniProfile
-from .qwen_vl import Qwen3VLProfile, Qwen25VLProfile
+from .inputs import EncoderInputs
 
-PROFILES: dict[str, type[ModelProfile]] = {
-    cls.name: cls for cls in (Qwen25VLProfile, Qwen3VLProfile, Qwen3OmniProfile, NemotronOmniProfile)
-}
+_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+
+
+def profile_class(name: str) -> type[ModelProfile]:
+    """The planner class of profile ``name`` (imports ``omnipack.profiles.<name>`` and nothing else)."""
+    module = None
+    if _NAME.match(name or ""):
+        try:
+            module = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise  # the family module exists but needs something missing: say that, not "unknown"
+    cls = getattr(module, "PROFILE", None)
+    if cls is None or getattr(cls, "name", None) != name:
+        raise ValueError(f"unknown profile {name!r}; available: {', '.join(available_profiles())}")
+    return cls
 
 
 def get_profile(name: str, **options: Any) -> ModelProfile:
-    """Instantiate the profile called ``name`` with its options (e.g. ``max_pixels``)."""
-    try:
-        cls = PROFILES[name]
-    except KeyError:
-        raise ValueError(f"unknown profile {name!r}; available: {', '.join(sorted(PROFILES))}") from None
-    return cls(**options)
+    """Instantiate the planner called ``name`` with its options (e.g. ``max_pixels``)."""
+    return profile_class(name)(**options)
+
+
+def get_encoder_inputs(name: str, settings: Mapping[str, Any]) -> EncoderInputs:
+    """The trainer half of profile ``name`` from a dataset's recorded ``settings`` (omnipack.json)."""
+    return profile_class(name).inputs_class.from_settings(settings)
+
+
+def available_profiles() -> list[str]:
+    """Names of every family module in this package (imports them all: for listings, not for loading)."""
+    names = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.ispkg or not _NAME.match(info.name):
+            continue
+        cls = getattr(importlib.import_module(f"{__name__}.{info.name}"), "PROFILE", None)
+        if cls is not None and getattr(cls, "name", None) == info.name:
+            names.append(info.name)
+    return sorted(names)
+
+
+class _Profiles(Mapping[str, type[ModelProfile]]):
+    """``{name: planner class}`` of every family, discovered on first use."""
+
+    def __getitem__(self, name: str) -> type[ModelProfile]:
+        if name not in available_profiles():
+            raise KeyError(name)
+        return profile_class(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(available_profiles())
+
+    def __len__(self) -> int:
+        return len(available_profiles())
+
+
+PROFILES: Mapping[str, type[ModelProfile]] = _Profiles()
 
 
 __all__ = [
     "PROFILES",
+    "EncoderInputs",
     "MediaMeta",
     "MediaPlan",
     "MediaRejected",
     "MediaSpan",
     "ModelProfile",
     "Segment",
+    "available_profiles",
+    "get_encoder_inputs",
     "get_profile",
+    "profile_class",
 ]

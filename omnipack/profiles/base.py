@@ -1,22 +1,32 @@
 """What a model profile is: the model-specific rules as pure functions of media metadata.
 
-A profile answers, for one media item, how it is materialised (target size, sampled frames, sample rate)
-and how many placeholder tokens it expands to, and which tokens the chat template writes for it.
-Nothing outside ``omnipack/profiles`` knows which model it serves.
+A family has two halves, both in its one module ``omnipack/profiles/<name>.py``:
+
+- the offline planner, :class:`ModelProfile` (this module): for one media item, how it is materialised
+  (target size, sampled frames, sample rate), how many placeholder tokens it expands to, which tokens the
+  chat template writes for it, mRoPE positions and training cost. Used by ``omnipack prepare``/``verify``.
+- the trainer side, :class:`omnipack.profiles.inputs.EncoderInputs`: stored payloads -> encoder inputs,
+  built from the settings the planner recorded in ``omnipack.json``. The loader uses only this half.
+
+Nothing outside ``omnipack/profiles`` knows which model it serves; the registry
+(``omnipack.profiles.get_profile``) finds a family by importing the module of that name.
 """
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ..packing.cost import CostModel, TransformerShape, build_cost_model
+
+if TYPE_CHECKING:
+    from .inputs import EncoderInputs
 
 MEDIA_KINDS = ("image", "video", "audio")
 
@@ -109,12 +119,21 @@ class MediaSpan:
 
 
 class ModelProfile(ABC):
-    """Base class of a model family profile. Subclasses are registered by name."""
+    """The offline planner of a model family.
+
+    A family module ``omnipack/profiles/<name>.py`` defines a subclass with ``name = "<name>"`` and its
+    trainer half ``inputs_class`` (an ``EncoderInputs`` subclass), and registers the planner as the module
+    attribute ``PROFILE``. Nothing else names the family.
+    """
 
     name: ClassVar[str]
     family: ClassVar[str]
+    # The trainer half: rebuilt from ``settings()`` (as recorded in omnipack.json) by the loader.
+    inputs_class: ClassVar[type[EncoderInputs]]
     # Text the chat template emits for one media item of each kind (a run of special tokens).
     template_blocks: ClassVar[dict[str, tuple[str, ...]]]
+    # Start-of-turn marker, followed by the role (``omnipack inspect`` finds turns by it).
+    turn_start: ClassVar[str] = "<|im_start|>"
     # End-of-turn marker: the last supervised token of an assistant turn.
     turn_end: ClassVar[str] = "<|im_end|>"
     # Special tokens an expansion writes beyond the template blocks (e.g. Nemotron's <img>, </img>).
@@ -146,6 +165,25 @@ class ModelProfile(ABC):
         """Per-sample 3-D rotary position ids ``int32 [3, L]`` for mRoPE models; None if not used."""
         return None
 
+    @classmethod
+    def uses_mrope(cls) -> bool:
+        """Whether the family writes mRoPE position ids (it overrides ``mrope_position_ids``)."""
+        return cls.mrope_position_ids is not ModelProfile.mrope_position_ids
+
+    @property
+    def placeholder_tokens(self) -> dict[str, tuple[str, ...]]:
+        """Placeholder tokens of a block of each kind (the trainer half's, which counts the features)."""
+        return self.inputs_class.placeholder_tokens
+
+    def inputs(self) -> EncoderInputs:
+        """The trainer half for this planner's settings (what a loader builds from omnipack.json)."""
+        cached = self.__dict__.get("_inputs")
+        if cached is None:
+            cached = self.__dict__["_inputs"] = self.inputs_class.from_settings(
+                json.loads(json.dumps(self.settings()))
+            )
+        return cached
+
     def special_tokens(self) -> list[str]:
         """Every special token the profile emits (the demo tokenizer registers them)."""
         toks: list[str] = [self.turn_end]
@@ -157,53 +195,9 @@ class ModelProfile(ABC):
         return toks
 
     def settings(self) -> dict[str, Any]:
-        """JSON-able settings recorded in the dataset metadata."""
+        """JSON-able settings recorded in the dataset metadata; the trainer half is built from them, so
+        they hold everything ``inputs_class.from_settings`` reads."""
         return {}
-
-    # ---- trainer side: stored payloads -> encoder inputs ----
-    # Placeholder tokens of a block of each kind (every token that stands for one encoder feature).
-    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {}
-
-    def feature_count(self, item: Any, payload: Payload) -> int:
-        """Encoder features (= placeholder tokens) the stored ``payload`` of ``item`` produces.
-
-        ``item`` is a row's media entry (``contract.MediaItem`` or its JSON dict); ``payload`` the decoded
-        part (see ``omnipack.loader.media.decode_payload``). Computed from the stored data, not from the
-        recorded plan, so a mismatch between what was written and what was planned shows up.
-        """
-        raise NotImplementedError(f"profile {self.name} has no feature count for {item_kind(item)} media")
-
-    def media_inputs(
-        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32"
-    ) -> dict[str, np.ndarray]:
-        """One item's encoder inputs (numpy), keyed by the HF model forward argument names.
-
-        ``pixel_dtype="uint8"`` asks for un-normalized pixel patches (same layout) for trainers that
-        normalize on the GPU with :meth:`pixel_normalization`; profiles without it raise ValueError.
-        """
-        raise NotImplementedError(
-            f"profile {self.name} cannot build encoder inputs for {item_kind(item)} media yet; "
-            "load with decode_media=False"
-        )
-
-    def pixel_normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-        """Per-channel (mean, std) of pixel inputs, ``x = (u8 / 255 - mean) / std``; None if not applicable."""
-        return None
-
-    # Whether ``media_inputs`` takes ``deferred=True`` (pixel patches as ``PendingRows``).
-    supports_deferred_inputs: ClassVar[bool] = False
-
-    def collate_media(self, per_item: list[dict[str, Any]]) -> dict[str, Any]:
-        """Items' inputs (placeholder order across the micro-batch) -> batch tensors.
-
-        Default: concatenate every key along dim 0 (patch rows, grid rows, per-item scalars) into one
-        tensor allocated for the batch (in shared memory inside a loader worker, so handing it to the
-        trainer process copies nothing); ``PendingRows`` are built straight into their slice of it.
-        """
-        keys: list[str] = []
-        for d in per_item:
-            keys += [k for k in d if k not in keys]
-        return {k: concat_into_batch_tensor([d[k] for d in per_item if k in d]) for k in keys}
 
     # ---- training cost model (packing.cost): new methods, used by balanced packing ----
 
@@ -220,53 +214,8 @@ class ModelProfile(ABC):
         return build_cost_model(self.cost_shapes(), overrides)
 
 
-@dataclass(frozen=True)
-class PendingRows:
-    """Rows of a batch tensor built late: ``fill(out)`` writes an array of ``shape``/``dtype`` into ``out``
-    (its C-contiguous slice of the batch buffer), so large inputs are written exactly once."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    fill: Callable[[np.ndarray], Any]
-
-
-def empty_batch_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
-    """An uninitialised torch tensor for a batch; in a DataLoader worker its storage is created in shared
-    memory (as torch's own default collate does), so sending it to the main process copies no bytes."""
-    import torch
-
-    tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
-    if torch.utils.data.get_worker_info() is None:
-        return torch.empty(shape, dtype=tdtype)
-    numel = int(np.prod(shape, dtype=np.int64))
-    storage = torch.UntypedStorage._new_shared(numel * np.dtype(dtype).itemsize)
-    return torch.empty(0, dtype=tdtype).set_(storage, 0, shape)
-
-
-def concat_into_batch_tensor(parts: list[Any]) -> Any:
-    """Arrays / ``PendingRows`` joined along dim 0 into one new batch tensor, each written once."""
-    first = parts[0]
-    dtype = first.dtype
-    tail = tuple(first.shape[1:])
-    for p in parts:
-        if p.dtype != dtype or tuple(p.shape[1:]) != tail:
-            raise ValueError(f"cannot join inputs {dtype} {tail} and {p.dtype} {tuple(p.shape[1:])}")
-    rows = sum(int(p.shape[0]) for p in parts)
-    out = empty_batch_tensor((rows, *tail), dtype)
-    buf = out.numpy()
-    at = 0
-    for p in parts:
-        n = int(p.shape[0])
-        if isinstance(p, PendingRows):
-            p.fill(buf[at : at + n])
-        else:
-            buf[at : at + n] = p
-        at += n
-    return out
-
-
 def dataset_placeholder_ids(
-    meta: Mapping[str, Any], profile: ModelProfile, tokenizer_path: str | None = None
+    meta: Mapping[str, Any], profile: ModelProfile | EncoderInputs, tokenizer_path: str | None = None
 ) -> tuple[dict[str, list[int]] | None, str]:
     """A dataset's placeholder token ids per kind and where they came from: recorded in omnipack.json,
     else (or when ``tokenizer_path`` is given) from the tokenizer; None when neither is available."""
@@ -281,7 +230,7 @@ def dataset_placeholder_ids(
     return placeholder_token_ids(profile, AutoTokenizer.from_pretrained(path)), f"tokenizer {path}"
 
 
-def placeholder_token_ids(profile: ModelProfile, tokenizer: Any) -> dict[str, list[int]]:
+def placeholder_token_ids(profile: ModelProfile | EncoderInputs, tokenizer: Any) -> dict[str, list[int]]:
     """{kind: token ids} of ``profile.placeholder_tokens`` under an HF ``tokenizer``."""
     out = {}
     for kind, toks in profile.placeholder_tokens.items():
@@ -290,30 +239,6 @@ def placeholder_token_ids(profile: ModelProfile, tokenizer: Any) -> dict[str, li
             raise ValueError(f"tokenizer lacks a {kind} placeholder token of {toks}")
         out[kind] = [int(i) for i in ids]
     return out
-
-
-# A decoded media part: an array (image [H,W,3], video [T,H,W,3], audio [n]) or named arrays (npz).
-Payload = np.ndarray | Mapping[str, np.ndarray]
-
-
-def item_kind(item: Any) -> str:
-    return item["kind"] if isinstance(item, Mapping) else item.kind
-
-
-def item_info(item: Any) -> dict[str, Any]:
-    """The plan facts the writer recorded for an item (``MediaItem.info``)."""
-    return dict(item.get("info", {}) if isinstance(item, Mapping) else item.info)
-
-
-def payload_frames(payload: Payload) -> np.ndarray:
-    """Vision frames uint8 [T, H, W, 3] of an image or video payload."""
-    arr = payload["frames"] if isinstance(payload, Mapping) else payload
-    arr = np.asarray(arr)
-    if arr.ndim == 3:
-        arr = arr[None]
-    if arr.ndim != 4 or arr.shape[-1] != 3:
-        raise ValueError(f"vision payload has shape {arr.shape}, expected [H,W,3] or [T,H,W,3]")
-    return arr
 
 
 # How audio payloads are loaded and stored (``omnipack.media.audio``); recorded in profile settings so a
@@ -325,33 +250,6 @@ AUDIO_LOADING = (
 INT16_SCALE = 32768.0  # libsndfile's int16 <-> float scale: the writer's and the reader's, both ways
 # The dtypes an audio payload may have (int16 where that is exact, else float32).
 STORED_AUDIO_DTYPES = (np.dtype(np.int16), np.dtype(np.float32))
-
-
-def audio_waveform(stored: np.ndarray) -> np.ndarray:
-    """float32 [n] waveform of a stored audio array: int16 ``k`` is ``k / 32768`` (libsndfile's scale, the
-    writer's inverse), float32 is the waveform itself; both are exactly what the counts came from."""
-    arr = np.asarray(stored)
-    if arr.dtype == np.int16:
-        return arr.astype(np.float32) / np.float32(INT16_SCALE)
-    if arr.dtype == np.float32:
-        return arr
-    raise ValueError(f"audio payload has dtype {arr.dtype}, expected int16 or float32")
-
-
-def payload_audio(payload: Payload) -> np.ndarray | None:
-    """Stored mono audio [n] (int16 or float32, see ``audio_waveform``) of an audio payload or a video's own
-    track; None when there is none. Its length is the sample count; ``audio_waveform`` gives the samples."""
-    if isinstance(payload, Mapping):
-        if "audio" not in payload:
-            return None
-        arr = np.asarray(payload["audio"])
-    else:
-        arr = np.asarray(payload)
-    if arr.ndim != 1:
-        raise ValueError(f"audio payload has shape {arr.shape}, expected [n]")
-    if arr.dtype not in STORED_AUDIO_DTYPES:
-        raise ValueError(f"audio payload has dtype {arr.dtype}, expected int16 or float32")
-    return arr
 
 
 def audio_samples_at(meta: MediaMeta, rate: int) -> int:

@@ -19,29 +19,35 @@ a collated batch to what Megatron-Bridge's ``nemotron_omni_collate_fn`` hands it
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops
+from .audio_features import parakeet_log_mel
 from .base import (
     AUDIO_LOADING,
     MediaMeta,
     MediaPlan,
     MediaRejected,
     ModelProfile,
-    Payload,
     Segment,
     audio_samples_at,
-    audio_waveform,
-    item_kind,
-    payload_audio,
-    payload_frames,
     read_preprocessor_config,
 )
-from .qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, normalize_lut
+from .inputs import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    EncoderInputs,
+    Payload,
+    audio_waveform,
+    item_kind,
+    normalize_lut,
+    payload_audio,
+    payload_frames,
+)
 
 AUDIO_RATE = 16000
 HOP_LENGTH = 160
@@ -86,6 +92,13 @@ def parakeet_tokens(mel_frames: int, stages: int = 3) -> int:
     return x
 
 
+def audio_tokens(num_samples_16k: int, rule: str) -> int:
+    """Sound tokens of a 16 kHz clip under an ``AUDIO_COUNT_RULES`` rule (see the module docstring)."""
+    if rule == "hf":
+        return max(1, parakeet_tokens(1 + num_samples_16k // HOP_LENGTH))
+    return max(1, parakeet_tokens(num_samples_16k // HOP_LENGTH))
+
+
 def radio_patches(frames: np.ndarray, lut: np.ndarray, patch_size: int) -> np.ndarray:
     """uint8 [T, H, W, 3] -> float32 ``(T*gh*gw, 3*ps*ps)``: HF ``convert_image_to_patches`` layout.
 
@@ -114,28 +127,164 @@ def radio_tubelets(frames: np.ndarray, lut: np.ndarray, tps: int) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(t // tps, tps * c, h, w))
 
 
-@lru_cache(maxsize=4)
-def parakeet_extractor(num_mel_bins: int) -> Any:
-    """A cached ``transformers.ParakeetFeatureExtractor`` (needs torch; imported lazily)."""
-    from transformers import ParakeetFeatureExtractor
-
-    return ParakeetFeatureExtractor(feature_size=num_mel_bins, sampling_rate=AUDIO_RATE)
-
-
 def parakeet_features(stored: np.ndarray, num_mel_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """One clip alone -> (float32 [n // 160 + 1, bins], bool [n // 160 + 1]) as the extractor returns them.
+    """One clip alone -> (float32 [n // 160 + 1, bins], bool [n // 160 + 1]) as
+    ``ParakeetFeatureExtractor(feature_size=num_mel_bins)`` returns them, computed without transformers.
 
-    The extractor keeps a zeroed boundary frame after the ``n // 160`` valid ones (the mask marks them).
-    A clip runs alone because its mel normalisation statistics are per clip.
+    A zeroed boundary frame follows the ``n // 160`` valid ones (the mask marks them). A clip runs alone
+    because its mel normalisation statistics are per clip.
     """
-    wave = audio_waveform(stored)
-    out = parakeet_extractor(num_mel_bins)(
-        wave, sampling_rate=AUDIO_RATE, return_attention_mask=True, return_tensors="np"
-    )
-    return (
-        np.ascontiguousarray(out["input_features"][0], dtype=np.float32),
-        np.asarray(out["attention_mask"][0], dtype=bool),
-    )
+    return parakeet_log_mel(audio_waveform(stored), num_mels=num_mel_bins, sample_rate=AUDIO_RATE)
+
+
+class NemotronOmniInputs(EncoderInputs):
+    """Trainer half: the HF ``NemotronH_Omni_Reasoning_V3`` forward inputs (see the module docstring),
+    built from the recorded ``patch_size``, ``pixel_shuffle``, ``image_mean``/``image_std``,
+    ``num_mel_bins`` and ``audio_count_rule``; Parakeet features in torch (no transformers)."""
+
+    name = "nemotron_omni"
+    # Video tubelets reuse the image token (each tubelet is an <image> run after its frame text).
+    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {
+        "image": ("<image>",),
+        "video": ("<image>",),
+        "audio": ("<so_embedding>",),
+    }
+    batch_keys = ("pixel_values", "image_grid_hw", "pixel_values_videos", "input_features", "input_features_mask")
+    temporal_patch: ClassVar[int] = 2  # frames per tubelet
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.patch_size = int(settings["patch_size"])
+        self.merge = int(settings["pixel_shuffle"])
+        self.image_mean = tuple(float(x) for x in settings["image_mean"])
+        self.image_std = tuple(float(x) for x in settings["image_std"])
+        self.num_mel_bins = int(settings["num_mel_bins"])
+        self.audio_count_rule = str(settings["audio_count_rule"])
+        if self.audio_count_rule not in AUDIO_COUNT_RULES:
+            raise ValueError(f"audio_count_rule must be one of {AUDIO_COUNT_RULES}, got {self.audio_count_rule!r}")
+
+    def feature_count(self, item: Any, payload: Payload) -> int:
+        """Image: pixel-shuffled patches ``(H/16)*(W/16)/4``; video: ``ceil(T/2)`` tubelets of the same;
+        audio: the configured Parakeet rule on the stored sample count."""
+        kind = item_kind(item)
+        if kind == "audio":
+            return audio_tokens(int(payload_audio(payload).shape[0]), self.audio_count_rule)
+        frames = payload_frames(payload)
+        unit = self.patch_size * self.merge
+        t, h, w = frames.shape[:3]
+        if h % unit or w % unit:
+            raise ValueError(f"stored frame size {h}x{w} is not a multiple of {unit} (patch * pixel shuffle)")
+        per_frame = (h // self.patch_size) * (w // self.patch_size) // self.merge**2
+        if kind == "image":
+            return per_frame
+        return -(-t // self.temporal_patch) * per_frame
+
+    def _lut(self) -> np.ndarray:
+        lut = getattr(self, "_lut_cache", None)
+        if lut is None:
+            lut = self._lut_cache = normalize_lut(self.image_mean, self.image_std)
+        return lut
+
+    def media_inputs(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
+        """One item's HF forward inputs (numpy), with a leading item axis the collate joins on.
+
+        Image: ``pixel_values`` float32 [gh*gw, 3*16*16] (the stored image is already at the planned size,
+        so this is the image processor's output without its resize) and ``image_grid_hw`` int64 [1, 2].
+        Video: ``pixel_values_videos`` float32 [1, tubelets, 2*3, H, W] (Bridge's fixed square frames).
+        Audio: ``input_features`` float32 [1, n//160 + 1, num_mel_bins] and ``input_features_mask`` bool
+        [1, n//160 + 1] from ``ParakeetFeatureExtractor`` on the clip alone.
+        """
+        kind = item_kind(item)
+        if kind == "audio":
+            feats, mask = parakeet_features(payload_audio(payload), self.num_mel_bins)
+            return {"input_features": feats[None], "input_features_mask": mask[None]}
+        frames = payload_frames(payload)
+        self.feature_count(item, payload)  # rejects sizes the pixel shuffle cannot take
+        if kind == "image":
+            if len(frames) != 1:
+                raise ValueError(f"image payload holds {len(frames)} frames")
+            h, w = frames.shape[1:3]
+            grid = np.asarray([[h // self.patch_size, w // self.patch_size]], dtype=np.int64)
+            return {
+                "pixel_values": radio_patches(frames, self._lut(), self.patch_size),
+                "image_grid_hw": grid,
+            }
+        if kind == "video":
+            return {"pixel_values_videos": radio_tubelets(frames, self._lut(), self.temporal_patch)[None]}
+        return super().media_inputs(item, payload)
+
+    def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        """Items' inputs (placeholder order) -> HF batch tensors.
+
+        ``pixel_values`` [patches, 768] and ``image_grid_hw`` [n_images, 2] are concatenated. Videos become
+        one ``pixel_values_videos`` [1, total tubelets, 6, H, W]: HF stacks videos only when their tubelet
+        counts agree, and since the tower encodes tubelets independently and the forward concatenates the
+        video embeddings in order, one joined "video" gives the same embeddings (not with EVS pruning,
+        ``video_pruning_rate > 0``, which works per video). Mel features are right-padded to the longest
+        clip: ``input_features`` [clips, frames, bins], ``input_features_mask`` bool [clips, frames].
+        """
+        import torch
+
+        out: dict[str, Any] = {}
+        images = [d for d in per_item if "pixel_values" in d]
+        if images:
+            out["pixel_values"] = torch.from_numpy(np.concatenate([d["pixel_values"] for d in images]))
+            out["image_grid_hw"] = torch.from_numpy(np.concatenate([d["image_grid_hw"] for d in images]))
+        videos = [d["pixel_values_videos"] for d in per_item if "pixel_values_videos" in d]
+        if videos:
+            if len({v.shape[2:] for v in videos}) > 1:
+                raise ValueError(f"videos of one batch differ in tubelet shape: {[v.shape for v in videos]}")
+            out["pixel_values_videos"] = torch.from_numpy(np.concatenate(videos, axis=1))
+        clips = [d for d in per_item if "input_features" in d]
+        if clips:
+            frames = max(d["input_features"].shape[1] for d in clips)
+            x = np.zeros((len(clips), frames, self.num_mel_bins), dtype=np.float32)
+            mask = np.zeros((len(clips), frames), dtype=bool)
+            for i, d in enumerate(clips):
+                n = d["input_features"].shape[1]
+                x[i, :n] = d["input_features"][0]
+                mask[i, :n] = d["input_features_mask"][0]
+            out["input_features"] = torch.from_numpy(x)
+            out["input_features_mask"] = torch.from_numpy(mask)
+        return out
+
+    def bridge_media_inputs(self, media: dict[str, Any]) -> dict[str, Any]:
+        """A collated batch under Megatron-Bridge ``nemotron_omni_collate_fn`` names (torch tensors).
+
+        Dynamic images: ``pixel_values`` [1, patches, 768], ``imgs_sizes`` (pixels), ``num_frames`` (ones),
+        ``num_image_tiles`` (tokens per image). Temporal video: ``pixel_values`` [1, frames*patches, 768]
+        per frame (tubelets unpacked; the padding frame of an odd count is kept, which MCore would add
+        anyway), ``imgs_sizes`` per frame, ``num_frames`` (all videos' frames as one item, as collated).
+        Audio: ``sound_clips`` [clips, frames, bins], ``sound_length`` (valid mel frames). Bridge batches
+        either images or videos (its temporal path also squares images), so a batch with both is refused.
+        The trainer casts pixels to bf16.
+        """
+        import torch
+
+        if "pixel_values" in media and "pixel_values_videos" in media:
+            raise ValueError(
+                "Bridge's Omni collation does not mix dynamic-resolution images and temporal video"
+            )
+        out: dict[str, Any] = {}
+        ps, m = self.patch_size, self.merge
+        if "pixel_values" in media:
+            grid = media["image_grid_hw"].to(torch.long)
+            out["pixel_values"] = media["pixel_values"].unsqueeze(0)
+            out["imgs_sizes"] = grid * ps
+            out["num_frames"] = torch.ones(len(grid), dtype=torch.long)
+            out["num_image_tiles"] = (grid.prod(-1) // m**2).to(torch.int)
+        if "pixel_values_videos" in media:
+            v = media["pixel_values_videos"]
+            _, n, tc, h, w = v.shape
+            frames = v.reshape(n * self.temporal_patch, tc // self.temporal_patch, h, w)
+            patches = frames.reshape(-1, 3, h // ps, ps, w // ps, ps).permute(0, 2, 4, 1, 3, 5)
+            out["pixel_values"] = patches.reshape(1, -1, 3 * ps * ps)
+            out["imgs_sizes"] = torch.tensor([[h, w]] * len(frames), dtype=torch.long)
+            out["num_frames"] = torch.tensor([len(frames)], dtype=torch.long)
+        if "input_features" in media:
+            out["sound_clips"] = media["input_features"]
+            out["sound_length"] = media["input_features_mask"].sum(-1).to(torch.long)
+        return out
 
 
 class NemotronOmniProfile(ModelProfile):
@@ -153,16 +302,11 @@ class NemotronOmniProfile(ModelProfile):
 
     name = "nemotron_omni"
     family = "nemotron_omni"
+    inputs_class = NemotronOmniInputs
     turn_end = "<|im_end|>"
     template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
         "image": ("<image>",),
         "video": ("<video>",),
-        "audio": ("<so_embedding>",),
-    }
-    # Video tubelets reuse the image token (each tubelet is an <image> run after its frame text).
-    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {
-        "image": ("<image>",),
-        "video": ("<image>",),
         "audio": ("<so_embedding>",),
     }
     expansion_tokens: ClassVar[tuple[str, ...]] = ("<img>", "</img>", "<so_start>", "<so_end>")
@@ -283,9 +427,7 @@ class NemotronOmniProfile(ModelProfile):
     # ---- audio ----
 
     def audio_tokens(self, num_samples_16k: int) -> int:
-        if self.audio_count_rule == "hf":
-            return max(1, parakeet_tokens(1 + num_samples_16k // HOP_LENGTH))
-        return max(1, parakeet_tokens(num_samples_16k // HOP_LENGTH))
+        return audio_tokens(num_samples_16k, self.audio_count_rule)
 
     def plan_audio(self, meta: MediaMeta) -> MediaPlan:
         n = audio_samples_at(meta, AUDIO_RATE)
@@ -335,131 +477,6 @@ class NemotronOmniProfile(ModelProfile):
                 ]
             return segs
         raise MediaRejected(f"profile {self.name} cannot expand {plan.kind}")
-
-    # ---- trainer side ----
-
-    def feature_count(self, item: Any, payload: Payload) -> int:
-        """Image: pixel-shuffled patches ``(H/16)*(W/16)/4``; video: ``ceil(T/2)`` tubelets of the same;
-        audio: the configured Parakeet rule on the stored sample count."""
-        kind = item_kind(item)
-        if kind == "audio":
-            return self.audio_tokens(int(payload_audio(payload).shape[0]))
-        frames = payload_frames(payload)
-        unit = self.patch_size * self.merge
-        t, h, w = frames.shape[:3]
-        if h % unit or w % unit:
-            raise ValueError(f"stored frame size {h}x{w} is not a multiple of {unit} (patch * pixel shuffle)")
-        per_frame = (h // self.patch_size) * (w // self.patch_size) // self.merge**2
-        if kind == "image":
-            return per_frame
-        return -(-t // self.temporal_patch) * per_frame
-
-    def _lut(self) -> np.ndarray:
-        lut = getattr(self, "_lut_cache", None)
-        if lut is None:
-            lut = self._lut_cache = normalize_lut(self.image_mean, self.image_std)
-        return lut
-
-    def media_inputs(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
-        """One item's HF forward inputs (numpy), with a leading item axis the collate joins on.
-
-        Image: ``pixel_values`` float32 [gh*gw, 3*16*16] (the stored image is already at the planned size,
-        so this is the image processor's output without its resize) and ``image_grid_hw`` int64 [1, 2].
-        Video: ``pixel_values_videos`` float32 [1, tubelets, 2*3, H, W] (Bridge's fixed square frames).
-        Audio: ``input_features`` float32 [1, n//160 + 1, num_mel_bins] and ``input_features_mask`` bool
-        [1, n//160 + 1] from ``ParakeetFeatureExtractor`` on the clip alone.
-        """
-        kind = item_kind(item)
-        if kind == "audio":
-            feats, mask = parakeet_features(payload_audio(payload), self.num_mel_bins)
-            return {"input_features": feats[None], "input_features_mask": mask[None]}
-        frames = payload_frames(payload)
-        self.feature_count(item, payload)  # rejects sizes the pixel shuffle cannot take
-        if kind == "image":
-            if len(frames) != 1:
-                raise ValueError(f"image payload holds {len(frames)} frames")
-            h, w = frames.shape[1:3]
-            grid = np.asarray([[h // self.patch_size, w // self.patch_size]], dtype=np.int64)
-            return {
-                "pixel_values": radio_patches(frames, self._lut(), self.patch_size),
-                "image_grid_hw": grid,
-            }
-        if kind == "video":
-            return {"pixel_values_videos": radio_tubelets(frames, self._lut(), self.temporal_patch)[None]}
-        return super().media_inputs(item, payload)
-
-    def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
-        """Items' inputs (placeholder order) -> HF batch tensors.
-
-        ``pixel_values`` [patches, 768] and ``image_grid_hw`` [n_images, 2] are concatenated. Videos become
-        one ``pixel_values_videos`` [1, total tubelets, 6, H, W]: HF stacks videos only when their tubelet
-        counts agree, and since the tower encodes tubelets independently and the forward concatenates the
-        video embeddings in order, one joined "video" gives the same embeddings (not with EVS pruning,
-        ``video_pruning_rate > 0``, which works per video). Mel features are right-padded to the longest
-        clip: ``input_features`` [clips, frames, bins], ``input_features_mask`` bool [clips, frames].
-        """
-        import torch
-
-        out: dict[str, Any] = {}
-        images = [d for d in per_item if "pixel_values" in d]
-        if images:
-            out["pixel_values"] = torch.from_numpy(np.concatenate([d["pixel_values"] for d in images]))
-            out["image_grid_hw"] = torch.from_numpy(np.concatenate([d["image_grid_hw"] for d in images]))
-        videos = [d["pixel_values_videos"] for d in per_item if "pixel_values_videos" in d]
-        if videos:
-            if len({v.shape[2:] for v in videos}) > 1:
-                raise ValueError(f"videos of one batch differ in tubelet shape: {[v.shape for v in videos]}")
-            out["pixel_values_videos"] = torch.from_numpy(np.concatenate(videos, axis=1))
-        clips = [d for d in per_item if "input_features" in d]
-        if clips:
-            frames = max(d["input_features"].shape[1] for d in clips)
-            x = np.zeros((len(clips), frames, self.num_mel_bins), dtype=np.float32)
-            mask = np.zeros((len(clips), frames), dtype=bool)
-            for i, d in enumerate(clips):
-                n = d["input_features"].shape[1]
-                x[i, :n] = d["input_features"][0]
-                mask[i, :n] = d["input_features_mask"][0]
-            out["input_features"] = torch.from_numpy(x)
-            out["input_features_mask"] = torch.from_numpy(mask)
-        return out
-
-    def bridge_media_inputs(self, media: dict[str, Any]) -> dict[str, Any]:
-        """A collated batch under Megatron-Bridge ``nemotron_omni_collate_fn`` names (torch tensors).
-
-        Dynamic images: ``pixel_values`` [1, patches, 768], ``imgs_sizes`` (pixels), ``num_frames`` (ones),
-        ``num_image_tiles`` (tokens per image). Temporal video: ``pixel_values`` [1, frames*patches, 768]
-        per frame (tubelets unpacked; the padding frame of an odd count is kept, which MCore would add
-        anyway), ``imgs_sizes`` per frame, ``num_frames`` (all videos' frames as one item, as collated).
-        Audio: ``sound_clips`` [clips, frames, bins], ``sound_length`` (valid mel frames). Bridge batches
-        either images or videos (its temporal path also squares images), so a batch with both is refused.
-        The trainer casts pixels to bf16.
-        """
-        import torch
-
-        if "pixel_values" in media and "pixel_values_videos" in media:
-            raise ValueError(
-                "Bridge's Omni collation does not mix dynamic-resolution images and temporal video"
-            )
-        out: dict[str, Any] = {}
-        ps, m = self.patch_size, self.merge
-        if "pixel_values" in media:
-            grid = media["image_grid_hw"].to(torch.long)
-            out["pixel_values"] = media["pixel_values"].unsqueeze(0)
-            out["imgs_sizes"] = grid * ps
-            out["num_frames"] = torch.ones(len(grid), dtype=torch.long)
-            out["num_image_tiles"] = (grid.prod(-1) // m**2).to(torch.int)
-        if "pixel_values_videos" in media:
-            v = media["pixel_values_videos"]
-            _, n, tc, h, w = v.shape
-            frames = v.reshape(n * self.temporal_patch, tc // self.temporal_patch, h, w)
-            patches = frames.reshape(-1, 3, h // ps, ps, w // ps, ps).permute(0, 2, 4, 1, 3, 5)
-            out["pixel_values"] = patches.reshape(1, -1, 3 * ps * ps)
-            out["imgs_sizes"] = torch.tensor([[h, w]] * len(frames), dtype=torch.long)
-            out["num_frames"] = torch.tensor([len(frames)], dtype=torch.long)
-        if "input_features" in media:
-            out["sound_clips"] = media["input_features"]
-            out["sound_length"] = media["input_features_mask"].sum(-1).to(torch.long)
-        return out
 
     def special_tokens(self) -> list[str]:
         toks = super().special_tokens()
@@ -535,3 +552,6 @@ class NemotronOmniProfile(ModelProfile):
         projector = 2.0 * (merged_in * lm.hidden + lm.hidden * lm.hidden)
         tower = encoder_flops(vision, t * per_block, blocks_pairs([per_block] * t))
         return tower + t * per_block * embed + t * per_block // self.merge**2 * projector
+
+
+PROFILE = NemotronOmniProfile

@@ -10,28 +10,24 @@ comparing each video grid step's temporal position with the audio token index, a
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops, tiled_sizes
+from .audio_features import whisper_log_mel
 from .base import (
     AUDIO_LOADING,
     MediaMeta,
     MediaPlan,
     MediaRejected,
     MediaSpan,
-    Payload,
     Segment,
     audio_samples_at,
-    audio_waveform,
-    item_kind,
-    payload_audio,
-    payload_frames,
 )
-from .qwen_vl import HALF, QwenVLProfile, VideoSettings, VisionSettings
+from .inputs import Payload, audio_waveform, item_kind, payload_audio, payload_frames
+from .qwen_vl import HALF, VISION_BATCH_KEYS, QwenVLInputs, QwenVLProfile, VideoSettings, VisionSettings
 
 AUDIO_RATE = 16000
 HOP_LENGTH = 160
@@ -52,28 +48,10 @@ def audio_output_length(mel_len: int, n_window: int = 50) -> int:
     return ((f - 1) // 2 + 1 - 1) // 2 + 1 + (mel_len // chunk) * 13
 
 
-@functools.cache
-def whisper_extractor(feature_size: int = 128) -> Any:
-    """The Whisper mel front end (built once per process: its mel filter bank is not free)."""
-    from transformers import WhisperFeatureExtractor
-
-    return WhisperFeatureExtractor(feature_size=feature_size)
-
-
 def whisper_features(stored: np.ndarray) -> np.ndarray:
-    """float32 [128, n // 160] log-mel of one stored clip alone (``padding=True, truncation=False``)."""
-    wave = audio_waveform(stored)
-    out = whisper_extractor()(
-        wave,
-        sampling_rate=AUDIO_RATE,
-        padding=True,
-        truncation=False,
-        return_attention_mask=True,
-        return_tensors="np",
-    )
-    feats = out["input_features"][0]
-    valid = int(out["attention_mask"][0].sum())
-    return np.ascontiguousarray(feats[:, :valid], dtype=np.float32)
+    """float32 [128, n // 160] log-mel of one stored clip alone: what ``WhisperFeatureExtractor(feature_size=
+    128)`` gives with ``padding=True, truncation=False`` (valid frames), computed without transformers."""
+    return whisper_log_mel(audio_waveform(stored), num_mels=128, sample_rate=AUDIO_RATE)
 
 
 def interleave_runs(
@@ -105,6 +83,82 @@ def interleave_runs(
     return merged
 
 
+class Qwen3OmniInputs(QwenVLInputs):
+    """Trainer half: Qwen-VL pixel patches and grids (``video_second_per_grid`` per video) and Whisper
+    log-mel features of audio clips and of videos' own tracks (``input_features`` [N, 128, Lmax] with
+    ``feature_attention_mask`` and ``audio_feature_lengths``), computed in torch (no transformers)."""
+
+    name = "qwen3_omni"
+    # A video block with its own audio interleaves audio pads: both count as that block's features.
+    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {
+        "image": ("<|image_pad|>",),
+        "video": ("<|video_pad|>", "<|audio_pad|>"),
+        "audio": ("<|audio_pad|>",),
+    }
+    second_per_grid_key = "video_second_per_grid"
+    batch_keys = (
+        *VISION_BATCH_KEYS,
+        "video_second_per_grid",
+        "input_features",
+        "feature_attention_mask",
+        "audio_feature_lengths",
+    )
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.n_window = int(settings["n_window"])
+
+    def audio_feature_count(self, wave: np.ndarray) -> int:
+        mel = mel_frames(int(wave.shape[0]))
+        return audio_output_length(mel, self.n_window) if mel > 0 else 0
+
+    def feature_count(self, item: Any, payload: Payload) -> int:
+        kind = item_kind(item)
+        if kind == "audio":
+            return self.audio_feature_count(payload_audio(payload))
+        n = super().feature_count(item, payload)
+        if kind == "video" and isinstance(payload, Mapping) and (wave := payload_audio(payload)) is not None:
+            n += self.audio_feature_count(wave)  # audio-in-video: both kinds of placeholder in one block
+        return n
+
+    def media_inputs(
+        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32", deferred: bool = False
+    ) -> dict[str, Any]:
+        kind = item_kind(item)
+        out: dict[str, Any] = {}
+        if kind in ("image", "video"):
+            frames = payload_frames(payload)
+            out.update(self.vision_inputs(kind, item, frames, pixel_dtype=pixel_dtype, deferred=deferred))
+        wave = payload_audio(payload) if kind == "audio" or isinstance(payload, Mapping) else None
+        if wave is not None:
+            out["input_features"] = whisper_features(wave)  # [128, L]; collate pads and masks
+        if not out:
+            return super().media_inputs(item, payload, pixel_dtype=pixel_dtype)
+        return out
+
+    def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        """Vision keys concatenated; mel features padded to the longest clip with a mask, as HF batches them.
+
+        ``input_features`` [N, 128, Lmax], ``feature_attention_mask`` [N, Lmax] (int64, 1 = valid frame),
+        ``audio_feature_lengths`` [N]: N audio clips (audio items and videos' own tracks) in placeholder order.
+        """
+        import torch
+
+        feats = [d["input_features"] for d in per_item if "input_features" in d]
+        out = super().collate_media([{k: v for k, v in d.items() if k != "input_features"} for d in per_item])
+        if feats:
+            lens = [f.shape[1] for f in feats]
+            x = np.zeros((len(feats), feats[0].shape[0], max(lens)), dtype=np.float32)
+            mask = np.zeros((len(feats), max(lens)), dtype=np.int64)
+            for i, f in enumerate(feats):
+                x[i, :, : f.shape[1]] = f
+                mask[i, : f.shape[1]] = 1
+            out["input_features"] = torch.from_numpy(x)
+            out["feature_attention_mask"] = torch.from_numpy(mask)
+            out["audio_feature_lengths"] = torch.tensor(lens, dtype=torch.int64)
+        return out
+
+
 class Qwen3OmniProfile(QwenVLProfile):
     """Qwen3-Omni thinker inputs.
 
@@ -125,6 +179,7 @@ class Qwen3OmniProfile(QwenVLProfile):
 
     name = "qwen3_omni"
     family = "qwen3_omni"
+    inputs_class = Qwen3OmniInputs
     default_image = VisionSettings(16, 2, 2, 3136, 12845056)
     # Qwen2VLVideoProcessor's class defaults (sampled at 2 fps, as qwen-vl-utils does) ...
     default_video = VideoSettings(2.0, 4, 768, 128 * 28 * 28, 28 * 28 * 768, False, 128000)
@@ -139,19 +194,12 @@ class Qwen3OmniProfile(QwenVLProfile):
         "video": ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
         "audio": ("<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"),
     }
-    # A video block with its own audio interleaves audio pads: both count as that block's features.
-    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {
-        "image": ("<|image_pad|>",),
-        "video": ("<|video_pad|>", "<|audio_pad|>"),
-        "audio": ("<|audio_pad|>",),
-    }
     audio_start: ClassVar[str] = "<|audio_start|>"
     audio_pad: ClassVar[str] = "<|audio_pad|>"
     audio_end: ClassVar[str] = "<|audio_end|>"
     # Assumed as Qwen3-VL's SigLIP-style encoder; pass the checkpoint's preprocessor_config to be sure.
     default_mean = HALF
     default_std = HALF
-    second_per_grid_key = "video_second_per_grid"
 
     def __init__(
         self,
@@ -328,58 +376,6 @@ class Qwen3OmniProfile(QwenVLProfile):
         out[:, cur:] = np.arange(n - cur) + nxt
         return out.astype(np.int32)
 
-    # ---- trainer side: stored media -> encoder inputs ----
-
-    def audio_feature_count(self, wave: np.ndarray) -> int:
-        mel = mel_frames(int(wave.shape[0]))
-        return audio_output_length(mel, self.n_window) if mel > 0 else 0
-
-    def feature_count(self, item: Any, payload: Payload) -> int:
-        kind = item_kind(item)
-        if kind == "audio":
-            return self.audio_feature_count(payload_audio(payload))
-        n = super().feature_count(item, payload)
-        if kind == "video" and isinstance(payload, Mapping) and (wave := payload_audio(payload)) is not None:
-            n += self.audio_feature_count(wave)  # audio-in-video: both kinds of placeholder in one block
-        return n
-
-    def media_inputs(
-        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32", deferred: bool = False
-    ) -> dict[str, Any]:
-        kind = item_kind(item)
-        out: dict[str, Any] = {}
-        if kind in ("image", "video"):
-            frames = payload_frames(payload)
-            out.update(self.vision_inputs(kind, item, frames, pixel_dtype=pixel_dtype, deferred=deferred))
-        wave = payload_audio(payload) if kind == "audio" or isinstance(payload, Mapping) else None
-        if wave is not None:
-            out["input_features"] = whisper_features(wave)  # [128, L]; collate pads and masks
-        if not out:
-            return super().media_inputs(item, payload, pixel_dtype=pixel_dtype)
-        return out
-
-    def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
-        """Vision keys concatenated; mel features padded to the longest clip with a mask, as HF batches them.
-
-        ``input_features`` [N, 128, Lmax], ``feature_attention_mask`` [N, Lmax] (int64, 1 = valid frame),
-        ``audio_feature_lengths`` [N]: N audio clips (audio items and videos' own tracks) in placeholder order.
-        """
-        import torch
-
-        feats = [d["input_features"] for d in per_item if "input_features" in d]
-        out = super().collate_media([{k: v for k, v in d.items() if k != "input_features"} for d in per_item])
-        if feats:
-            lens = [f.shape[1] for f in feats]
-            x = np.zeros((len(feats), feats[0].shape[0], max(lens)), dtype=np.float32)
-            mask = np.zeros((len(feats), max(lens)), dtype=np.int64)
-            for i, f in enumerate(feats):
-                x[i, :, : f.shape[1]] = f
-                mask[i, : f.shape[1]] = 1
-            out["input_features"] = torch.from_numpy(x)
-            out["feature_attention_mask"] = torch.from_numpy(mask)
-            out["audio_feature_lengths"] = torch.tensor(lens, dtype=torch.int64)
-        return out
-
     def settings(self) -> dict[str, Any]:
         d = super().settings()
         d.pop("mrope_rule")
@@ -439,3 +435,6 @@ class Qwen3OmniProfile(QwenVLProfile):
         if plan.kind == "video" and plan.audio_num_tokens:
             vision += self.audio_tower_flops(plan.audio_frames, plan.audio_num_tokens, shapes)
         return vision
+
+
+PROFILE = Qwen3OmniProfile

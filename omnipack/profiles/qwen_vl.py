@@ -1,4 +1,5 @@
-"""Qwen2.5-VL and Qwen3-VL: smart_resize grids, video frame sampling, placeholder expansion, mRoPE.
+"""The Qwen-VL vision rules shared by the Qwen families (``qwen2_5_vl``, ``qwen3_vl``, ``qwen3_omni``):
+smart_resize grids, video frame sampling, placeholder expansion, mRoPE.
 
 Images are resized so both sides are multiples of ``patch_size * merge_size`` within a pixel budget,
 cut into ``patch_size`` patches (repeated to ``temporal_patch_size`` frames, so ``t = 1``), and every
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,17 +28,20 @@ from .base import (
     MediaRejected,
     MediaSpan,
     ModelProfile,
+    Segment,
+    read_preprocessor_config,
+)
+from .inputs import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    EncoderInputs,
     Payload,
     PendingRows,
-    Segment,
     item_info,
     item_kind,
     payload_frames,
-    read_preprocessor_config,
 )
 
-OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HALF = (0.5, 0.5, 0.5)
 
 MAX_ASPECT_RATIO = 200
@@ -205,12 +210,6 @@ def sample_frames_qwen3(total: int, src_fps: float, v: VideoSettings) -> list[in
 PIXEL_DTYPES = ("float32", "uint8")
 
 
-def normalize_lut(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
-    """float32 [3, 256]: ``(v / 255 - mean[c]) / std[c]`` for every uint8 value (rescale + normalize)."""
-    v = np.arange(256, dtype=np.float64) / 255.0
-    return ((v[None, :] - np.asarray(mean)[:, None]) / np.asarray(std)[:, None]).astype(np.float32)
-
-
 def normalize_hf_float32(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
     """In place on float32 ``x [rows, C, ...]`` holding pixel values 0..255: ``(x / 255 - mean[c]) / std[c]``.
 
@@ -337,10 +336,6 @@ class QwenVLProfile(ModelProfile):
         "image": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
         "video": ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>"),
     }
-    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {
-        "image": ("<|image_pad|>",),
-        "video": ("<|video_pad|>",),
-    }
     image_pad: ClassVar[str] = "<|image_pad|>"
     video_pad: ClassVar[str] = "<|video_pad|>"
     vision_start: ClassVar[str] = "<|vision_start|>"
@@ -348,8 +343,6 @@ class QwenVLProfile(ModelProfile):
     # The image processor's normalisation (a preprocessor_config's image_mean / image_std override it).
     default_mean: ClassVar[tuple[float, ...]] = OPENAI_CLIP_MEAN
     default_std: ClassVar[tuple[float, ...]] = OPENAI_CLIP_STD
-    # Name of the per-video seconds-per-temporal-step input of the model forward (None: not an input).
-    second_per_grid_key: ClassVar[str | None] = "second_per_grid_ts"
     # VideoSettings fields the HF processor class sets in its ``videos_kwargs`` (see the class docstring).
     processor_video_defaults: ClassVar[dict[str, Any]] = {}
 
@@ -603,7 +596,64 @@ class QwenVLProfile(ModelProfile):
             "normalize": {"mean": list(self.image_mean), "std": list(self.image_std)},
         }
 
-    # ---- trainer side: stored frames -> pixel patches ----
+    # ---- training cost model (packing.cost): new methods ----
+
+    # Vision attention layout: every layer attends over a whole frame unless ``vision_window_layers``
+    # of them attend in windows of ``vision_window_px`` pixels (Qwen2.5-VL); ``vision_mergers`` counts
+    # the patch mergers (Qwen3-VL's deepstack adds one per tapped layer).
+    vision_window_layers: ClassVar[int] = 0
+    vision_window_px: ClassVar[int] = 112
+    vision_mergers: ClassVar[int] = 1
+
+    def media_cost(self, plan: MediaPlan, shapes: dict[str, TransformerShape]) -> float:
+        """Vision tower FLOPs of an image or video: patch embedding, the transformer over every patch
+        (attention within each frame group, or within windows on the windowed layers), the mergers."""
+        if plan.kind not in ("image", "video") or plan.grid_thw is None:
+            return super().media_cost(plan, shapes)
+        vision, lm = shapes["vision"], shapes["lm"]
+        s = self.image
+        t, gh, gw = plan.grid_thw
+        patches = t * gh * gw
+        per_frame = gh * gw
+        full_layers = vision.layers - self.vision_window_layers
+        window = windowed_pairs(gh, gw, s.merge_size, max(1, self.vision_window_px // s.factor))
+        pair_flops = 4.0 * vision.heads * vision.dim_head
+        attention = (
+            pair_flops * t * (full_layers * per_frame * per_frame + self.vision_window_layers * window)
+        )
+        embed = 2.0 * 3 * s.temporal_patch_size * s.patch_size**2 * vision.hidden
+        merged_in = vision.hidden * s.merge_size**2
+        merger = 2.0 * (merged_in * merged_in + merged_in * lm.hidden) * self.vision_mergers
+        return patches * (vision.token_flops() + embed) + attention + patches // s.merge_size**2 * merger
+
+
+# Encoder inputs of a Qwen-VL image / video batch (HF forward argument names); a family adds its
+# per-video time input (``second_per_grid_key``) when it has one.
+VISION_BATCH_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+
+
+class QwenVLInputs(EncoderInputs):
+    """Trainer half of the Qwen-VL families: stored frames -> pixel patches and grids in the HF layout.
+
+    Built from the recorded settings ``image`` (patch, merge, temporal patch) and ``normalize``
+    (mean / std). Subclasses set ``name`` and ``second_per_grid_key``.
+    """
+
+    placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {
+        "image": ("<|image_pad|>",),
+        "video": ("<|video_pad|>",),
+    }
+    pixel_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "pixel_values_videos")
+    batch_keys: ClassVar[tuple[str, ...]] = VISION_BATCH_KEYS
+    # Name of the per-video seconds-per-temporal-step input of the model forward (None: not an input).
+    second_per_grid_key: ClassVar[str | None] = "second_per_grid_ts"
+    supports_deferred_inputs = True
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.image = VisionSettings(**settings["image"])
+        self.image_mean = tuple(float(x) for x in settings["normalize"]["mean"])
+        self.image_std = tuple(float(x) for x in settings["normalize"]["std"])
 
     def stored_grid(self, frames: np.ndarray) -> tuple[int, int, int]:
         """(t, gh, gw) of stored frames [T, H, W, 3]; sides must be multiples of patch * merge."""
@@ -660,7 +710,6 @@ class QwenVLProfile(ModelProfile):
             out[self.second_per_grid_key] = np.asarray([spg], dtype=np.float32)
         return out
 
-    supports_deferred_inputs = True
 
     def media_inputs(
         self, item: Any, payload: Payload, *, pixel_dtype: str = "float32", deferred: bool = False
@@ -672,81 +721,3 @@ class QwenVLProfile(ModelProfile):
             kind, item, payload_frames(payload), pixel_dtype=pixel_dtype, deferred=deferred
         )
 
-    # ---- training cost model (packing.cost): new methods ----
-
-    # Vision attention layout: every layer attends over a whole frame unless ``vision_window_layers``
-    # of them attend in windows of ``vision_window_px`` pixels (Qwen2.5-VL); ``vision_mergers`` counts
-    # the patch mergers (Qwen3-VL's deepstack adds one per tapped layer).
-    vision_window_layers: ClassVar[int] = 0
-    vision_window_px: ClassVar[int] = 112
-    vision_mergers: ClassVar[int] = 1
-
-    def media_cost(self, plan: MediaPlan, shapes: dict[str, TransformerShape]) -> float:
-        """Vision tower FLOPs of an image or video: patch embedding, the transformer over every patch
-        (attention within each frame group, or within windows on the windowed layers), the mergers."""
-        if plan.kind not in ("image", "video") or plan.grid_thw is None:
-            return super().media_cost(plan, shapes)
-        vision, lm = shapes["vision"], shapes["lm"]
-        s = self.image
-        t, gh, gw = plan.grid_thw
-        patches = t * gh * gw
-        per_frame = gh * gw
-        full_layers = vision.layers - self.vision_window_layers
-        window = windowed_pairs(gh, gw, s.merge_size, max(1, self.vision_window_px // s.factor))
-        pair_flops = 4.0 * vision.heads * vision.dim_head
-        attention = (
-            pair_flops * t * (full_layers * per_frame * per_frame + self.vision_window_layers * window)
-        )
-        embed = 2.0 * 3 * s.temporal_patch_size * s.patch_size**2 * vision.hidden
-        merged_in = vision.hidden * s.merge_size**2
-        merger = 2.0 * (merged_in * merged_in + merged_in * lm.hidden) * self.vision_mergers
-        return patches * (vision.token_flops() + embed) + attention + patches // s.merge_size**2 * merger
-
-
-class Qwen25VLProfile(QwenVLProfile):
-    name = "qwen2_5_vl"
-    # Qwen2.5-VL's released preprocessor_config: patch 14, merge 2, min 56*56, max 12845056 pixels.
-    default_image = VisionSettings(14, 2, 2, 3136, 12845056)
-    # Qwen2VLVideoProcessor class defaults (per-frame budget 128..768 tokens), sampled at 2 fps.
-    default_video = VideoSettings(2.0, 4, 768, 128 * 28 * 28, 28 * 28 * 768, False, 128000)
-    video_sampler = "qwen2"
-
-    # ---- training cost model (packing.cost): new methods ----
-
-    vision_window_layers: ClassVar[int] = 28  # 32 layers, full attention only at 7, 15, 23, 31
-
-    def cost_shapes(self) -> dict[str, TransformerShape]:
-        """Qwen2.5-VL-7B: LM hidden 3584, 28 layers, 28/4 heads, SwiGLU 18944; ViT 32 x 1280, 16 heads,
-        SwiGLU 3420, windows of 112 px (4x4 merged tokens) except 4 full-attention layers."""
-        return {
-            "lm": TransformerShape(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944),
-            "vision": TransformerShape(hidden=1280, layers=32, heads=16, ffn=3420),
-        }
-
-
-class Qwen3VLProfile(QwenVLProfile):
-    name = "qwen3_vl"
-    # Qwen3-VL: patch 16 (factor 32); size.shortest_edge / longest_edge in its preprocessor_config.
-    default_image = VisionSettings(16, 2, 2, 65536, 16777216)
-    # Qwen3VLVideoProcessor class defaults: fps 2, 4..768 frames, budget over all frames 128..768 tokens.
-    default_video = VideoSettings(2.0, 4, 768, 128 * 32 * 32, 32 * 32 * 768, False, 768)
-    video_sampler = "qwen3"
-    per_frame_timestamps = True
-    default_mean = HALF
-    default_std = HALF
-    second_per_grid_key = None  # Qwen3-VL carries time as timestamp text in the prompt
-
-    def video_time_interval(self, plan: MediaPlan) -> float:
-        return 1.0  # every frame group is its own t=1 block
-
-    # ---- training cost model (packing.cost): new methods ----
-
-    vision_mergers: ClassVar[int] = 4  # the final merger and 3 deepstack mergers (layers 8, 16, 24)
-
-    def cost_shapes(self) -> dict[str, TransformerShape]:
-        """Qwen3-VL-8B: LM hidden 4096, 36 layers, 32/8 heads of 128, SwiGLU 12288; ViT 27 x 1152,
-        16 heads, GELU MLP 4304, full attention within each frame group."""
-        return {
-            "lm": TransformerShape(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288),
-            "vision": TransformerShape(hidden=1152, layers=27, heads=16, ffn=4304, gated_ffn=False),
-        }

@@ -29,7 +29,6 @@ from ..dataset.reader import (
 )
 
 KINDS = ("image", "video", "audio")
-ROLE_MARKER = "<|im_start|>"
 
 
 def scan_rows(ds: Dataset, workers: int = 1, progress: bool | None = None) -> list[RowSummary]:
@@ -171,11 +170,21 @@ def _text_segments(
     return segs
 
 
-def _turns(ids: np.ndarray, tok: Any, offset: int) -> list[dict[str, Any]]:
-    """Chat turns found by their ``<|im_start|>role`` markers (row positions)."""
-    if tok is None:
+def _turn_start(ds: Dataset) -> str | None:
+    """The dataset profile's start-of-turn marker (``ModelProfile.turn_start``); None for an unknown profile."""
+    from ..profiles import profile_class
+
+    try:
+        return profile_class((ds.meta.get("profile") or {}).get("name", "")).turn_start
+    except ValueError:
+        return None
+
+
+def _turns(ids: np.ndarray, tok: Any, offset: int, turn_start: str | None) -> list[dict[str, Any]]:
+    """Chat turns found by their ``<turn_start>role`` markers (row positions)."""
+    if tok is None or turn_start is None:
         return []
-    marker = tok.convert_tokens_to_ids(ROLE_MARKER)
+    marker = tok.convert_tokens_to_ids(turn_start)
     if marker is None or marker == tok.unk_token_id:
         return []
     starts = np.flatnonzero(ids == marker).tolist()
@@ -202,6 +211,7 @@ def row_view(
             for k, v in ((ds.meta.get("tokenizer") or {}).get("placeholder_token_ids") or {}).items()
         }
     ph_names = _token_names(tok, ph_ids)
+    turn_start = _turn_start(ds)
     cu, cup = row.cu_seqlens.astype(int), row.cu_seqlens_padded.astype(int)
     supervised = row.labels != IGNORE_INDEX
     seqs = []
@@ -228,7 +238,7 @@ def row_view(
                     for m in row.media
                     if m.sample_index == i
                 ],
-                "turns": _turns(ids, tok, a),
+                "turns": _turns(ids, tok, a, turn_start),
                 "text": _text_segments(ids, target, ph_names, tok),
             }
         )

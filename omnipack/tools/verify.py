@@ -235,7 +235,7 @@ def _payload_errors(profile: Any, m: MediaItem, part: str, data: bytes) -> list[
     if profile is not None:
         fake = {k: shaped_like(*v) for k, v in stored.items()}
         payload = next(iter(fake.values())) if len(fake) == 1 and m.kind != "video" else fake
-        features = profile.feature_count(m, payload)
+        features = profile.inputs().feature_count(m, payload)
         if features != m.num_tokens:
             errs.append(f"stored payload gives {features} features, block has {m.num_tokens} placeholders")
     return errs

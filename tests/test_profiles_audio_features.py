@@ -1,0 +1,113 @@
+"""The torch log-mel front ends equal the transformers feature extractors the profiles used to call.
+
+Oracles: ``WhisperFeatureExtractor(feature_size=128)`` with ``padding=True, truncation=False`` (Qwen3-Omni)
+and ``ParakeetFeatureExtractor(feature_size=num_mel_bins, sampling_rate=16000)`` (Nemotron Omni), each on
+one clip alone, as the profiles configured them. Max abs difference <= 1e-4 on the log-mel, lengths and
+masks exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omnipack.profiles import get_profile
+from omnipack.profiles.audio_features import slaney_mel_filters
+from omnipack.profiles.inputs import audio_waveform
+from omnipack.profiles.nemotron_omni import parakeet_features
+from omnipack.profiles.qwen3_omni import whisper_features
+
+transformers = pytest.importorskip("transformers")
+TOL = 1e-4
+RATE = 16000
+
+
+def _clips() -> list[tuple[str, np.ndarray]]:
+    """Stored clips (int16 and float32) of the kinds datasets hold: tones, speech-like noise bursts,
+    quiet and clipped signals, silence, lengths around the hop and the Whisper minimum."""
+    rng = np.random.default_rng(11)
+    out = []
+    for n in (201, 399, 1600, 16000, 27_777, 16000 * 31 + 7):
+        t = np.arange(n) / RATE
+        tone = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.1 * np.sin(2 * np.pi * 3100 * t)
+        bursts = rng.standard_normal(n) * (np.sin(2 * np.pi * 3 * t) > 0)
+        wave = (tone + 0.05 * bursts).astype(np.float32)
+        out.append((f"tone{n}-int16", np.round(wave * 32767).astype(np.int16)))
+        out.append((f"tone{n}-float32", wave))
+    quiet = (1e-3 * rng.standard_normal(20_000)).astype(np.float32)
+    out.append(("quiet-float32", quiet))
+    out.append(
+        ("clipped-int16", np.clip(rng.standard_normal(12_345) * 30_000, -32768, 32767).astype(np.int16))
+    )
+    out.append(("silence-int16", np.zeros(8000, np.int16)))
+    return out
+
+
+CLIPS = _clips()
+
+
+def _hf_whisper(wave: np.ndarray) -> np.ndarray:
+    fe = transformers.WhisperFeatureExtractor(feature_size=128)
+    out = fe(
+        wave,
+        sampling_rate=RATE,
+        padding=True,
+        truncation=False,
+        return_attention_mask=True,
+        return_tensors="np",
+    )
+    return out["input_features"][0][:, : int(out["attention_mask"][0].sum())]
+
+
+def _hf_parakeet(wave: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    fe = transformers.ParakeetFeatureExtractor(feature_size=bins, sampling_rate=RATE)
+    out = fe(wave, sampling_rate=RATE, return_attention_mask=True, return_tensors="np")
+    return out["input_features"][0], out["attention_mask"][0].astype(bool)
+
+
+@pytest.mark.parametrize("label,stored", CLIPS, ids=[c[0] for c in CLIPS])
+def test_whisper_log_mel_equals_the_extractor(label, stored):
+    want = _hf_whisper(audio_waveform(stored))
+    got = whisper_features(stored)
+    assert got.dtype == np.float32 and got.shape == want.shape == (128, len(stored) // 160)
+    assert float(np.abs(got - want).max()) <= TOL
+
+
+@pytest.mark.parametrize("bins", [128, 80])
+@pytest.mark.parametrize("label,stored", [c for c in CLIPS if len(c[1]) > 320], ids=lambda c: str(c)[:20])
+def test_parakeet_features_equal_the_extractor(label, stored, bins):
+    want, want_mask = _hf_parakeet(audio_waveform(stored), bins)
+    got, mask = parakeet_features(stored, bins)
+    assert got.dtype == np.float32 and got.shape == want.shape == (len(stored) // 160 + 1, bins)
+    np.testing.assert_array_equal(mask, want_mask)
+    assert int(mask.sum()) == len(stored) // 160
+    assert float(np.abs(got - want).max()) <= TOL
+
+
+def test_mel_filters_are_the_extractors_bit_for_bit():
+    whisper = transformers.WhisperFeatureExtractor(feature_size=128).mel_filters.T.astype(np.float32)
+    np.testing.assert_array_equal(slaney_mel_filters(400, 128, RATE, 8000.0), whisper)
+    parakeet = transformers.ParakeetFeatureExtractor(feature_size=80).mel_filters.numpy()
+    np.testing.assert_array_equal(slaney_mel_filters(512, 80, RATE, 8000.0, round_before_norm=True), parakeet)
+
+
+def test_profiles_use_them_through_the_trainer_half():
+    """The encoder inputs of audio items are these features (collated and masked as the models take them)."""
+    clips = [s for label, s in CLIPS if label in ("tone1600-int16", "tone27777-float32")]
+    item = {"kind": "audio", "info": {}}
+    qwen = get_profile("qwen3_omni").inputs()
+    batch = qwen.collate_media([qwen.media_inputs(item, c) for c in clips])
+    for i, c in enumerate(clips):
+        n = len(c) // 160
+        assert int(batch["audio_feature_lengths"][i]) == n == int(batch["feature_attention_mask"][i].sum())
+        assert (
+            float(np.abs(batch["input_features"][i, :, :n].numpy() - _hf_whisper(audio_waveform(c))).max())
+            <= TOL
+        )
+    nemo = get_profile("nemotron_omni", num_mel_bins=80).inputs()
+    batch = nemo.collate_media([nemo.media_inputs(item, c) for c in clips])
+    for i, c in enumerate(clips):
+        want, want_mask = _hf_parakeet(audio_waveform(c), 80)
+        k = len(want)
+        assert float(np.abs(batch["input_features"][i, :k].numpy() - want).max()) <= TOL
+        np.testing.assert_array_equal(batch["input_features_mask"][i, :k].numpy(), want_mask)
