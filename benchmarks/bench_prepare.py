@@ -249,7 +249,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--speed-samples", type=int, default=5000, help="corpus size of the measure-speed check")
     ap.add_argument("--repeats", type=int, default=3, help="best of this many measure-speed runs")
-    ap.add_argument("--speed-chunk", type=int, default=250, help="samples per chunk of the per-chunk estimate")
+    ap.add_argument(
+        "--speed-chunk", type=int, default=250, help="samples per chunk of the per-chunk estimate"
+    )
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
@@ -274,8 +276,12 @@ def main() -> None:
             f"\nmeasure speed, {s['samples']} samples, {s['tokens']} tokens, one core, best of {args.repeats} "
             f"(worker start-up {s['startup_s']:.1f} s once, not included)"
         )
-        print("| what                           | whole corpus tokens/s | ratio | per-chunk best tokens/s | ratio |")
-        print("|--------------------------------|-----------------------|-------|-------------------------|-------|")
+        print(
+            "| what                           | whole corpus tokens/s | ratio | per-chunk best tokens/s | ratio |"
+        )
+        print(
+            "|--------------------------------|-----------------------|-------|-------------------------|-------|"
+        )
         print(
             f"| tokenizer batch encode         | {s['encode_tok_s']:21.0f} | 1.00  "
             f"| {s['chunk_encode_tok_s']:23.0f} | 1.00  |"
