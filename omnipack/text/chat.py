@@ -81,9 +81,9 @@ class ChatTokenizer:
         specials = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special}
         reserved = set(profile.special_tokens()) | set(self.tokenizer.all_special_tokens) | specials
         self._reserved = sorted(reserved, key=len, reverse=True)
-        # A text holds a reserved token only if it holds that token's first two characters: one scan per
-        # distinct pair rules out every token in the common case (a handful of pairs such as "<|").
-        self._reserved_keys = sorted({t[:2] for t in self._reserved})
+        # A text holds a reserved token only if it holds that token's first character: one fast scan per
+        # distinct first character (often just "<") rules out every token in the common case.
+        self._reserved_firsts = sorted({t[:1] for t in self._reserved})
         self._text_joint = next((c for c in "\x00\x01\n" if not any(c in t for t in self._reserved)), None)
         # The Rust tokenizer, called directly (no per-call wrapper work); set not to truncate or pad, as the
         # wrapper itself sets it on every call without those options.
@@ -459,7 +459,7 @@ class ChatTokenizer:
         if self._text_joint is not None:
             # all texts joined by a character no reserved token holds, so no match spans two texts
             joined = self._text_joint.join([t for texts in texts_of for t in texts])
-            if not any(k in joined for k in self._reserved_keys):
+            if not any(c in joined for c in self._reserved_firsts):
                 return
         for i, texts in enumerate(texts_of):
             for text in texts:
