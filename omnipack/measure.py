@@ -216,6 +216,35 @@ def measure_all(
         yield from results
 
 
+def _list_column(values: list[Any], type_: pa.ListType) -> pa.Array:
+    """A list column from per-record numpy arrays (or None): one concatenation and an offsets array
+    instead of converting each record's list on its own; other values take pyarrow's own conversion."""
+    item = np.dtype(type_.value_type.to_pandas_dtype())
+    present = [v for v in values if v is not None]
+    if not present or not all(isinstance(v, np.ndarray) and v.dtype == item and v.ndim == 1 for v in present):
+        return pa.array(values, type=type_)
+    lengths = np.zeros(len(values), dtype=np.int64)
+    lengths[[i for i, v in enumerate(values) if v is not None]] = [len(v) for v in present]
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    mask = None if len(present) == len(values) else pa.array([v is None for v in values])
+    flat = pa.array(np.concatenate(present), type=type_.value_type)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, type=type_, mask=mask)
+
+
+def records_to_table(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """``pa.Table.from_pylist(records, schema=schema)``, column by column: list columns of numeric arrays
+    (token ids, labels) are built in bulk."""
+    columns = []
+    for f in schema:
+        values = [r.get(f.name) for r in records]
+        if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type):
+            columns.append(_list_column(values, f.type))
+        else:
+            columns.append(pa.array(values, type=f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 class TableWriter:
     """Streams dict records into a Parquet file in row groups."""
 
@@ -233,7 +262,7 @@ class TableWriter:
 
     def flush(self) -> None:
         if self._buf:
-            self._writer.write_table(pa.Table.from_pylist(self._buf, schema=self.schema))
+            self._writer.write_table(records_to_table(self._buf, self.schema))
             self._buf = []
 
     def close(self) -> None:

@@ -373,3 +373,73 @@ def test_batches_are_split_by_characters_and_keep_order(chat, monkeypatch):
     encs = chat._tokenize_many(texts)
     assert calls == [90, 30, 300, 1]
     assert [chat.tokenizer.decode(e.ids) for e in encs] == texts
+
+
+def test_reserved_token_prefilter_matches_the_full_scan(chat):
+    """The one-scan prefilter (texts joined by a character no reserved token holds) finds exactly what
+    scanning every text for every reserved token finds: the same message, the same (longest) token,
+    nothing across two texts, and texts that hold the first character but no token pass."""
+    assert chat._text_joint is not None and all(chat._text_joint not in t for t in chat._reserved)
+
+    def full_scan(messages):
+        for i, m in enumerate(messages):
+            c = m["content"]
+            for text in [c] if isinstance(c, str) else [p["text"] for p in c if p["type"] == "text"]:
+                hit = next((t for t in chat._reserved if t in text), None)
+                if hit is not None:
+                    return f"text of messages/{i} contains the special token {hit!r}"
+        return None
+
+    cases = [
+        [{"role": "user", "content": "a < b and x <| y"}, {"role": "assistant", "content": "<i>ok</i>"}],
+        [{"role": "user", "content": "ends with <|im_"}, {"role": "assistant", "content": "end|> starts"}],
+        [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "<|vision_"}, {"type": "text", "text": "end|>"}],
+            }
+        ],
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "x <|image_pad|> y <|im_end|>"}],
+        [
+            {"role": "system", "content": "fine"},
+            {"role": "user", "content": [{"type": "image"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "a</img>"}]},
+        ],
+    ]
+    for messages in cases:
+        expected = full_scan(messages)
+        try:
+            chat._check_text(messages)
+            got = None
+        except SampleRejected as e:
+            got = str(e)
+        assert got == expected, messages
+    assert [full_scan(m) is None for m in cases] == [True, True, True, False, False]
+
+
+def test_text_only_and_media_samples_keep_their_ids_labels_and_spans(chat):
+    """The text-only path (no re-assembly) and the media path give the ids the tokenizer gives, as int32."""
+    text_only = [
+        {"role": "user", "content": "plain question"},
+        {"role": "assistant", "content": "plain answer"},
+    ]
+    enc = chat.encode(text_only, [])
+    rendered = chat.render(text_only)
+    assert enc.input_ids.dtype == np.int32 and enc.labels.dtype == np.int32
+    assert enc.input_ids.tolist() == chat.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    plan = _plan(chat, 56, 84)
+    with_image = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": "a"}, {"type": "text", "text": "plain question"}],
+        },
+        {"role": "assistant", "content": "plain answer"},
+    ]
+    enc2 = chat.encode(with_image, [plan])
+    assert enc2.input_ids.dtype == np.int32 and enc2.labels.dtype == np.int32
+    (span,) = enc2.spans
+    assert span.num_placeholders == plan.num_tokens
+    # outside the expanded block the ids are the text-only conversation's, with the same labels
+    tail = enc2.input_ids[span.end :]
+    assert tail.tolist() == enc.input_ids[-len(tail) :].tolist()
+    assert enc2.labels[span.end : -1].tolist() == enc.labels[-len(tail) : -1].tolist()

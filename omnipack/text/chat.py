@@ -74,10 +74,17 @@ class ChatTokenizer:
         self._blocks = {
             kind: [self._ids[t] for t in block] for kind, block in profile.template_blocks.items()
         }
+        self._blocks_by_first: dict[int, list[tuple[str, list[int]]]] = {}  # one scan per first token
+        for kind, block in self._blocks.items():
+            self._blocks_by_first.setdefault(block[0], []).append((kind, block))
         # Strings a sample's text may not contain: they would tokenize as control or placeholder tokens.
         specials = {t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special}
         reserved = set(profile.special_tokens()) | set(self.tokenizer.all_special_tokens) | specials
         self._reserved = sorted(reserved, key=len, reverse=True)
+        # A text holds a reserved token only if it holds that token's first character: one fast scan per
+        # distinct first character (often just "<") rules out every token in the common case.
+        self._reserved_firsts = sorted({t[:1] for t in self._reserved})
+        self._text_joint = next((c for c in "\x00\x01\n" if not any(c in t for t in self._reserved)), None)
         # The Rust tokenizer, called directly (no per-call wrapper work); set not to truncate or pad, as the
         # wrapper itself sets it on every call without those options.
         self._encoder = self.tokenizer.backend_tokenizer
@@ -354,41 +361,44 @@ class ChatTokenizer:
         self, enc: Any, char_spans: list[tuple[int, int]], plans: Sequence[MediaPlan]
     ) -> EncodedSample:
         """Labels from the supervised spans, media blocks expanded to their plans."""
-        ids = np.asarray(enc.ids, dtype=np.int64)
-        assistant = self._assistant_mask(enc, char_spans)
-
-        pieces_ids: list[np.ndarray] = []
-        pieces_mask: list[np.ndarray] = []
+        ids = np.array(enc.ids, dtype=np.int32)
+        assistant = self._assistant_mask(enc, char_spans, len(ids))
+        blocks = self._find_blocks(ids)
         spans: list[MediaSpan] = []
-        cursor = 0
-        out_len = 0
-        for k, (pos, kind) in enumerate(self._find_blocks(ids)):
-            if k >= len(plans):
+        if blocks or plans:
+            pieces_ids: list[np.ndarray] = []
+            pieces_mask: list[np.ndarray] = []
+            cursor = 0
+            out_len = 0
+            for k, (pos, kind) in enumerate(blocks):
+                if k >= len(plans):
+                    raise SampleRejected(
+                        f"chat template wrote more media blocks than the sample references ({len(plans)})"
+                    )
+                plan = plans[k]
+                if plan.kind != kind:
+                    raise SampleRejected(
+                        f"media item {k} is {plan.kind} but the template wrote a {kind} block there"
+                    )
+                pieces_ids.append(ids[cursor:pos])
+                pieces_mask.append(assistant[cursor:pos])
+                out_len += pos - cursor
+                block, first_ph, n_ph = self._expand(plan)
+                spans.append(MediaSpan(plan, out_len, out_len + len(block), out_len + first_ph, n_ph))
+                pieces_ids.append(block)
+                pieces_mask.append(np.zeros(len(block), dtype=bool))  # media tokens are never targets
+                out_len += len(block)
+                cursor = pos + len(self._blocks[kind])
+            if len(spans) != len(plans):
                 raise SampleRejected(
-                    f"chat template wrote more media blocks than the sample references ({len(plans)})"
+                    f"sample references {len(plans)} media items but the chat template wrote {len(spans)} media blocks"
                 )
-            plan = plans[k]
-            if plan.kind != kind:
-                raise SampleRejected(
-                    f"media item {k} is {plan.kind} but the template wrote a {kind} block there"
-                )
-            pieces_ids.append(ids[cursor:pos])
-            pieces_mask.append(assistant[cursor:pos])
-            out_len += pos - cursor
-            block, first_ph, n_ph = self._expand(plan)
-            spans.append(MediaSpan(plan, out_len, out_len + len(block), out_len + first_ph, n_ph))
-            pieces_ids.append(block)
-            pieces_mask.append(np.zeros(len(block), dtype=bool))  # media tokens are never targets
-            out_len += len(block)
-            cursor = pos + len(self._blocks[kind])
-        if len(spans) != len(plans):
-            raise SampleRejected(
-                f"sample references {len(plans)} media items but the chat template wrote {len(spans)} media blocks"
-            )
-        pieces_ids.append(ids[cursor:])
-        pieces_mask.append(assistant[cursor:])
-        input_ids = np.concatenate(pieces_ids).astype(np.int32)
-        mask = np.concatenate(pieces_mask)
+            pieces_ids.append(ids[cursor:])
+            pieces_mask.append(assistant[cursor:])
+            input_ids = np.concatenate(pieces_ids)
+            mask = np.concatenate(pieces_mask)
+        else:  # text only: the tokens as they are
+            input_ids, mask = ids, assistant
         if not mask.any():
             raise SampleRejected("no supervised tokens (no assistant turn with content)")
         labels = np.full(len(input_ids), IGNORE_INDEX, dtype=np.int32)
@@ -411,9 +421,8 @@ class ChatTokenizer:
                 f"{max_tokens}; rejected before tokenizing"
             )
 
-    def _assistant_mask(self, enc: Any, char_spans: list[tuple[int, int]]) -> np.ndarray:
-        """True for the tokens whose first character lies in a supervised span."""
-        n = len(enc.ids)
+    def _assistant_mask(self, enc: Any, char_spans: list[tuple[int, int]], n: int) -> np.ndarray:
+        """True for the ``n`` tokens of ``enc`` whose first character lies in a supervised span."""
         mask = np.zeros(n, dtype=bool)
         try:
             for a, b in char_spans:
@@ -443,9 +452,16 @@ class ChatTokenizer:
     def _check_text(self, messages: Sequence[dict[str, Any]]) -> None:
         """Reject text that contains special tokens: a typed ``<|image_pad|>`` would become a placeholder
         without features, a typed ``<|im_end|>`` would end a turn early."""
-        for i, m in enumerate(messages):
-            c = m["content"]
-            texts = [c] if isinstance(c, str) else [p["text"] for p in c if p["type"] == "text"]
+        texts_of = [
+            [c] if isinstance(c, str) else [p["text"] for p in c if p["type"] == "text"]
+            for c in (m["content"] for m in messages)
+        ]
+        if self._text_joint is not None:
+            # all texts joined by a character no reserved token holds, so no match spans two texts
+            joined = self._text_joint.join([t for texts in texts_of for t in texts])
+            if not any(c in joined for c in self._reserved_firsts):
+                return
+        for i, texts in enumerate(texts_of):
             for text in texts:
                 hit = next((t for t in self._reserved if t in text), None)
                 if hit is not None:
@@ -454,11 +470,11 @@ class ChatTokenizer:
     def _find_blocks(self, ids: np.ndarray) -> list[tuple[int, str]]:
         """Start positions of every template media block, in order."""
         found = []
-        for kind, block in self._blocks.items():
-            first = np.flatnonzero(ids == block[0])
-            for p in first:
-                if p + len(block) <= len(ids) and ids[p : p + len(block)].tolist() == block:
-                    found.append((int(p), kind))
+        for first, blocks in self._blocks_by_first.items():
+            for p in np.flatnonzero(ids == first).tolist():
+                for kind, block in blocks:
+                    if p + len(block) <= len(ids) and ids[p : p + len(block)].tolist() == block:
+                        found.append((p, kind))
         found.sort()
         return found
 
@@ -481,7 +497,7 @@ class ChatTokenizer:
             raise AssertionError(
                 f"profile {self.profile.name} expanded {count} placeholders for a plan of {plan.num_tokens}"
             )
-        return np.asarray([t for p in parts for t in p], dtype=np.int64), first, count
+        return np.asarray([t for p in parts for t in p], dtype=np.int32), first, count
 
     def _token_id(self, token: str) -> int:
         if token not in self._ids:
