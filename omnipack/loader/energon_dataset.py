@@ -23,7 +23,7 @@ from megatron.energon.flavors.webdataset.default_generic_webdataset import Defau
 
 from ..dataset.contract import MediaItem
 from ..dataset.payload_header import HeaderError, payload_header
-from .sample import cook_packed_row
+from .sample import RowReading, cook_packed_row
 
 
 class MediaParts(dict):
@@ -118,7 +118,7 @@ def _stored_shape(item: MediaItem, data: bytes | None) -> str:
 
 
 @edataclass
-class OmnipackRow(Sample):
+class OmnipackRow(RowReading, Sample):
     """One packed THD row as the omnipack task encoder loads it, with fields that print as what they hold.
 
     Same interface as ``sample.PackedRowSample`` (``arrays()``, ``sample_ids``, ``media_items``,
@@ -142,30 +142,6 @@ class OmnipackRow(Sample):
     @property
     def mrope_position_ids(self) -> torch.Tensor | None:
         return None if self.mrope is None else self.mrope.tensor
-
-    @property
-    def sample_ids(self) -> list[str]:
-        return list(self.meta["sample_ids"])
-
-    @property
-    def media_items(self) -> list[MediaItem]:
-        return [MediaItem.from_json(m) for m in self.meta.get("media", [])]
-
-    def arrays(self) -> dict[str, torch.Tensor]:
-        """The row's token and boundary tensors by contract name (what ``loader.batch`` consumes)."""
-        names = (
-            "tokens",
-            "labels",
-            "loss_mask",
-            "position_ids",
-            "padding_mask",
-            "cu_seqlens",
-            "cu_seqlens_padded",
-        )
-        out = {n: getattr(self, n) for n in names}
-        if self.mrope is not None:
-            out["mrope_position_ids"] = self.mrope.tensor
-        return out
 
 
 class RowDecodeError(FatalSampleError, ValueError):

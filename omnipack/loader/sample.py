@@ -12,23 +12,10 @@ from ..dataset.codec import decode_row
 from ..dataset.contract import MediaItem
 
 
-@edataclass
-class PackedRowSample(Sample):
-    """One packed THD row as tensors. ``meta`` is the row's meta.json; ``media`` its media payloads."""
-
-    tokens: torch.Tensor
-    labels: torch.Tensor
-    loss_mask: torch.Tensor
-    position_ids: torch.Tensor
-    padding_mask: torch.Tensor
-    cu_seqlens: torch.Tensor
-    cu_seqlens_padded: torch.Tensor
-    meta: dict[str, Any]
-    mrope_position_ids: torch.Tensor | None = None
-    media: dict[str, bytes] | None = None
-    # Per-item encoder inputs in placeholder order, set by the task encoder's encode_sample: numpy arrays,
-    # pixel patches as ``profiles.inputs.PendingRows`` that ``profile.collate_media`` builds into the batch.
-    media_inputs: list[dict[str, Any]] | None = None
+class RowReading:
+    """What the task encoder reads from a row, shared by the row types (``PackedRowSample`` from the
+    cooker, ``energon_dataset.OmnipackRow`` from ``dataset.yaml``): they need ``meta``, the token tensors
+    and ``mrope_position_ids``."""
 
     @property
     def sample_ids(self) -> list[str]:
@@ -53,6 +40,26 @@ class PackedRowSample(Sample):
         if self.mrope_position_ids is not None:
             out["mrope_position_ids"] = self.mrope_position_ids
         return out
+
+
+@edataclass
+class PackedRowSample(RowReading, Sample):
+    """One packed THD row as tensors. ``meta`` is the row's meta.json; ``media`` its media payloads."""
+
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    padding_mask: torch.Tensor
+    cu_seqlens: torch.Tensor
+    cu_seqlens_padded: torch.Tensor
+    meta: dict[str, Any]
+    mrope_position_ids: torch.Tensor | None = None
+    media: dict[str, bytes] | None = None
+    # Per-item encoder inputs in placeholder order, set by the task encoder's encode_sample: numpy arrays,
+    # pixel patches as ``profiles.inputs.PendingRows`` that ``profile.collate_media`` builds into the batch.
+    media_inputs: list[dict[str, Any]] | None = None
+
 
 
 def _tensor(a: Any) -> torch.Tensor:
