@@ -26,7 +26,7 @@ from ..media.errors import MediaError
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
 from .measure import part_files
-from .records import crash_point, digest, read_record, write_json_atomic
+from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
 from .spec import RunSpec, WriteSettings
 
 
@@ -228,15 +228,27 @@ def shard_record_path(spec: RunSpec, number: int) -> Path:
     return spec.write_dir / f"shard-{number:06d}.json"
 
 
-def shard_done(spec: RunSpec, record: dict[str, Any] | None) -> bool:
-    """A recorded shard whose tar and index are in place with the recorded size."""
+def shard_done(spec: RunSpec, record: dict[str, Any] | None, *, check_bytes: bool = False) -> bool:
+    """A recorded shard whose tar and index are in place with the recorded size; with ``check_bytes``, also
+    with the recorded xxh3-128 checksums (a read of the shard at memory speed: what a resumed write unit
+    pays to trust a shard instead of rewriting it, since a damaged shard can keep its size)."""
     if record is None:
         return False
     info = record["shard"]
     if info is None:
         return True
     tar = spec.out / info["path"]
-    return tar.is_file() and tar.stat().st_size == info["num_bytes"] and Path(f"{tar}.idx").is_file()
+    idx = Path(f"{tar}.idx")
+    if not (tar.is_file() and tar.stat().st_size == info["num_bytes"] and idx.is_file()):
+        return False
+    if not check_bytes:
+        return True
+    return (
+        info.get("xxh3_128") is not None
+        and record.get("index_xxh3") is not None
+        and file_xxh3(tar) == info["xxh3_128"]
+        and file_xxh3(idx) == record["index_xxh3"]
+    )
 
 
 def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
@@ -246,7 +258,7 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     key = shard_key(spec, view.record["key"], shard)
     path = shard_record_path(spec, number)
     record = read_record(path, key)
-    if shard_done(spec, record):
+    if shard_done(spec, record, check_bytes=True):
         return record  # type: ignore[return-value]
     writer = ShardWriter(
         spec.out,
@@ -278,6 +290,8 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
         "key": key,
         "number": number,
         "shard": asdict(infos[0]) if infos else None,
+        # the index's checksum (the tar's is in the shard info): a resumed run checks both
+        "index_xxh3": file_xxh3(spec.out / f"{infos[0].path}.idx") if infos else None,
         "rejects": rejects,
         "rows_written": rows_written,
         "samples_written": samples_written,
