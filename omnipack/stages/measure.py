@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from ..manifest import RawSample, read_manifest_lines
 from ..measure import REJECTS_SCHEMA, SAMPLES_SCHEMA, MeasureConfig, Measurer, TableWriter, _batches
 from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
 from .spec import RunSpec
+from .storage import make_dirs, publish, read_parquet, staging_file
 
 PART_LINES = 4096  # manifest lines per part: enough work to amortise a part's files, small enough to spread
 PARTS_FILE = "parts.json"
@@ -93,7 +93,7 @@ def load_parts(stages: Path, manifests: list[Path], part_lines: int) -> list[Inp
     if record is not None:
         return [InputPart(**p) for p in record["parts"]]
     parts = split_input(manifests, part_lines)
-    stages.mkdir(parents=True, exist_ok=True)
+    make_dirs(stages)
     key = digest({"files": files, "part_lines": part_lines})
     write_json_atomic(cache, {"key": key, "parts": [asdict(p) for p in parts]})
     return parts
@@ -126,12 +126,12 @@ def part_key(spec: RunSpec, part: InputPart) -> str:
 
 
 def part_files(measure_dir: Path, number: int) -> dict[str, Path]:
-    stem = measure_dir / f"part-{number:06d}"
+    stem = f"part-{number:06d}"
     return {
-        "samples": Path(f"{stem}.parquet"),
-        "rejects": Path(f"{stem}.rejects.parquet"),
-        "arrow": Path(f"{stem}.arrow"),
-        "record": Path(f"{stem}.json"),
+        "samples": measure_dir / f"{stem}.parquet",
+        "rejects": measure_dir / f"{stem}.rejects.parquet",
+        "arrow": measure_dir / f"{stem}.arrow",
+        "record": measure_dir / f"{stem}.json",
     }
 
 
@@ -174,9 +174,9 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     record = read_record(files["record"], key)
     if record is not None and outputs_intact(record, spec.measure_dir):
         return record
-    spec.measure_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(spec.measure_dir)
     measurer = _measurer(spec.measure)
-    tmp = {name: Path(f"{p}.{os.getpid()}.partial") for name, p in files.items() if name != "record"}
+    tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}
     samples: list[RawSample]
     with (
         TableWriter(tmp["samples"], SAMPLES_SCHEMA) as good,
@@ -187,8 +187,12 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
                 (good if kind == "sample" else bad).add(rec)
     arrow_copy(tmp["samples"], tmp["arrow"])
     pa.default_memory_pool().release_unused()
+    outputs = {
+        files[name].name: {"bytes": tmp[name].stat().st_size, "xxh3": file_xxh3(tmp[name])}
+        for name in ("samples", "rejects", "arrow")
+    }
     for name, path in tmp.items():
-        os.replace(path, files[name])
+        publish(path, files[name])
     crash_point("measure", number)
     record = {
         "key": key,
@@ -197,10 +201,7 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
         "records": good.count + bad.count,
         "measured": good.count,
         "rejected": bad.count,
-        "files": {
-            files[name].name: {"bytes": files[name].stat().st_size, "xxh3": file_xxh3(files[name])}
-            for name in ("samples", "rejects", "arrow")
-        },
+        "files": outputs,
     }
     write_json_atomic(files["record"], record)
     return record
@@ -219,7 +220,7 @@ def read_measured(
     tables = []
     for rec, offset in zip(records, offsets[:-1], strict=False):
         files = part_files(measure_dir, rec["number"])
-        table = pq.read_table(files["rejects" if rejects else "samples"], columns=columns)
+        table = read_parquet(files["rejects" if rejects else "samples"], columns=columns)
         if "sample_index" in columns:
             i = table.schema.get_field_index("sample_index")
             table = table.set_column(
