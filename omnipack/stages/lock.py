@@ -136,3 +136,8 @@ class OutputLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+# for other create-if-absent claims (the input split of a staged run): who holds one, and is it alive
+owner = _owner
+holder_live = _is_live
