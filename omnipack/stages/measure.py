@@ -84,7 +84,9 @@ def split_input(manifests: list[Path], part_lines: int = PART_LINES) -> list[Inp
     return parts
 
 
-def load_parts(stages: Path, manifests: list[Path], part_lines: int, *, poll_s: float = 0.2) -> list[InputPart]:
+def load_parts(
+    stages: Path, manifests: list[Path], part_lines: int, *, poll_s: float = 0.2
+) -> list[InputPart]:
     """The input's parts, split once and kept in ``stages/parts.json`` while the files stay the same.
 
     The ranks of a staged run start together: the first to create ``stages/parts-KEY.claim`` (a
