@@ -69,7 +69,7 @@ def _corpus(root: Path, n: int = 14) -> tuple[Path, Path, dict[str, list[dict]]]
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma3_e2e")
-    model_dir = build_gemma_model_dir(root / "model")
+    model_dir = build_gemma_model_dir(root / "model", newline_merges=True)  # as Gemma's vocabulary
     manifest, media, samples = _corpus(root / "src")
     out = root / "ds"
     rc = main(
