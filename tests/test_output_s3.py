@@ -4,6 +4,7 @@ the dataset from there (``msc://_s3-BUCKET/PREFIX``), and the output lock is a c
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -77,6 +78,12 @@ def test_prepare_to_s3_gives_the_local_bytes_and_energon_reads_it_there(
     # a second run into the finished dataset is refused, as for a folder
     with pytest.raises(FileExistsError, match="already holds a dataset"):
         run_prepare(demo_config(url, demo_tokenizer, demo_corpus))
+    # --overwrite replaces it (metadata first, so what is left never looks like a dataset meanwhile)
+    run_prepare(demo_config(url, demo_tokenizer, demo_corpus, overwrite=True, shard_max_rows=5))
+    replaced = s3_dataset_bytes(url)
+    shards = json.loads(replaced[".nv-meta/omnipack.json"])["shards"]
+    assert {k for k in replaced if k.endswith(".tar")} == {s["path"] for s in shards}  # no old shard left
+    assert len(shards) < sum(k.endswith(".tar") for k in dataset_bytes(reference))
     # verify scans shards locally: it says so instead of failing somewhere inside
     assert main(["verify", url]) == 2
 
@@ -138,7 +145,6 @@ def test_the_lock_is_a_create_if_absent_object(s3):
             OutputLock(url, "measure-0-of-2").acquire()  # a staged piece waits for the whole run too
     assert not _fs().exists(f"{BUCKET}/runs/locked/.omnipack-lock/run.lock")
     # a lock left by a dead process (here: a pid that is not running) is stale and is taken over
-    import json
     import socket
 
     stale = {"pid": 2**22 + 17, "hostname": socket.gethostname(), "start_time": None, "since": 0}
