@@ -327,6 +327,37 @@ def two_node(corpus: tuple[Path, Path], out: Path, n: int, shard_mb: float) -> f
         cluster.shutdown()
 
 
+def ray_overhead(n: int, pairs: int) -> None:
+    """Ray x2 against local x2 on the image corpus, ``pairs`` times in turn (the machine is shared: each
+    pair's ratio, then their min and median), with the load average before and after."""
+    import ray
+
+    corpus = build_corpus("image", n)
+    work = CACHE / "runs"
+    load_before = os.getloadavg()
+    ray.init(num_cpus=2, include_dashboard=False)
+    ratios = []
+    for i in range(pairs):
+        runs = {}
+        for executor in ("local", "ray") if i % 2 == 0 else ("ray", "local"):
+            runs[executor] = run_config(corpus, work / f"image-o-{executor}", executor, 2, n, 24.0)
+        lo, ra = runs["local"], runs["ray"]
+        ratio = (ra["measure_s"] + ra["write_s"]) / (lo["measure_s"] + lo["write_s"])
+        ratios.append(ratio)
+        print(
+            f"pair {i}: local measure {lo['measure_s']:.2f} s write {lo['write_s']:.2f} s | ray measure "
+            f"{ra['measure_s']:.2f} s write {ra['write_s']:.2f} s | ray/local {ratio:.3f}x",
+            flush=True,
+        )
+    ray.shutdown()
+    same = dataset_bytes(work / "image-o-ray") == dataset_bytes(work / "image-o-local")
+    print(
+        f"\nimage corpus ({n}), Ray x2 over local x2 (measure+write time): min {min(ratios):.3f}x, median "
+        f"{float(np.median(ratios)):.3f}x over {pairs} pairs; same bytes: {'yes' if same else 'NO'}; load "
+        f"average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--text", type=int, default=16000, help="text samples")
@@ -334,9 +365,18 @@ def main() -> None:
     ap.add_argument("--video", type=int, default=320, help="video samples")
     ap.add_argument("--pack-samples", type=int, default=1_000_000)
     ap.add_argument("--pack-child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--ray-overhead",
+        type=int,
+        metavar="N",
+        help="only Ray over the local pool (2 workers each) on the image corpus, N alternating pairs",
+    )
     args = ap.parse_args()
     if args.pack_child:
         pack_memory_child(int(args.pack_child[0]), args.pack_child[1])
+        return
+    if args.ray_overhead:
+        ray_overhead(args.image, args.ray_overhead)
         return
     import ray
 

@@ -12,7 +12,7 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--manifest",), {"nargs": "+", "help": "JSONL manifest file(s), one chat sample per line"}),
     (("--media-root",), {"help": "folder that media paths in the manifest are relative to"}),
     (("--tokenizer",), {"help": "local Hugging Face tokenizer directory (carries the chat template)"}),
-    (("--output", "-o"), {"help": "dataset folder to create"}),
+    (("--output", "-o"), {"help": "dataset folder to create, or an object store URL (s3://bucket/prefix)"}),
     (("--profile",), {"help": "model profile, e.g. qwen2_5_vl, qwen3_vl"}),
     (
         ("--mrope",),

@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from . import __version__
 from .alignment import ParallelLayout, check_seq_length
-from .dataset.meta import NV_META, OMNIPACK_META
+from .dataset.meta import DATASET_CONFIG, NV_META, OMNIPACK_META
 from .dataset.shards import SHARD_CHECKSUMS
 from .manifest import default_max_line_bytes
 from .measure import MeasureConfig
 from .plan import PackConfig
-from .stages.finalize import NothingPacked, finalize
+from .stages.finalize import NothingPacked, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
 from .stages.measure import PART_LINES, load_parts, measure_part
 from .stages.pack import MEASURE_KEY_FILE, run_pack_stage
 from .stages.records import digest, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
+from .stages.storage import make_dirs, output_path, remove_tree
 from .stages.write import write_shard
 
 __all__ = [
@@ -132,7 +132,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     if pad_id is None:
         pad_id = chat.tokenizer.eos_token_id
     max_line_bytes = cfg.max_line_bytes or default_max_line_bytes(cfg.seq_length)
-    out = Path(cfg.output)
+    out = output_path(cfg.output)
     parts = load_parts(out / STAGES_DIR, [Path(p) for p in cfg.manifest], cfg.part_lines)
     measure_key = {
         "profile": cfg.profile,
@@ -200,13 +200,14 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
 
 def _output_state(cfg: PrepareConfig, stage: str | None) -> str:
     """What to do with the output folder: "fresh", "resume", "repack" or "overwrite" (refusals raise)."""
-    out = Path(cfg.output)
+    out = output_path(cfg.output)
     if stage not in (None, "measure"):
         if not (out / STAGES_DIR).is_dir():
             raise FileNotFoundError(f"no run under {out}: run the measure stage first")
         return "resume"
     entries = [p for p in out.iterdir() if p.name != LOCK_DIR] if out.is_dir() else []
-    finished = (out / NV_META / OMNIPACK_META).exists()
+    # both: on an object store the metadata appears file by file, dataset.yaml last
+    finished = (out / NV_META / OMNIPACK_META).exists() and (out / NV_META / DATASET_CONFIG).exists()
     is_run = (out / STAGES_DIR).is_dir()
     if cfg.from_stage == "pack":
         return "repack"
@@ -232,7 +233,7 @@ def _check_run_settings(cfg: PrepareConfig, state: str) -> None:
     """Resume only the same run: an unfinished run with other settings is refused without --overwrite
     (with it, the run goes on and redoes exactly the units the changed settings touch); the pieces of a
     staged run must all be started with the same settings."""
-    path = Path(cfg.output) / STAGES_DIR / RUN_FILE
+    path = output_path(cfg.output) / STAGES_DIR / RUN_FILE
     settings = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in HOW_NOT_WHAT}))
     if state == "resume" and path.exists():
         recorded = json.loads(path.read_text())
@@ -242,7 +243,7 @@ def _check_run_settings(cfg: PrepareConfig, state: str) -> None:
                 f"output {cfg.output} holds an unfinished run with other settings ({', '.join(changed)}): "
                 "rerun it with the same settings to resume it, or use --overwrite to go on with these"
             )
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     write_json_atomic(path, settings)
 
 
@@ -272,12 +273,13 @@ def run_prepare(
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
-    out = Path(cfg.output)
+    out = output_path(cfg.output)
     with OutputLock(out, _lock_name(stage, rank, world_size)):
         state = _output_state(cfg, stage)
         if state == "overwrite":
-            for sub in (NV_META, "shards", STAGES_DIR):
-                shutil.rmtree(out / sub, ignore_errors=True)
+            remove_meta(out)  # first: a dataset in the making never looks whole
+            for sub in ("shards", STAGES_DIR):
+                remove_tree(out / sub)
             (out / REJECTS_FILE).unlink(missing_ok=True)
         _check_run_settings(cfg, state)
         spec = build_spec(cfg)
@@ -285,9 +287,7 @@ def run_prepare(
         if reuse and stage in (None, "pack"):
             _check_measure_reusable(spec.measure_dir, spec.summary["measure_key"])
         if state == "repack":
-            shutil.rmtree(
-                out / NV_META, ignore_errors=True
-            )  # first: a dataset in the making never looks whole
+            remove_meta(out)  # first: a dataset in the making never looks whole
         return _run_stages(cfg, spec, stage, rank, world_size, reuse)
 
 

@@ -39,3 +39,34 @@ def test_local_executor_runs_units_in_unit_order_inline_and_on_a_pool():
     with LocalExecutor(1) as inline, LocalExecutor(2) as pool:
         assert list(inline.map(_unit, 3, units)) == list(pool.map(_unit, 3, units)) == [3 * u for u in units]
         assert list(pool.map(_unit, 2, units[:3])) == [0, 2, 4]  # the pool serves several stages
+
+
+class CountedSpec:
+    """A spec that counts how often this process unpickled one."""
+
+    loads = 0
+
+    def __init__(self, payload: list[int]) -> None:
+        self.payload = payload
+
+    def __setstate__(self, state: dict) -> None:
+        CountedSpec.loads += 1
+        self.__dict__.update(state)
+
+
+def spec_loads(spec, unit):
+    import os
+
+    return os.getpid(), CountedSpec.loads, len(spec.payload)
+
+
+def test_the_spec_goes_to_each_worker_once_not_with_every_unit():
+    spec = CountedSpec(list(range(10000)))  # a large input's parts make the spec megabytes
+    with LocalExecutor(2) as pool:
+        results = list(pool.map(spec_loads, spec, list(range(24))))
+        assert all(n == 10000 for _, _, n in results)
+        per_worker: dict[int, int] = {}
+        for pid, loads, _ in results:
+            per_worker[pid] = max(per_worker.get(pid, 0), loads)
+        assert per_worker and set(per_worker.values()) == {1}
+        assert [n for _, _, n in pool.map(spec_loads, CountedSpec([1, 2]), [0, 1])] == [2, 2]  # a new spec

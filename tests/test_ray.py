@@ -37,6 +37,19 @@ def test_ray_actors_give_the_bytes_of_a_local_run(local_ray, tmp_path, reference
     assert ray.is_initialized()  # a Ray the caller started stays up
 
 
+def test_an_actor_gets_the_spec_once_not_with_every_unit(local_ray):
+    from omnipack.executors.ray import RayExecutor
+    from tests.test_executor import CountedSpec, spec_loads
+
+    with RayExecutor(workers=2) as ex:
+        results = list(ex.map(spec_loads, CountedSpec(list(range(10000))), list(range(12))))
+    assert all(n == 10000 for _, _, n in results)
+    per_actor: dict[int, int] = {}
+    for pid, loads, _ in results:
+        per_actor[pid] = max(per_actor.get(pid, 0), loads)
+    assert per_actor and set(per_actor.values()) == {1}
+
+
 def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, demo_tokenizer, demo_corpus):
     from ray.cluster_utils import Cluster
 

@@ -81,6 +81,30 @@ def test_kill_in_write_redoes_only_unfinished_shards(tmp_path, reference, demo_t
     assert dataset_bytes(root) == reference
 
 
+def _damage(path: Path, at: int) -> None:
+    """Flip one byte in place: same size, same mtime (only the bytes say it changed)."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size
+
+
+def test_resume_redoes_a_recorded_shard_damaged_at_the_same_size(
+    tmp_path, reference, demo_tokenizer, demo_corpus
+):
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    assert _killed(_prepare(cfg, "write:2"))
+    shards = root / "shards"
+    assert (root / "stages" / "write" / "shard-000001.json").exists()  # shards 0 and 1 are recorded
+    _damage(shards / "shard-000000.tar", 700)  # inside the first member's data
+    _damage(shards / "shard-000001.tar.idx", 9)  # an offset of the index
+    assert _prepare(cfg).returncode == 0
+    assert dataset_bytes(root) == reference  # both damaged files were written again
+
+
 def test_kill_in_pack_then_rerun(tmp_path, reference, demo_tokenizer, demo_corpus):
     root = tmp_path / "ds"
     cfg = demo_config(root, demo_tokenizer, demo_corpus)

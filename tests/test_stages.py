@@ -114,3 +114,53 @@ def test_an_unfinished_run_resumes_only_with_its_own_settings(tmp_path, demo_tok
     fresh = tmp_path / "fresh"
     run_prepare(demo_config(fresh, demo_tokenizer, demo_corpus, seq_length=1024, shard_max_rows=5))
     assert dataset_bytes(out) == dataset_bytes(fresh)
+
+
+def test_ranks_starting_together_split_the_input_once(tmp_path, monkeypatch):
+    """Staged ranks all need the parts: one reads the input, the others wait for its parts.json."""
+    import threading
+    import time
+
+    import omnipack.stages.measure as measure_stage
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(f'{{"n": {i}}}\n' for i in range(40)))
+    calls = []
+    real_split = measure_stage.split_input
+
+    def slow_split(manifests, part_lines):
+        calls.append(part_lines)
+        time.sleep(0.5)  # a large input: the other ranks arrive while it is being read
+        return real_split(manifests, part_lines)
+
+    monkeypatch.setattr(measure_stage, "split_input", slow_split)
+    results: list = [None] * 4
+
+    def rank(i: int) -> None:
+        results[i] = measure_stage.load_parts(tmp_path / "stages", [path], 7, poll_s=0.02)
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1  # one rank read the input
+    assert results[0] == real_split([path], 7) and all(r == results[0] for r in results)
+    assert not list((tmp_path / "stages").glob("*.claim"))
+
+
+def test_a_dead_splitters_claim_is_taken_over(tmp_path):
+    import socket
+
+    from omnipack.stages.measure import load_parts
+    from omnipack.stages.records import digest
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(f'{{"n": {i}}}\n' for i in range(10)))
+    files = [[str(path), path.stat().st_size, path.stat().st_mtime_ns]]
+    key = digest({"files": files, "part_lines": 4})
+    stages = tmp_path / "stages"
+    stages.mkdir()
+    dead = {"pid": 2**22 + 17, "hostname": socket.gethostname(), "start_time": None, "since": 0}
+    (stages / f"parts-{key[:16]}.claim").write_text(json.dumps(dead))
+    assert [p.num_lines for p in load_parts(stages, [path], 4, poll_s=0.01)] == [4, 4, 2]

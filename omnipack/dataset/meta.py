@@ -72,7 +72,16 @@ def write_omnipack_meta(root: Path, metadata: dict[str, Any]) -> None:
     path.write_text(json.dumps(metadata, indent=2, sort_keys=False) + "\n")
 
 
-def read_omnipack_meta(root: Path) -> dict[str, Any]:
+def read_omnipack_meta(root: Path | str) -> dict[str, Any]:
+    """A dataset's ``omnipack.json``: from a folder, or from a remote dataset as Energon names it
+    (``msc://PROFILE/path``, read through Energon's own storage client, so the loader needs nothing more)."""
+    if "://" in str(root):
+        from megatron.energon.epathlib import EPath
+
+        remote = EPath(str(root)) / NV_META / OMNIPACK_META
+        if not remote.is_file():
+            raise FileNotFoundError(f"{root} is not an omnipack dataset (no {NV_META}/{OMNIPACK_META})")
+        return json.loads(remote.read_text())
     path = Path(root) / NV_META / OMNIPACK_META
     if not path.exists():
         raise FileNotFoundError(f"{root} is not an omnipack dataset (no {NV_META}/{OMNIPACK_META})")

@@ -96,6 +96,11 @@ def open_dataset(root: str | Path) -> Dataset:
     """The dataset's metadata; a missing omnipack.json is an error, other gaps are listed in problems."""
     import yaml
 
+    if "://" in str(root):
+        raise ValueError(
+            f"{root}: verify and inspect read a local copy of the dataset (they scan every shard); download "
+            "it first, e.g. `aws s3 sync s3://BUCKET/PREFIX DIR`, then give DIR"
+        )
     root = Path(root)
     meta_path = root / NV_META / OMNIPACK_META
     if not meta_path.exists():

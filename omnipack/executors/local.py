@@ -56,6 +56,24 @@ def map_ordered(
             yield from pool.imap(_call, chunk, chunksize=chunksize)
 
 
+_SPEC: tuple[str, Any] | None = None  # (file, spec): the spec this worker loaded last
+
+
+def _spec_from(path: str) -> Any:
+    """The spec pickled at ``path``, loaded once per worker process (not once per unit)."""
+    global _SPEC
+    if _SPEC is None or _SPEC[0] != path:
+        import pickle
+
+        with open(path, "rb") as f:
+            _SPEC = (path, pickle.load(f))
+    return _SPEC[1]
+
+
+def _run_unit(fn: UnitFn, spec_path: str, unit: Any) -> Any:
+    return fn(_spec_from(spec_path), unit)
+
+
 class LocalExecutor(Executor):
     """Units on ``workers`` spawned processes (inline with one worker); results in unit order.
 
@@ -78,7 +96,20 @@ class LocalExecutor(Executor):
 
             # spawn, not fork: tokenizers' thread pools and fork do not mix
             self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
-        yield from self._pool.map(fn, [spec] * len(units), units)
+        # The spec (with every input part: megabytes for a large input) goes to each worker once, through a
+        # file; a unit carries only its number. Pickled per unit it would cost O(units x parts).
+        import os
+        import pickle
+        import tempfile
+
+        fd, spec_path = tempfile.mkstemp(prefix="omnipack-spec-", suffix=".pkl")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(spec, f, protocol=pickle.HIGHEST_PROTOCOL)
+            n = len(units)
+            yield from self._pool.map(_run_unit, [fn] * n, [spec_path] * n, units)
+        finally:
+            os.unlink(spec_path)
 
     def close(self) -> None:
         if self._pool is not None:

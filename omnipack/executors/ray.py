@@ -25,9 +25,15 @@ except ImportError as e:  # pragma: no cover - depends on the optional extra
 class _UnitWorker:
     def __init__(self) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one CPU per actor
+        self._spec: tuple[str, Any] | None = None
 
-    def run(self, fn: UnitFn, spec: Any, unit: Any) -> tuple[Any, Any]:
-        return unit, fn(spec, unit)
+    def run(self, fn: UnitFn, spec_box: list, unit: Any) -> tuple[Any, Any]:
+        # The reference comes boxed, so Ray does not fetch and deserialize the spec (every input part:
+        # megabytes for a large input) for each unit: the actor gets it once and keeps it.
+        ref = spec_box[0]
+        if self._spec is None or self._spec[0] != ref.hex():
+            self._spec = (ref.hex(), ray.get(ref))
+        return unit, fn(self._spec[1], unit)
 
 
 class RayExecutor(Executor):
@@ -52,7 +58,7 @@ class RayExecutor(Executor):
         position = {unit: k for k, unit in enumerate(units)}
         next_k = 0
         for unit, result in self._pool.map_unordered(
-            lambda actor, unit: actor.run.remote(fn, spec_ref, unit), units
+            lambda actor, unit: actor.run.remote(fn, [spec_ref], unit), units
         ):
             done[position[unit]] = result
             while next_k in done:

@@ -245,7 +245,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         from ..profiles import get_encoder_inputs
         from .compat import check_dataset_alignment
 
-        meta = read_omnipack_meta(Path(path))
+        meta = read_omnipack_meta(path)  # a folder, or msc://PROFILE/path as Energon opens it
         check_dataset_alignment(
             int(meta["align"]),
             tp=tp,

@@ -12,15 +12,15 @@ import os
 import shutil
 from collections import Counter
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from ..dataset.meta import NV_META, write_energon_meta, write_omnipack_meta
+from ..dataset.meta import DATASET_CONFIG, NV_META, write_energon_meta, write_omnipack_meta
 from ..dataset.shards import ShardInfo
 from .measure import read_measured
 from .pack import part_records
 from .records import crash_point
 from .spec import REJECTS_FILE, RunSpec
+from .storage import is_local, publish, remove_tree, staging_file
 from .write import shard_done, shard_key, shard_record_path
 
 
@@ -73,10 +73,9 @@ def _remove_strays(spec: RunSpec, shards: list[ShardInfo]) -> None:
     dataset: only the recorded shards stay."""
     keep = {s.path for s in shards}
     for tar in (spec.out / "shards").glob("*.tar"):
-        rel = str(tar.relative_to(spec.out))
-        if rel not in keep:
+        if f"shards/{tar.name}" not in keep:
             tar.unlink()
-            Path(f"{tar}.idx").unlink(missing_ok=True)
+            tar.with_name(f"{tar.name}.idx").unlink(missing_ok=True)
 
 
 def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False) -> dict[str, Any]:
@@ -124,11 +123,11 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
         "shards": [asdict(s) for s in shards],
         "rejects_file": REJECTS_FILE,
     }
-    tmp = spec.out.joinpath(f"{REJECTS_FILE}.{os.getpid()}.partial")
+    tmp = staging_file(spec.out / REJECTS_FILE)
     with open(tmp, "w") as f:
         for r in rejects:
             f.write(json.dumps(r) + "\n")
-    os.replace(tmp, spec.out / REJECTS_FILE)
+    publish(tmp, spec.out / REJECTS_FILE)
     if not shards:
         if n_input == 0:
             raise NothingPacked(
@@ -138,12 +137,37 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
             f"nothing could be packed: all {n_input} samples were rejected (see {spec.out / REJECTS_FILE})"
         )
     _remove_strays(spec, shards)
-    staging = spec.stages / "finalize"
+    if is_local(spec.out):
+        staging = spec.stages / "finalize"
+        shutil.rmtree(staging, ignore_errors=True)
+        write_energon_meta(staging, shards)
+        write_omnipack_meta(staging, summary)
+        crash_point("finalize", 0)
+        shutil.rmtree(spec.out / NV_META, ignore_errors=True)
+        os.replace(staging / NV_META, spec.out / NV_META)  # the dataset appears here, whole
+        staging.rmdir()
+    else:
+        _upload_meta(spec, shards, summary)
+    return summary
+
+
+def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: dict[str, Any]) -> None:
+    """An object store has no folder rename: the metadata files go up one by one, ``dataset.yaml`` (what
+    Energon opens a dataset by) last, so the dataset appears only once every other file is in place."""
+    staging = staging_file(spec.out / NV_META).with_suffix(".d")
     shutil.rmtree(staging, ignore_errors=True)
     write_energon_meta(staging, shards)
     write_omnipack_meta(staging, summary)
-    crash_point("finalize", 0)
-    shutil.rmtree(spec.out / NV_META, ignore_errors=True)
-    os.replace(staging / NV_META, spec.out / NV_META)  # the dataset appears here, whole
-    staging.rmdir()
-    return summary
+    remove_meta(spec.out)
+    files = sorted((staging / NV_META).iterdir(), key=lambda p: (p.name == DATASET_CONFIG, p.name))
+    for i, local in enumerate(files):
+        if i == len(files) - 1:
+            crash_point("finalize", 0)
+        publish(local, spec.out / NV_META / local.name)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def remove_meta(out: Any) -> None:
+    """Take a dataset's metadata away, ``dataset.yaml`` first: what is left never looks like a dataset."""
+    (out / NV_META / DATASET_CONFIG).unlink(missing_ok=True)
+    remove_tree(out / NV_META)

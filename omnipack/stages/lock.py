@@ -5,17 +5,23 @@ A run holds a lock file under ``OUTPUT/.omnipack-lock/`` for as long as it write
 a whole run and the same piece, so a scheduler's ranks can write side by side. A lock records its owner's
 pid, hostname and process start time: a lock whose process is gone (or whose pid was reused by another
 process) is stale and is taken over; a lock held on another host is respected, since it can not be checked.
+
+On an object store (``s3://...``) there is no atomic mkdir or ``O_EXCL``: a lock is an object created only
+if absent (a conditional PUT, ``If-None-Match: *``), which S3 itself, MinIO and moto decide atomically, so
+two runs can not both create it. Taking over a stale lock (delete, then create-if-absent) is not atomic
+with the staleness check; two runs doing so at once are still caught by the recheck after taking ours.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import socket
 import time
 from pathlib import Path
 from typing import Any
+
+from .storage import create_exclusive, make_dirs, output_path, remove_dir_if_empty
 
 LOCK_DIR = ".omnipack-lock"
 WHOLE_RUN = "run"
@@ -72,8 +78,8 @@ def _describe(name: str, holder: dict[str, Any]) -> str:
 class OutputLock:
     """``with OutputLock(folder, name):`` holds the folder for one writer (see the module docstring)."""
 
-    def __init__(self, folder: Path, name: str = WHOLE_RUN) -> None:
-        self.dir = Path(folder) / LOCK_DIR
+    def __init__(self, folder: Path | str, name: str = WHOLE_RUN) -> None:
+        self.dir = (output_path(folder) if isinstance(folder, str) else folder) / LOCK_DIR
         self.name = name
         self.path = self.dir / f"{name}.lock"
 
@@ -101,24 +107,19 @@ class OutputLock:
         )
 
     def acquire(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.dir)
         if held := self._conflicts():
             raise self._refuse(held)
         for _ in range(2):
+            if create_exclusive(self.path, json.dumps(_owner()).encode()):
+                break
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    holder = json.loads(self.path.read_text())
-                except (OSError, json.JSONDecodeError):
-                    holder = {}
-                if holder and _is_live(holder):
-                    raise self._refuse([_describe(self.name, holder)]) from None
-                self.path.unlink(missing_ok=True)  # stale: its process died without cleaning up
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(_owner(), f)
-            break
+                holder = json.loads(self.path.read_text())
+            except (OSError, json.JSONDecodeError):
+                holder = {}
+            if holder and _is_live(holder):
+                raise self._refuse([_describe(self.name, holder)]) from None
+            self.path.unlink(missing_ok=True)  # stale: its process died without cleaning up
         else:
             raise self._refuse([f"'{self.name}' (taken while this run started)"])
         if held := self._conflicts():  # both took their lock at once: both back off, neither writes
@@ -127,8 +128,7 @@ class OutputLock:
 
     def release(self) -> None:
         self.path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):  # other pieces still hold theirs
-            self.dir.rmdir()
+        remove_dir_if_empty(self.dir)  # other pieces may still hold theirs
 
     def __enter__(self) -> OutputLock:
         self.acquire()
@@ -136,3 +136,8 @@ class OutputLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+# for other create-if-absent claims (the input split of a staged run): who holds one, and is it alive
+owner = _owner
+holder_live = _is_live

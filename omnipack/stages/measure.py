@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,11 @@ import xxhash
 from .. import __version__
 from ..manifest import RawSample, read_manifest_lines
 from ..measure import REJECTS_SCHEMA, SAMPLES_SCHEMA, MeasureConfig, Measurer, TableWriter, _batches
+from .lock import holder_live as lock_holder_live
+from .lock import owner as lock_owner
 from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
 from .spec import RunSpec
+from .storage import create_exclusive, make_dirs, publish, read_parquet, staging_file
 
 PART_LINES = 4096  # manifest lines per part: enough work to amortise a part's files, small enough to spread
 PARTS_FILE = "parts.json"
@@ -81,22 +84,46 @@ def split_input(manifests: list[Path], part_lines: int = PART_LINES) -> list[Inp
     return parts
 
 
-def load_parts(stages: Path, manifests: list[Path], part_lines: int) -> list[InputPart]:
-    """The input's parts, split once and kept in ``stages/parts.json`` while the files stay the same (so
-    every rank of a staged run, and every rerun, sees the same parts without reading the input again)."""
+def load_parts(
+    stages: Path, manifests: list[Path], part_lines: int, *, poll_s: float = 0.2
+) -> list[InputPart]:
+    """The input's parts, split once and kept in ``stages/parts.json`` while the files stay the same.
+
+    The ranks of a staged run start together: the first to create ``stages/parts-KEY.claim`` (a
+    create-if-absent file or object) reads the input and writes ``parts.json``; the others wait for it
+    instead of each reading the whole input, and get the very same parts. A claim left by a dead process
+    (on this host) is taken over; a claimant on another host is waited for, since it can not be checked.
+    Parts are counted in lines, not cut at byte offsets, because a sample's source (and its id, when it
+    has none) is its file and line number, which only counting the lines before it can give."""
     for p in manifests:
         if not p.is_file():
             raise FileNotFoundError(f"manifest {p} not found")
     files = [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in manifests]
-    cache = stages / PARTS_FILE
-    record = read_record(cache, digest({"files": files, "part_lines": part_lines}))
-    if record is not None:
-        return [InputPart(**p) for p in record["parts"]]
-    parts = split_input(manifests, part_lines)
-    stages.mkdir(parents=True, exist_ok=True)
     key = digest({"files": files, "part_lines": part_lines})
-    write_json_atomic(cache, {"key": key, "parts": [asdict(p) for p in parts]})
-    return parts
+    cache, claim = stages / PARTS_FILE, stages / f"parts-{key[:16]}.claim"
+    make_dirs(stages)
+    while True:
+        record = read_record(cache, key)
+        if record is not None:
+            return [InputPart(**p) for p in record["parts"]]
+        if create_exclusive(claim, json.dumps(lock_owner()).encode()):
+            try:
+                record = read_record(cache, key)  # written between our look and our claim
+                if record is not None:
+                    return [InputPart(**p) for p in record["parts"]]
+                parts = split_input(manifests, part_lines)
+                write_json_atomic(cache, {"key": key, "parts": [asdict(p) for p in parts]})
+                return parts
+            finally:
+                claim.unlink(missing_ok=True)
+        try:
+            holder = json.loads(claim.read_text())
+        except (OSError, json.JSONDecodeError):
+            holder = None  # released (or being written) right now: look again
+        if holder is not None and not lock_holder_live(holder):
+            claim.unlink(missing_ok=True)  # its splitter died: take over
+            continue
+        time.sleep(poll_s)
 
 
 def read_part(part: InputPart, max_line_bytes: int) -> Any:
@@ -126,12 +153,12 @@ def part_key(spec: RunSpec, part: InputPart) -> str:
 
 
 def part_files(measure_dir: Path, number: int) -> dict[str, Path]:
-    stem = measure_dir / f"part-{number:06d}"
+    stem = f"part-{number:06d}"
     return {
-        "samples": Path(f"{stem}.parquet"),
-        "rejects": Path(f"{stem}.rejects.parquet"),
-        "arrow": Path(f"{stem}.arrow"),
-        "record": Path(f"{stem}.json"),
+        "samples": measure_dir / f"{stem}.parquet",
+        "rejects": measure_dir / f"{stem}.rejects.parquet",
+        "arrow": measure_dir / f"{stem}.arrow",
+        "record": measure_dir / f"{stem}.json",
     }
 
 
@@ -174,9 +201,9 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     record = read_record(files["record"], key)
     if record is not None and outputs_intact(record, spec.measure_dir):
         return record
-    spec.measure_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(spec.measure_dir)
     measurer = _measurer(spec.measure)
-    tmp = {name: Path(f"{p}.{os.getpid()}.partial") for name, p in files.items() if name != "record"}
+    tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}
     samples: list[RawSample]
     with (
         TableWriter(tmp["samples"], SAMPLES_SCHEMA) as good,
@@ -187,8 +214,12 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
                 (good if kind == "sample" else bad).add(rec)
     arrow_copy(tmp["samples"], tmp["arrow"])
     pa.default_memory_pool().release_unused()
+    outputs = {
+        files[name].name: {"bytes": tmp[name].stat().st_size, "xxh3": file_xxh3(tmp[name])}
+        for name in ("samples", "rejects", "arrow")
+    }
     for name, path in tmp.items():
-        os.replace(path, files[name])
+        publish(path, files[name])
     crash_point("measure", number)
     record = {
         "key": key,
@@ -197,10 +228,7 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
         "records": good.count + bad.count,
         "measured": good.count,
         "rejected": bad.count,
-        "files": {
-            files[name].name: {"bytes": files[name].stat().st_size, "xxh3": file_xxh3(files[name])}
-            for name in ("samples", "rejects", "arrow")
-        },
+        "files": outputs,
     }
     write_json_atomic(files["record"], record)
     return record
@@ -219,7 +247,7 @@ def read_measured(
     tables = []
     for rec, offset in zip(records, offsets[:-1], strict=False):
         files = part_files(measure_dir, rec["number"])
-        table = pq.read_table(files["rejects" if rejects else "samples"], columns=columns)
+        table = read_parquet(files["rejects" if rejects else "samples"], columns=columns)
         if "sample_index" in columns:
             i = table.schema.get_field_index("sample_index")
             table = table.set_column(

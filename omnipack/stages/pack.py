@@ -8,7 +8,6 @@ the plan's rows into shards by their estimated size, so each shard is a write un
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from ..plan import PACK_COLUMNS, PackResult, run_pack, write_plan
 from .measure import part_files, part_key, part_offsets, read_measured
 from .records import crash_point, digest, read_record, write_json_atomic
 from .spec import RunSpec, ShardLayout
+from .storage import make_dirs, publish, read_parquet, staging_file
 
 NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
 MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (read by verify)
@@ -115,7 +115,7 @@ def _names(spec: RunSpec, records: list[dict[str, Any]], indices: list[int]) -> 
     which = np.searchsorted(offsets, wanted, side="right") - 1
     for p in np.unique(which).tolist():
         local = wanted[which == p] - offsets[p]
-        table = pq.read_table(
+        table = read_parquet(
             part_files(spec.measure_dir, records[p]["number"])["samples"],
             columns=["sample_index", "sample_id", "source"],
         )
@@ -214,16 +214,16 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, A
     row_bytes = row_media + per_token * spec.pack.seq_length
     shard_of, shards = shard_layout(plan, row_bytes, spec.layout)
 
-    spec.stages.mkdir(parents=True, exist_ok=True)
+    make_dirs(spec.stages)
     spec.plan_record.unlink(missing_ok=True)  # an old record must never vouch for half-replaced files
-    tmp_plan, tmp_layout = (Path(f"{p}.{os.getpid()}.partial") for p in (spec.plan_table, spec.layout_table))
+    tmp_plan, tmp_layout = (staging_file(p) for p in (spec.plan_table, spec.layout_table))
     write_plan(plan, tmp_plan)
     pq.write_table(
         pa.table({"row": np.arange(plan.num_rows, dtype=np.int32), "shard": shard_of}, schema=LAYOUT_SCHEMA),
         tmp_layout,
     )
-    os.replace(tmp_plan, spec.plan_table)
-    os.replace(tmp_layout, spec.layout_table)
+    publish(tmp_plan, spec.plan_table)
+    publish(tmp_layout, spec.layout_table)
     crash_point("pack", 0)
     n_input = int(offsets[-1])
     if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings

@@ -16,6 +16,8 @@ from typing import Any
 
 import xxhash
 
+from .storage import write_bytes_atomic
+
 CRASH_ENV = (
     "OMNIPACK_CRASH_AT"  # tests: "STAGE:UNIT" kills this process (SIGKILL) at that unit's commit point
 )
@@ -27,18 +29,17 @@ def digest(value: Any) -> str:
 
 
 def file_xxh3(path: Path) -> str:
+    """xxh3-128 of a file's bytes (a local or object-store path), read in 4 MiB chunks."""
     h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
-    """Write JSON under a temporary name unique to this process, then rename: readers see all or nothing."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
-    tmp.write_text(json.dumps(value, indent=1) + "\n")
-    os.replace(tmp, path)
+    """Write JSON that readers see all or nothing of (a renamed temporary file, or one PUT)."""
+    write_bytes_atomic(path, (json.dumps(value, indent=1) + "\n").encode())
 
 
 def read_record(path: Path, key: str) -> dict[str, Any] | None:

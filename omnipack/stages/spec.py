@@ -8,6 +8,7 @@ from typing import Any
 
 from ..measure import MeasureConfig
 from ..plan import PackConfig
+from .storage import output_path
 
 STAGES_DIR = "stages"
 REJECTS_FILE = "rejects.jsonl"
@@ -50,7 +51,8 @@ class RunSpec:
 
     @property
     def out(self) -> Path:
-        return Path(self.output)
+        """The output root: a ``Path``, or a ``UPath`` for an object store URL (see ``storage``)."""
+        return output_path(self.output)
 
     @property
     def stages(self) -> Path:

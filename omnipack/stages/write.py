@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..dataset.codec import encode_row
 from ..dataset.contract import row_invariant_errors
@@ -26,8 +25,9 @@ from ..media.errors import MediaError
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
 from .measure import part_files
-from .records import crash_point, digest, read_record, write_json_atomic
+from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
 from .spec import RunSpec, WriteSettings
+from .storage import is_local, local_file, make_dirs, publish, read_parquet, staging_file
 
 
 @dataclass
@@ -174,7 +174,8 @@ class MeasuredParts:
 
     def _part(self, p: int) -> MeasuredSamples:
         if p not in self._parts:
-            self._parts[p] = MeasuredSamples(part_files(self.measure_dir, self.numbers[p])["arrow"])
+            arrow = part_files(self.measure_dir, self.numbers[p])["arrow"]
+            self._parts[p] = MeasuredSamples(local_file(arrow))  # a download, for an object store
         return self._parts[p]
 
     def records(self, indices: np.ndarray) -> list[dict[str, Any]]:
@@ -209,10 +210,10 @@ def _plan_view(spec: RunSpec) -> _PlanView:
     record = json.loads(spec.plan_record.read_text())
     view = _PLANS.get(record["key"])
     if view is None:
-        plan = pq.read_table(spec.plan_table)
+        plan = read_parquet(spec.plan_table)
         rows = plan.column("row").to_numpy()
         row_ptr = np.searchsorted(rows, np.arange(record["num_rows"] + 1)).astype(np.int64)
-        shard_of = pq.read_table(spec.layout_table).column("shard").to_numpy()
+        shard_of = read_parquet(spec.layout_table).column("shard").to_numpy()
         samples = MeasuredParts(spec.measure_dir, record["parts"], np.asarray(record["offsets"]))
         view = _PlanView(record, row_ptr, plan.column("sample_index").to_numpy(), shard_of, samples)
         _PLANS.clear()  # one plan at a time: a replanned run drops the old mappings
@@ -228,15 +229,27 @@ def shard_record_path(spec: RunSpec, number: int) -> Path:
     return spec.write_dir / f"shard-{number:06d}.json"
 
 
-def shard_done(spec: RunSpec, record: dict[str, Any] | None) -> bool:
-    """A recorded shard whose tar and index are in place with the recorded size."""
+def shard_done(spec: RunSpec, record: dict[str, Any] | None, *, check_bytes: bool = False) -> bool:
+    """A recorded shard whose tar and index are in place with the recorded size; with ``check_bytes``, also
+    with the recorded xxh3-128 checksums (a read of the shard at memory speed: what a resumed write unit
+    pays to trust a shard instead of rewriting it, since a damaged shard can keep its size)."""
     if record is None:
         return False
     info = record["shard"]
     if info is None:
         return True
     tar = spec.out / info["path"]
-    return tar.is_file() and tar.stat().st_size == info["num_bytes"] and Path(f"{tar}.idx").is_file()
+    idx = tar.with_name(f"{tar.name}.idx")
+    if not (tar.is_file() and tar.stat().st_size == info["num_bytes"] and idx.is_file()):
+        return False
+    if not check_bytes:
+        return True
+    return (
+        info.get("xxh3_128") is not None
+        and record.get("index_xxh3") is not None
+        and file_xxh3(tar) == info["xxh3_128"]
+        and file_xxh3(idx) == record["index_xxh3"]
+    )
 
 
 def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
@@ -246,10 +259,13 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     key = shard_key(spec, view.record["key"], shard)
     path = shard_record_path(spec, number)
     record = read_record(path, key)
-    if shard_done(spec, record):
+    if shard_done(spec, record, check_bytes=True):
         return record  # type: ignore[return-value]
+    # in a folder the shard is written in place (under a temporary name); for an object store it is
+    # built in a local staging folder and uploaded whole
+    local_root = spec.out if is_local(spec.out) else staging_file(spec.out / shard["path"]).parent / "root"
     writer = ShardWriter(
-        spec.out,
+        local_root,
         shard["prefix"],
         max_bytes=1 << 62,  # one shard: the layout already cut the rows
         split=shard["split"],
@@ -273,16 +289,22 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
         raise
     infos = writer.close()
     pa.default_memory_pool().release_unused()
+    index_xxh3 = file_xxh3(local_root / f"{infos[0].path}.idx") if infos else None
+    if infos and not is_local(spec.out):  # the index first: a present tar always has its index
+        for name in (f"{infos[0].path}.idx", infos[0].path):
+            publish(local_root / name, spec.out / name)
     crash_point("write", number)
     record = {
         "key": key,
         "number": number,
         "shard": asdict(infos[0]) if infos else None,
+        # the index's checksum (the tar's is in the shard info): a resumed run checks both
+        "index_xxh3": index_xxh3,
         "rejects": rejects,
         "rows_written": rows_written,
         "samples_written": samples_written,
         "real_tokens": real_tokens,
     }
-    spec.write_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(spec.write_dir)
     write_json_atomic(path, record)
     return record

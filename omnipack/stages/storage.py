@@ -1,0 +1,163 @@
+"""Where a run's outputs live: a local folder, or an object store URL (``s3://bucket/prefix``, ``gs://...``).
+
+Stages name their outputs as paths under ``output_path(output)``: a ``pathlib.Path`` for a folder, a
+``UPath`` (universal-pathlib over fsspec, the ``remote`` extra) for a URL, with the same API (``/``,
+``exists``, ``read_text``, ``glob``, ``stat``, ``open``). What differs is how a file appears whole: in a
+folder it is written under a temporary name and renamed; on an object store one PUT is atomic (an object
+appears whole or not at all, and there is no rename), so a file is built in a local staging file and
+uploaded in one put (``publish``). Readers that need a local file (memory-mapped Arrow tables) get a
+cached download (``local_file``). The store's client resolves credentials and endpoints from its standard
+environment and config files (``AWS_*`` variables, ``~/.aws``), never from the manifest or the settings.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+AnyPath = Any  # pathlib.Path or upath.UPath: the same pathlib API
+
+
+def is_url(location: str | os.PathLike) -> bool:
+    """A ``scheme://`` location other than ``file://`` (which is a local path)."""
+    text = str(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def output_path(location: str | os.PathLike) -> AnyPath:
+    """The output root as a path object: ``Path`` for a folder, ``UPath`` for an object store URL."""
+    text = str(location)
+    if text.startswith("file://"):
+        return Path(text[len("file://") :])
+    if not is_url(text):
+        return Path(text)
+    try:
+        from upath import UPath
+    except ImportError as e:  # pragma: no cover - depends on the optional extra
+        raise ImportError(f"output {text} needs the remote extra: pip install 'omnipack[remote]'") from e
+    return UPath(text.rstrip("/"))
+
+
+def is_local(path: AnyPath) -> bool:
+    return isinstance(path, Path)
+
+
+def _staging_dir() -> Path:
+    """This process's local folder for files on their way to an object store."""
+    folder = Path(tempfile.gettempdir()) / f"omnipack-staging-{os.getpid()}"
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def staging_file(dest: AnyPath) -> Path:
+    """A local path to build ``dest`` in before ``publish``: beside it in a folder (so the rename is
+    atomic), in a local staging folder for an object store."""
+    if is_local(dest):
+        return dest.with_name(f"{dest.name}.{os.getpid()}.partial")
+    return _staging_dir() / f"{xxhash.xxh3_64_hexdigest(str(dest).encode())}-{dest.name}"
+
+
+def publish(local: Path, dest: AnyPath) -> None:
+    """Make the finished local file ``local`` appear at ``dest``, whole: a rename in a folder, one upload
+    (an atomic PUT) on an object store; the local file is gone afterwards."""
+    if is_local(dest):
+        os.replace(local, dest)
+        return
+    dest.fs.put_file(str(local), dest.path)
+    local.unlink()
+
+
+def write_bytes_atomic(dest: AnyPath, data: bytes) -> None:
+    """Write a whole file that readers see all or nothing of."""
+    if is_local(dest):
+        tmp = staging_file(dest)
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+    else:
+        dest.write_bytes(data)  # one PUT
+
+
+def make_dirs(path: AnyPath) -> None:
+    """A folder's parents (object stores have none: keys are names)."""
+    if is_local(path):
+        path.mkdir(parents=True, exist_ok=True)
+
+
+def remove_tree(path: AnyPath) -> None:
+    """Remove a folder (or every object under a prefix) if it is there."""
+    if is_local(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        if path.fs.exists(path.path):
+            path.fs.rm(path.path, recursive=True)
+
+
+def remove_dir_if_empty(path: AnyPath) -> None:
+    if is_local(path):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def create_exclusive(path: AnyPath, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` unless it exists; False when it did. Atomic in a local folder
+    (``O_EXCL``) and on object stores with conditional writes (S3's ``If-None-Match: *``, which fsspec's
+    ``mode="xb"`` sends: AWS S3, MinIO and moto honour it). A store whose client has no exclusive create
+    refuses the run rather than pretending to lock it."""
+    if is_local(path):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    try:
+        with path.fs.open(path.path, "xb") as f:
+            f.write(data)
+    except FileExistsError:
+        return False
+    except (ValueError, NotImplementedError, TypeError) as e:
+        raise RuntimeError(
+            f"{path}: this store's client has no create-if-absent write (mode 'xb'), which the output lock "
+            f"needs ({e})"
+        ) from e
+    return True
+
+
+def read_parquet(path: AnyPath, columns: list[str] | None = None) -> Any:
+    """A Parquet file's table (or some columns); from an object store by ranged reads of the footer and
+    the wanted column chunks, not the whole object."""
+    import pyarrow.parquet as pq
+
+    if is_local(path):
+        return pq.read_table(path, columns=columns)
+    with path.open("rb") as f:
+        return pq.read_table(f, columns=columns)
+
+
+def local_file(path: AnyPath) -> Path:
+    """A local file with the bytes of ``path`` (memory maps need one): the file itself in a folder, a
+    download cached per object version (name, size, ETag) for an object store."""
+    if is_local(path):
+        return path
+    info = path.fs.info(path.path)
+    tag = xxhash.xxh3_64_hexdigest(
+        f"{path}|{info.get('size')}|{info.get('ETag') or info.get('mtime')}".encode()
+    )
+    cached = Path(tempfile.gettempdir()) / "omnipack-cache" / f"{tag}-{path.name}"
+    if not cached.exists():
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
+        path.fs.get_file(path.path, str(tmp))
+        os.replace(tmp, cached)
+    return cached
