@@ -16,8 +16,11 @@ from . import __version__
 from .alignment import ParallelLayout, check_seq_length
 from .dataset.meta import NV_META, write_energon_meta, write_omnipack_meta
 from .dataset.shards import SHARD_CHECKSUMS, file_sha256
-from .manifest import count_lines, default_max_line_bytes, read_manifest
+from .inputs import InputSpec, count_records, data_files
+from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION, per_file_counts
+from .manifest import default_max_line_bytes, read_manifest
 from .measure import MeasureConfig, run_measure
+from .media.sources import is_url
 from .plan import PackConfig, run_pack, write_plan
 from .writer.dataset import WriteConfig, write_rows
 
@@ -98,6 +101,11 @@ class PrepareConfig:
     overwrite: bool = False
     progress: bool = True
     from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
+    input_format: str | None = None  # reader of the inputs (jsonl, json, parquet, arrow); None: detected
+    input_layout: str = "auto"  # record layout (omnipack, sharegpt, messages_media, prompt_response)
+    input_fields: dict[str, str] = field(default_factory=dict)  # omnipack field -> the input's field name
+    media_allow_roots: list[str] = field(default_factory=list)  # symlink targets allowed outside media_root
+    max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION  # more rejects: exit code 3 (data still written)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PrepareConfig:
@@ -118,6 +126,10 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
     """Run all stages into ``cfg.output``; returns the run summary (also stored in omnipack.json)."""
     align = cfg.layout.alignment
     check_seq_length(cfg.seq_length, align)
+    max_line_bytes = cfg.max_line_bytes or default_max_line_bytes(cfg.seq_length)
+    spec = InputSpec(cfg.input_format, cfg.input_layout, dict(cfg.input_fields), max_line_bytes)
+    # every input exists and has a reader, checked before the output folder is touched
+    input_files = data_files([Path(p) for p in cfg.manifest], spec)
     out = Path(cfg.output)
     stages = out / STAGES_DIR
     measure_dir = stages / "measure"
@@ -140,8 +152,8 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         dict(cfg.profile_options),
         cfg.mrope,
         max_tokens=cfg.seq_length,
+        media_allow_roots=tuple(cfg.media_allow_roots),
     )
-    max_line_bytes = cfg.max_line_bytes or default_max_line_bytes(cfg.seq_length)
     from .profiles import get_profile
     from .profiles.base import placeholder_token_ids
     from .text.chat import ChatTokenizer
@@ -154,30 +166,40 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         "mrope": cfg.mrope,
         "manifest": [str(p) for p in cfg.manifest],
         # contents, not just paths: an edited manifest must be measured again
-        "manifest_sha256": [file_sha256(Path(p)) if Path(p).is_file() else None for p in cfg.manifest],
-        "media_root": str(Path(cfg.media_root).resolve()),
+        "manifest_sha256": [file_sha256(df.path) for _, df in input_files],
+        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)],
+        "media_root": cfg.media_root if is_url(cfg.media_root) else str(Path(cfg.media_root).resolve()),
+        "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
         "max_line_bytes": max_line_bytes,
         "max_tokens": cfg.seq_length,
     }
     if resume:
         n_input = _check_measure_reusable(measure_dir, measure_key)
         measured = {"measured": pq.read_metadata(measure_dir / "samples.parquet").num_rows}
+        ledger = json.loads((measure_dir / MEASURE_KEY_FILE).read_text()).get("inputs", [])
     else:
         manifests = [Path(p) for p in cfg.manifest]
-        for p in manifests:
-            if not p.is_file():
-                raise FileNotFoundError(f"manifest {p} not found")
-        # read and checked once; the progress bar's total is a cheap line count
+        ledger: list[dict[str, Any]] = []  # per input file: its first sample index and record count
+        # read and checked once; the progress bar's total is a cheap count (metadata, or a byte scan)
         measured = run_measure(
-            read_manifest(manifests, max_line_bytes=max_line_bytes),
+            read_manifest(
+                manifests,
+                max_line_bytes=max_line_bytes,
+                input_format=cfg.input_format,
+                input_layout=cfg.input_layout,
+                input_fields=dict(cfg.input_fields),
+                ledger=ledger,
+            ),
             mcfg,
             measure_dir,
             workers=cfg.workers,
             progress=cfg.progress,
-            total=count_lines(manifests) if cfg.progress else None,
+            total=count_records(manifests, spec) if cfg.progress else None,
         )
         n_input = measured["measured"] + measured["rejected"]
-        (measure_dir / MEASURE_KEY_FILE).write_text(json.dumps({**measure_key, "input": n_input}, indent=2))
+        (measure_dir / MEASURE_KEY_FILE).write_text(
+            json.dumps({**measure_key, "input": n_input, "inputs": ledger}, indent=2)
+        )
     samples_path = measure_dir / "samples.parquet"
     pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages: stages start flat
 
@@ -205,6 +227,7 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
         workers=cfg.workers,
         val_rows=_val_rows(cfg.val_fraction, plan.num_rows),
         val_seed=cfg.seed,
+        media_allow_roots=tuple(cfg.media_allow_roots),
     )
     shards, write_rejects, write_stats = write_rows(samples_path, plan, out, wcfg, progress=cfg.progress)
 
@@ -216,6 +239,12 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
     packed = write_stats["samples_written"]
     if packed + len(rejects) != n_input:  # every input sample is either packed or rejected
         raise AssertionError(f"accounting: {n_input} input != {packed} packed + {len(rejects)} rejected")
+    write_rejected = {r["sample_index"] for r in write_rejects}
+    by_input = per_file_counts(
+        ledger,
+        (r["sample_index"] for r in rejects),
+        (i for i in plan.sample_index.tolist() if i not in write_rejected),
+    )
 
     summary = {
         "omnipack_version": __version__,
@@ -247,6 +276,8 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
             },
             "rejected_by_stage": dict(Counter(r["stage"] for r in rejects)),
             "measured": measured["measured"],
+            "reject_fraction": len(rejects) / n_input if n_input else 0.0,
+            "by_input": by_input,  # per input data file: input == packed + rejected
         },
         "packing": {
             **plan.stats,

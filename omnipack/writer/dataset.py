@@ -22,9 +22,10 @@ from ..dataset.codec import encode_row
 from ..dataset.contract import row_invariant_errors
 from ..dataset.shards import SHARD_CHECKSUMS, ShardInfo, ShardWriter
 from ..executor import map_ordered
-from ..manifest import ManifestError, resolve_media
+from ..manifest import ManifestError
 from ..measure import sample_arrays
 from ..media.errors import MediaError
+from ..media.sources import resolve_source
 from ..plan import PackResult
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
@@ -44,6 +45,7 @@ class WriteConfig:
     workers: int = 1
     val_rows: int = 0  # this many rows, drawn with ``val_seed``, go to separate "val" shards
     val_seed: int = 0
+    media_allow_roots: tuple[str, ...] = ()  # folders outside the media root that symlinks may point into
 
 
 @dataclass
@@ -59,7 +61,6 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteConfig) -> RowR
     """Materialise a row's media and assemble its arrays; pure function of its inputs."""
     from ..media.probe import materialize
 
-    root = Path(cfg.media_root)
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
     rejects = []
@@ -69,7 +70,7 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteConfig) -> RowR
             for m in json.loads(rec["media_json"]):
                 plan = MediaPlan.from_json(m["plan"])
                 ext, data = materialize(
-                    resolve_media(root, m["ref"]),
+                    resolve_source(m["ref"], cfg.media_root, cfg.media_allow_roots),
                     plan,
                     image_encoding=cfg.image_encoding,
                     compress_video=cfg.compress_video,
