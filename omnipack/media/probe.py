@@ -8,6 +8,7 @@ spooled to a temporary file first.
 
 from __future__ import annotations
 
+import io
 import os
 from typing import IO
 
@@ -66,7 +67,8 @@ def materialize(
     if plan.kind == "image":
         from .image import encode_image, load_image
 
-        with src.open() as f:
+        # the whole object is decoded: fetched in one (retried) read rather than in probe-sized ranges
+        with src.open() if src.kind == "file" else io.BytesIO(src.read_bytes()) as f:
             return encode_image(load_image(f, plan.target_hw), image_encoding)
     if plan.kind == "video":
         from .video import materialize_video

@@ -84,7 +84,11 @@ def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) ->
         except MediaError:
             raise
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-            raise MediaError(f"cannot fetch {what}: {type(e).__name__}: {e}") from None
+            if not _transient(e):
+                raise MediaError(f"cannot fetch {what}: {type(e).__name__}: {e}") from None
+            last = e
+            if attempt + 1 < attempts:
+                time.sleep(FETCH_BACKOFF_S * 2**attempt)
         except Exception as e:  # network and server errors of any client library
             last = e
             if attempt + 1 < attempts:
@@ -92,6 +96,18 @@ def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) ->
     raise MediaError(
         f"cannot fetch {what} after {attempts} attempts: {type(last).__name__}: {last}"
     ) from None
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether a "not found"/"forbidden" error of a client hides a transient cause (fsspec's HTTP client
+    reports any failed HEAD as FileNotFoundError): a 5xx or 429 status, or a connection failure."""
+    cause = e.__cause__ or e.__context__
+    if cause is None:
+        return False
+    status = getattr(cause, "status", None)
+    if isinstance(status, int):
+        return status >= 500 or status == 429
+    return isinstance(cause, ConnectionError | TimeoutError) or "Connect" in type(cause).__name__
 
 
 @dataclass(frozen=True)
