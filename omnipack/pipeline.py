@@ -240,10 +240,14 @@ def run_prepare(cfg: PrepareConfig) -> dict[str, Any]:
     if packed + len(rejects) != n_input:  # every input sample is either packed or rejected
         raise AssertionError(f"accounting: {n_input} input != {packed} packed + {len(rejects)} rejected")
     write_rejected = {r["sample_index"] for r in write_rejects}
-    by_input = per_file_counts(
-        ledger,
-        (r["sample_index"] for r in rejects),
-        (i for i in plan.sample_index.tolist() if i not in write_rejected),
+    by_input = (  # measure tables of an older omnipack hold no per-file ledger
+        per_file_counts(
+            ledger,
+            (r["sample_index"] for r in rejects),
+            (i for i in plan.sample_index.tolist() if i not in write_rejected),
+        )
+        if ledger
+        else []
     )
 
     summary = {
