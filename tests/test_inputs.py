@@ -217,3 +217,38 @@ def test_parquet_reads_row_groups_lazily(tmp_path, monkeypatch):
     got = list(read_manifest([p], start=17, stop=20))
     assert [s.index for s in got] == [17, 18, 19]
     assert seen == [(2,)]  # only the row group holding the range was decoded
+
+
+def test_an_unreadable_parquet_file_is_one_reject_not_an_abort(tmp_path):
+    p = tmp_path / "x.parquet"
+    p.write_bytes(b"PAR1 this is not parquet")
+    samples = list(read_manifest([p]))
+    assert len(samples) == 1 and "unreadable Parquet file" in samples[0].error
+    assert count_records([p]) == 1
+
+
+def test_embedded_audio_bytes_are_read_back_from_the_parquet_file(tmp_path):
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    from omnipack.media.probe import probe
+    from omnipack.media.sources import resolve_source
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(8000, dtype=np.float32), 16000, format="WAV")
+    rec = {
+        "conversations": [
+            {"from": "human", "value": "<audio>What do you hear?"},
+            {"from": "gpt", "value": "silence"},
+        ],
+        "audios": [{"bytes": buf.getvalue(), "path": "clip.wav"}],
+    }
+    pq.write_table(pa.Table.from_pylist([rec, rec]), tmp_path / "a.parquet")
+    samples = list(read_manifest([tmp_path / "a.parquet"]))
+    ref = samples[1].record["messages"][0]["content"][0]["audio"]
+    assert ref.startswith("embedded:") and ref.endswith("#1/audios/0/bytes")
+    src = resolve_source(ref, tmp_path)
+    assert src.read_bytes() == buf.getvalue()
+    assert probe(src, "audio").num_samples == 8000

@@ -46,7 +46,10 @@ class ParquetReader(Reader):
         return sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
 
     def count(self, file: Path, max_record_bytes: int = 0) -> int:
-        return _file(str(file)).metadata.num_rows
+        try:
+            return _file(str(file)).metadata.num_rows
+        except Exception:  # read as one reject naming the error (see records)
+            return 1
 
     def records(
         self, file: Path, label: str, start: int = 0, stop: int | None = None, max_record_bytes: int = 0
@@ -66,7 +69,7 @@ class ParquetReader(Reader):
             try:
                 for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg]):
                     rows = batch.to_pylist()
-                    size = batch.nbytes // max(1, len(rows))
+                    size = text_nbytes(batch) // max(1, len(rows))
                     for row in rows:
                         if start <= index < stop:
                             yield SourceRecord(index, f"{label}#{index}", row, None, size)
@@ -75,6 +78,22 @@ class ParquetReader(Reader):
                 reason = f"unreadable Parquet row group {rg}: {type(e).__name__}: {e}"
                 for i in range(max(index, start), min(hi, stop)):
                     yield SourceRecord(i, f"{label}#{i}", None, reason)
+
+
+def _holds_binary(t: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return True
+    return any(_holds_binary(t.field(i).type) for i in range(t.num_fields))
+
+
+def text_nbytes(batch: Any) -> int:
+    """Bytes of a record batch without its binary columns (those stay in the file, referenced by pointers):
+    what its records weigh in memory once read."""
+    return sum(
+        col.nbytes for col, f in zip(batch.columns, batch.schema, strict=True) if not _holds_binary(f.type)
+    )
 
 
 _row_groups: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
