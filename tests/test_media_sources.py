@@ -137,3 +137,21 @@ def test_s3_objects_on_a_local_s3_server(tmp_path):
         assert resolve_source("s3://media-bucket/shards/s.tar#k.jpg", tmp_path).read_bytes() == jpeg_bytes(8)
         with pytest.raises(MediaError, match="cannot fetch s3://media-bucket/nope.jpg"):
             probe(resolve_source("s3://media-bucket/nope.jpg", tmp_path), "image")
+
+
+def test_msc_urls_energons_storage_client(tmp_path, monkeypatch):
+    """multi-storage-client profiles (what Energon resolves remote datasets with) through the same resolver."""
+    pytest.importorskip("multistorageclient")
+    base = tmp_path / "bucket"
+    base.mkdir()
+    (base / "a.jpg").write_bytes(jpeg_bytes(9))
+    config = tmp_path / "msc.yaml"
+    config.write_text(
+        f"profiles:\n  media:\n    storage_provider:\n      type: file\n      options:\n        base_path: {base}\n"
+    )
+    monkeypatch.setenv("MSC_CONFIG", str(config))
+    (tmp_path / "ref.jpg").write_bytes(jpeg_bytes(9))
+    ref = _stored_image(tmp_path / "ref.jpg", None)
+    for src in (resolve_source("msc://media/a.jpg", tmp_path), resolve_source("a.jpg", "msc://media")):
+        meta, pixels, _ = _stored_image(src, None)
+        assert meta == ref[0] and np.array_equal(pixels, ref[1])

@@ -81,8 +81,8 @@ def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) ->
     for attempt in range(attempts):
         try:
             return fn()
-        except MediaError:
-            raise
+        except (MediaError, TypeError, AttributeError, NotImplementedError, ImportError):
+            raise  # not a transient failure of the store
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
             if not _transient(e):
                 raise MediaError(f"cannot fetch {what}: {type(e).__name__}: {e}") from None
@@ -143,10 +143,14 @@ class MediaSource:
                 raise MediaError(f"cannot open {self.location}: {type(e).__name__}: {e}") from None
         if self.kind == "url":
             fs, path = filesystem_for(self.location)
-            return with_retries(
-                self.location,
-                lambda: fs.open(path, "rb", block_size=PROBE_BLOCK_BYTES, cache_type="readahead"),
-            )
+
+            def ranged() -> IO[bytes]:
+                try:
+                    return fs.open(path, "rb", block_size=PROBE_BLOCK_BYTES, cache_type="readahead")
+                except TypeError:  # a filesystem without block options (e.g. msc://): its own buffering
+                    return fs.open(path, "rb")
+
+            return with_retries(self.location, ranged)
         return io.BytesIO(self.read_bytes())
 
     def read_bytes(self) -> bytes:
