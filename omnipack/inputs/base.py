@@ -32,6 +32,7 @@ class SourceRecord:
     record: Any = None
     error: str | None = None
     size: int = 0  # bytes the record took in the file (or in memory, for columnar files)
+    may_embed: bool = True  # False when the record certainly holds no {"bytes": ...} media value
 
 
 @dataclass(frozen=True)

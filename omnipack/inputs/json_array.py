@@ -83,7 +83,7 @@ def _elements(path: Path, label: str, max_record_bytes: int) -> Iterator[SourceR
             text = buf.text[buf.pos : end]
             try:
                 size = len(text.encode("utf-8"))
-                yield SourceRecord(index, where, obj, None, size)
+                yield SourceRecord(index, where, obj, None, size, '"bytes"' in text)
             except UnicodeEncodeError as e:
                 yield SourceRecord(
                     index, where, None, f"invalid UTF-8 at byte {e.start} of the record", len(text)

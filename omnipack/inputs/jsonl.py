@@ -89,7 +89,7 @@ def _parse_line(
     if line_no == 1 and line.startswith(b"\xef\xbb\xbf"):  # tolerate a byte-order mark
         line = line[3:]
     try:
-        return SourceRecord(index, where, json.loads(line.decode("utf-8")), None, size)
+        return SourceRecord(index, where, json.loads(line.decode("utf-8")), None, size, b'"bytes"' in line)
     except UnicodeDecodeError as e:
         return SourceRecord(index, where, None, f"invalid UTF-8 at byte {e.start}", size)
     except json.JSONDecodeError as e:

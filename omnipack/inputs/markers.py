@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 MARKERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 MEDIA_KEYS = tuple(k for kind in MARKERS for k in (kind, kind + "s"))
+_KIND_OF = {marker: kind for kind, marker in MARKERS.items()}
+_MARKER_RE = re.compile("(" + "|".join(map(re.escape, MARKERS.values())) + ")")
 
 
 class ConvertError(ValueError):
@@ -55,22 +58,13 @@ def turns_to_messages(turns: list[tuple[Any, Any]], media: dict[str, list[str]])
         if role is None:
             raise ConvertError(f"unknown role {raw_role!r}")
         parts: list[dict[str, Any]] = []
-        buf = ""
-        i = 0
-        while i < len(text):
-            hit = next((k for k, m in MARKERS.items() if text.startswith(m, i)), None)
-            if hit is None:
-                buf += text[i]
-                i += 1
-                continue
-            if buf:
-                parts.append({"type": "text", "text": buf})
-                buf = ""
-            parts.append({"type": hit, hit: media[hit][cursor[hit]]})
-            cursor[hit] += 1
-            i += len(MARKERS[hit])
-        if buf:
-            parts.append({"type": "text", "text": buf})
+        for piece in _MARKER_RE.split(text):
+            kind = _KIND_OF.get(piece)
+            if kind is not None:
+                parts.append({"type": kind, kind: media[kind][cursor[kind]]})
+                cursor[kind] += 1
+            elif piece:
+                parts.append({"type": "text", "text": piece})
         content: Any = parts
         if all(p["type"] == "text" for p in parts):
             content = "".join(p["text"] for p in parts)

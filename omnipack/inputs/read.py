@@ -195,7 +195,8 @@ def _sample(src: SourceRecord, df: DataFile, reader: Reader, spec: InputSpec, in
     rec = src.record
     sid = default_id
     try:
-        rec = replace_embedded(rec, df.path, src.record_index, reader.binary_columns)
+        if src.may_embed:
+            rec = replace_embedded(rec, df.path, src.record_index, reader.binary_columns)
         rec = to_sample_record(rec, spec)
         if rec.get("id") is None:
             rec["id"] = default_id
