@@ -4,6 +4,7 @@ the file: records reference them with ``embedded:`` pointers that the media reso
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
 from functools import lru_cache
@@ -96,21 +97,28 @@ def text_nbytes(batch: Any) -> int:
     )
 
 
+# Row-group columns read back for embedded media, most recent last, within a byte budget per process: the
+# measure stage reads records in order (one row group at a time), the write stage in packed-row order.
+ROW_GROUP_CACHE_BYTES = 256 << 20
 _row_groups: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
 
 
 def column_value(file: Path, index: int, column: str) -> Any:
-    """The value of ``column`` in record ``index``; the row group's column is kept for the next lookups."""
+    """The value of ``column`` in record ``index``; the row group's column is cached for the next lookups."""
     pf = _file(str(file))
     starts = _row_group_starts(pf)
-    rg = next(i for i in range(len(starts) - 1) if starts[i] <= index < starts[i + 1])
+    rg = bisect_right(starts, index) - 1
+    if not 0 <= rg < len(starts) - 1:
+        raise IndexError(f"record {index} is past the end of {file} ({starts[-1]} records)")
     key = (str(file), rg, column)
     table = _row_groups.get(key)
     if table is None:
         table = pf.read_row_group(rg, columns=[column])
         _row_groups[key] = table
-        while len(_row_groups) > 2:
+        while len(_row_groups) > 1 and sum(t.nbytes for t in _row_groups.values()) > ROW_GROUP_CACHE_BYTES:
             _row_groups.popitem(last=False)
+    else:
+        _row_groups.move_to_end(key)
     return table.column(0)[index - starts[rg]].as_py()
 
 
