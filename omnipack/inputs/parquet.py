@@ -21,7 +21,8 @@ PARQUET_MAGIC = b"PAR1"
 def _file(path: str) -> Any:
     import pyarrow.parquet as pq
 
-    return pq.ParquetFile(path)
+    # buffered reads, no pre-buffering of whole column chunks: memory stays at about one row group
+    return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
 
 
 def _row_group_starts(pf: Any) -> list[int]:
@@ -68,7 +69,7 @@ class ParquetReader(Reader):
                 continue
             index = lo
             try:
-                for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg]):
+                for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], use_threads=False):
                     rows = batch.to_pylist()
                     size = text_nbytes(batch) // max(1, len(rows))
                     for row in rows:
