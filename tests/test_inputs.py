@@ -252,3 +252,19 @@ def test_embedded_audio_bytes_are_read_back_from_the_parquet_file(tmp_path):
     src = resolve_source(ref, tmp_path)
     assert src.read_bytes() == buf.getvalue()
     assert probe(src, "audio").num_samples == 8000
+
+
+def test_a_folder_of_jsonl_files_is_read_in_name_order(tmp_path):
+    d = tmp_path / "parts"
+    (d / "sub").mkdir(parents=True)
+    (d / "b.jsonl").write_text(json.dumps({"messages": USER_ASSISTANT}) + "\n")
+    (d / "sub" / "a.jsonl").write_text(json.dumps({"messages": USER_ASSISTANT}) + "\n")
+    (d / "a.jsonl").write_text(json.dumps({"messages": USER_ASSISTANT}) + "\n")
+    ledger = []
+    samples = list(read_manifest([d], ledger=ledger))
+    assert [s.source for s in samples] == ["parts/a.jsonl:1", "parts/b.jsonl:1", "parts/sub/a.jsonl:1"]
+    assert [(e["file"], e["first_index"], e["records"]) for e in ledger] == [
+        ("parts/a.jsonl", 0, 1),
+        ("parts/b.jsonl", 1, 1),
+        ("parts/sub/a.jsonl", 2, 1),
+    ]

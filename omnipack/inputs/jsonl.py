@@ -51,7 +51,12 @@ class JsonLinesReader(Reader):
     name = "jsonl"
 
     def detect(self, path: Path) -> bool:
+        if path.is_dir():
+            return any(path.rglob("*.jsonl"))
         return path.is_file() and first_byte(path) != b"["
+
+    def data_files(self, path: Path) -> list[Path]:
+        return sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
 
     def count(self, file: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
         with open(file, "rb") as f:

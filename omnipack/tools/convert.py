@@ -21,18 +21,14 @@ def convert_record(rec: Any, index: int) -> dict[str, Any]:
 
 
 def read_llava(path: Path) -> Iterator[Any]:
-    """A JSON array file or a JSONL file of LLaVA records; an unparsable JSONL line comes back as a
+    """A JSON array file or a JSONL file of LLaVA records, streamed; an unreadable record comes back as a
     ``ConvertError`` in its place, so it is recorded rather than ending the run."""
-    text = path.read_text()
-    if text.lstrip().startswith("["):
-        yield from json.loads(text)
-        return
-    for line_no, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                yield ConvertError(f"line {line_no}: invalid JSON: {e.msg}")
+    from ..inputs import READERS
+    from ..inputs.jsonl import first_byte
+
+    reader = READERS["json" if first_byte(path) == b"[" else "jsonl"]
+    for rec in reader.records(path, path.name):
+        yield rec.record if rec.error is None else ConvertError(f"{rec.where}: {rec.error}")
 
 
 def convert(records: Iterable[dict[str, Any]], out: Path, errors_out: Path) -> tuple[int, int]:
