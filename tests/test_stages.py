@@ -28,13 +28,13 @@ def test_parts_cover_every_line_once_with_their_line_numbers(tmp_path):
     no_newline = tmp_path / "last.jsonl"
     no_newline.write_bytes(b"a\nb\nc")
     for chunk in (1 << 24, 7):  # a chunk boundary inside lines and parts
-        import omnipack.stages.measure as measure_stage
+        import omnipack.inputs.jsonl as jsonl_reader
 
-        saved, measure_stage._CHUNK = measure_stage._CHUNK, chunk
+        saved, jsonl_reader._CHUNK = jsonl_reader._CHUNK, chunk
         try:
             parts = split_input([path, no_newline], part_lines=5)
         finally:
-            measure_stage._CHUNK = saved
+            jsonl_reader._CHUNK = saved
         assert [(p.path.endswith("m.jsonl"), p.first_line, p.num_lines) for p in parts] == [
             (True, 1, 5),
             (True, 6, 5),

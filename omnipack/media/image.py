@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
+import os
+from typing import IO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -32,12 +33,15 @@ def exif_orientation(img: Image.Image) -> int:
     return int(img.getexif().get(EXIF_ORIENTATION) or 1)
 
 
-def probe_image(path: Path) -> MediaMeta:
+def probe_image(path: str | os.PathLike | IO[bytes]) -> MediaMeta:
     """Size from the header as the image is shown (after its EXIF orientation, which HF's ``load_image``
-    applies too), plus PIL's structural check; no pixel decode."""
+    applies too), plus PIL's structural check; no pixel decode. ``path`` may be an open seekable binary file
+    (a remote one is read in ranges: only the header blocks are fetched)."""
     try:
         with Image.open(path) as img:
             img.verify()  # must come straight after open; the image cannot be used afterwards
+        if hasattr(path, "seek"):
+            path.seek(0)
         with Image.open(path) as img:
             width, height = img.size
             if exif_orientation(img) in SWAPS_SIDES:
@@ -49,7 +53,7 @@ def probe_image(path: Path) -> MediaMeta:
     return MediaMeta(kind="image", width=width, height=height)
 
 
-def load_image(path: Path, target_hw: tuple[int, int] | None = None) -> np.ndarray:
+def load_image(path: str | os.PathLike | IO[bytes], target_hw: tuple[int, int] | None = None) -> np.ndarray:
     """Decoded RGB uint8 [H, W, 3] turned upright by its EXIF orientation (as HF's ``load_image``), resized
     to ``target_hw`` = (height, width) when given."""
     try:
