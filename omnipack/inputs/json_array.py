@@ -67,9 +67,10 @@ def _elements(
     first_index: int = 0,
     offsets: list[int] | None = None,
     every: int = 1,
+    stop: int | None = None,
 ) -> Iterator[SourceRecord]:
     """The array's elements; from ``start_byte`` (an element's first byte, whose index is ``first_index``)
-    when given. ``offsets`` receives the byte offset of every ``every``-th element (for splitting)."""
+    when given, up to element ``stop``. ``offsets`` receives the byte offset of every ``every``-th element (for splitting)."""
     decoder = json.JSONDecoder()
     with open(path, "rb") as f:
         f.seek(start_byte)
@@ -83,7 +84,7 @@ def _elements(
                 return
             buf.pos += 1
         index = first_index
-        while True:
+        while stop is None or index < stop:
             c = buf.skip_ws()
             if c == "]" and index == 0:
                 return
@@ -121,13 +122,14 @@ def _elements(
             elif c == "]":
                 return
             else:
-                yield SourceRecord(
-                    index,
-                    f"{label}#{index}",
-                    None,
-                    f"invalid JSON array at byte {start_byte + buf.offset()}: expected ',' or ']'; "
-                    "the rest of the file is not read",
-                )
+                if stop is None or index < stop:
+                    yield SourceRecord(
+                        index,
+                        f"{label}#{index}",
+                        None,
+                        f"invalid JSON array at byte {start_byte + buf.offset()}: expected ',' or ']'; "
+                        "the rest of the file is not read",
+                    )
                 return
 
 
@@ -160,12 +162,9 @@ class JsonArrayReader(Reader):
 
     def part_records(self, part: InputPart, max_record_bytes: int) -> Iterator[SourceRecord]:
         stop = part.first_record + part.num_records
-        for rec in _elements(
-            Path(part.path), part.file_label, max_record_bytes, part.start_byte, part.first_record
-        ):
-            if rec.record_index >= stop:
-                return
-            yield rec
+        return _elements(
+            Path(part.path), part.file_label, max_record_bytes, part.start_byte, part.first_record, stop=stop
+        )
 
     def records(
         self,
