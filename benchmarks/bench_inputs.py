@@ -7,7 +7,8 @@ answer of a few hundred characters, one image path), written once as JSONL, as o
 process that reads every record through ``omnipack.manifest.read_manifest`` (validation included); the
 table shows the best of ``--repeat`` runs, the ratio of its throughput to JSONL's, and the peak resident
 resident memory (sampled every 5 ms) over the process's baseline after imports, next to the input's size (streaming: the peak must not
-grow with the input).
+grow with the input). The last columns read the same input as the measure stage does: split into parts of
+``--part-records`` records (``omnipack.inputs.split_parts``), then each part on its own (``read_part``).
 
     PYTHONPATH=. python benchmarks/bench_inputs.py --quick   # 20k records, ~20 s
     PYTHONPATH=. python benchmarks/bench_inputs.py           # 100k records
@@ -30,6 +31,7 @@ CHILD = r"""
 import json, sys, threading, time
 from pathlib import Path
 from omnipack.manifest import read_manifest
+from omnipack.inputs import InputSpec, read_part, split_parts
 import omnipack.inputs, pyarrow.parquet  # imports done before the baseline
 
 def rss_mb():
@@ -45,7 +47,12 @@ base = rss_mb()
 threading.Thread(target=sample, daemon=True).start()
 t = time.perf_counter()
 n = bad = 0
-for s in read_manifest([Path(sys.argv[1])]):
+if sys.argv[2] == "whole":
+    samples = read_manifest([Path(sys.argv[1])])
+else:  # as the measure stage reads: split into parts, then each part on its own
+    parts = split_parts([Path(sys.argv[1])], InputSpec(), int(sys.argv[2]))
+    samples = (s for part in parts for s in read_part(part, InputSpec()))
+for s in samples:
     n += 1
     bad += s.error is not None
 dt = time.perf_counter() - t
@@ -130,6 +137,7 @@ def main() -> None:
     ap.add_argument("--image-kb", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="20k records, one run each")
+    ap.add_argument("--part-records", type=int, default=4096, help="records per measure part")
     args = ap.parse_args()
     if args.quick:
         args.records, args.repeat = 20_000, 1
@@ -137,23 +145,35 @@ def main() -> None:
         paths = build(Path(tmp), args.records, args.image_kb)
         rows = []
         for name, path in paths.items():
-            runs = []
-            for _ in range(args.repeat):
-                out = subprocess.run(
-                    [sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, check=True
-                )
-                runs.append(json.loads(out.stdout))
-            best = min(runs, key=lambda r: r["seconds"])
-            assert best["errors"] == 0, best
-            rows.append(
-                (name, size_mb(path), best["records"] / best["seconds"], max(r["peak_mb"] for r in runs))
-            )
+            row, counts = [name, size_mb(path)], set()
+            for mode in ("whole", str(args.part_records)):
+                runs = []
+                for _ in range(args.repeat):
+                    out = subprocess.run(
+                        [sys.executable, "-c", CHILD, str(path), mode],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    )
+                    runs.append(json.loads(out.stdout))
+                best = min(runs, key=lambda r: r["seconds"])
+                assert best["errors"] == 0, best
+                row += [best["records"] / best["seconds"], max(r["peak_mb"] for r in runs)]
+                counts.add(best["records"])
+            assert len(counts) == 1, (name, counts)  # the parts hold every record once
+            rows.append(row)
     base = rows[0][2]
-    print(f"{args.records} records, best of {args.repeat}\n")
-    print("| input | size MiB | records/s | vs JSONL | peak memory over baseline MiB |")
-    print("|---|---:|---:|---:|---:|")
-    for name, mb, rate, peak in rows:
-        print(f"| {name} | {mb:.0f} | {rate:,.0f} | {rate / base:.2f}x | {peak:.0f} |")
+    print(f"{args.records} records, best of {args.repeat}; parts of {args.part_records} records\n")
+    print(
+        "| input | size MiB | records/s | vs JSONL | peak memory over baseline MiB "
+        "| records/s in parts (split + read) | parts vs whole |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, mb, rate, peak, part_rate, _ in rows:
+        print(
+            f"| {name} | {mb:.0f} | {rate:,.0f} | {rate / base:.2f}x | {peak:.0f} "
+            f"| {part_rate:,.0f} | {part_rate / rate:.2f}x |"
+        )
 
 
 if __name__ == "__main__":
