@@ -82,7 +82,7 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         {"choices": ["local", "ray"], "help": "local process pool (default) or Ray (pip install omnipack[ray])"},
     ),
     (("--ray-address",), {"help": "Ray cluster to join (ray.init(address=...)); default: local Ray"}),
-    (("--part-lines",), {"type": int, "help": "manifest lines per measure unit (default 4096)"}),
+    (("--part-lines",), {"type": int, "help": "input records per measure unit (JSONL: lines; default 4096)"}),
     (
         ("--from-stage",),
         {

@@ -25,6 +25,7 @@ from .inputs_helpers import (
     write_jsonl,
     write_tar,
 )
+from .stage_outputs import dataset_bytes
 
 
 def _lf_record(i: int, images: list) -> dict:
@@ -105,6 +106,10 @@ def test_datasets_save_to_disk_with_image_features(tmp_path, demo_tokenizer):
     summary = prepare(root, demo_tokenizer, [saved], tmp_path)
     assert_images_match(root, {f"hf-{i}": [jpeg_bytes(10 + i)] for i in range(4)})
     assert summary["counts"]["packed"] == 4 and len(summary["counts"]["by_input"]) == 2
+    # measured a record per part: the same dataset, the same per-file counts
+    again = prepare(tmp_path / "ds1", demo_tokenizer, [saved], tmp_path, part_lines=1)
+    assert again["counts"]["by_input"] == summary["counts"]["by_input"]
+    assert dataset_bytes(tmp_path / "ds1") == dataset_bytes(root)
     # a DatasetDict folder is read split after split
     datasets.DatasetDict({"train": ds, "test": ds.select([0])}).save_to_disk(str(tmp_path / "dd"))
     from omnipack.manifest import read_manifest
