@@ -245,7 +245,13 @@ def _output_state(cfg: PrepareConfig, stage: str | None) -> str:
 RUN_FILE = "run.json"
 # Settings that change how a run goes, never what it writes: a resumed run may change them.
 HOW_NOT_WHAT = (
-    "workers", "executor", "ray_address", "progress", "overwrite", "from_stage", "max_reject_fraction"
+    "workers",
+    "executor",
+    "ray_address",
+    "progress",
+    "overwrite",
+    "from_stage",
+    "max_reject_fraction",
 )
 
 

@@ -154,9 +154,9 @@ class FileServer:
                 self.send_header("Content-Length", str(len(chunk)))
                 self.send_header("Accept-Ranges", "bytes")
                 self.end_headers()
-                if body:
-                    self.wfile.write(chunk)
+                if body:  # counted before sending: the client may check the count as soon as it has the bytes
                     server.sent[path] = server.sent.get(path, 0) + len(chunk)
+                    self.wfile.write(chunk)
 
             def do_GET(self) -> None:
                 self._serve(True)

@@ -141,9 +141,8 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
             "rejected_by_stage": dict(Counter(r["stage"] for r in rejects)),
             "measured": plan["measured"],
             "reject_fraction": len(rejects) / n_input if n_input else 0.0,
-            "by_input": by_input_file(
-                spec, parts, rejects, records
-            ),  # per data file: input = packed + rejected
+            # per input data file, checked: input = packed + rejected
+            "by_input": by_input_file(spec, parts, rejects, records),
         },
         "packing": {
             **plan["stats"],
