@@ -92,12 +92,16 @@ class ParquetReader(Reader):
             index = lo
             try:
                 for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], use_threads=False):
-                    rows = batch.to_pylist()
-                    size = text_nbytes(batch) // max(1, len(rows))
-                    for row in rows:
-                        if start <= index < stop:
-                            yield SourceRecord(index, f"{label}#{index}", row, None, size)
-                        index += 1
+                    n = batch.num_rows
+                    if index >= stop:
+                        break
+                    if index + n > start:  # only the range's rows become Python objects
+                        size = text_nbytes(batch) // max(1, n)  # of the whole batch: the same in any range
+                        a, b = max(start - index, 0), min(stop - index, n)
+                        for k, row in enumerate(batch.slice(a, b - a).to_pylist()):
+                            i = index + a + k
+                            yield SourceRecord(i, f"{label}#{i}", row, None, size)
+                    index += n
             except Exception as e:  # a damaged row group: each of its remaining rows is a reject
                 reason = f"unreadable Parquet row group {rg}: {type(e).__name__}: {e}"
                 for i in range(max(index, start), min(hi, stop)):
