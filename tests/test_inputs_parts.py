@@ -223,3 +223,23 @@ def test_part_keys_follow_the_input_file_and_the_import_settings(tmp_path, demo_
     run_prepare(remapped)  # an unfinished run goes on with other settings: it redoes what they touch
     again = _part_keys(out)
     assert all(again[k] != after[k] for k in after)
+
+
+def test_per_file_counts_merge_parts_and_catch_every_accounting_error():
+    from omnipack.inputs.accounting import per_file_counts
+
+    ledger = [  # two parts of a.jsonl, one of b.parquet, in input order
+        {"file": "a.jsonl", "first_index": 0, "records": 3},
+        {"file": "a.jsonl", "first_index": 3, "records": 2},
+        {"file": "b.parquet", "first_index": 5, "records": 2},
+    ]
+    assert per_file_counts(ledger, [1, 6], [0, 2, 3, 4, 5]) == [
+        {"file": "a.jsonl", "input": 5, "packed": 4, "rejected": 1},
+        {"file": "b.parquet", "input": 2, "packed": 1, "rejected": 1},
+    ]
+    with pytest.raises(AssertionError, match="a.jsonl: 5 input != 4 packed"):
+        per_file_counts(ledger, [6], [0, 2, 3, 4, 5])  # index 1 neither packed nor rejected
+    with pytest.raises(AssertionError, match="b.parquet: 2 input != 2 packed \\+ 1 rejected"):
+        per_file_counts(ledger, [1, 6], [0, 2, 3, 4, 5, 6])  # index 6 both
+    with pytest.raises(AssertionError, match="sample index 7 belongs to no input file"):
+        per_file_counts(ledger, [1, 6, 7], [0, 2, 3, 4, 5])
