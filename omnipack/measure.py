@@ -179,7 +179,10 @@ def media_bytes_estimate(plan: MediaPlan) -> int:
     """About the bytes a media item takes in a shard, stored raw: frames or an image at the target size as
     uint8 RGB, audio as 4-byte samples (compressed encodings come out smaller)."""
     h, w = plan.target_hw or (0, 0)
-    frames = len(plan.frame_indices or ()) if plan.kind == "video" else int(plan.kind == "image")
+    if plan.kind == "video":
+        frames = len(plan.frame_indices or ())
+    else:  # an image stores one view, or one per ``image_views`` box
+        frames = len(plan.image_views or ((),)) if plan.kind == "image" else 0
     return frames * h * w * 3 + 4 * int(plan.num_audio_samples or 0)
 
 

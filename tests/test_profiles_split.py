@@ -27,13 +27,15 @@ from omnipack.profiles.base import ModelProfile
 from omnipack.profiles.inputs import EncoderInputs
 
 ROOT = Path(__file__).parents[1]
-FAMILIES = ["nemotron_omni", "qwen2_5_vl", "qwen3_omni", "qwen3_vl"]
+FAMILIES = ["gemma3", "nemotron_omni", "qwen2_5_vl", "qwen3_omni", "qwen3_vl"]
 
 
 def _payloads(name: str) -> list[tuple[dict, object]]:
     """(item, payload) pairs of every kind the family takes, sized for its stored-media rules."""
     rng = np.random.default_rng(3)
     side = 64 if name.startswith("qwen3") or name == "nemotron_omni" else 56
+    if name == "gemma3":  # stored as views of the processor's fixed size, images only
+        return [({"kind": "image", "info": {}}, rng.integers(0, 256, (2, 896, 896, 3), np.uint8))]
     out: list[tuple[dict, object]] = [
         ({"kind": "image", "info": {}}, rng.integers(0, 256, (side, 2 * side, 3), np.uint8))
     ]
@@ -63,7 +65,7 @@ def test_registry_resolves_names_to_their_modules():
         assert issubclass(cls.inputs_class, EncoderInputs) and cls.inputs_class.name == name
         assert set(cls().kinds) <= set(cls.inputs_class.placeholder_tokens)
     for bad in ("base", "inputs", "qwen_vl", "audio_features", "nope", "../x", "Qwen3_VL", ""):
-        with pytest.raises(ValueError, match="unknown profile .*available: nemotron_omni, qwen2_5_vl"):
+        with pytest.raises(ValueError, match="unknown profile .*available: gemma3, nemotron_omni, qwen2_5_vl"):
             get_profile(bad)
 
 
@@ -133,12 +135,16 @@ def test_a_new_family_is_one_module(tmp_path, monkeypatch):
 def test_family_facts_live_in_the_profile():
     """What used to be chosen by profile name elsewhere (CLI mRoPE default, inspect's role marker)."""
     assert {n: profile_class(n).uses_mrope() for n in FAMILIES} == {
+        "gemma3": False,
         "nemotron_omni": False,
         "qwen2_5_vl": True,
         "qwen3_omni": True,
         "qwen3_vl": True,
     }
-    assert {profile_class(n).turn_start for n in FAMILIES} == {"<|im_start|>"}
+    assert {n: profile_class(n).turn_start for n in FAMILIES} == {
+        "gemma3": "<start_of_turn>",
+        **{n: "<|im_start|>" for n in FAMILIES if n != "gemma3"},
+    }
     keys = {n: profile_class(n).inputs_class.batch_keys for n in FAMILIES}
     assert "image_grid_hw" in keys["nemotron_omni"] and "image_grid_thw" not in keys["nemotron_omni"]
     assert "second_per_grid_ts" in keys["qwen2_5_vl"] and "video_second_per_grid" in keys["qwen3_omni"]

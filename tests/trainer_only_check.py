@@ -190,9 +190,15 @@ def check_family(out: Path, name: str, families: list[str]) -> None:
 def check(out: Path) -> None:
     """Every family of ``OUT/expected.json``, each in a fresh process."""
     import omnipack
+    from omnipack.profiles import available_profiles
 
     families = sorted(json.loads((out / "expected.json").read_text()))
     print(f"omnipack from {Path(omnipack.__file__).parent}")
+    # Every family module this install has (gemma3, nemotron_omni, qwen2_5_vl, qwen3_omni, qwen3_vl) must
+    # have been prepared: a family module that imports the prepare stack would fail here, not be skipped.
+    missing = sorted(set(available_profiles()) - set(families))
+    if missing:
+        raise SystemExit(f"trainer-only check: no dataset prepared for families {missing}")
     failed = []
     for name in families:
         proc = subprocess.run(

@@ -38,6 +38,8 @@ def chat_template(profile: str = "qwen2_5_vl") -> str:
     """The demo template with media items rendered as ``profile``'s template blocks."""
     from ..profiles import PROFILES
 
+    if PROFILES[profile].chat_template is not None:  # the family's own turns (it writes its own blocks)
+        return PROFILES[profile].chat_template
     blocks = PROFILES[profile].template_blocks
     text = resources.files("omnipack.demo").joinpath("chat_template.jinja").read_text()
     for kind in ("image", "video", "audio"):

@@ -60,20 +60,56 @@ def probe_image(path: str | os.PathLike | IO[bytes]) -> MediaMeta:
     return MediaMeta(kind="image", width=width, height=height)
 
 
-def load_image(path: str | os.PathLike | IO[bytes], target_hw: tuple[int, int] | None = None) -> np.ndarray:
+def load_image(
+    path: str | os.PathLike | IO[bytes],
+    target_hw: tuple[int, int] | None = None,
+    *,
+    views: tuple[tuple[int, int, int, int], ...] | None = None,
+    resample: str | None = None,
+) -> np.ndarray:
     """Decoded RGB uint8 [H, W, 3] turned upright by its EXIF orientation (as HF's ``load_image``), resized
-    to ``target_hw`` = (height, width) when given."""
+    to ``target_hw`` = (height, width) when given.
+
+    ``views``: (top, left, bottom, right) boxes of the upright image, each cut from the original pixels and
+    resized on its own to ``target_hw``: uint8 [len(views), H, W, 3]. ``resample``: a PIL resampling name
+    (default ``RESAMPLE``)."""
+    try:
+        flt = RESAMPLE if resample is None else Image.Resampling[resample.upper()]
+    except KeyError:
+        raise MediaError(f"unknown resampling filter {resample!r}") from None
     try:
         with Image.open(path) as img:
             if exif_orientation(img) != 1:  # upright, as HF's load_image shows it
                 img = ImageOps.exif_transpose(img)
             if img.mode != "RGB":  # convert() of an RGB image would only copy every pixel once more
                 img = img.convert("RGB")
+            if views is not None:
+                return _image_views(img, views, target_hw, flt)
             if target_hw is not None and (img.height, img.width) != tuple(target_hw):
-                img = img.resize((target_hw[1], target_hw[0]), resample=RESAMPLE)
+                img = img.resize((target_hw[1], target_hw[0]), resample=flt)
             return np.asarray(img, dtype=np.uint8)  # already a fresh (read-only) copy of PIL's pixels
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise MediaError(f"image decode failed: {type(e).__name__}: {_message(e)}") from None
+
+
+def _image_views(
+    img: Image.Image,
+    views: tuple[tuple[int, int, int, int], ...],
+    target_hw: tuple[int, int] | None,
+    flt: Image.Resampling,
+) -> np.ndarray:
+    """uint8 [V, H, W, 3]: each box of ``img`` cut out and resized to ``target_hw``."""
+    if not views or target_hw is None:
+        raise MediaError("an image stored as views needs boxes and a target size")
+    out = np.empty((len(views), target_hw[0], target_hw[1], 3), dtype=np.uint8)
+    for k, (top, left, bottom, right) in enumerate(views):
+        if not (0 <= top < bottom <= img.height and 0 <= left < right <= img.width):
+            raise MediaError(f"view {k} box {(top, left, bottom, right)} lies outside the {img.height}x{img.width} image")
+        view = img if (top, left, bottom, right) == (0, 0, img.height, img.width) else img.crop((left, top, right, bottom))
+        if (view.height, view.width) != tuple(target_hw):
+            view = view.resize((target_hw[1], target_hw[0]), resample=flt)
+        out[k] = np.asarray(view, dtype=np.uint8)
+    return out
 
 
 def encode_image(pixels: np.ndarray, encoding: str = "npy") -> tuple[str, bytes]:

@@ -58,7 +58,7 @@ def materialize(
 ) -> tuple[str, bytes]:
     """Decode ``source`` exactly as ``plan`` says and return (extension, bytes) for the shard.
 
-    image: npy (default) or png uint8 RGB; video: npz (stored by default, deflated with ``compress_video``)
+    image: npy (default) or png uint8 RGB [H,W,3] (npy [V,H,W,3] when the plan has ``image_views``); video: npz (stored by default, deflated with ``compress_video``)
     with ``frames`` uint8 [T,H,W,3] (plus ``audio`` when the plan interleaves the video's own audio);
     audio: npy mono at ``plan.sample_rate``, int16 when exact else float32
     (``omnipack.media.audio.storage_array``).
@@ -69,7 +69,9 @@ def materialize(
 
         # the whole object is decoded: fetched in one (retried) read rather than in probe-sized ranges
         with src.open() if src.kind == "file" else io.BytesIO(src.read_bytes()) as f:
-            return encode_image(load_image(f, plan.target_hw), image_encoding)
+            pixels = load_image(f, plan.target_hw, views=plan.image_views, resample=plan.resample)
+        # png holds one picture: views are always npy
+        return encode_image(pixels, image_encoding if pixels.ndim == 3 else "npy")
     if plan.kind == "video":
         from .video import materialize_video
 

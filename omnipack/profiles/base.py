@@ -78,10 +78,25 @@ class MediaPlan:
     vision_patches: int = 0
     audio_frames: int = 0
     info: dict[str, Any] = field(default_factory=dict)
+    # Image storage beyond one whole-image resize (None: the whole image at ``target_hw``, stored [H, W, 3]):
+    # (top, left, bottom, right) boxes of the decoded upright image, each resized to ``target_hw`` and stored
+    # as one view of a [V, H, W, 3] payload (e.g. a fixed-size whole view plus crops of the original).
+    image_views: tuple[tuple[int, int, int, int], ...] | None = None
+    # The resize filter, a PIL resampling name ("bilinear", ...); None: ``omnipack.media.image.RESAMPLE``.
+    resample: str | None = None
+
+    # Optional storage fields, left out of the JSON when unset (plans without them record what they did).
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("image_views", "resample")
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+        if d["image_views"] is not None:
+            d["image_views"] = [list(b) for b in d["image_views"]]
+        return {
+            k: (list(v) if isinstance(v, tuple) else v)
+            for k, v in d.items()
+            if not (k in self._OPTIONAL and v is None)
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> MediaPlan:
@@ -89,6 +104,8 @@ class MediaPlan:
         for k in ("grid_thw", "target_hw", "frame_indices"):
             if kw.get(k) is not None:
                 kw[k] = tuple(kw[k])
+        if kw.get("image_views") is not None:
+            kw["image_views"] = tuple(tuple(int(x) for x in b) for b in kw["image_views"])
         return cls(**kw)
 
 
@@ -138,6 +155,9 @@ class ModelProfile(ABC):
     turn_end: ClassVar[str] = "<|im_end|>"
     # Special tokens an expansion writes beyond the template blocks (e.g. Nemotron's <img>, </img>).
     expansion_tokens: ClassVar[tuple[str, ...]] = ()
+    # The family's own chat template when its turns are not ChatML (demo tokenizers are built with it; a
+    # real checkpoint's tokenizer carries its own). None: the demo's ChatML template with ``template_blocks``.
+    chat_template: ClassVar[str | None] = None
 
     @property
     def kinds(self) -> tuple[str, ...]:

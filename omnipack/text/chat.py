@@ -348,9 +348,9 @@ class ChatTokenizer:
                 raise
             except Exception as e:
                 results[k] = e
-        for enc, (k, char_spans, plans) in zip(self._tokenize_many(texts), pending, strict=True):
+        for enc, full, (k, char_spans, plans) in zip(self._tokenize_many(texts), texts, pending, strict=True):
             try:
-                results[k] = self._finish(enc, char_spans, plans)
+                results[k] = self._finish(enc, char_spans, plans, full)
             except AssertionError:
                 raise
             except Exception as e:
@@ -358,14 +358,16 @@ class ChatTokenizer:
         return results  # type: ignore[return-value]
 
     def _finish(
-        self, enc: Any, char_spans: list[tuple[int, int]], plans: Sequence[MediaPlan]
+        self, enc: Any, char_spans: list[tuple[int, int]], plans: Sequence[MediaPlan], full: str
     ) -> EncodedSample:
         """Labels from the supervised spans, media blocks expanded to their plans."""
         ids = np.array(enc.ids, dtype=np.int32)
         assistant = self._assistant_mask(enc, char_spans, len(ids))
         blocks = self._find_blocks(ids)
         spans: list[MediaSpan] = []
-        if blocks or plans:
+        if blocks and len(blocks) == len(plans) and self._edge_text(blocks, plans):
+            input_ids, mask, spans = self._expand_in_context(enc, full, ids, assistant, char_spans, blocks, plans)
+        elif blocks or plans:
             pieces_ids: list[np.ndarray] = []
             pieces_mask: list[np.ndarray] = []
             cursor = 0
@@ -408,6 +410,145 @@ class ChatTokenizer:
         if self.mrope and mrope is None:
             raise ValueError(f"profile {self.profile.name} has no mRoPE position ids")
         return EncodedSample(input_ids, labels, spans, mrope)
+
+    def _edge_text(self, blocks: list[tuple[int, str]], plans: Sequence[MediaPlan]) -> bool:
+        """Whether an expansion begins or ends with literal text (which then joins the text beside it)."""
+        for (_, kind), plan in zip(blocks, plans, strict=True):
+            if plan.kind != kind:
+                return False  # the plain path names the mismatch
+            segs = self.profile.expand(plan)
+            if segs and (segs[0].text is not None or segs[-1].text is not None):
+                return True
+        return False
+
+    def _added_ids(self) -> set[int]:
+        """Ids of the tokenizer's added tokens: the tokenizer splits text at them before anything else."""
+        cached = self.__dict__.get("_added_ids_cache")
+        if cached is None:
+            cached = self.__dict__["_added_ids_cache"] = {
+                int(i) for i in self._encoder.get_added_tokens_decoder()
+            }
+        return cached
+
+    def _expand_in_context(
+        self,
+        enc: Any,
+        full: str,
+        ids: np.ndarray,
+        assistant: np.ndarray,
+        char_spans: list[tuple[int, int]],
+        blocks: list[tuple[int, str]],
+        plans: Sequence[MediaPlan],
+    ) -> tuple[np.ndarray, np.ndarray, list[MediaSpan]]:
+        """Blocks expanded as a processor does it: the expansion's text replaces the block in the rendered
+        string, so literal text at an expansion's edge is tokenized together with the template text beside it
+        (the tokenizer splits only at added tokens; e.g. the template's "\n" and a block's leading "\n\n"
+        become one "\n\n\n" token in a vocabulary that has it). Text runs away from expansion edges keep
+        their tokens from the one tokenization.
+
+        Returns the ids, the supervised mask and the spans (a span covers every token that holds a character
+        of its expansion)."""
+        added = self._added_ids()
+        n = len(ids)
+
+        def run_chars(i0: int, i1: int) -> tuple[int, int]:
+            """Characters of the text tokens ids[i0:i1], bounded by the added tokens around them."""
+            a = enc.offsets[i0 - 1][1] if i0 > 0 else 0
+            b = enc.offsets[i1][0] if i1 < n else len(full)
+            return a, b
+
+        # chunks: ("ids", ids, mask, block, placeholder) or ("text", text, origin char | None, block, placeholder)
+        chunks: list[tuple[Any, ...]] = []
+
+        def template(i0: int, i1: int, join_left: bool, join_right: bool) -> None:
+            """Template tokens ids[i0:i1]; the text run touching a joining expansion edge becomes text."""
+            lo, hi = i0, i1
+            if join_left:
+                while lo < i1 and int(ids[lo]) not in added:
+                    lo += 1
+                a, b = run_chars(i0, lo)
+                chunks.append(("text", full[a:b], a, -1, False))
+            if join_right and not (join_left and lo == i1):  # else the left run already holds it all
+                while hi > lo and int(ids[hi - 1]) not in added:
+                    hi -= 1
+            if hi > lo:
+                chunks.append(("ids", ids[lo:hi], assistant[lo:hi], -1, False))
+            if join_right and not (join_left and lo == i1):
+                a, b = run_chars(hi, i1)
+                chunks.append(("text", full[a:b], a, -1, False))
+
+        cursor, trailing = 0, False
+        for k, ((pos, kind), plan) in enumerate(zip(blocks, plans, strict=True)):
+            segs = self.profile.expand(plan)
+            leading = segs[0].text is not None
+            template(cursor, pos, trailing, leading)
+            for seg in segs:
+                if seg.text is not None:
+                    chunks.append(("text", seg.text, None, k, seg.placeholder))
+                else:
+                    tok = np.full(seg.count, self._token_id(seg.token), dtype=np.int32)
+                    chunks.append(("ids", tok, np.zeros(seg.count, dtype=bool), k, seg.placeholder))
+            trailing = segs[-1].text is not None
+            cursor = pos + len(self._blocks[kind])
+        template(cursor, n, trailing, False)
+
+        out_ids: list[np.ndarray] = []
+        out_mask: list[np.ndarray] = []
+        out_block: list[np.ndarray] = []
+        out_ph: list[np.ndarray] = []
+        at = 0
+        while at < len(chunks):
+            if chunks[at][0] == "ids":
+                _, c_ids, c_mask, c_block, c_ph = chunks[at]
+                out_ids.append(np.asarray(c_ids, dtype=np.int32))
+                out_mask.append(np.asarray(c_mask, dtype=bool))
+                out_block.append(np.full(len(c_ids), c_block, dtype=np.int64))
+                out_ph.append(np.full(len(c_ids), c_ph, dtype=bool))
+                at += 1
+                continue
+            pieces = []  # (start in the joined text, end, origin char | None, block, placeholder)
+            text = ""
+            while at < len(chunks) and chunks[at][0] == "text":
+                _, t, origin, c_block, c_ph = chunks[at]
+                pieces.append((len(text), len(text) + len(t), origin, c_block, c_ph))
+                text += t
+                at += 1
+            if not text:
+                continue
+            t_enc = self._tokenize(text)
+            m = len(t_enc.ids)
+            mask = np.zeros(m, dtype=bool)
+            block = np.full(m, -1, dtype=np.int64)
+            ph = np.zeros(m, dtype=bool)
+            for j, (a, b) in enumerate(t_enc.offsets):
+                for p0, p1, origin, c_block, c_ph in pieces:
+                    overlaps = p0 < max(b, a + 1) and a < p1
+                    if c_block >= 0 and overlaps:
+                        block[j] = c_block
+                    if p0 <= a < p1:
+                        ph[j] = c_ph
+                        if origin is not None:
+                            c = origin + a - p0
+                            mask[j] = any(s0 <= c < s1 for s0, s1 in char_spans)
+            out_ids.append(np.asarray(t_enc.ids, dtype=np.int32))
+            out_mask.append(mask)
+            out_block.append(block)
+            out_ph.append(ph)
+        input_ids = np.concatenate(out_ids)
+        mask = np.concatenate(out_mask)
+        block_of = np.concatenate(out_block)
+        is_ph = np.concatenate(out_ph)
+        mask &= block_of < 0  # media tokens are never targets
+        spans = []
+        for k, plan in enumerate(plans):
+            where = np.flatnonzero(block_of == k)
+            phs = np.flatnonzero((block_of == k) & is_ph)
+            if len(phs) != plan.num_tokens:
+                raise AssertionError(
+                    f"profile {self.profile.name} expanded {len(phs)} placeholders for a plan of {plan.num_tokens}"
+                )
+            spans.append(MediaSpan(plan, int(where[0]), int(where[-1]) + 1, int(phs[0]), len(phs)))
+        return input_ids, mask, spans
 
     def _check_length(self, full: str, plans: Sequence[MediaPlan], max_tokens: int) -> None:
         assert self.max_chars_per_token is not None

@@ -184,7 +184,9 @@ def _expected_arrays(m: MediaItem) -> dict[str, tuple[tuple[int, ...], tuple[np.
     hw = info.get("target_hw")
     n_audio = info.get("num_audio_samples")
     if m.kind == "image":
-        return None if hw is None else {"frames": ((*hw, 3), (np.dtype(np.uint8),))}
+        views = len(info.get("image_views") or ())
+        shape = (*hw, 3) if views <= 1 else (views, *hw, 3)  # one stored view reads as one frame
+        return None if hw is None else {"frames": (shape, (np.dtype(np.uint8),))}
     if m.kind == "video":
         frames = info.get("frame_indices")
         if hw is None or frames is None:
