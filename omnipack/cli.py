@@ -82,7 +82,7 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         {"choices": ["local", "ray"], "help": "local process pool (default) or Ray (pip install omnipack[ray])"},
     ),
     (("--ray-address",), {"help": "Ray cluster to join (ray.init(address=...)); default: local Ray"}),
-    (("--part-lines",), {"type": int, "help": "manifest lines per measure unit (default 4096)"}),
+    (("--part-lines",), {"type": int, "help": "input records per measure unit (JSONL: lines; default 4096)"}),
     (
         ("--from-stage",),
         {
@@ -92,6 +92,26 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     ),
     (("--overwrite",), {"action": argparse.BooleanOptionalAction, "default": None}),
     (("--progress",), {"action": argparse.BooleanOptionalAction, "default": None, "help": "progress bars"}),
+]
+# Input reading and run guards (omnipack.inputs, omnipack.media.sources); set into the config in _input_settings.
+INPUT_FLAGS: list[tuple[str, dict[str, Any]]] = [
+    ("--input-format", {"help": "reader of the inputs: jsonl, json, parquet, arrow (hf_disk); default: detected"}),
+    (
+        "--input-layout",
+        {"help": "record layout: omnipack, sharegpt, messages_media (llama_factory, swift), prompt_response; default: auto"},
+    ),
+    (
+        "--input-field",
+        {"action": "append", "metavar": "FIELD=NAME", "help": "read omnipack FIELD from the input's NAME, e.g. images=pics"},
+    ),
+    (
+        "--media-allow-root",
+        {"action": "append", "metavar": "DIR", "help": "folder outside --media-root that media symlinks may point into"},
+    ),
+    (
+        "--max-reject-fraction",
+        {"type": float, "help": "exit 3 when more input records are rejected (default 0.05; the data is still written)"},
+    ),
 ]
 PROFILE_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--min-pixels", {"type": int, "help": "profile: minimum image pixels"}),
@@ -143,6 +163,53 @@ def _cost_overrides(cost: dict[str, Any], items: list[str]) -> dict[str, Any]:
     return cost
 
 
+def _input_settings(d: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.input_format is not None:
+        d["input_format"] = args.input_format
+    if args.input_layout is not None:
+        d["input_layout"] = args.input_layout
+    if args.max_reject_fraction is not None:
+        d["max_reject_fraction"] = args.max_reject_fraction
+    if args.media_allow_root:
+        d["media_allow_roots"] = [*(d.get("media_allow_roots") or []), *args.media_allow_root]
+    fields = dict(d.get("input_fields") or {})
+    for item in args.input_field or []:
+        key, eq, value = item.partition("=")
+        if not eq or not key or not value:
+            raise ValueError(f"--input-field expects FIELD=NAME, got {item!r}")
+        fields[key] = value
+    d["input_fields"] = fields
+
+
+def _check_model_settings(d: dict[str, Any]) -> None:
+    """One-line errors naming the setting for a tokenizer path, a profile option or a preprocessor config
+    that can not be used (instead of a traceback, or a silent fallback to defaults)."""
+    import inspect
+
+    tok = Path(d["tokenizer"])
+    if not tok.is_dir():
+        raise ValueError(f"tokenizer {str(tok)!r} is not a local tokenizer folder (--tokenizer)")
+    if not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        raise ValueError(f"tokenizer folder {str(tok)!r} holds no tokenizer.json/tokenizer_config.json (--tokenizer)")
+    opts = d.get("profile_options") or {}
+    for key in ("preprocessor_config", "video_preprocessor_config"):
+        if opts.get(key) is not None and not Path(opts[key]).exists():
+            flag = "--preprocessor-config" if key == "preprocessor_config" else f"--profile-option {key}=..."
+            raise FileNotFoundError(f"{key} {str(opts[key])!r} does not exist ({flag})")
+    from .profiles import PROFILES
+
+    cls = PROFILES.get(d.get("profile") or "qwen2_5_vl")
+    if cls is not None:
+        params = inspect.signature(cls).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            unknown = sorted(set(opts) - set(params))
+            if unknown:
+                raise ValueError(
+                    f"unknown profile option(s) {', '.join(map(repr, unknown))} for profile {d.get('profile') or 'qwen2_5_vl'} "
+                    f"(--profile-option); its options: {', '.join(sorted(params))}"
+                )
+
+
 def _prepare_config(args: argparse.Namespace) -> Any:
     from .pipeline import PrepareConfig
 
@@ -166,11 +233,13 @@ def _prepare_config(args: argparse.Namespace) -> Any:
     d["profile_options"] = opts
     if args.cost_option:
         d["cost"] = _cost_overrides(dict(d.get("cost") or {}), args.cost_option)
+    _input_settings(d, args)
     missing = [k for k in ("manifest", "media_root", "tokenizer", "output") if not d.get(k)]
     if missing:
         raise ValueError(
             f"missing required setting(s): {', '.join(missing)} (give them as flags or in --config)"
         )
+    _check_model_settings(d)
     return PrepareConfig.from_dict(d)
 
 
@@ -190,6 +259,10 @@ def _print_summary(summary: dict[str, Any], out: str) -> None:
         ("input samples", c["input"]),
         ("packed samples", c["packed"]),
         ("rejected samples", f"{c['rejected']} {c['rejected_by_stage']}"),
+        *(
+            (f"  {f['file']}", f"input {f['input']}  packed {f['packed']}  rejected {f['rejected']}")
+            for f in (c.get("by_input") or [])[:20]
+        ),
         ("rows", c["rows"]),
         ("seq_length / align", f"{summary['seq_length']} / {summary['align']}"),
         ("rows lower bounds", f"L1 {p.get('l1')}  L2 (Martello-Toth) {p.get('l2')}  DFF (Fekete-Schepers) {p.get('dff')}  ({p.get('algorithm')})"),
@@ -230,10 +303,23 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     except (OutputLocked, MeasureIncomplete, WriteIncomplete) as e:
         print(f"omnipack prepare: error: {e}", file=sys.stderr)
         return 2
-    if args.stage in (None, "finalize"):
-        _print_summary(summary, cfg.output)
-    else:
+    if args.stage not in (None, "finalize"):
         print(f"omnipack prepare: {json.dumps(summary)}", file=sys.stderr)
+        return 0
+    _print_summary(summary, cfg.output)
+    from .inputs.accounting import TooManyRejects, check_reject_fraction
+
+    from .stages.storage import output_path
+
+    rejects_path = output_path(cfg.output) / summary["rejects_file"]  # a folder or an object store
+    try:
+        with rejects_path.open() as f:
+            check_reject_fraction(
+                summary["counts"]["input"], map(json.loads, f), cfg.max_reject_fraction, str(rejects_path)
+            )
+    except TooManyRejects as e:
+        print(f"omnipack prepare: error: {e}", file=sys.stderr)
+        return e.exit_code
     return 0
 
 
@@ -287,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--config", "-c", help="YAML or JSON config file")
     for flags, kw in PREPARE_FLAGS:
         pp.add_argument(*flags, **kw)
-    for flag, kw in PROFILE_FLAGS:
+    for flag, kw in INPUT_FLAGS + PROFILE_FLAGS:
         pp.add_argument(flag, **kw)
     staged = pp.add_argument_group(
         "staged runs", "one stage's share of units, for schedulers without Ray (e.g. a Slurm array per stage)"

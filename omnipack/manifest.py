@@ -1,14 +1,17 @@
-"""Reading and validating the JSONL manifest (one chat sample per line)."""
+"""Input samples: the ``RawSample`` every stage receives, the record schema check, and ``read_manifest``, a
+facade over the importers of :mod:`omnipack.inputs` (JSONL, JSON arrays, Parquet, Arrow/``datasets``)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from .inputs.jsonl import DEFAULT_MAX_RECORD_BYTES
 
 
 class ManifestError(ValueError):
@@ -23,14 +26,16 @@ class MediaRef:
 
 @dataclass(frozen=True)
 class RawSample:
-    """A manifest line as read: its index in the input, id, source reference, and the parsed line."""
+    """An input record as read: its index in the input, id, source reference, and the parsed record."""
 
     index: int
     sample_id: str
-    source: str  # "file:line"
-    record: dict[str, Any] | None  # None when the line could not be parsed
+    source: str  # where a person finds it: "file:line" (JSONL) or "file#record" (other formats)
+    record: dict[str, Any] | None  # the omnipack record; None when the input record could not be used
     error: str | None = None
-    size: int = 0  # bytes of the manifest line (lets stages bound the work they take on at once)
+    size: int = 0  # bytes of the input record (lets stages bound the work they take on at once)
+    source_file: str = ""  # the input data file's label (see omnipack.inputs.read.data_files)
+    record_index: int = -1  # 0-based position of the record in that file
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -120,10 +125,11 @@ def validate_record(record: Any) -> None:
             raise ManifestError(f"empty assistant turn at messages/{i}")
     if not has_assistant:
         raise ManifestError("no assistant turn")
+    if not any(m["role"] == "user" for m in record["messages"]):
+        raise ManifestError("assistant-only conversation: no user turn to answer")
 
 
-DEFAULT_MAX_LINE_BYTES = 16 << 20
-_SKIP_CHUNK = 1 << 20
+DEFAULT_MAX_LINE_BYTES = DEFAULT_MAX_RECORD_BYTES
 
 
 def default_max_line_bytes(seq_length: int) -> int:
@@ -131,25 +137,6 @@ def default_max_line_bytes(seq_length: int) -> int:
     hold (a token is a few characters; JSON escapes take at most 12 bytes a character), so only lines
     that can not be a sample of this length are refused, and a worker's memory has a fixed cap."""
     return max(DEFAULT_MAX_LINE_BYTES, 256 * seq_length)
-
-
-def _lines(f: Any, max_line_bytes: int) -> Iterator[tuple[bytes | None, int]]:
-    """(line, length in bytes) for every line of a binary file; ``None`` for a line over the cap, which is
-    skipped in fixed-size chunks and never held in memory."""
-    while True:
-        line = f.readline(max_line_bytes + 1)
-        if not line:
-            return
-        if len(line) <= max_line_bytes or line.endswith(b"\n"):
-            yield line, len(line)
-            continue
-        size = len(line)
-        while not line.endswith(b"\n"):
-            line = f.readline(_SKIP_CHUNK)
-            if not line:
-                break
-            size += len(line)
-        yield None, size
 
 
 def count_lines(paths: list[Path]) -> int:
@@ -166,77 +153,33 @@ def count_lines(paths: list[Path]) -> int:
 
 
 def read_manifest(
-    paths: list[Path], start_index: int = 0, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-) -> Iterator[RawSample]:
-    """Every line of every manifest, in order; invalid lines come back with ``error`` set (never dropped).
-
-    A line longer than ``max_line_bytes`` is rejected unparsed (its bytes are skipped, never held)."""
-    index = start_index
-    seen: set[str] = set()
-    for path in paths:
-        for raw in read_manifest_lines(path, start_index=index, max_line_bytes=max_line_bytes, seen=seen):
-            index = raw.index + 1
-            yield raw
-
-
-def read_manifest_lines(
-    path: Path,
-    *,
-    start_byte: int = 0,
-    first_line: int = 1,
-    num_lines: int | None = None,
+    paths: list[Path],
     start_index: int = 0,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-    seen: set[str] | None = None,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+    input_format: str | None = None,
+    input_layout: str = "auto",
+    input_fields: dict[str, str] | None = None,
+    ledger: list[dict[str, Any]] | None = None,
 ) -> Iterator[RawSample]:
-    """The samples of ``num_lines`` lines of one manifest (all when None) starting at byte ``start_byte``,
-    which is the start of line ``first_line``: a record range of the input, read without the lines before
-    it. Duplicate ids are found within what one call reads (and ``seen``, when given)."""
-    seen = set() if seen is None else seen
-    index = start_index
-    with open(path, "rb") as f:
-        f.seek(start_byte)
-        for line_no, (line, size) in enumerate(_lines(f, max_line_bytes), first_line):
-            if num_lines is not None and line_no >= first_line + num_lines:
-                return
-            source = f"{path.name}:{line_no}"
-            if line is None:
-                reason = (
-                    f"line of {size} bytes is over the {max_line_bytes}-byte limit (max_line_bytes); not read"
-                )
-                yield RawSample(index, source, source, None, reason)
-                index += 1
-                continue
-            if line_no == 1 and line.startswith(b"\xef\xbb\xbf"):  # tolerate a byte-order mark
-                line = line[3:]
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                yield RawSample(index, source, source, None, f"invalid UTF-8 at byte {e.start}")
-                index += 1
-                continue
-            except json.JSONDecodeError as e:
-                yield RawSample(index, source, source, None, f"invalid JSON: {e.msg}")
-                index += 1
-                continue
-            sid = str(record.get("id", source)) if isinstance(record, dict) else source
-            try:
-                validate_record(record)
-                if sid in seen:
-                    raise ManifestError(f"duplicate sample id {sid!r}")
-                seen.add(sid)
-                yield RawSample(index, sid, source, record, size=size)
-            except ManifestError as e:
-                yield RawSample(index, sid, source, None, str(e))
-            index += 1
+    """Every record of every input (any format ``omnipack.inputs`` reads), in order; invalid records come
+    back with ``error`` set (never dropped).
+
+    ``[start, stop)`` limits the read to those record positions over all inputs in order (so stages can
+    split the input into parts); sample indices are ``start_index + position``. A JSONL line or JSON record
+    longer than ``max_line_bytes`` is rejected unparsed (its bytes are skipped, never held). ``ledger``
+    receives the per-file record ranges read (see ``omnipack.inputs.read_samples``)."""
+    from .inputs import InputSpec, read_samples
+
+    spec = InputSpec(input_format, input_layout, dict(input_fields or {}), max_line_bytes)
+    return read_samples([Path(p) for p in paths], spec, start, stop, start_index, ledger)
 
 
-def resolve_media(root: Path, ref: str) -> Path:
-    """The media file for ``ref``, refusing paths that escape the media root."""
-    root_resolved = root.resolve()
-    p = (root / ref).resolve()
-    if not p.is_relative_to(root_resolved):
-        raise ManifestError(f"media path escapes the media root: {ref!r}")
-    return p
+def resolve_media(root: Path, ref: str, allow_roots: Sequence[str] = ()) -> Path:
+    """The local media file for a path ``ref``, refusing paths that escape the media root (lexically, or
+    through a symlink to a folder outside it and outside ``allow_roots``)."""
+    from .media.sources import _local_source
+
+    return Path(_local_source(ref, Path(root) / ref, Path(root), allow_roots).location)

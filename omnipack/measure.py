@@ -20,9 +20,10 @@ import pyarrow.parquet as pq
 
 from .alignment import pad_to_multiple
 from .executors.local import map_ordered
-from .manifest import ManifestError, MediaRef, RawSample, resolve_media
+from .manifest import ManifestError, MediaRef, RawSample
 from .media.errors import MediaError
 from .media.probe import probe
+from .media.sources import resolve_source
 from .profiles import MediaRejected, get_profile
 from .profiles.base import MediaPlan
 from .text.chat import ChatTokenizer, EncodedSample, SampleRejected
@@ -72,6 +73,7 @@ class MeasureConfig:
     profile_options: dict[str, Any] = field(default_factory=dict)
     mrope: bool = False
     max_tokens: int | None = None  # the row length: longer samples may be rejected before tokenizing
+    media_allow_roots: tuple[str, ...] = ()  # folders outside the media root that symlinks may point into
 
 
 def reject(raw: RawSample, stage: str, reason: str) -> dict[str, Any]:
@@ -106,8 +108,8 @@ class Measurer:
                 refs = raw.media_refs()
                 plans = []
                 for ref in refs:
-                    path = resolve_media(self.media_root, ref.path)
-                    meta = probe(path, ref.kind)
+                    source = resolve_source(ref.path, self.config.media_root, self.config.media_allow_roots)
+                    meta = probe(source, ref.kind)
                     plans.append(self.profile.plan(meta))
                 ready.append((k, refs, plans))
             except Exception as e:

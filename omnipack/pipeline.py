@@ -18,8 +18,11 @@ from . import __version__
 from .alignment import ParallelLayout, check_seq_length
 from .dataset.meta import DATASET_CONFIG, NV_META, OMNIPACK_META
 from .dataset.shards import SHARD_CHECKSUMS
+from .inputs import InputSpec, data_files
+from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .measure import MeasureConfig
+from .media.sources import is_url
 from .plan import PackConfig
 from .stages.finalize import NothingPacked, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
@@ -102,7 +105,12 @@ class PrepareConfig:
     from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
     executor: str = "local"  # "ray": the same units on a Ray cluster (omnipack[ray])
     ray_address: str | None = None  # ray.init(address=...): None starts or joins a local Ray
-    part_lines: int = PART_LINES  # manifest lines per measure unit
+    part_lines: int = PART_LINES  # input records (JSONL: lines) per measure unit
+    input_format: str | None = None  # reader of the inputs (jsonl, json, parquet, arrow); None: detected
+    input_layout: str = "auto"  # record layout (omnipack, sharegpt, messages_media, prompt_response)
+    input_fields: dict[str, str] = field(default_factory=dict)  # omnipack field -> the input's field name
+    media_allow_roots: list[str] = field(default_factory=list)  # symlink targets allowed outside media_root
+    max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION  # more rejects: exit code 3 (data still written)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PrepareConfig:
@@ -118,6 +126,11 @@ class PrepareConfig:
     def layout(self) -> ParallelLayout:
         return ParallelLayout(self.tp, self.cp, self.sequence_parallel, self.fp8)
 
+    @property
+    def input_spec(self) -> InputSpec:
+        max_line_bytes = self.max_line_bytes or default_max_line_bytes(self.seq_length)
+        return InputSpec(self.input_format, self.input_layout, dict(self.input_fields), max_line_bytes)
+
 
 def build_spec(cfg: PrepareConfig) -> RunSpec:
     """The run's plain-data spec: derived stage settings, run facts, and the input's parts."""
@@ -131,9 +144,10 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     pad_id = chat.tokenizer.pad_token_id
     if pad_id is None:
         pad_id = chat.tokenizer.eos_token_id
-    max_line_bytes = cfg.max_line_bytes or default_max_line_bytes(cfg.seq_length)
+    inputs = cfg.input_spec
+    max_line_bytes = inputs.max_record_bytes
     out = output_path(cfg.output)
-    parts = load_parts(out / STAGES_DIR, [Path(p) for p in cfg.manifest], cfg.part_lines)
+    parts = load_parts(out / STAGES_DIR, [Path(p) for p in cfg.manifest], inputs, cfg.part_lines)
     measure_key = {
         "profile": cfg.profile,
         "profile_options": dict(cfg.profile_options),
@@ -142,7 +156,9 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         "manifest": [str(p) for p in cfg.manifest],
         # contents, not just paths: an edited manifest must be measured again
         "manifest_xxh3": digest([p.xxh3 for p in parts]),
-        "media_root": str(Path(cfg.media_root).resolve()),
+        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)],
+        "media_root": cfg.media_root if is_url(cfg.media_root) else str(Path(cfg.media_root).resolve()),
+        "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
         "max_line_bytes": max_line_bytes,
         "max_tokens": cfg.seq_length,
     }
@@ -157,6 +173,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             dict(cfg.profile_options),
             cfg.mrope,
             max_tokens=cfg.seq_length,
+            media_allow_roots=tuple(cfg.media_allow_roots),
         ),
         max_line_bytes=max_line_bytes,
         part_lines=cfg.part_lines,
@@ -175,7 +192,9 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             image_encoding=cfg.image_encoding,
             compress_video=cfg.compress_video,
             shard_checksums=SHARD_CHECKSUMS + (("sha256",) if cfg.shard_sha256 else ()),
+            media_allow_roots=tuple(cfg.media_allow_roots),
         ),
+        inputs=inputs,
         parts=tuple(parts),
         summary={
             "omnipack_version": __version__,
@@ -226,7 +245,15 @@ def _output_state(cfg: PrepareConfig, stage: str | None) -> str:
 
 RUN_FILE = "run.json"
 # Settings that change how a run goes, never what it writes: a resumed run may change them.
-HOW_NOT_WHAT = ("workers", "executor", "ray_address", "progress", "overwrite", "from_stage")
+HOW_NOT_WHAT = (
+    "workers",
+    "executor",
+    "ray_address",
+    "progress",
+    "overwrite",
+    "from_stage",
+    "max_reject_fraction",
+)
 
 
 def _check_run_settings(cfg: PrepareConfig, state: str) -> None:
@@ -273,6 +300,8 @@ def run_prepare(
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
+    # every input exists and has a reader, checked before the output folder is touched
+    data_files([Path(p) for p in cfg.manifest], cfg.input_spec)
     out = output_path(cfg.output)
     with OutputLock(out, _lock_name(stage, rank, world_size)):
         state = _output_state(cfg, stage)

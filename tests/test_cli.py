@@ -35,6 +35,7 @@ def test_config_file_with_flag_overrides(tmp_path, demo_tokenizer, demo_corpus):
                 "seq_length": 4096,
                 "cp": 4,
                 "progress": False,
+                "max_reject_fraction": 0.2,  # the demo corpus holds 6 broken samples in 66
             }
         )
     )

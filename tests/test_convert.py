@@ -92,5 +92,5 @@ def test_malformed_records_are_recorded_not_fatal(tmp_path):
     errors = [json.loads(line) for line in (tmp_path / "m.rejects.jsonl").read_text().splitlines()]
     assert [e["index"] for e in errors] == [1, 2, 3, 4, 5]
     assert "invalid JSON" in errors[0]["reason"] and "image must be a path" in errors[1]["reason"]
-    assert "list of objects" in errors[2]["reason"] and "malformed record" in errors[3]["reason"]
+    assert "list of objects" in errors[2]["reason"] and "unknown role ['human']" in errors[3]["reason"]
     assert "not an object" in errors[4]["reason"]

@@ -12,7 +12,8 @@ ASSISTANT = {"role": "assistant", "content": "ok"}
 @pytest.mark.parametrize(
     ("record", "reason"),
     [
-        ({"messages": [ASSISTANT]}, "'id' is a required property"),
+        ({"id": "a"}, "'messages' is a required property"),
+        ({"id": "a", "messages": [ASSISTANT]}, "assistant-only conversation: no user turn"),
         ({"id": "a", "messages": []}, "messages"),
         ({"id": "a", "messages": [{"role": "robot", "content": "x"}, ASSISTANT]}, "unknown role 'robot'"),
         (

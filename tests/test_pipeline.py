@@ -300,10 +300,8 @@ def test_manifest_read_once_and_oversized_samples_rejected_without_tokenizing(
     path.write_text("\n".join(lines) + "\n")
 
     reads, tokenized = [], []
-    read_lines = measure_stage.read_manifest_lines
-    monkeypatch.setattr(
-        measure_stage, "read_manifest_lines", lambda *a, **k: reads.append(1) or read_lines(*a, **k)
-    )
+    read_part = measure_stage.read_part
+    monkeypatch.setattr(measure_stage, "read_part", lambda *a, **k: reads.append(1) or read_part(*a, **k))
     tokenize = ChatTokenizer._tokenize_many
     monkeypatch.setattr(
         ChatTokenizer,

@@ -86,6 +86,7 @@ def prepared(tmp_path_factory):
             "--shard-max-rows", "2",
             "--workers", "1",
             "--no-progress",
+            "--max-reject-fraction", "0.1",  # the corpus holds 1 broken sample in 15
         ]
     )  # fmt: skip
     assert rc == 0

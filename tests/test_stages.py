@@ -8,6 +8,7 @@ import json
 import pytest
 
 from omnipack.cli import main
+from omnipack.inputs import InputSpec
 from omnipack.pipeline import run_prepare
 from omnipack.stages.measure import split_input
 from tests.stage_outputs import cli_args, dataset_bytes, demo_config
@@ -28,13 +29,13 @@ def test_parts_cover_every_line_once_with_their_line_numbers(tmp_path):
     no_newline = tmp_path / "last.jsonl"
     no_newline.write_bytes(b"a\nb\nc")
     for chunk in (1 << 24, 7):  # a chunk boundary inside lines and parts
-        import omnipack.stages.measure as measure_stage
+        import omnipack.inputs.jsonl as jsonl_reader
 
-        saved, measure_stage._CHUNK = measure_stage._CHUNK, chunk
+        saved, jsonl_reader._CHUNK = jsonl_reader._CHUNK, chunk
         try:
             parts = split_input([path, no_newline], part_lines=5)
         finally:
-            measure_stage._CHUNK = saved
+            jsonl_reader._CHUNK = saved
         assert [(p.path.endswith("m.jsonl"), p.first_line, p.num_lines) for p in parts] == [
             (True, 1, 5),
             (True, 6, 5),
@@ -128,16 +129,16 @@ def test_ranks_starting_together_split_the_input_once(tmp_path, monkeypatch):
     calls = []
     real_split = measure_stage.split_input
 
-    def slow_split(manifests, part_lines):
+    def slow_split(manifests, part_lines, spec):
         calls.append(part_lines)
         time.sleep(0.5)  # a large input: the other ranks arrive while it is being read
-        return real_split(manifests, part_lines)
+        return real_split(manifests, part_lines, spec)
 
     monkeypatch.setattr(measure_stage, "split_input", slow_split)
     results: list = [None] * 4
 
     def rank(i: int) -> None:
-        results[i] = measure_stage.load_parts(tmp_path / "stages", [path], 7, poll_s=0.02)
+        results[i] = measure_stage.load_parts(tmp_path / "stages", [path], InputSpec(), 7, poll_s=0.02)
 
     threads = [threading.Thread(target=rank, args=(i,)) for i in range(4)]
     for t in threads:
@@ -163,4 +164,4 @@ def test_a_dead_splitters_claim_is_taken_over(tmp_path):
     stages.mkdir()
     dead = {"pid": 2**22 + 17, "hostname": socket.gethostname(), "start_time": None, "since": 0}
     (stages / f"parts-{key[:16]}.claim").write_text(json.dumps(dead))
-    assert [p.num_lines for p in load_parts(stages, [path], 4, poll_s=0.01)] == [4, 4, 2]
+    assert [p.num_lines for p in load_parts(stages, [path], InputSpec(), 4, poll_s=0.01)] == [4, 4, 2]

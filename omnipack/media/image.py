@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
+import os
+import re
+from typing import IO
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -32,25 +34,34 @@ def exif_orientation(img: Image.Image) -> int:
     return int(img.getexif().get(EXIF_ORIENTATION) or 1)
 
 
-def probe_image(path: Path) -> MediaMeta:
+def _message(e: Exception) -> str:
+    """The error's message without the repr of an in-memory file PIL puts in it (an address that differs
+    from run to run: reject reasons must be the same bytes for the same input)."""
+    return re.sub(r"<_io\.\w+ object at 0x[0-9a-f]+>", "the image data", str(e))
+
+
+def probe_image(path: str | os.PathLike | IO[bytes]) -> MediaMeta:
     """Size from the header as the image is shown (after its EXIF orientation, which HF's ``load_image``
-    applies too), plus PIL's structural check; no pixel decode."""
+    applies too), plus PIL's structural check; no pixel decode. ``path`` may be an open seekable binary file
+    (a remote one is read in ranges: only the header blocks are fetched)."""
     try:
         with Image.open(path) as img:
             img.verify()  # must come straight after open; the image cannot be used afterwards
+        if hasattr(path, "seek"):
+            path.seek(0)
         with Image.open(path) as img:
             width, height = img.size
             if exif_orientation(img) in SWAPS_SIDES:
                 width, height = height, width
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise MediaError(f"unreadable image: {type(e).__name__}: {e}") from None
+        raise MediaError(f"unreadable image: {type(e).__name__}: {_message(e)}") from None
     if width <= 0 or height <= 0:
         raise MediaError(f"image has a zero side ({width}x{height})")
     return MediaMeta(kind="image", width=width, height=height)
 
 
 def load_image(
-    path: Path,
+    path: str | os.PathLike | IO[bytes],
     target_hw: tuple[int, int] | None = None,
     *,
     views: tuple[tuple[int, int, int, int], ...] | None = None,
@@ -78,7 +89,7 @@ def load_image(
                 img = img.resize((target_hw[1], target_hw[0]), resample=flt)
             return np.asarray(img, dtype=np.uint8)  # already a fresh (read-only) copy of PIL's pixels
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise MediaError(f"image decode failed: {type(e).__name__}: {e}") from None
+        raise MediaError(f"image decode failed: {type(e).__name__}: {_message(e)}") from None
 
 
 def _image_views(

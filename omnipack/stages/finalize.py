@@ -14,13 +14,17 @@ from collections import Counter
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
+
 from ..dataset.meta import DATASET_CONFIG, NV_META, write_energon_meta, write_omnipack_meta
 from ..dataset.shards import ShardInfo
-from .measure import read_measured
+from ..inputs import InputPart
+from ..inputs.accounting import per_file_counts
+from .measure import part_offsets, read_measured
 from .pack import part_records
 from .records import crash_point
 from .spec import REJECTS_FILE, RunSpec
-from .storage import is_local, publish, remove_tree, staging_file
+from .storage import is_local, publish, read_parquet, remove_tree, staging_file
 from .write import shard_done, shard_key, shard_record_path
 
 
@@ -53,10 +57,16 @@ def shard_records(spec: RunSpec, plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def all_rejects(
-    spec: RunSpec, plan: dict[str, Any], shards: list[dict[str, Any]], *, reuse_measure: bool
+    spec: RunSpec,
+    plan: dict[str, Any],
+    shards: list[dict[str, Any]],
+    *,
+    reuse_measure: bool,
+    parts: list[dict[str, Any]] | None = None,
 ) -> list:
     """Rejects of every stage with global sample indices, in input order."""
-    parts = part_records(spec, check_keys=not reuse_measure)
+    if parts is None:
+        parts = part_records(spec, check_keys=not reuse_measure)
     measured = read_measured(
         spec.measure_dir, parts, ["sample_index", "sample_id", "source", "stage", "reason"], rejects=True
     ).to_pylist()
@@ -66,6 +76,22 @@ def all_rejects(
         rejects += rec["rejects"]
     rejects.sort(key=lambda r: r["sample_index"])
     return rejects
+
+
+def by_input_file(
+    spec: RunSpec, parts: list[dict[str, Any]], rejects: list[dict[str, Any]], shards: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Input, packed and rejected records per input data file (checked: each record of a file is packed or
+    rejected exactly once), from the parts' record ranges and the plan's placed samples."""
+    offsets = part_offsets(parts)
+    ledger = [
+        {"file": InputPart(**rec["part"]).file_label, "first_index": int(first), "records": rec["records"]}
+        for rec, first in zip(parts, offsets[:-1], strict=True)
+    ]
+    placed = read_parquet(spec.plan_table, columns=["sample_index"]).column("sample_index").to_numpy()
+    write_rejected = np.asarray([r["sample_index"] for s in shards for r in s["rejects"]], dtype=np.int64)
+    packed = placed[~np.isin(placed, write_rejected)]
+    return per_file_counts(ledger, np.asarray([r["sample_index"] for r in rejects], np.int64), packed)
 
 
 def _remove_strays(spec: RunSpec, shards: list[ShardInfo]) -> None:
@@ -81,7 +107,8 @@ def _remove_strays(spec: RunSpec, shards: list[ShardInfo]) -> None:
 def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False) -> dict[str, Any]:
     """Write the dataset's metadata from the shard records; returns the run summary (``omnipack.json``)."""
     records = shard_records(spec, plan)
-    rejects = all_rejects(spec, plan, records, reuse_measure=reuse_measure)
+    parts = part_records(spec, check_keys=not reuse_measure)
+    rejects = all_rejects(spec, plan, records, reuse_measure=reuse_measure, parts=parts)
     shards = [ShardInfo(**r["shard"]) for r in records if r["shard"] is not None]
     shards.sort(key=lambda s: (s.split != "train", s.path))
     n_input = plan["input"]
@@ -111,6 +138,9 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
             },
             "rejected_by_stage": dict(Counter(r["stage"] for r in rejects)),
             "measured": plan["measured"],
+            "reject_fraction": len(rejects) / n_input if n_input else 0.0,
+            # per input data file, checked: input = packed + rejected
+            "by_input": by_input_file(spec, parts, rejects, records),
         },
         "packing": {
             **plan["stats"],

@@ -1,11 +1,12 @@
-"""Measure stage: one input part (a range of manifest records) -> its measured samples and rejects.
+"""Measure stage: one input part (a record range of one input file) -> its measured samples and rejects.
 
-The input is split into parts of ``part_lines`` lines each (cut at line ends, never across files), so a
-part is a plain-data unit: (file, first byte, first line, number of lines, checksum of its bytes). A part's
-samples go to ``stages/measure/part-K.parquet`` (plus ``part-K.arrow``, the same table for the write stage's
-in-place reads) and its rejects to ``part-K.rejects.parquet``, keyed by their record index within the part:
-the pack stage turns (part, record) into the global sample index once every part is measured, so no part
-needs to know how many records the parts before it hold.
+The input is split into parts of about ``part_lines`` records each, never across files, by each file's
+reader (``omnipack.inputs``: JSONL by line ends, Parquet by row groups, JSON arrays and Arrow by record
+ranges), so a part is a plain-data unit (``InputPart``) this stage reads without knowing the format. A
+part's samples go to ``stages/measure/part-K.parquet`` (plus ``part-K.arrow``, the same table for the write
+stage's in-place reads) and its rejects to ``part-K.rejects.parquet``, keyed by their record index within
+the part: the pack stage turns (part, record) into the global sample index once every part is measured, so
+no part needs to know how many records the parts before it hold.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import xxhash
 
 from .. import __version__
-from ..manifest import RawSample, read_manifest_lines
+from ..inputs import InputPart, InputSpec, data_files, read_part, split_parts
+from ..manifest import RawSample
 from ..measure import REJECTS_SCHEMA, SAMPLES_SCHEMA, MeasureConfig, Measurer, TableWriter, _batches
 from .lock import holder_live as lock_holder_live
 from .lock import owner as lock_owner
@@ -32,74 +33,35 @@ from .records import crash_point, digest, file_xxh3, read_record, write_json_ato
 from .spec import RunSpec
 from .storage import create_exclusive, make_dirs, publish, read_parquet, staging_file
 
-PART_LINES = 4096  # manifest lines per part: enough work to amortise a part's files, small enough to spread
+# records (JSONL: lines) per part: enough work to amortise a part's files, small enough to spread
+PART_LINES = 4096
 PARTS_FILE = "parts.json"
-_CHUNK = 1 << 24
+
+__all__ = ["PART_LINES", "InputPart", "load_parts", "measure_part", "split_input"]
 
 
-@dataclass(frozen=True)
-class InputPart:
-    """A range of one manifest's lines: the unit of measure work."""
-
-    number: int
-    path: str
-    start_byte: int
-    first_line: int  # 1-based line number of the part's first line in its file
-    num_lines: int
-    xxh3: str  # of the part's bytes: a changed input redoes exactly the parts it touches
-
-
-def split_input(manifests: list[Path], part_lines: int = PART_LINES) -> list[InputPart]:
-    """Parts of ``part_lines`` lines over the manifests, in input order (one read, at memory speed)."""
-    if part_lines < 1:
-        raise ValueError(f"part_lines must be >= 1, got {part_lines}")
-    parts: list[InputPart] = []
-    for path in manifests:
-        start_byte, first_line, lines_in_part, pos = 0, 1, 0, 0
-        hasher = xxhash.xxh3_128()
-        last = b"\n"
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                view = memoryview(chunk)
-                newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
-                i, cut = 0, 0
-                while len(newlines) - i >= part_lines - lines_in_part:
-                    j = i + part_lines - lines_in_part - 1  # the newline that ends this part
-                    end = int(newlines[j]) + 1
-                    hasher.update(view[cut:end])
-                    parts.append(
-                        InputPart(
-                            len(parts), str(path), start_byte, first_line, part_lines, hasher.hexdigest()
-                        )
-                    )
-                    start_byte, first_line, lines_in_part = pos + end, first_line + part_lines, 0
-                    hasher, cut, i = xxhash.xxh3_128(), end, j + 1
-                lines_in_part += len(newlines) - i
-                hasher.update(view[cut:])
-                pos += len(chunk)
-                last = chunk[-1:]
-        if pos > start_byte:  # the last lines (the very last may lack its newline)
-            n = lines_in_part + (last != b"\n")
-            parts.append(InputPart(len(parts), str(path), start_byte, first_line, n, hasher.hexdigest()))
-    return parts
+def split_input(
+    manifests: list[Path], part_lines: int = PART_LINES, spec: InputSpec | None = None
+) -> list[InputPart]:
+    """The inputs' parts, in input order (``omnipack.inputs.split_parts``)."""
+    return split_parts(manifests, spec or InputSpec(), part_lines)
 
 
 def load_parts(
-    stages: Path, manifests: list[Path], part_lines: int, *, poll_s: float = 0.2
+    stages: Path, manifests: list[Path], spec: InputSpec, part_lines: int, *, poll_s: float = 0.2
 ) -> list[InputPart]:
-    """The input's parts, split once and kept in ``stages/parts.json`` while the files stay the same.
+    """The input's parts, split once and kept in ``stages/parts.json`` while the data files and the reading
+    settings stay the same (so every rerun sees the same parts without reading the input again).
 
     The ranks of a staged run start together: the first to create ``stages/parts-KEY.claim`` (a
     create-if-absent file or object) reads the input and writes ``parts.json``; the others wait for it
     instead of each reading the whole input, and get the very same parts. A claim left by a dead process
-    (on this host) is taken over; a claimant on another host is waited for, since it can not be checked.
-    Parts are counted in lines, not cut at byte offsets, because a sample's source (and its id, when it
-    has none) is its file and line number, which only counting the lines before it can give."""
-    for p in manifests:
-        if not p.is_file():
-            raise FileNotFoundError(f"manifest {p} not found")
-    files = [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in manifests]
-    key = digest({"files": files, "part_lines": part_lines})
+    (on this host) is taken over; a claimant on another host is waited for, since it can not be checked."""
+    files = [
+        [str(df.path), df.path.stat().st_size, df.path.stat().st_mtime_ns]
+        for _, df in data_files(manifests, spec)
+    ]
+    key = digest({"files": files, "part_lines": part_lines, "inputs": spec.settings()})
     cache, claim = stages / PARTS_FILE, stages / f"parts-{key[:16]}.claim"
     make_dirs(stages)
     while True:
@@ -111,7 +73,7 @@ def load_parts(
                 record = read_record(cache, key)  # written between our look and our claim
                 if record is not None:
                     return [InputPart(**p) for p in record["parts"]]
-                parts = split_input(manifests, part_lines)
+                parts = split_input(manifests, part_lines, spec)
                 write_json_atomic(cache, {"key": key, "parts": [asdict(p) for p in parts]})
                 return parts
             finally:
@@ -126,17 +88,6 @@ def load_parts(
         time.sleep(poll_s)
 
 
-def read_part(part: InputPart, max_line_bytes: int) -> Any:
-    """The part's samples, indexed from 0 within the part."""
-    return read_manifest_lines(
-        Path(part.path),
-        start_byte=part.start_byte,
-        first_line=part.first_line,
-        num_lines=part.num_lines,
-        max_line_bytes=max_line_bytes,
-    )
-
-
 def measure_settings(spec: RunSpec) -> dict[str, Any]:
     """Everything a part's measured output depends on besides its bytes."""
     return {
@@ -145,6 +96,7 @@ def measure_settings(spec: RunSpec) -> dict[str, Any]:
         "media_root": str(Path(spec.measure.media_root).resolve()),
         "tokenizer_fingerprint": spec.summary.get("tokenizer_fingerprint"),
         "max_line_bytes": spec.max_line_bytes,
+        "inputs": spec.inputs.settings() if spec.inputs is not None else None,  # format, layout, field map
     }
 
 
@@ -209,7 +161,9 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
         TableWriter(tmp["samples"], SAMPLES_SCHEMA) as good,
         TableWriter(tmp["rejects"], REJECTS_SCHEMA) as bad,
     ):
-        for samples in _batches(read_part(part, spec.max_line_bytes)):
+        for samples in _batches(
+            read_part(part, spec.inputs or InputSpec(max_record_bytes=spec.max_line_bytes))
+        ):
             for kind, rec in measurer.measure_many(samples):
                 (good if kind == "sample" else bad).add(rec)
     arrow_copy(tmp["samples"], tmp["arrow"])

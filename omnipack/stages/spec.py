@@ -34,6 +34,7 @@ class WriteSettings:
     image_encoding: str = "npy"
     compress_video: bool = False
     shard_checksums: tuple[str, ...] = ("xxh3_128",)
+    media_allow_roots: tuple[str, ...] = ()  # folders outside the media root that symlinks may point into
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class RunSpec:
     write: WriteSettings
     parts: tuple[Any, ...] = ()  # InputPart, filled in once the input is split
     summary: dict[str, Any] = field(default_factory=dict)  # run facts for omnipack.json (profile, tokenizer)
+    inputs: Any = None  # omnipack.inputs.InputSpec: how the parts are read (None: omnipack JSONL defaults)
 
     @property
     def out(self) -> Path:

@@ -19,9 +19,10 @@ import pyarrow as pa
 from ..dataset.codec import encode_row
 from ..dataset.contract import row_invariant_errors
 from ..dataset.shards import ShardWriter
-from ..manifest import ManifestError, resolve_media
+from ..manifest import ManifestError
 from ..measure import sample_arrays
 from ..media.errors import MediaError
+from ..media.sources import resolve_source
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
 from .measure import part_files
@@ -43,7 +44,6 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
     """Materialise a row's media and assemble its arrays; pure function of its inputs."""
     from ..media.probe import materialize
 
-    root = Path(cfg.media_root)
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
     rejects = []
@@ -53,7 +53,7 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
             for m in json.loads(rec["media_json"]):
                 plan = MediaPlan.from_json(m["plan"])
                 ext, data = materialize(
-                    resolve_media(root, m["ref"]),
+                    resolve_source(m["ref"], cfg.media_root, cfg.media_allow_roots),
                     plan,
                     image_encoding=cfg.image_encoding,
                     compress_video=cfg.compress_video,

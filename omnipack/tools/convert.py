@@ -9,90 +9,26 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-MARKERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
-
-
-class ConvertError(ValueError):
-    pass
-
-
-def _as_list(v: Any) -> list[str]:
-    if v is None:
-        return []
-    return list(v) if isinstance(v, list | tuple) else [v]
+from ..inputs.markers import ConvertError
+from ..inputs.sharegpt import sharegpt_record
 
 
 def convert_record(rec: Any, index: int) -> dict[str, Any]:
     """One LLaVA record -> one manifest line; media markers become content parts in place."""
     if not isinstance(rec, dict):
         raise ConvertError(f"record is a {type(rec).__name__}, not an object")
-    media = {kind: _as_list(rec.get(kind) or rec.get(kind + "s")) for kind in MARKERS}
-    for kind, refs in media.items():
-        if not all(isinstance(r, str) and r for r in refs):
-            raise ConvertError(
-                f"{kind} must be a path or a list of paths, got {rec.get(kind) or rec.get(kind + 's')!r}"
-            )
-    convs = rec.get("conversations")
-    if not isinstance(convs, list) or not convs:
-        raise ConvertError("no conversations")
-    if not all(isinstance(c, dict) for c in convs):
-        raise ConvertError("conversations must be a list of objects")
-    convs = [dict(c) for c in convs]  # the marker insertion below must not edit the caller's record
-    n_markers = {k: sum(str(c.get("value", "")).count(m) for c in convs) for k, m in MARKERS.items()}
-    for kind, refs in media.items():
-        if n_markers[kind] == 0 and refs:
-            # LLaVA convention: media without markers belongs before the first human turn's text.
-            first = next((c for c in convs if ROLES.get(c.get("from")) == "user"), None)
-            if first is None:
-                raise ConvertError(f"{kind} given but no human turn to attach it to")
-            first["value"] = MARKERS[kind] * len(refs) + "\n" + str(first.get("value", ""))
-        elif n_markers[kind] != len(refs):
-            raise ConvertError(f"{n_markers[kind]} {MARKERS[kind]} markers but {len(refs)} {kind} files")
-    cursor = dict.fromkeys(MARKERS, 0)
-    messages = []
-    for turn in convs:
-        role = ROLES.get(turn.get("from") or turn.get("role"))
-        if role is None:
-            raise ConvertError(f"unknown role {turn.get('from')!r}")
-        text = str(turn.get("value", ""))
-        parts: list[dict[str, Any]] = []
-        buf = ""
-        i = 0
-        while i < len(text):
-            hit = next((k for k, m in MARKERS.items() if text.startswith(m, i)), None)
-            if hit is None:
-                buf += text[i]
-                i += 1
-                continue
-            if buf:
-                parts.append({"type": "text", "text": buf})
-                buf = ""
-            parts.append({"type": hit, hit: media[hit][cursor[hit]]})
-            cursor[hit] += 1
-            i += len(MARKERS[hit])
-        if buf:
-            parts.append({"type": "text", "text": buf})
-        content: Any = parts
-        if all(p["type"] == "text" for p in parts):
-            content = "".join(p["text"] for p in parts)
-        messages.append({"role": role, "content": content})
-    return {"id": str(rec.get("id", index)), "messages": messages}
+    return {"id": str(rec.get("id", index)), "messages": sharegpt_record(rec)["messages"]}
 
 
 def read_llava(path: Path) -> Iterator[Any]:
-    """A JSON array file or a JSONL file of LLaVA records; an unparsable JSONL line comes back as a
+    """A JSON array file or a JSONL file of LLaVA records, streamed; an unreadable record comes back as a
     ``ConvertError`` in its place, so it is recorded rather than ending the run."""
-    text = path.read_text()
-    if text.lstrip().startswith("["):
-        yield from json.loads(text)
-        return
-    for line_no, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                yield ConvertError(f"line {line_no}: invalid JSON: {e.msg}")
+    from ..inputs import READERS
+    from ..inputs.jsonl import first_byte
+
+    reader = READERS["json" if first_byte(path) == b"[" else "jsonl"]
+    for rec in reader.records(path, path.name):
+        yield rec.record if rec.error is None else ConvertError(f"{rec.where}: {rec.error}")
 
 
 def convert(records: Iterable[dict[str, Any]], out: Path, errors_out: Path) -> tuple[int, int]:

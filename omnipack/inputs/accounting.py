@@ -1,0 +1,80 @@
+"""Input accounting: every input record is packed or rejected exactly once, checked per input file, and the
+run guard on the share of rejected records (``--max-reject-fraction``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+DEFAULT_MAX_REJECT_FRACTION = 0.05
+EXIT_TOO_MANY_REJECTS = 3
+
+
+class TooManyRejects(RuntimeError):
+    """More input records were rejected than the run allows; the dataset and its rejects file are written."""
+
+    exit_code = EXIT_TOO_MANY_REJECTS
+
+
+def per_file_counts(
+    ledger: list[dict[str, Any]], rejected_indices: Iterable[int], packed_indices: Iterable[int]
+) -> list[dict[str, Any]]:
+    """``{"file", "input", "packed", "rejected"}`` per input data file, in input order, from a ledger of
+    record ranges (``{"file", "first_index", "records"}``: one per file, or one per part of a file) and the
+    sample indices that were packed and rejected. Raises ``AssertionError`` when a file's records are not
+    each packed or rejected exactly once."""
+    entries = sorted(ledger, key=lambda e: e["first_index"])
+    starts = np.asarray([e["first_index"] for e in entries], dtype=np.int64)
+    ends = starts + np.asarray([e["records"] for e in entries], dtype=np.int64)
+    counts = {}
+    for key, indices in (("packed", packed_indices), ("rejected", rejected_indices)):
+        idx = (
+            np.fromiter((int(i) for i in indices), dtype=np.int64)
+            if not isinstance(indices, np.ndarray)
+            else indices
+        )
+        slot = np.searchsorted(starts, idx, side="right") - 1
+        outside = (slot < 0) | (idx >= ends[np.maximum(slot, 0)]) if len(entries) else np.ones(len(idx), bool)
+        if outside.any():
+            raise AssertionError(f"accounting: sample index {int(idx[outside][0])} belongs to no input file")
+        counts[key] = np.bincount(slot, minlength=len(entries))
+    out: dict[str, dict[str, Any]] = {}
+    for k, e in enumerate(entries):
+        row = out.setdefault(e["file"], {"file": e["file"], "input": 0, "packed": 0, "rejected": 0})
+        row["input"] += int(e["records"])
+        row["packed"] += int(counts["packed"][k])
+        row["rejected"] += int(counts["rejected"][k])
+    for row in out.values():
+        if row["packed"] + row["rejected"] != row["input"]:
+            raise AssertionError(
+                f"accounting: {row['file']}: {row['input']} input != {row['packed']} packed + "
+                f"{row['rejected']} rejected"
+            )
+    return list(out.values())
+
+
+def check_reject_fraction(
+    num_input: int, rejects: Iterable[dict[str, Any]], max_fraction: float, rejects_file: str
+) -> None:
+    """Raise :class:`TooManyRejects` with a summary when more than ``max_fraction`` of the input was rejected
+    (``rejects``: the run's reject records, streamed)."""
+    if not 0.0 <= max_fraction <= 1.0:
+        raise ValueError(f"max_reject_fraction must be in [0, 1], got {max_fraction}")
+    by_stage: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    for r in rejects:
+        by_stage[r["stage"]] += 1
+        reasons[str(r["reason"])[:100]] += 1
+    n = sum(by_stage.values())
+    if not num_input or n <= max_fraction * num_input:
+        return
+    raise TooManyRejects(
+        f"{n} of {num_input} input records rejected ({n / num_input:.1%}), over "
+        f"max_reject_fraction {max_fraction:.1%} (--max-reject-fraction); by stage "
+        f"{dict(by_stage)}; most common: "
+        + "; ".join(f"{k}x {reason}" for reason, k in reasons.most_common(3))
+        + f". Every reject is listed in {rejects_file}."
+    )

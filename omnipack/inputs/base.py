@@ -1,0 +1,150 @@
+"""The importer interface: readers turn input files into raw records, layouts turn records into samples.
+
+A *reader* knows a file format (JSONL, a JSON array, Parquet, Arrow / ``datasets.save_to_disk``): it lists the
+data files of an input path, counts their records cheaply and yields them in order, streaming, as
+:class:`SourceRecord`s. A *layout* knows a record shape (omnipack's own ``messages``, ShareGPT/LLaVA
+``conversations``, LLaMA-Factory/ms-swift ``messages`` + media lists, prompt/response columns) and turns a raw
+record into an omnipack sample. Both are registered by name and auto-detected; ``--input-format`` and
+``--input-layout`` override the detection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+
+class InputError(ValueError):
+    """An input path or setting can not be used at all (not a per-record problem)."""
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """One record of an input file as read: its position, and the parsed record or why it could not be read.
+
+    ``record_index`` is the 0-based position among the file's records (for JSONL: its non-blank lines);
+    ``where`` is how a person finds it (``file:line`` for line-based files, ``file#record`` otherwise)."""
+
+    record_index: int
+    where: str
+    record: Any = None
+    error: str | None = None
+    size: int = 0  # bytes the record took in the file (or in memory, for columnar files)
+    may_embed: bool = True  # False when the record certainly holds no {"bytes": ...} media value
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One data file of an input path, with the name its records' sources and default ids use."""
+
+    path: Path
+    label: str
+
+
+@dataclass(frozen=True)
+class InputPart:
+    """A record range of one input data file: the unit of measure work, plain data.
+
+    JSONL parts are cut at line ends (``start_byte``, ``first_line``, ``num_lines``, blank lines included)
+    and carry the checksum of their bytes, so an edited file redoes only the parts it touches. Parts of the
+    other formats are record ranges (``first_record``, ``num_records``; a JSON array's also start at
+    ``start_byte``, the first element's offset) and carry a digest of the file's identity (path, size,
+    modification time): their records can not be hashed without reading the file."""
+
+    number: int
+    path: str
+    start_byte: int
+    first_line: int  # JSONL: 1-based line number of the part's first line; other formats: 0
+    num_lines: int  # JSONL: lines in the part; other formats: 0
+    xxh3: str  # of the part's bytes (JSONL), or of the file's path, size and modification time
+    format: str = "jsonl"  # the reader's name
+    label: str = ""  # the data file's name in sources and default ids ("": the file's name)
+    first_record: int = 0  # other formats: the part's first record within the file
+    num_records: int = 0  # other formats: records in the part
+
+    @property
+    def file_label(self) -> str:
+        return self.label or Path(self.path).name
+
+
+def file_identity(file: Path) -> str:
+    """Digest of a file's resolved path, size and modification time (what says it is still the same file
+    without reading it)."""
+    st = file.stat()
+    return xxhash.xxh3_128(f"{file.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
+
+
+class Reader:
+    """A file format. Subclasses set ``name`` and implement ``detect``, ``count`` and ``records`` (and may
+    override ``data_files``, and ``split``/``part_records`` when they can seek to a part faster)."""
+
+    name = ""
+    # binary values of its records are referenced by ``embedded:`` pointers instead of being copied
+    binary_columns = False
+
+    def detect(self, path: Path) -> bool:
+        """True when ``path`` (a file or folder) is in this format."""
+        raise NotImplementedError
+
+    def data_files(self, path: Path) -> list[Path]:
+        """The data files of ``path``, in their reading order."""
+        return [path]
+
+    def count(self, file: Path) -> int:
+        """Number of records of ``file`` (cheap: metadata or a byte scan, no parsing)."""
+        raise NotImplementedError
+
+    def records(
+        self, file: Path, label: str, start: int = 0, stop: int | None = None
+    ) -> Iterator[SourceRecord]:
+        """Records ``[start, stop)`` of ``file``, in order, streaming."""
+        raise NotImplementedError
+
+    def split(self, file: Path, part_records: int, max_record_bytes: int) -> list[dict[str, Any]]:
+        """``file`` cut into record ranges of ``part_records``: the ``InputPart`` fields of each part (other
+        than number, path, format and label), in order."""
+        n = self.count(file, max_record_bytes)
+        ident = file_identity(file)
+        return [
+            {"start_byte": 0, "first_line": 0, "num_lines": 0, "xxh3": ident,
+             "first_record": a, "num_records": min(part_records, n - a)}
+            for a in range(0, n, part_records)
+        ]  # fmt: skip
+
+    def part_records(self, part: InputPart, max_record_bytes: int) -> Iterator[SourceRecord]:
+        """The records of one part, in order."""
+        stop = part.first_record + part.num_records
+        return self.records(Path(part.path), part.file_label, part.first_record, stop, max_record_bytes)
+
+
+READERS: dict[str, Reader] = {}
+# Layout: raw record -> omnipack record (raises ManifestError with the reject reason).
+Layout = Callable[[dict[str, Any]], dict[str, Any]]
+LAYOUTS: dict[str, tuple[Callable[[dict[str, Any]], bool], Layout]] = {}
+ALIASES: dict[str, str] = {}
+
+
+def register_reader(reader: Reader, *aliases: str) -> Reader:
+    READERS[reader.name] = reader
+    for a in aliases:
+        ALIASES[a] = reader.name
+    return reader
+
+
+def register_layout(
+    name: str, detect: Callable[[dict[str, Any]], bool], *aliases: str
+) -> Callable[[Layout], Layout]:
+    """Register ``fn`` as the layout ``name``; ``detect(record)`` says whether a record has this shape
+    (layouts are tried in registration order)."""
+
+    def deco(fn: Layout) -> Layout:
+        LAYOUTS[name] = (detect, fn)
+        for a in aliases:
+            ALIASES[a] = name
+        return fn
+
+    return deco

@@ -1,0 +1,184 @@
+"""A JSON file holding one array of records (LLaVA, LLaMA-Factory and ShareGPT exports), parsed element by
+element from a sliding buffer: the file is never held in memory as a whole.
+
+Bytes that are not UTF-8 reject the element holding them. A syntax error ends the file with one record
+naming the byte offset (the elements after it can not be told apart)."""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .base import InputPart, Reader, SourceRecord, file_identity, register_reader
+from .jsonl import DEFAULT_MAX_RECORD_BYTES, first_byte
+
+_CHUNK = 1 << 20
+_WS = " \t\r\n"
+
+
+class _Buffer:
+    def __init__(self, f) -> None:
+        self.f = f
+        self.dec = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+        self.text = ""
+        self.pos = 0
+        self.eof = False
+        self.consumed = 0  # characters dropped from the front (for offsets in reasons)
+        self.consumed_bytes = 0  # the bytes those characters were decoded from
+
+    def more(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self.f.read(max(_CHUNK, len(self.text) - self.pos))
+        self.eof = not chunk
+        self.consumed += self.pos
+        self.consumed_bytes += _nbytes(self.text[: self.pos])
+        self.text = self.text[self.pos :] + self.dec.decode(chunk, final=self.eof)
+        self.pos = 0
+        return True
+
+    def skip_ws(self) -> str:
+        """The next non-whitespace character ("" at the end of the file)."""
+        while True:
+            while self.pos < len(self.text) and self.text[self.pos] in _WS:
+                self.pos += 1
+            if self.pos < len(self.text):
+                return self.text[self.pos]
+            if not self.more():
+                return ""
+
+    def offset(self) -> int:
+        """Bytes of the file before the current position (from where the buffer started reading)."""
+        return self.consumed_bytes + _nbytes(self.text[: self.pos])
+
+
+def _nbytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogateescape"))
+
+
+def _elements(
+    path: Path,
+    label: str,
+    max_record_bytes: int,
+    start_byte: int = 0,
+    first_index: int = 0,
+    offsets: list[int] | None = None,
+    every: int = 1,
+    stop: int | None = None,
+) -> Iterator[SourceRecord]:
+    """The array's elements; from ``start_byte`` (an element's first byte, whose index is ``first_index``)
+    when given, up to element ``stop``. ``offsets`` receives the byte offset of every ``every``-th element (for splitting)."""
+    decoder = json.JSONDecoder()
+    with open(path, "rb") as f:
+        f.seek(start_byte)
+        buf = _Buffer(f)
+        buf.more()
+        if start_byte == 0:
+            if buf.text.startswith("\ufeff"):
+                buf.pos = 1
+            if buf.skip_ws() != "[":
+                yield SourceRecord(0, f"{label}#0", None, "not a JSON array")
+                return
+            buf.pos += 1
+        index = first_index
+        while stop is None or index < stop:
+            c = buf.skip_ws()
+            if c == "]" and index == 0:
+                return
+            if offsets is not None and index % every == 0:
+                offsets.append(start_byte + buf.offset())
+            where = f"{label}#{index}"
+            try:
+                obj, end = decoder.raw_decode(buf.text, buf.pos)
+                if end == len(buf.text) and not buf.eof:
+                    raise ValueError("may continue")  # a number cut at the buffer's end
+            except ValueError as e:
+                if not buf.eof and len(buf.text) - buf.pos <= max_record_bytes:
+                    buf.more()
+                    continue
+                reason = (
+                    f"record over the {max_record_bytes}-byte limit (max_line_bytes)"
+                    if not buf.eof
+                    else f"invalid JSON array at byte {start_byte + buf.offset()}: {getattr(e, 'msg', e)}"
+                )
+                yield SourceRecord(index, where, None, reason + "; the rest of the file is not read")
+                return
+            text = buf.text[buf.pos : end]
+            try:
+                size = len(text.encode("utf-8"))
+                yield SourceRecord(index, where, obj, None, size, '"bytes"' in text)
+            except UnicodeEncodeError as e:
+                yield SourceRecord(
+                    index, where, None, f"invalid UTF-8 at byte {e.start} of the record", len(text)
+                )
+            buf.pos = end
+            index += 1
+            c = buf.skip_ws()
+            if c == ",":
+                buf.pos += 1
+            elif c == "]":
+                return
+            else:
+                if stop is None or index < stop:
+                    yield SourceRecord(
+                        index,
+                        f"{label}#{index}",
+                        None,
+                        f"invalid JSON array at byte {start_byte + buf.offset()}: expected ',' or ']'; "
+                        "the rest of the file is not read",
+                    )
+                return
+
+
+class JsonArrayReader(Reader):
+    name = "json"
+
+    def detect(self, path: Path) -> bool:
+        return path.is_file() and first_byte(path) == b"["
+
+    def count(self, file: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
+        return sum(1 for _ in _elements(file, file.name, max_record_bytes))
+
+    def split(self, file: Path, part_records: int, max_record_bytes: int) -> list[dict[str, Any]]:
+        """Record ranges, each starting at its first element's byte offset (found by one parse of the file),
+        so reading a part never parses the elements before it."""
+        offsets: list[int] = []
+        n, broken = 0, False
+        for rec in _elements(file, file.name, max_record_bytes, offsets=offsets, every=part_records):
+            n, broken = n + 1, rec.error is not None and rec.error.endswith("is not read")
+        ident = file_identity(file)
+        parts = [
+            {"start_byte": offsets[k] if k < len(offsets) else 0, "first_line": 0, "num_lines": 0, "xxh3": ident,
+             "first_record": a, "num_records": min(part_records, n - a)}
+            for k, a in enumerate(range(0, n, part_records))
+        ]  # fmt: skip
+        if broken and len(parts) > 1 and parts[-1]["num_records"] == 1:
+            # the reject that ends a broken file is found by reading on from the element before it
+            parts[-2]["num_records"] += parts.pop()["num_records"]
+        return parts
+
+    def part_records(self, part: InputPart, max_record_bytes: int) -> Iterator[SourceRecord]:
+        stop = part.first_record + part.num_records
+        return _elements(
+            Path(part.path), part.file_label, max_record_bytes, part.start_byte, part.first_record, stop=stop
+        )
+
+    def records(
+        self,
+        file: Path,
+        label: str,
+        start: int = 0,
+        stop: int | None = None,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    ) -> Iterator[SourceRecord]:
+        for rec in _elements(file, label, max_record_bytes):
+            if stop is not None and rec.record_index >= stop:
+                return
+            if rec.record_index >= start:
+                yield rec
+
+
+register_reader(JsonArrayReader(), "json_array")

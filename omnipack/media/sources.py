@@ -1,0 +1,318 @@
+"""Where media bytes come from: one resolver for every kind of media reference a record can hold.
+
+A reference (the string in a record's ``image``/``video``/``audio`` part) is one of:
+
+- ``imgs/cat.jpg``: a path relative to the media root (a local folder, or a URL such as ``s3://bucket/media``);
+  it may not leave the root; a symlink inside the root that points elsewhere is refused unless its target
+  lies under one of the extra allowed roots (``--media-allow-root``);
+- ``file:///abs/cat.jpg``: a local file, under the media root or an allowed root;
+- ``https://host/cat.jpg``, ``s3://bucket/cat.jpg``, ``gs://...``, ``msc://profile/...``: any URL an installed
+  fsspec filesystem serves (``s3fs`` for ``s3://``). Credentials and endpoints come from that client's usual
+  environment and config (``AWS_*`` variables, ``~/.aws``, ``FSSPEC_*``), never from the record;
+- ``data:image/jpeg;base64,...``: the bytes themselves (and HF ``{"bytes": ..., "path": ...}`` values, which
+  the input readers turn into such data URIs, or into ``embedded:`` pointers for binary Parquet/Arrow columns);
+- ``shards/part-000.tar#000123.jpg``: the member ``000123.jpg`` of a (webdataset) tar shard, the shard being
+  any of the above path or URL forms; the shard's header index is read once per process and the member is
+  read with one ranged read.
+
+:func:`resolve_source` gives a :class:`MediaSource`; the measure stage probes it and the write stage resolves
+the same reference again to materialise it. Remote opens and fetches retry with exponential backoff and end
+as a :class:`MediaError` naming the URL and the last error.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import io
+import os
+import posixpath
+import re
+import tarfile
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+from .errors import MediaError
+
+ALLOW_ROOT_OPTION = "--media-allow-root"
+URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+TAR_MEMBER_RE = re.compile(r"^(?P<shard>.+?\.tar)#(?P<member>[^#]+)$")
+EMBEDDED_PREFIX = "embedded:"
+
+# Remote fetches: attempts and the first backoff delay (doubled after each failure).
+FETCH_ATTEMPTS = 4
+FETCH_BACKOFF_S = 0.25
+# Block size of remote files opened for probing: headers are read with ranged reads of this size.
+PROBE_BLOCK_BYTES = 1 << 16
+_TAR_INDEX_CACHE = 16
+
+T = TypeVar("T")
+
+
+class SourceRefused(MediaError):
+    """A reference points where the run may not read (outside the media root and the allowed roots)."""
+
+
+def is_url(ref: str) -> bool:
+    return bool(URL_RE.match(ref))
+
+
+def filesystem_for(url: str, **storage_options: Any) -> tuple[Any, str]:
+    """(fsspec filesystem, path inside it) for a URL or local path: the one entry point to storage, for reading
+    media here and for writing outputs elsewhere (``fs.open(path, "wb")``). Options and credentials come from
+    the filesystem's own environment/config unless given."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(url, **storage_options)
+
+
+def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) -> T:
+    """``fn()`` retried with exponential backoff; a missing object or a refused permission is final at once.
+    The last error becomes a :class:`MediaError` naming ``what`` (the URL)."""
+    attempts = attempts or FETCH_ATTEMPTS
+    last: BaseException | None = None
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except (MediaError, TypeError, AttributeError, NotImplementedError, ImportError):
+            raise  # not a transient failure of the store
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+            if not _transient(e):
+                raise MediaError(f"cannot fetch {what}: {type(e).__name__}: {e}") from None
+            last = e
+            if attempt + 1 < attempts:
+                time.sleep(FETCH_BACKOFF_S * 2**attempt)
+        except Exception as e:  # network and server errors of any client library
+            last = e
+            if attempt + 1 < attempts:
+                time.sleep(FETCH_BACKOFF_S * 2**attempt)
+    raise MediaError(
+        f"cannot fetch {what} after {attempts} attempts: {type(last).__name__}: {last}"
+    ) from None
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether a "not found"/"forbidden" error of a client hides a transient cause (fsspec's HTTP client
+    reports any failed HEAD as FileNotFoundError): a 5xx or 429 status, or a connection failure."""
+    cause = e.__cause__ or e.__context__
+    if cause is None:
+        return False
+    status = getattr(cause, "status", None)
+    if isinstance(status, int):
+        return status >= 500 or status == 429
+    return isinstance(cause, ConnectionError | TimeoutError) or "Connect" in type(cause).__name__
+
+
+@dataclass(frozen=True)
+class MediaSource:
+    """One media object: a local file, a URL, inline bytes, a tar member, or bytes inside an input record."""
+
+    ref: str  # the reference as the record wrote it (for reasons)
+    kind: str  # "file" | "url" | "bytes" | "tar" | "embedded"
+    location: str = ""  # file path or URL (of the shard, for "tar"; of the input file, for "embedded")
+    member: str = ""  # tar member name, or the pointer inside an input record
+    data: bytes | None = None  # inline bytes ("bytes")
+    container: MediaSource | None = None  # the tar shard ("tar")
+
+    @property
+    def suffix(self) -> str:
+        """The file extension the reference names (decoders that sniff by name get a spooled copy with it)."""
+        if self.kind == "tar":
+            return Path(self.member).suffix
+        if self.kind == "url":
+            return Path(urlsplit(self.location).path).suffix
+        return Path(self.location).suffix if self.kind == "file" else ""
+
+    def local_file(self) -> Path | None:
+        return Path(self.location) if self.kind == "file" else None
+
+    def open(self) -> IO[bytes]:
+        """A seekable binary file. Remote files read lazily in ``PROBE_BLOCK_BYTES`` ranges, so probing an
+        image header fetches only its first block(s)."""
+        if self.kind == "file":
+            try:
+                return open(self.location, "rb")
+            except OSError as e:
+                raise MediaError(f"cannot open {self.location}: {type(e).__name__}: {e}") from None
+        if self.kind == "url":
+            fs, path = filesystem_for(self.location)
+
+            def ranged() -> IO[bytes]:
+                try:
+                    return fs.open(path, "rb", block_size=PROBE_BLOCK_BYTES, cache_type="readahead")
+                except TypeError:  # a filesystem without block options (e.g. msc://): its own buffering
+                    return fs.open(path, "rb")
+
+            return with_retries(self.location, ranged)
+        return io.BytesIO(self.read_bytes())
+
+    def read_bytes(self) -> bytes:
+        """All of the object's bytes (remote reads retried as a whole)."""
+        if self.kind == "bytes":
+            assert self.data is not None
+            return self.data
+        if self.kind == "file":
+            try:
+                return Path(self.location).read_bytes()
+            except OSError as e:
+                raise MediaError(f"cannot read {self.location}: {type(e).__name__}: {e}") from None
+        if self.kind == "url":
+            fs, path = filesystem_for(self.location)
+            return with_retries(self.location, lambda: fs.cat_file(path))
+        if self.kind == "tar":
+            assert self.container is not None
+            offset, size = _tar_member(self.container, self.member)
+            return _read_range(self.container, offset, size)
+        if self.kind == "embedded":
+            from ..inputs.embedded import read_embedded
+
+            return read_embedded(self.location, self.member)
+        raise MediaError(f"unknown media source kind {self.kind!r}")
+
+    @contextlib.contextmanager
+    def local_path(self) -> Iterator[Path]:
+        """A local file with the object's bytes: the file itself, or a temporary copy (decoders that need a
+        path, such as decord and libsndfile, read it there)."""
+        if self.kind == "file":
+            yield Path(self.location)
+            return
+        data = self.read_bytes()
+        with tempfile.NamedTemporaryFile(suffix=self.suffix, prefix="omnipack-media-") as f:
+            f.write(data)
+            f.flush()
+            yield Path(f.name)
+
+
+def _read_range(src: MediaSource, offset: int, size: int) -> bytes:
+    if src.kind == "url":
+        fs, path = filesystem_for(src.location)
+        return with_retries(src.location, lambda: fs.cat_file(path, start=offset, end=offset + size))
+    with src.open() as f:
+        f.seek(offset)
+        data = f.read(size)
+    if len(data) != size:
+        raise MediaError(f"tar shard {src.ref} is truncated")
+    return data
+
+
+_tar_indices: OrderedDict[tuple[str, str], dict[str, tuple[int, int]]] = OrderedDict()
+
+
+def _tar_member(shard: MediaSource, member: str) -> tuple[int, int]:
+    """(data offset, size) of ``member`` in the tar ``shard``; the shard's headers are scanned once per process."""
+    key = (shard.kind, shard.location)
+    index = _tar_indices.get(key)
+    if index is None:
+
+        def scan() -> dict[str, tuple[int, int]]:
+            with shard.open() as f, tarfile.open(fileobj=f, mode="r:") as tar:
+                return {m.name: (m.offset_data, m.size) for m in tar if m.isfile()}
+
+        try:
+            index = with_retries(shard.ref, scan) if shard.kind == "url" else scan()
+        except tarfile.TarError as e:
+            raise MediaError(f"unreadable tar shard {shard.ref}: {e}") from None
+        _tar_indices[key] = index
+        while len(_tar_indices) > _TAR_INDEX_CACHE:
+            _tar_indices.popitem(last=False)
+    else:
+        _tar_indices.move_to_end(key)
+    if member not in index:
+        raise MediaError(f"no member {member!r} in tar shard {shard.ref}")
+    return index[member]
+
+
+def decode_data_uri(ref: str) -> bytes:
+    """The bytes of a ``data:[<type>][;base64],<data>`` URI."""
+    header, comma, payload = ref.partition(",")
+    if not comma:
+        raise MediaError("data URI without a comma")
+    try:
+        if header.endswith(";base64"):
+            return base64.b64decode(payload, validate=True)
+        return unquote(payload).encode("latin-1")
+    except (binascii.Error, ValueError) as e:
+        raise MediaError(f"data URI is not valid base64: {e}") from None
+
+
+def data_uri(data: bytes, mime: str = "application/octet-stream") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path.is_relative_to(r) for r in roots)
+
+
+def _local_source(ref: str, path: Path, root: Path, allow_roots: Sequence[str]) -> MediaSource:
+    """``path`` (already joined to the root) if it stays inside the root or an allowed root, lexically and
+    after following symlinks."""
+    from ..manifest import ManifestError
+
+    extra = [Path(os.path.normpath(Path(a).absolute())) for a in allow_roots]
+    lexical_roots = [Path(os.path.normpath(root.absolute())), *extra]
+    lexical = Path(os.path.normpath(path.absolute()))
+    if not _inside(lexical, lexical_roots):
+        raise ManifestError(
+            f"media path escapes the media root: {ref!r} (allow another folder with {ALLOW_ROOT_OPTION})"
+        )
+    real = lexical.resolve()
+    if not _inside(real, [root.resolve(), *(Path(a).resolve() for a in allow_roots)]):
+        raise ManifestError(
+            f"media path {ref!r} is a symlink to {real}, outside the media root; "
+            f"allow that folder with {ALLOW_ROOT_OPTION}"
+        )
+    return MediaSource(ref, "file", str(real))
+
+
+def resolve_source(ref: str, media_root: str | Path, allow_roots: Sequence[str] = ()) -> MediaSource:
+    """The :class:`MediaSource` a record's media reference names (see the module docstring for the forms).
+
+    Raises ``ManifestError`` for a reference that leaves the media root, ``MediaError`` for one that can not
+    be used at all; neither touches the storage (probing does)."""
+    from ..manifest import ManifestError
+
+    if ref.startswith("data:"):
+        return MediaSource(ref[:40] + ("..." if len(ref) > 40 else ""), "bytes", data=decode_data_uri(ref))
+    if ref.startswith(EMBEDDED_PREFIX):
+        from ..inputs.embedded import parse_pointer
+
+        file, pointer = parse_pointer(ref)
+        return MediaSource(ref, "embedded", file, pointer)
+    tar = TAR_MEMBER_RE.match(ref)
+    if tar:
+        shard = resolve_source(tar["shard"], media_root, allow_roots)
+        return MediaSource(ref, "tar", shard.location, tar["member"], container=shard)
+    if is_url(ref):
+        scheme = ref.split("://", 1)[0].lower()
+        if scheme == "file":
+            path = Path(unquote(urlsplit(ref).path))
+            return _local_source(ref, path, Path(media_root), allow_roots)
+        return MediaSource(ref, "url", ref)
+    root = str(media_root)
+    if is_url(root):  # a remote media root: join, refusing paths that climb out of it
+        joined = posixpath.normpath(posixpath.join("/", ref)).lstrip("/")
+        if ref.startswith("/") or joined.startswith("..") or posixpath.normpath(ref).startswith(".."):
+            raise ManifestError(f"media path escapes the media root: {ref!r}")
+        return MediaSource(ref, "url", root.rstrip("/") + "/" + joined)
+    return _local_source(ref, Path(root) / ref, Path(root), allow_roots)
+
+
+def as_source(obj: MediaSource | str | os.PathLike | bytes | IO[bytes]) -> MediaSource:
+    """Whatever a caller holds (a resolved source, a local path, bytes, an open binary file) as a source."""
+    if isinstance(obj, MediaSource):
+        return obj
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return MediaSource("<bytes>", "bytes", data=bytes(obj))
+    if isinstance(obj, str | os.PathLike):
+        return MediaSource(str(obj), "file", str(obj))
+    if hasattr(obj, "read"):
+        obj.seek(0)
+        return MediaSource("<file>", "bytes", data=obj.read())
+    raise TypeError(f"not a media source: {type(obj).__name__}")

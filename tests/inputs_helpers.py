@@ -1,0 +1,221 @@
+"""Shared pieces of the input/media-source tests: small JPEGs, a prepare run, the images a dataset holds."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from omnipack.dataset.codec import decode_row
+from omnipack.loader.media import decode_payload
+from omnipack.media.image import load_image
+from omnipack.pipeline import PrepareConfig, run_prepare
+
+SEQ_LENGTH = 1024
+
+
+def jpeg_bytes(seed: int, height: int = 56, width: int = 84) -> bytes:
+    """A small JPEG with content that differs per seed."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, size=(1, 1, 3))
+    pixels = np.clip(base + rng.integers(-40, 40, size=(height, width, 3)), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def write_images(folder: Path, n: int, prefix: str = "img") -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n):
+        p = folder / f"{prefix}{i}.jpg"
+        p.write_bytes(jpeg_bytes(i))
+        paths.append(p)
+    return paths
+
+
+def write_tar(path: Path, members: dict[str, bytes]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tf:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def omnipack_record(sid: str, refs: list[str]) -> dict:
+    """An omnipack manifest record asking about the images ``refs``."""
+    parts = [{"type": "image", "image": r} for r in refs]
+    return {
+        "id": sid,
+        "messages": [
+            {"role": "user", "content": [*parts, {"type": "text", "text": f"What is in {sid}?"}]},
+            {"role": "assistant", "content": f"{sid} shows coloured noise."},
+        ],
+    }
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def prepare(out: Path, tokenizer: Path, inputs: list[Path], media_root: Path | str, **kw) -> dict:
+    cfg = PrepareConfig(
+        manifest=[str(p) for p in inputs],
+        media_root=str(media_root),
+        tokenizer=str(tokenizer),
+        output=str(out),
+        seq_length=kw.pop("seq_length", SEQ_LENGTH),
+        max_samples_per_row=1,  # one sample per row: a row's media are that sample's
+        progress=False,
+        **kw,
+    )
+    return run_prepare(cfg)
+
+
+def written_images(root: Path) -> dict[str, list[np.ndarray]]:
+    """sample id -> its images as the dataset stores them (decoded from the tar shards)."""
+    rows: dict[str, dict[str, bytes]] = {}
+    for tar_path in sorted((root / "shards").rglob("*.tar")):
+        with tarfile.open(tar_path) as tf:
+            for m in tf.getmembers():
+                key, part = m.name.split(".", 1)
+                rows.setdefault(key, {})[part] = tf.extractfile(m).read()
+    out = {}
+    for parts in rows.values():
+        row, meta = decode_row(parts)
+        (sid,) = json.loads(parts["meta.json"])["sample_ids"]
+        out[sid] = [(decode_payload(m.part, parts[m.part]), tuple(m.info["target_hw"])) for m in row.media]
+    return out
+
+
+def assert_images_match(root: Path, expected: dict[str, list[bytes]]) -> None:
+    """Each packed sample's stored images are its source JPEGs decoded and resized as the plan says."""
+    got = written_images(root)
+    assert set(got) == set(expected)
+    for sid, sources in expected.items():
+        assert len(got[sid]) == len(sources), sid
+        for (pixels, target_hw), data in zip(got[sid], sources, strict=True):
+            assert np.array_equal(pixels, load_image(io.BytesIO(data), target_hw)), sid
+
+
+def rejects(root: Path) -> dict[str, dict]:
+    return {r["sample_id"]: r for r in map(json.loads, (root / "rejects.jsonl").read_text().splitlines())}
+
+
+class FileServer:
+    """A local HTTP server (127.0.0.1, a free port) serving ``root`` with byte ranges, counting the bytes
+    it sends per path, and failing requests on demand: ``fail[path] = n`` answers the next n requests for
+    ``path`` with 503 (n < 0: always)."""
+
+    def __init__(self, root: Path) -> None:
+        import http.server
+        import threading
+
+        self.root = root
+        self.sent: dict[str, int] = {}
+        self.requests: dict[str, int] = {}
+        self.fail: dict[str, int] = {}
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _serve(self, body: bool) -> None:
+                path = self.path.split("?", 1)[0]
+                server.requests[path] = server.requests.get(path, 0) + 1
+                n = server.fail.get(path, 0)
+                if n:
+                    server.fail[path] = n - 1 if n > 0 else n
+                    self.send_error(503, "try again")
+                    return
+                f = server.root / path.lstrip("/")
+                if not f.is_file():
+                    self.send_error(404, "not found")
+                    return
+                data = f.read_bytes()
+                rng = self.headers.get("Range")
+                if rng and rng.startswith("bytes="):
+                    lo_s, _, hi_s = rng[6:].partition("-")
+                    lo = int(lo_s)
+                    hi = min(int(hi_s) if hi_s else len(data) - 1, len(data) - 1)
+                    chunk = data[lo : hi + 1]
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {lo}-{hi}/{len(data)}")
+                else:
+                    chunk = data
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(chunk)))
+                self.send_header("Accept-Ranges", "bytes")
+                self.end_headers()
+                if body:  # counted before sending: the client may check the count as soon as it has the bytes
+                    server.sent[path] = server.sent.get(path, 0) + len(chunk)
+                    self.wfile.write(chunk)
+
+            def do_GET(self) -> None:
+                self._serve(True)
+
+            def do_HEAD(self) -> None:
+                self._serve(False)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> FileServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """moto's standalone S3-compatible server on 127.0.0.1, with the standard AWS environment pointing at it
+    (the clients read their endpoint and credentials from there, as they would for a real store)."""
+
+    def __init__(self) -> None:
+        import pytest
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = pytest.MonkeyPatch()
+
+    def __enter__(self) -> S3Server:
+        import s3fs
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+        for k, v in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": self.url,
+        }.items():
+            self.env.setenv(k, v)
+        s3fs.S3FileSystem.clear_instance_cache()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+        self.server.stop()
+        self.env.undo()

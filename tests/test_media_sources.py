@@ -1,0 +1,157 @@
+"""The media source resolver: every reference form, ranged probing, retries, and the root/symlink rules."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from omnipack.manifest import ManifestError
+from omnipack.media import sources
+from omnipack.media.errors import MediaError
+from omnipack.media.image import load_image
+from omnipack.media.probe import materialize, probe
+from omnipack.media.sources import data_uri, filesystem_for, resolve_source
+from omnipack.profiles import get_profile
+
+from .inputs_helpers import FileServer, S3Server, jpeg_bytes, write_tar
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch):
+    monkeypatch.setattr(sources, "FETCH_BACKOFF_S", 0.01)
+
+
+def _big_jpeg(path):
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (1200, 1600, 3), dtype=np.uint8)).save(path, quality=95)
+    return path.read_bytes()
+
+
+def _stored_image(src, size_hw):
+    """What the write stage stores for ``src``: the decoded, resized pixels."""
+    meta = probe(src, "image")
+    plan = get_profile("qwen2_5_vl").plan(meta)
+    _, data = materialize(src, plan)
+    return meta, np.load(io.BytesIO(data)), plan.target_hw
+
+
+def test_relative_paths_stay_in_the_root_and_symlinks_out_need_an_allowed_root(tmp_path):
+    root, outside = tmp_path / "media", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "x.jpg").write_bytes(jpeg_bytes(1))
+    (root / "link.jpg").symlink_to(outside / "x.jpg")
+    (root / "in.jpg").write_bytes(jpeg_bytes(2))
+    assert resolve_source("in.jpg", root).location == str((root / "in.jpg").resolve())
+    for ref in ("../elsewhere/x.jpg", "/etc/passwd", f"file://{outside / 'x.jpg'}"):
+        with pytest.raises(ManifestError, match="escapes the media root"):
+            resolve_source(ref, root)
+    with pytest.raises(ManifestError, match="is a symlink to .*outside the media root.*--media-allow-root"):
+        resolve_source("link.jpg", root)
+    allowed = resolve_source("link.jpg", root, allow_roots=[str(outside)])
+    assert probe(allowed, "image").width == 84
+    assert resolve_source(f"file://{root / 'in.jpg'}", root).kind == "file"
+
+
+def test_data_uris_and_in_memory_bytes_probe_and_materialise_like_the_file(tmp_path):
+    data = jpeg_bytes(3)
+    (tmp_path / "a.jpg").write_bytes(data)
+    ref_meta, ref_pixels, hw = _stored_image(tmp_path / "a.jpg", None)
+    for src in (resolve_source(data_uri(data, "image/jpeg"), tmp_path), data, io.BytesIO(data)):
+        meta, pixels, _ = _stored_image(src, None)
+        assert meta == ref_meta and np.array_equal(pixels, ref_pixels)
+    with pytest.raises(MediaError, match="not valid base64"):
+        resolve_source("data:image/jpeg;base64,@@@", tmp_path)
+
+
+def test_tar_shard_members(tmp_path):
+    write_tar(tmp_path / "shards" / "s0.tar", {"000.jpg": jpeg_bytes(4), "001.jpg": jpeg_bytes(5)})
+    src = resolve_source("shards/s0.tar#001.jpg", tmp_path)
+    assert src.kind == "tar" and src.read_bytes() == jpeg_bytes(5)
+    assert probe(src, "image").height == 56
+    with pytest.raises(MediaError, match="no member '002.jpg' in tar shard shards/s0.tar"):
+        probe(resolve_source("shards/s0.tar#002.jpg", tmp_path), "image")
+    with pytest.raises(ManifestError, match="escapes the media root"):
+        resolve_source("../s0.tar#000.jpg", tmp_path)
+
+
+def test_http_probe_reads_only_the_header_with_ranged_reads(tmp_path):
+    data = _big_jpeg(tmp_path / "big.jpg")
+    with FileServer(tmp_path) as server:
+        src = resolve_source(f"{server.url}/big.jpg", tmp_path)
+        meta = probe(src, "image")
+        assert (meta.width, meta.height) == (1600, 1200)
+        assert server.sent["/big.jpg"] < len(data) // 4  # the header's blocks, not the file
+        plan = get_profile("qwen2_5_vl").plan(meta)
+        _, stored = materialize(src, plan)
+        assert np.array_equal(np.load(io.BytesIO(stored)), load_image(tmp_path / "big.jpg", plan.target_hw))
+
+
+def test_http_fetches_retry_then_reject_with_the_url(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes(6))
+    with FileServer(tmp_path) as server:
+        server.fail["/a.jpg"] = 2  # two 503s, then the file
+        assert resolve_source(f"{server.url}/a.jpg", tmp_path).read_bytes() == jpeg_bytes(6)
+        server.fail["/a.jpg"] = -1  # always failing
+        before = server.requests["/a.jpg"]
+        with pytest.raises(MediaError, match=rf"cannot fetch {server.url}/a.jpg after 4 attempts"):
+            probe(resolve_source(f"{server.url}/a.jpg", tmp_path), "image")
+        assert server.requests["/a.jpg"] - before >= 4
+        with pytest.raises(MediaError, match=rf"cannot fetch {server.url}/gone.jpg: FileNotFoundError"):
+            probe(resolve_source(f"{server.url}/gone.jpg", tmp_path), "image")
+        assert server.requests["/gone.jpg"] <= 2  # one attempt (the client's HEAD, then GET): not retried
+
+
+def test_http_video_and_a_remote_media_root(tmp_path):
+    from omnipack.demo.media import write_video
+
+    write_video(tmp_path / "v.mp4", n=8, fps=4, w=96, h=64)
+    local = probe(tmp_path / "v.mp4", "video")
+    with FileServer(tmp_path) as server:
+        src = resolve_source("v.mp4", server.url)  # relative to a URL media root
+        assert src.location == f"{server.url}/v.mp4"
+        assert probe(src, "video") == local
+        with pytest.raises(ManifestError, match="escapes the media root"):
+            resolve_source("../v.mp4", server.url + "/sub")
+
+
+def test_s3_objects_on_a_local_s3_server(tmp_path):
+    with S3Server():
+        fs, path = filesystem_for("s3://media-bucket/imgs/a.jpg")
+        fs.mkdir("media-bucket")
+        with fs.open(path, "wb") as f:  # the same entry point opens remote paths for writing
+            f.write(jpeg_bytes(7))
+        write_tar(tmp_path / "s.tar", {"k.jpg": jpeg_bytes(8)})
+        fs.put(str(tmp_path / "s.tar"), "media-bucket/shards/s.tar")
+        (tmp_path / "a.jpg").write_bytes(jpeg_bytes(7))
+        ref = _stored_image(tmp_path / "a.jpg", None)
+        for src in (
+            resolve_source("s3://media-bucket/imgs/a.jpg", tmp_path),
+            resolve_source("imgs/a.jpg", "s3://media-bucket"),
+        ):
+            meta, pixels, _ = _stored_image(src, None)
+            assert meta == ref[0] and np.array_equal(pixels, ref[1])
+        assert resolve_source("s3://media-bucket/shards/s.tar#k.jpg", tmp_path).read_bytes() == jpeg_bytes(8)
+        with pytest.raises(MediaError, match="cannot fetch s3://media-bucket/nope.jpg"):
+            probe(resolve_source("s3://media-bucket/nope.jpg", tmp_path), "image")
+
+
+def test_msc_urls_energons_storage_client(tmp_path, monkeypatch):
+    """multi-storage-client profiles (what Energon resolves remote datasets with) through the same resolver."""
+    pytest.importorskip("multistorageclient")
+    base = tmp_path / "bucket"
+    base.mkdir()
+    (base / "a.jpg").write_bytes(jpeg_bytes(9))
+    config = tmp_path / "msc.yaml"
+    config.write_text(
+        f"profiles:\n  media:\n    storage_provider:\n      type: file\n      options:\n        base_path: {base}\n"
+    )
+    monkeypatch.setenv("MSC_CONFIG", str(config))
+    (tmp_path / "ref.jpg").write_bytes(jpeg_bytes(9))
+    ref = _stored_image(tmp_path / "ref.jpg", None)
+    for src in (resolve_source("msc://media/a.jpg", tmp_path), resolve_source("a.jpg", "msc://media")):
+        meta, pixels, _ = _stored_image(src, None)
+        assert meta == ref[0] and np.array_equal(pixels, ref[1])
