@@ -15,6 +15,8 @@ from omnipack.loader.media import decode_payload
 from omnipack.media.image import load_image
 from omnipack.pipeline import PrepareConfig, run_prepare
 
+from .s3_server import S3Server  # noqa: F401  (the input tests take it from here)
+
 SEQ_LENGTH = 1024
 
 
@@ -178,44 +180,3 @@ class FileServer:
         self.thread.join()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class S3Server:
-    """moto's standalone S3-compatible server on 127.0.0.1, with the standard AWS environment pointing at it
-    (the clients read their endpoint and credentials from there, as they would for a real store)."""
-
-    def __init__(self) -> None:
-        import pytest
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = pytest.MonkeyPatch()
-
-    def __enter__(self) -> S3Server:
-        import s3fs
-        from moto.server import ThreadedMotoServer
-
-        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.server.start()
-        for k, v in {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": self.url,
-        }.items():
-            self.env.setenv(k, v)
-        s3fs.S3FileSystem.clear_instance_cache()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import s3fs
-
-        s3fs.S3FileSystem.clear_instance_cache()
-        self.server.stop()
-        self.env.undo()
