@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset.codec import view_npy, view_npz
-from ..dataset.contract import MediaItem
+from ..dataset.contract import MediaItem, is_any_of
 from ..profiles.inputs import EncoderInputs, Payload
 
 
@@ -68,7 +68,7 @@ def check_row_media(
             raise MediaMismatchError(f"{where}: stored media unusable: {e}") from None
         counted = None
         if placeholder_ids is not None and m.kind in placeholder_ids:
-            counted = int(np.isin(tokens[a:b], np.asarray(placeholder_ids[m.kind])).sum())
+            counted = int(is_any_of(tokens[a:b], placeholder_ids[m.kind]).sum())
         if features != m.num_tokens or (counted is not None and counted != m.num_tokens):
             seen = "" if counted is None else f", placeholder tokens in tokens[{a}:{b}] = {counted}"
             raise MediaMismatchError(
