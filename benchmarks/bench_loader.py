@@ -28,6 +28,8 @@ the omnipack rows are packed over the whole dataset, the online rows only within
 
     PYTHONPATH=. python benchmarks/bench_loader.py --quick    # ~1-2 min (24 samples per profile)
     PYTHONPATH=. python benchmarks/bench_loader.py            # a few minutes (96 samples per profile)
+    PYTHONPATH=. python benchmarks/bench_loader.py --profiles qwen2_5_vl --repeats 3 --no-reference
+        # targets 3-4 on a shared box: every prepare and loader run 3 times in turn, median and min-max
 """
 
 from __future__ import annotations
