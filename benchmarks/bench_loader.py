@@ -28,6 +28,8 @@ the omnipack rows are packed over the whole dataset, the online rows only within
 
     PYTHONPATH=. python benchmarks/bench_loader.py --quick    # ~1-2 min (24 samples per profile)
     PYTHONPATH=. python benchmarks/bench_loader.py            # a few minutes (96 samples per profile)
+    PYTHONPATH=. python benchmarks/bench_loader.py --profiles qwen2_5_vl --repeats 3 --no-reference
+        # targets 3-4 on a shared box: every prepare and loader run 3 times in turn, median and min-max
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import argparse
 import json
 import os
 import re
+import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -164,11 +168,14 @@ STORAGES = {"npy": ("npy", False), "png": ("png", True)}
 
 
 def prepare(
-    root: Path, profile: str, samples: int, seq_length: int, storages: list[str]
-) -> tuple[Path, Path, Path, dict[str, Path], dict[str, dict[str, float]]]:
+    root: Path, profile: str, samples: int, seq_length: int, storages: list[str], repeats: int = 1
+) -> tuple[Path, Path, Path, dict[str, Path], dict[str, dict[str, Any]]]:
     """The raw corpus and one omnipack dataset per storage choice, with each prepare's wall time, write-stage
-    time (the ``write_shard`` units timed in place) and shard bytes."""
+    time (the ``write_shard`` units timed in place) and shard bytes; ``repeats`` prepares per storage, the
+    storages taking turns (load drift falls on all alike). The png baseline is the previous write path:
+    png images, rows built one after the other (no build-ahead thread)."""
     import omnipack.pipeline as pipeline
+    import omnipack.stages.write as write_stage
     from omnipack.demo.tokenizer import build_demo_tokenizer
     from omnipack.pipeline import PrepareConfig, run_prepare
     from omnipack.profiles import get_profile
@@ -179,6 +186,7 @@ def prepare(
     manifest, media = build_corpus(root / "src", samples, kinds)
     # The write stage is one unit per shard (in this process with one worker): sum the units' times.
     write_shard, write_s = pipeline.write_shard, [0.0]
+    built_ahead = write_stage._built_ahead
 
     def timed_write_shard(*a: Any, **kw: Any) -> Any:
         t = time.perf_counter()
@@ -187,34 +195,40 @@ def prepare(
         finally:
             write_s[0] += time.perf_counter() - t
 
-    out, stats = {}, {}
+    def in_turn(build: Callable[[int], Any], rows: list[int], ahead: int = 0) -> Iterable[Any]:
+        return map(build, rows)
+
+    out: dict[str, Path] = {}
+    stats: dict[str, dict[str, Any]] = {name: {"prepare_s": [], "write_s": []} for name in storages}
     pipeline.write_shard = timed_write_shard
     try:
-        for name in storages:
-            enc, compress = STORAGES[name]
-            out[name] = root / f"ds-{name}"
-            t, write_s[0] = time.perf_counter(), 0.0
-            run_prepare(
-                PrepareConfig(
-                    manifest=[str(manifest)],
-                    media_root=str(media),
-                    tokenizer=str(tok),
-                    output=str(out[name]),
-                    profile=profile,
-                    seq_length=seq_length,
-                    shard_max_rows=8,
-                    image_encoding=enc,
-                    compress_video=compress,
-                    progress=False,
+        for _ in range(repeats):
+            for name in storages:
+                enc, compress = STORAGES[name]
+                out[name] = root / f"ds-{name}"
+                shutil.rmtree(out[name], ignore_errors=True)
+                write_stage._built_ahead = in_turn if name == "png" else built_ahead
+                t, write_s[0] = time.perf_counter(), 0.0
+                run_prepare(
+                    PrepareConfig(
+                        manifest=[str(manifest)],
+                        media_root=str(media),
+                        tokenizer=str(tok),
+                        output=str(out[name]),
+                        profile=profile,
+                        seq_length=seq_length,
+                        shard_max_rows=8,
+                        image_encoding=enc,
+                        compress_video=compress,
+                        progress=False,
+                    )
                 )
-            )
-            stats[name] = {
-                "prepare_s": time.perf_counter() - t,
-                "write_s": write_s[0],
-                "bytes": sum(f.stat().st_size for f in out[name].glob("**/*.tar")),
-            }
+                stats[name]["prepare_s"].append(time.perf_counter() - t)
+                stats[name]["write_s"].append(write_s[0])
+                stats[name]["bytes"] = sum(f.stat().st_size for f in out[name].glob("**/*.tar"))
     finally:
         pipeline.write_shard = write_shard
+        write_stage._built_ahead = built_ahead
     return tok, manifest, media, out, stats
 
 
@@ -236,7 +250,7 @@ def storage_candidates(media: Path, profile_name: str) -> list[str]:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from omnipack.dataset.contract import MediaItem
-    from omnipack.loader.media import decode_payload, normalize_pixels
+    from omnipack.loader.media import decode_payload, expand_temporal, normalize_pixels
     from omnipack.media.image import encode_image, load_image
     from omnipack.media.probe import probe
     from omnipack.profiles import get_profile
@@ -260,18 +274,16 @@ def storage_candidates(media: Path, profile_name: str) -> list[str]:
     item = MediaItem("image", "media.0.npy", 0, 0, 0, 0, 0)
 
     def patches(frames: np.ndarray) -> np.ndarray:
-        return p.inputs().media_inputs(item, frames, pixel_dtype="uint8")["pixel_values"]
+        # What the loader builds by default: uint8, each image's identical temporal slots once.
+        return p.inputs().media_inputs(item, frames, pixel_dtype="uint8", compact=True)["pixel_values"]
 
     def patch_layout_bytes(px: np.ndarray) -> bytes:
         # The loader's own layout stored: [gh*gw, C, ps*ps] spatial patches, one per temporal slot later.
         return _spatial_patches(px[None], s.patch_size, s.merge_size).tobytes()
 
     def from_patch_layout(data: bytes, shape: tuple[int, ...]) -> np.ndarray:
-        u = np.frombuffer(data, np.uint8).reshape(shape)
-        out = np.empty((shape[0], shape[1], s.temporal_patch_size, shape[2]), np.uint8)
-        for k in range(s.temporal_patch_size):
-            out[:, :, k] = u
-        return out.reshape(shape[0], -1)
+        # Already the loader's compact layout: a view, one temporal slot per image.
+        return np.frombuffer(data, np.uint8).reshape(shape[0], -1)
 
     totals: dict[str, list[float]] = {}
     exact: dict[str, bool] = {}
@@ -286,7 +298,10 @@ def storage_candidates(media: Path, profile_name: str) -> list[str]:
         norm = p.inputs().pixel_normalization()
 
         def check(name: str, u8: np.ndarray) -> None:
-            got = normalize_pixels(torch.from_numpy(u8), *norm).numpy()
+            got = normalize_pixels(torch.from_numpy(u8), *norm)
+            if got.shape[1] != ref.shape[1]:  # compact: repeated on the device, as batch.as_dict does
+                got = expand_temporal(got, 3, ref.shape[1] // got.shape[1])
+            got = got.numpy()
             exact[name] = exact.get(name, True) and got.shape == ref.shape and bool(np.array_equal(got, ref))
 
         cands: dict[str, tuple[Callable[[], bytes], Callable[[bytes], np.ndarray]]] = {
@@ -579,64 +594,100 @@ def contract_check_cost(ds: Path) -> tuple[float, float, int]:
     return check_s, time.perf_counter() - t, rows
 
 
-def run_profile(profile: str, samples: int, seq_length: int, passes: int, online_batch: int) -> list[str]:
+def _ratio_cells(values: list[float]) -> str:
+    """``median (min-max)`` of per-repeat values."""
+    if len(values) == 1:
+        return f"x{values[0]:.1f}"
+    return f"x{statistics.median(values):.1f} (x{min(values):.1f}-x{max(values):.1f})"
+
+
+def run_profile(
+    profile: str,
+    samples: int,
+    seq_length: int,
+    passes: int,
+    online_batch: int,
+    repeats: int = 1,
+    reference: bool = True,
+) -> list[str]:
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        tok, manifest, media, dss, prep = prepare(Path(tmp), profile, samples, seq_length, list(STORAGES))
+        tok, manifest, media, dss, prep = prepare(
+            Path(tmp), profile, samples, seq_length, list(STORAGES), repeats
+        )
         storage = storage_candidates(media, profile)
         online = OnlineSamples(manifest, media, tok, profile)
-        res: dict[tuple[str, int], tuple[int, int, float]] = {}
-        for w in (0, 2):
-            res[("omnipack default (npy, uint8 pixels, row check on)", w)] = bench_omnipack(
-                dss["npy"], w, passes
+        pipelines: dict[str, tuple[str, dict[str, Any]]] = {
+            "omnipack default (npy, uint8 pixels, row check on)": ("npy", {}),
+            "omnipack default, check_rows=False": ("npy", {"check_rows": False}),
+        }
+        if reference:
+            pipelines.update(
+                {
+                    "omnipack npy, float32 pixels": ("npy", {"pixel_dtype": "float32"}),
+                    "omnipack old storage (png, deflated video)": ("png", {}),
+                    "omnipack old defaults (png, float32)": ("png", {"pixel_dtype": "float32"}),
+                }
             )
-            res[("omnipack default, check_rows=False", w)] = bench_omnipack(
-                dss["npy"], w, passes, check_rows=False
-            )
-            res[("omnipack npy, float32 pixels", w)] = bench_omnipack(
-                dss["npy"], w, passes, pixel_dtype="float32"
-            )
-            res[("omnipack old storage (png, deflated video)", w)] = bench_omnipack(dss["png"], w, passes)
-            res[("omnipack old defaults (png, float32)", w)] = bench_omnipack(
-                dss["png"], w, passes, pixel_dtype="float32"
-            )
-            res[("online", w)] = bench_online(online, seq_length, w, passes, online_batch)
+        res: dict[tuple[str, int], list[tuple[int, int, float]]] = {}
+        for _ in range(repeats):  # every pipeline once per repeat, in turn: load drift falls on all alike
+            for w in (0, 2):
+                for name, (ds, options) in pipelines.items():
+                    res.setdefault((name, w), []).append(bench_omnipack(dss[ds], w, passes, **options))
+                res.setdefault(("online", w), []).append(
+                    bench_online(online, seq_length, w, passes, online_batch)
+                )
         check_s, loader_s, check_rows = contract_check_cost(dss["npy"])
+    load_after = os.getloadavg()
     kinds = (
         "images only" if profile == "qwen2_5_vl" else "1/4 photo(s), 1/4 video, 1/4 audio, 1/4 photo+audio"
     )
+    rep = f"{repeats} interleaved repeats, " if repeats > 1 else ""
     out = [
-        f"### {profile} ({kinds}; {samples} samples, W={seq_length}, {passes} pass(es))",
+        f"### {profile} ({kinds}; {samples} samples, W={seq_length}, {passes} pass(es), {rep}"
+        f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after)",
         "",
-        "Prepare (offline, once; write stage = the `write_shard` units):",
+        "Prepare (offline, once; write stage = the `write_shard` units; png = the previous write path: png "
+        "images, rows built in turn; seconds: median (min)):",
         "",
-        "| storage | prepare s | write stage s | write speed vs png | shard MB |",
+        "| storage | prepare s | write stage s | write speed vs png, median (min-max) | shard MB |",
         "|---|---:|---:|---:|---:|",
     ]
+    base = prep["png"]["write_s"]
     for name, st in prep.items():
         label = (
             "npy images + stored video [default]"
             if name == "npy"
             else "png images + deflated video [old default]"
         )
+        ratios = [b / w for b, w in zip(base, st["write_s"], strict=True)]
         out.append(
-            f"| {label} | {st['prepare_s']:.1f} | {st['write_s']:.1f} | "
-            f"x{prep['png']['write_s'] / st['write_s']:.1f} | {st['bytes'] / 1e6:.0f} |"
+            f"| {label} | {statistics.median(st['prepare_s']):.1f} ({min(st['prepare_s']):.1f}) | "
+            f"{statistics.median(st['write_s']):.2f} ({min(st['write_s']):.2f}) | {_ratio_cells(ratios)} | "
+            f"{st['bytes'] / 1e6:.0f} |"
         )
     out += [
         "",
         *storage,
         "",
-        "Loader (samples/s is the fair measure; ratio against online with the same workers):",
+        "Loader (samples/s is the fair measure; ratio against online with the same workers in the same repeat; "
+        "samples/s: median (max) over repeats):",
         "",
     ]
     out += [
-        "| pipeline | workers | rows | samples | sec | rows/s | samples/s | samples/s vs online |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| pipeline | workers | rows | samples | sec | samples/s | samples/s vs online, median (min-max) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for (name, w), (r, s, sec) in res.items():
-        ro, so, to = res[("online", w)]
-        ratio = (s / sec) / (so / to) if so and to and sec else float("nan")
-        out.append(f"| {name} | {w} | {r} | {s} | {sec:.2f} | {r / sec:.1f} | {s / sec:.1f} | x{ratio:.1f} |")
+    for (name, w), runs in res.items():
+        rates = [s / sec if sec else float("nan") for _, s, sec in runs]
+        online_rates = [so / to if to else float("nan") for _, so, to in res[("online", w)]]
+        ratios = [a / b for a, b in zip(rates, online_rates, strict=True)]
+        r, s, _ = runs[0]
+        secs = statistics.median(sec for _, _, sec in runs)
+        out.append(
+            f"| {name} | {w} | {r} | {s} | {secs:.2f} | {statistics.median(rates):.1f} ({max(rates):.1f}) | "
+            f"{_ratio_cells(ratios)} |"
+        )
     out += [
         "",
         f"Per-row contract check: {check_s * 1e3 / check_rows:.2f} ms per row, {check_s:.3f} s of a {loader_s:.2f} s "
@@ -653,6 +704,10 @@ def main() -> None:
     ap.add_argument("--seq-length", type=int, default=8192)
     ap.add_argument("--passes", type=int, default=None)
     ap.add_argument("--online-batch", type=int, default=None, help="raw samples per online batch")
+    ap.add_argument("--repeats", type=int, default=1, help="prepares and loader runs per pipeline, in turn")
+    ap.add_argument(
+        "--no-reference", action="store_true", help="loader: only the default pipelines and online"
+    )
     args = ap.parse_args()
     samples = args.samples or (24 if args.quick else 96)
     passes = args.passes or 1
@@ -660,7 +715,15 @@ def main() -> None:
     torch.set_num_threads(1)  # both sides single-threaded per process; workers give the parallelism
     print(f"cpus={os.cpu_count()}; timing starts after each worker's first batch\n")
     for profile in args.profiles.split(","):
-        lines = run_profile(profile, samples, args.seq_length, passes, online_batch)
+        lines = run_profile(
+            profile,
+            samples,
+            args.seq_length,
+            passes,
+            online_batch,
+            repeats=args.repeats,
+            reference=not args.no_reference,
+        )
         print("\n".join(lines) + "\n", flush=True)
 
 

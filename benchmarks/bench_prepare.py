@@ -180,8 +180,11 @@ def measure_speed(n: int, tokenizer: Path, repeats: int, chunk: int = 250) -> di
     chunk's time in one repeat, not a whole run)."""
     from transformers import AutoTokenizer
 
-    import omnipack.measure as measure
     from omnipack.manifest import read_manifest
+    from omnipack.measure import MeasureConfig
+    from omnipack.plan import PackConfig
+    from omnipack.stages.measure import _measurer, measure_part, split_input
+    from omnipack.stages.spec import RunSpec, ShardLayout, WriteSettings
     from omnipack.text.chat import template_messages
 
     manifest = build_corpus(n)
@@ -190,12 +193,10 @@ def measure_speed(n: int, tokenizer: Path, repeats: int, chunk: int = 250) -> di
         tok.apply_chat_template(template_messages(r.messages), tokenize=False)
         for r in read_manifest([manifest])
     ]
-    cfg = measure.MeasureConfig("qwen2_5_vl", str(tokenizer), str(CACHE), max_tokens=4096)
+    cfg = MeasureConfig("qwen2_5_vl", str(tokenizer), str(CACHE), max_tokens=4096)
     t0 = time.perf_counter()
-    worker = measure.Measurer(cfg)
+    _measurer(cfg)  # this process's worker (tokenizer load, setup probes), which measure_part reuses
     startup = time.perf_counter() - t0
-    build = measure.Measurer
-    measure.Measurer = lambda config: worker  # run_measure's pool of one builds this worker
 
     def encode(batch: list[str]) -> tuple[float, int]:
         t0 = time.process_time()
@@ -203,9 +204,23 @@ def measure_speed(n: int, tokenizer: Path, repeats: int, chunk: int = 250) -> di
         return time.process_time() - t0, sum(map(len, ids))
 
     def run(path: Path) -> float:
+        """The measure stage's unit on the whole file as one part (parts are split outside the timing, as
+        a run splits its input once): read, check, render, tokenize, Parquet + Arrow outputs, record."""
+        parts = tuple(split_input([path], part_lines=1 << 40))
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+            spec = RunSpec(
+                output=tmp,
+                manifests=(str(path),),
+                measure=cfg,
+                max_line_bytes=1 << 24,
+                part_lines=1 << 40,
+                pack=PackConfig(seq_length=4096),
+                layout=ShardLayout(),
+                write=WriteSettings("", 4096, 1, 0),
+                parts=parts,
+            )
             t0 = time.process_time()
-            measure.run_measure(read_manifest([path]), cfg, Path(tmp), progress=False)
+            measure_part(spec, 0)
             return time.process_time() - t0
 
     lines = manifest.read_bytes().splitlines(keepends=True)
@@ -214,21 +229,18 @@ def measure_speed(n: int, tokenizer: Path, repeats: int, chunk: int = 250) -> di
     chunk_enc = [float("inf")] * len(bounds)
     chunk_measure = [float("inf")] * len(bounds)
     tokens = 0
-    try:
-        with tempfile.TemporaryDirectory(dir=CACHE) as parts:
-            paths = []
+    with tempfile.TemporaryDirectory(dir=CACHE) as parts:
+        paths = []
+        for k, a in enumerate(bounds):
+            paths.append(Path(parts) / f"chunk{k}.jsonl")
+            paths[-1].write_bytes(b"".join(lines[a : a + chunk]))
+        for _ in range(repeats):
+            dt, tokens = encode(texts)
+            best_enc = min(best_enc, dt)
+            best_measure = min(best_measure, run(manifest))
             for k, a in enumerate(bounds):
-                paths.append(Path(parts) / f"chunk{k}.jsonl")
-                paths[-1].write_bytes(b"".join(lines[a : a + chunk]))
-            for _ in range(repeats):
-                dt, tokens = encode(texts)
-                best_enc = min(best_enc, dt)
-                best_measure = min(best_measure, run(manifest))
-                for k, a in enumerate(bounds):
-                    chunk_enc[k] = min(chunk_enc[k], encode(texts[a : a + chunk])[0])
-                    chunk_measure[k] = min(chunk_measure[k], run(paths[k]))
-    finally:
-        measure.Measurer = build
+                chunk_enc[k] = min(chunk_enc[k], encode(texts[a : a + chunk])[0])
+                chunk_measure[k] = min(chunk_measure[k], run(paths[k]))
     return {
         "samples": n,
         "tokens": tokens,

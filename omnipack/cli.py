@@ -308,7 +308,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         return 0
     _print_summary(summary, cfg.output)
     from .inputs.accounting import TooManyRejects, check_reject_fraction
-
     from .stages.storage import output_path
 
     rejects_path = output_path(cfg.output) / summary["rejects_file"]  # a folder or an object store

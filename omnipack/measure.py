@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .alignment import pad_to_multiple
-from .executors.local import map_ordered
 from .manifest import ManifestError, MediaRef, RawSample
 from .media.errors import MediaError
 from .media.probe import probe
@@ -186,10 +185,6 @@ def media_bytes_estimate(plan: MediaPlan) -> int:
     return frames * h * w * 3 + 4 * int(plan.num_audio_samples or 0)
 
 
-def _batch_measurer(config: MeasureConfig) -> Any:
-    return Measurer(config).measure_many
-
-
 # Samples measured (and tokenized) in one call: the tokenizer's batch path runs at its own batch-encode
 # speed only on large batches; the byte budget keeps a batch of long samples small.
 MEASURE_BATCH = 256
@@ -207,18 +202,6 @@ def _batches(samples: Iterable[RawSample]) -> Iterator[list[RawSample]]:
         size += raw.size
     if batch:
         yield batch
-
-
-def measure_all(
-    samples: Iterable[RawSample], config: MeasureConfig, workers: int = 1
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Measure samples in input order, in this process or on a process pool, in batches (so each
-    tokenizer call covers many samples)."""
-    batches = _batches(samples)
-    for results in map_ordered(
-        _batch_measurer, config, batches, workers=workers, window=4 * workers, chunksize=1
-    ):
-        yield from results
 
 
 def _list_column(values: list[Any], type_: pa.ListType) -> pa.Array:
@@ -279,31 +262,6 @@ class TableWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def run_measure(
-    samples: Iterable[RawSample],
-    config: MeasureConfig,
-    out_dir: Path,
-    *,
-    workers: int = 1,
-    progress: bool = True,
-    total: int | None = None,
-) -> dict[str, int]:
-    """Measure every sample into ``out_dir/samples.parquet`` and ``out_dir/rejects.parquet``.
-
-    Returns the counts; ``measured + rejected`` is the number of input samples (the input is read once)."""
-    from tqdm import tqdm
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with (
-        TableWriter(out_dir / "samples.parquet", SAMPLES_SCHEMA) as good,
-        TableWriter(out_dir / "rejects.parquet", REJECTS_SCHEMA) as bad,
-    ):
-        results = measure_all(samples, config, workers)
-        for kind, rec in tqdm(results, total=total, desc="measure", unit="sample", disable=not progress):
-            (good if kind == "sample" else bad).add(rec)
-    return {"measured": good.count, "rejected": bad.count}
 
 
 def sample_arrays(record: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -191,3 +191,15 @@ def test_check_rows_false_turns_the_check_off(small: Path, tmp_path: Path) -> No
     with pytest.raises(FatalSampleError, match="packed-row contract"):
         _load_all(ds)
     assert _load_all(ds, check_rows=False) == _load_all(small)
+
+
+def test_is_any_of_equals_isin() -> None:
+    """The loader's per-row membership test gives np.isin's answer (ids close together, far apart, none,
+    negative labels, more members than the comparison loop takes)."""
+    from omnipack.dataset.contract import is_any_of
+
+    rng = np.random.default_rng(0)
+    values = rng.integers(-100, 152000, 5000).astype(np.int32)
+    values[::7] = 151655
+    for members in ([151655, 151656], [0, 1], [], [-100], [3, 151655, 99999], list(range(151640, 151670))):
+        assert np.array_equal(is_any_of(values, members), np.isin(values, np.asarray(members, dtype=np.int64)))

@@ -15,7 +15,7 @@ from PIL import Image
 from omnipack.dataset.codec import npy_bytes, view_npy, view_npz
 from omnipack.dataset.contract import MediaItem
 from omnipack.dataset.payload_header import HeaderError, payload_header
-from omnipack.loader.media import decode_payload, normalize_pixels
+from omnipack.loader.media import decode_payload, expand_temporal, normalize_pixels
 from omnipack.loader.task_encoder import OmnipackTaskEncoder
 from omnipack.media.image import encode_image
 from omnipack.media.probe import materialize, probe
@@ -85,6 +85,34 @@ def test_default_storage_is_raw_and_older_storage_loads_to_the_same_batches(data
     assert {"pixel_values", "pixel_values_videos", "input_features"} <= kinds
 
 
+def test_worker_batches_carry_each_image_slot_once(datasets) -> None:
+    """Default (uint8) worker batches hold an image's patches with their identical temporal slots once
+    (half the bytes built and handed over); every accessor gives the HF layout, the same as float32
+    batches built in full; videos (distinct frames per slot) stay whole."""
+    u8 = {b.__key__[0]: b for b in _batches(datasets["default"], workers=2)}
+    f32 = {b.__key__[0]: b for b in _batches(datasets["default"], pixel_dtype="float32")}
+    images = 0
+    for key, b in u8.items():
+        full = f32[key].media_inputs()
+        raw = b.encoder_inputs or {}
+        if "pixel_values" in raw:
+            images += 1
+            assert b.pixel_repeats == {"pixel_values": 2}
+            assert raw["pixel_values"].dtype == torch.uint8 and raw["pixel_values"].is_shared()
+            n, width = full["pixel_values"].shape
+            assert raw["pixel_values"].shape == (n, width // 2)
+            assert b.media_inputs()["pixel_values"].shape == full["pixel_values"].shape
+        else:
+            assert not b.pixel_repeats
+        if "pixel_values_videos" in raw:
+            assert raw["pixel_values_videos"].shape == full["pixel_values_videos"].shape
+        got = b.as_dict()
+        for k, v in full.items():
+            assert torch.equal(got[k], v), (key, k)
+        assert f32[key].pixel_repeats is None
+    assert images >= 2
+
+
 def test_stored_pixels_are_what_the_hf_image_processor_gives(datasets) -> None:
     """Source image file -> plan -> stored npy -> loader patches (uint8, normalized as on the GPU) equals
     Qwen2VLImageProcessorPil run on the source file itself, bit for bit."""
@@ -105,6 +133,13 @@ def test_stored_pixels_are_what_the_hf_image_processor_gives(datasets) -> None:
             ref = hf(images=[np.asarray(img.convert("RGB"))], return_tensors="np")
         assert u8["image_grid_thw"].tolist() == ref["image_grid_thw"].tolist(), path.name
         assert np.array_equal(got.numpy(), ref["pixel_values"]), path.name
+        # The loader's default: each image's temporal slot once, repeated after normalizing on the device.
+        compact = profile.inputs().media_inputs(
+            item, decode_payload("media.0.npy", data), pixel_dtype="uint8", compact=True
+        )["pixel_values"]
+        assert compact.shape == (ref["pixel_values"].shape[0], ref["pixel_values"].shape[1] // 2)
+        norm = normalize_pixels(torch.from_numpy(compact), *profile.inputs().pixel_normalization())
+        assert np.array_equal(expand_temporal(norm, 3, 2).numpy(), ref["pixel_values"]), path.name
         checked += 1
     assert checked >= 3
 

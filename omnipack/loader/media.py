@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset.codec import view_npy, view_npz
-from ..dataset.contract import MediaItem
+from ..dataset.contract import MediaItem, is_any_of
 from ..profiles.inputs import EncoderInputs, Payload
 
 
@@ -68,7 +68,7 @@ def check_row_media(
             raise MediaMismatchError(f"{where}: stored media unusable: {e}") from None
         counted = None
         if placeholder_ids is not None and m.kind in placeholder_ids:
-            counted = int(np.isin(tokens[a:b], np.asarray(placeholder_ids[m.kind])).sum())
+            counted = int(is_any_of(tokens[a:b], placeholder_ids[m.kind]).sum())
         if features != m.num_tokens or (counted is not None and counted != m.num_tokens):
             seen = "" if counted is None else f", placeholder tokens in tokens[{a}:{b}] = {counted}"
             raise MediaMismatchError(
@@ -91,15 +91,19 @@ def row_media_inputs(
     *,
     pixel_dtype: str = "float32",
     deferred: bool = False,
+    compact: bool = False,
 ) -> list[dict]:
     """Per-item encoder inputs of one row, in placeholder order. ``deferred`` (profiles that support it):
-    pixel patches come as ``PendingRows`` that ``profile.collate_media`` builds into the batch tensor."""
+    pixel patches come as ``PendingRows`` that ``profile.collate_media`` builds into the batch tensor.
+    ``compact`` (profiles with ``pixel_repeats``): the keys it names hold one temporal slot per patch row."""
     order = sorted(range(len(items)), key=lambda i: (items[i].sample_index, items[i].token_start))
     kw: dict[str, Any] = {}
     if pixel_dtype != "float32":  # keep the call plain for profiles written before the option existed
         kw["pixel_dtype"] = pixel_dtype
     if deferred and profile.supports_deferred_inputs:
         kw["deferred"] = True
+    if compact and profile.pixel_repeats(pixel_dtype):
+        kw["compact"] = True
     return [profile.media_inputs(items[i], payloads[i], **kw) for i in order]
 
 
@@ -118,3 +122,13 @@ def normalize_pixels(pixels: Any, mean: Any, std: Any) -> Any:
     x = pixels.reshape(n, c, -1).to(torch.float32)
     x = x.div_(255.0).sub_(m).div_(s)
     return x.reshape(pixels.shape)
+
+
+def expand_temporal(pixels: Any, channels: int, repeat: int) -> Any:
+    """Temporally compact patches ``[N, C*P]`` -> ``[N, C*repeat*P]``: each channel's slot repeated
+    ``repeat`` times, the (channel, temporal, patch) row layout of the HF Qwen-VL processors for a still
+    image (``EncoderInputs.pixel_repeats``). Works on uint8 or normalized float32 patches (normalization is
+    per element, so expanding before or after it gives the same bits); a torch function, run where the
+    batch is used (the GPU), so workers build and ship one slot."""
+    n = pixels.shape[0]
+    return pixels.reshape(n, channels, 1, -1).expand(n, channels, repeat, -1).reshape(n, -1)

@@ -20,13 +20,14 @@ from megatron.energon.errors import FatalSampleError
 
 from ..dataset.contract import PackedRowArrays, row_contract_errors
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
-from ..profiles.inputs import EncoderInputs
+from ..profiles.inputs import EncoderInputs, batch_storage, storage_view
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
 from .context_parallel import cp_partition_indices, slice_batch_for_cp
 from .media import (
     MediaMismatchError,
     check_row_media,
     decode_payload,
+    expand_temporal,
     normalize_pixels,
     row_media_inputs,
 )
@@ -80,12 +81,25 @@ class PackedBatch(Batch):
     pixel_keys: tuple[str, ...] = ()
     pixel_mean: torch.Tensor | None = None  # float32 [3]
     pixel_std: torch.Tensor | None = None  # float32 [3]
+    # Pixel keys held temporally compact in ``encoder_inputs`` (uint8 only), with the model's repeat count:
+    # a still image's patch row holds its one temporal slot ``[N, 3*P]``; the model input (and
+    # ``media_inputs`` / ``normalized_media_inputs`` / ``as_dict``) repeats it to ``[N, 3*r*P]``
+    # (``EncoderInputs.pixel_repeats``; half the bytes to build, hand over and copy to the GPU at r=2).
+    pixel_repeats: dict[str, int] | None = None
     # cp_size > 1: int64 [T_local], the full-stream position of each of this rank's tokens.
     cp_token_indices: torch.Tensor | None = None
 
     def media_inputs(self) -> dict[str, torch.Tensor]:
-        """The encoder inputs present in this batch (placeholder order across the micro-batch)."""
-        return dict(self.encoder_inputs or {})
+        """The encoder inputs present in this batch (placeholder order across the micro-batch), in the HF
+        layout: temporally compact pixels (``pixel_repeats``) are repeated here (a copy)."""
+        out = dict(self.encoder_inputs or {})
+        return {k: self._expanded(k, v) for k, v in out.items()}
+
+    def _expanded(self, key: str, value: torch.Tensor) -> torch.Tensor:
+        repeat = (self.pixel_repeats or {}).get(key, 1)
+        if repeat == 1:
+            return value
+        return expand_temporal(value, len(self.pixel_mean) if self.pixel_mean is not None else 3, repeat)
 
     def normalized_media_inputs(self, device: Any = None) -> dict[str, torch.Tensor]:
         """``media_inputs`` moved to ``device`` with uint8 pixel patches normalized to float32 there.
@@ -96,13 +110,14 @@ class PackedBatch(Batch):
         """
         out = {
             k: v.to(device, non_blocking=True) if device is not None else v
-            for k, v in self.media_inputs().items()
+            for k, v in (self.encoder_inputs or {}).items()
         }
         if self.pixel_mean is not None and self.pixel_std is not None:
             for k in self.pixel_keys:
                 if k in out and out[k].dtype == torch.uint8:
                     out[k] = normalize_pixels(out[k], self.pixel_mean, self.pixel_std)
-        return out
+        # Compact pixels cross the link once per image and are repeated on the device, after normalizing.
+        return {k: self._expanded(k, v) for k, v in out.items()}
 
     def as_dict(self, device: Any = None) -> dict[str, Any]:
         """The Megatron-Bridge ``get_batch`` dict, model-ready: media inputs as ``normalized_media_inputs``
@@ -217,6 +232,10 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         if pixel_dtype == "uint8" and norm is not None:
             self.pixel_mean = torch.tensor(norm[0], dtype=torch.float32)
             self.pixel_std = torch.tensor(norm[1], dtype=torch.float32)
+        # Pixel keys built temporally compact (uint8 still images: one slot instead of identical copies).
+        self.pixel_repeats = (
+            dict(profile.pixel_repeats(pixel_dtype)) if decode_media and self.pixel_mean is not None else {}
+        )
 
     @classmethod
     def from_dataset(
@@ -310,7 +329,12 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         if self.decode_media:
             # Deferred: pixel patches are built once, in batch(), straight into the batch tensor.
             sample.media_inputs = row_media_inputs(
-                self.profile, items, payloads, pixel_dtype=self.pixel_dtype, deferred=True
+                self.profile,
+                items,
+                payloads,
+                pixel_dtype=self.pixel_dtype,
+                deferred=True,
+                compact=bool(self.pixel_repeats),
             )
             sample.media = None
         return sample
@@ -361,6 +385,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             **flat,
             encoder_inputs=encoder_inputs if self.decode_media else None,
             pixel_keys=tuple(self.profile.pixel_keys) if self.profile is not None else (),
+            pixel_repeats={k: r for k, r in self.pixel_repeats.items() if k in encoder_inputs} or None,
             sample_ids=[s.sample_ids for s in samples],
             row_meta=[s.meta for s in samples],
             media=None if self.decode_media else [s.media or {} for s in samples],
@@ -389,10 +414,9 @@ def share_in_one_storage(values: dict[Any, Any], align: int = 64) -> dict[Any, A
         total += -(-values[k].numel() * values[k].element_size() // align) * align
     if not todo:
         return values
-    storage = torch.UntypedStorage._new_shared(max(total, 1))
+    storage = batch_storage(total)
     out = dict(values)
     for k in todo:
         v = values[k]
-        view = torch.empty(0, dtype=v.dtype).set_(storage, offsets[k] // v.element_size(), v.shape)
-        out[k] = view.copy_(v)
+        out[k] = storage_view(storage, offsets[k], tuple(v.shape), v.dtype).copy_(v)
     return out

@@ -86,6 +86,18 @@ class EncoderInputs:
         """Per-channel (mean, std) of pixel inputs, ``x = (u8 / 255 - mean) / std``; None if not applicable."""
         return None
 
+    def pixel_repeats(self, pixel_dtype: str) -> dict[str, int]:
+        """Pixel keys whose uint8 batch tensor the loader builds temporally compact, with the repeat count.
+
+        A key ``k -> r`` here: each patch row of ``k`` in the batch holds one temporal slot (``[N, C*P]``)
+        where the model's input holds ``r`` identical ones (``[N, C*r*P]``, channel-major), as a still
+        image repeated to the temporal patch size is. Workers then build and ship half the bytes (r=2),
+        and the consumer repeats the slot where the batch is used (``loader.media.expand_temporal``,
+        after normalizing on the device). ``media_inputs(..., compact=True)`` gives that layout.
+        Default: none.
+        """
+        return {}
+
     def collate_media(self, per_item: list[dict[str, Any]]) -> dict[str, Any]:
         """Items' inputs (placeholder order across the micro-batch) -> batch tensors.
 
@@ -109,17 +121,31 @@ class PendingRows:
     fill: Callable[[np.ndarray], Any]
 
 
-def empty_batch_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
-    """An uninitialised torch tensor for a batch; in a DataLoader worker its storage is created in shared
-    memory (as torch's own default collate does), so sending it to the main process copies no bytes."""
+def batch_storage(nbytes: int) -> Any:
+    """A new torch ``UntypedStorage`` of ``nbytes`` for batch tensors: in a DataLoader worker it is created
+    in shared memory (as torch's own default collate does), so sending the batch to the main process copies
+    no bytes; elsewhere an ordinary one. Every batch buffer of the loader is allocated here."""
     import torch
 
-    tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
+    nbytes = max(int(nbytes), 1)
     if torch.utils.data.get_worker_info() is None:
-        return torch.empty(shape, dtype=tdtype)
-    numel = int(np.prod(shape, dtype=np.int64))
-    storage = torch.UntypedStorage._new_shared(numel * np.dtype(dtype).itemsize)
-    return torch.empty(0, dtype=tdtype).set_(storage, 0, shape)
+        return torch.UntypedStorage(nbytes)
+    return torch.UntypedStorage._new_shared(nbytes)
+
+
+def storage_view(storage: Any, offset: int, shape: tuple[int, ...], dtype: Any) -> Any:
+    """A tensor of ``shape``/``dtype`` (numpy or torch dtype) over ``storage`` from byte ``offset`` (a
+    multiple of the element size)."""
+    import torch
+
+    tdtype = dtype if isinstance(dtype, torch.dtype) else torch.from_numpy(np.empty(0, dtype)).dtype
+    return torch.empty(0, dtype=tdtype).set_(storage, offset // tdtype.itemsize, shape)
+
+
+def empty_batch_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised torch tensor for a batch, over its own ``batch_storage`` (shared memory in a worker)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return storage_view(batch_storage(nbytes), 0, tuple(shape), dtype)
 
 
 def concat_into_batch_tensor(parts: list[Any]) -> Any:

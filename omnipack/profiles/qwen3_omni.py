@@ -122,13 +122,23 @@ class Qwen3OmniInputs(QwenVLInputs):
         return n
 
     def media_inputs(
-        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32", deferred: bool = False
+        self,
+        item: Any,
+        payload: Payload,
+        *,
+        pixel_dtype: str = "float32",
+        deferred: bool = False,
+        compact: bool = False,
     ) -> dict[str, Any]:
         kind = item_kind(item)
         out: dict[str, Any] = {}
         if kind in ("image", "video"):
             frames = payload_frames(payload)
-            out.update(self.vision_inputs(kind, item, frames, pixel_dtype=pixel_dtype, deferred=deferred))
+            out.update(
+                self.vision_inputs(
+                    kind, item, frames, pixel_dtype=pixel_dtype, deferred=deferred, compact=compact
+                )
+            )
         wave = payload_audio(payload) if kind == "audio" or isinstance(payload, Mapping) else None
         if wave is not None:
             out["input_features"] = whisper_features(wave)  # [128, L]; collate pads and masks

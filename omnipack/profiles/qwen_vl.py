@@ -223,10 +223,13 @@ def normalize_hf_float32(x: np.ndarray, mean: tuple[float, ...], std: tuple[floa
     x /= sd
 
 
-def _spatial_patches(frames: np.ndarray, patch_size: int, merge_size: int) -> np.ndarray:
+def _spatial_patches(
+    frames: np.ndarray, patch_size: int, merge_size: int, *, out: np.ndarray | None = None
+) -> np.ndarray:
     """uint8 [T, H, W, C] -> uint8 [T, gh*gw, C, ps*ps], rows in (h-block, w-block, merge-h, merge-w) order.
 
-    The transpose runs on bytes (a quarter of the float32 traffic) and is the only full copy of the frames.
+    The transpose runs on bytes (a quarter of the float32 traffic) and is the only full copy of the frames;
+    ``out`` (C-contiguous, ``T*gh*gw*C*ps*ps`` uint8 elements): written there instead of a new array.
     """
     t, h, w, c = frames.shape
     ps, m = patch_size, merge_size
@@ -234,7 +237,31 @@ def _spatial_patches(frames: np.ndarray, patch_size: int, merge_size: int) -> np
         raise ValueError(f"frame size {h}x{w} is not a multiple of {ps * m}")
     gh, gw = h // ps, w // ps
     x = frames.reshape(t, gh // m, m, ps, gw // m, m, ps, c).transpose(0, 1, 4, 2, 5, 7, 3, 6)
-    return np.ascontiguousarray(x).reshape(t, gh * gw, c, ps * ps)
+    if out is None:
+        return np.ascontiguousarray(x).reshape(t, gh * gw, c, ps * ps)
+    if out.dtype != np.uint8 or out.size != x.size or not out.flags.c_contiguous:
+        raise ValueError(f"out is {out.dtype} {out.shape}, expected C-contiguous uint8 of {x.size} elements")
+    np.copyto(out.reshape(x.shape), x)  # a view of out (C-contiguous): one transposing copy
+    return out.reshape(t, gh * gw, c, ps * ps)
+
+
+def qwen_image_patches_compact(
+    frames: np.ndarray, patch_size: int, merge_size: int, *, out: np.ndarray | None = None
+) -> np.ndarray:
+    """uint8 image [1, H, W, 3] -> uint8 ``(gh*gw, 3*ps*ps)``: ``qwen_patches(..., pixel_dtype="uint8")``
+    with its temporal slots, identical for a still image, kept once (the rows hold (channel, patch-h,
+    patch-w)). Repeating each channel's slot ``tps`` times (``loader.media.expand_temporal``) gives the HF
+    layout; one transposing copy straight from the frames into ``out``."""
+    if frames.shape[0] != 1:
+        raise ValueError(f"compact patches are for one still image, got {frames.shape[0]} frames")
+    _, h, w, c = frames.shape
+    shape = ((h // patch_size) * (w // patch_size), c * patch_size * patch_size)
+    if out is None:
+        out = np.empty(shape, dtype=np.uint8)
+    elif out.shape != shape:
+        raise ValueError(f"out has shape {out.shape}, expected {shape}")
+    _spatial_patches(np.asarray(frames, dtype=np.uint8), patch_size, merge_size, out=out)
+    return out
 
 
 def qwen_patches_shape(frames_shape: tuple[int, ...], patch_size: int, tps: int) -> tuple[int, int]:
@@ -679,13 +706,36 @@ class QwenVLInputs(EncoderInputs):
     def pixel_normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
         return self.image_mean, self.image_std
 
+    def pixel_repeats(self, pixel_dtype: str) -> dict[str, int]:
+        # A still image fills every temporal slot of its patches with the same frame.
+        tps = self.image.temporal_patch_size
+        return {"pixel_values": tps} if pixel_dtype == "uint8" and tps > 1 else {}
+
     def vision_inputs(
-        self, kind: str, item: Any, frames: np.ndarray, *, pixel_dtype: str = "float32", deferred: bool = False
+        self,
+        kind: str,
+        item: Any,
+        frames: np.ndarray,
+        *,
+        pixel_dtype: str = "float32",
+        deferred: bool = False,
+        compact: bool = False,
     ) -> dict[str, Any]:
         """Patches and grid of stored frames; ``deferred``: patches as ``PendingRows`` that ``collate_media``
-        writes straight into the batch tensor (built once, never concatenated again)."""
+        writes straight into the batch tensor (built once, never concatenated again). ``compact`` (with
+        uint8): image patches hold their temporal slot once (see ``pixel_repeats``)."""
         s = self.image
         grid = np.asarray([self.stored_grid(frames)], dtype=np.int64)
+        if compact and kind == "image" and self.pixel_repeats(pixel_dtype):
+            build_compact = functools.partial(qwen_image_patches_compact, frames, s.patch_size, s.merge_size)
+            if deferred:
+                _, h, w, c = frames.shape
+                shape = ((h // s.patch_size) * (w // s.patch_size), c * s.patch_size**2)
+                return {
+                    "pixel_values": PendingRows(shape, np.dtype(np.uint8), lambda out: build_compact(out=out)),
+                    "image_grid_thw": grid,
+                }
+            return {"pixel_values": build_compact(), "image_grid_thw": grid}
         build = functools.partial(
             qwen_patches,
             frames,
@@ -712,12 +762,18 @@ class QwenVLInputs(EncoderInputs):
 
 
     def media_inputs(
-        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32", deferred: bool = False
+        self,
+        item: Any,
+        payload: Payload,
+        *,
+        pixel_dtype: str = "float32",
+        deferred: bool = False,
+        compact: bool = False,
     ) -> dict[str, Any]:
         kind = item_kind(item)
         if kind not in ("image", "video"):
             return super().media_inputs(item, payload, pixel_dtype=pixel_dtype)
         return self.vision_inputs(
-            kind, item, payload_frames(payload), pixel_dtype=pixel_dtype, deferred=deferred
+            kind, item, payload_frames(payload), pixel_dtype=pixel_dtype, deferred=deferred, compact=compact
         )
 

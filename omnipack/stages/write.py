@@ -9,6 +9,9 @@ unit's record (shard info with checksums, rejects, counts) is written after its 
 from __future__ import annotations
 
 import json
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -252,6 +255,28 @@ def shard_done(spec: RunSpec, record: dict[str, Any] | None, *, check_bytes: boo
     )
 
 
+def _built_ahead(build: Callable[[int], RowResult], rows: list[int], ahead: int = 2) -> Iterator[RowResult]:
+    """``build(r)`` of each row in order, computed up to ``ahead`` rows ahead on one background thread, so
+    decoding and resizing the next rows' media (Pillow and the video / audio decoders release the GIL)
+    overlaps the tar writing and hashing of this one. One thread calls ``build``, in row order, so the
+    rows and their bytes are those of a plain loop."""
+    if len(rows) < 2:
+        yield from map(build, rows)
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnipack-write") as pool:
+        pending: deque[Future[RowResult]] = deque()
+        try:
+            for r in rows:
+                pending.append(pool.submit(build, r))
+                if len(pending) > ahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:  # an error or a closed generator: do not build the rest
+                f.cancel()
+
+
 def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     """Write one shard of the layout (or keep it when its record matches); returns its record."""
     view = _plan_view(spec)
@@ -274,10 +299,12 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     )
     rejects: list[dict[str, Any]] = []
     rows_written = samples_written = real_tokens = 0
+    def build(r: int) -> RowResult:
+        members = view.sample_index[view.row_ptr[r] : view.row_ptr[r + 1]]
+        return build_row(f"{r:09d}", view.samples.records(members), spec.write)
+
     try:
-        for r in np.flatnonzero(view.shard_of == number).tolist():
-            members = view.sample_index[view.row_ptr[r] : view.row_ptr[r + 1]]
-            res = build_row(f"{r:09d}", view.samples.records(members), spec.write)
+        for res in _built_ahead(build, np.flatnonzero(view.shard_of == number).tolist()):
             rejects.extend(res.rejects)
             if res.parts is not None:
                 writer.write(res.key, res.parts)
