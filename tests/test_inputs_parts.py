@@ -105,6 +105,32 @@ def test_json_array_parts_start_at_their_first_element_byte(tmp_path, monkeypatc
     assert len(calls) == 3  # the elements before the part are not parsed
 
 
+@pytest.mark.parametrize("chunk", [7, 64, 100])
+def test_json_array_parts_are_right_when_elements_straddle_the_read_buffer(tmp_path, monkeypatch, chunk):
+    """An element cut at the read buffer's end is decoded again after the next read: its offset must be
+    noted once, or every later part starts one part early and records repeat while others vanish."""
+    from omnipack.inputs import json_array
+
+    path = tmp_path / "a.json"
+    records = [
+        {
+            "id": f"r{i}",
+            "messages": [
+                {"role": "user", "content": "x" * (i % 7 * 9 + 1)},
+                {"role": "assistant", "content": "ok"},
+            ],
+        }
+        for i in range(30)
+    ]
+    path.write_text(json.dumps(records))
+    whole = [s.sample_id for s in read_manifest([path])]
+    monkeypatch.setattr(json_array, "_CHUNK", chunk)
+    parts = split_parts([path], InputSpec(), 4)
+    assert [p.first_record for p in parts] == list(range(0, 30, 4))
+    got = [s.sample_id for part in parts for s in read_part(part, InputSpec())]
+    assert got == whole == [f"r{i}" for i in range(30)]
+
+
 def _mixed_inputs(tmp_path):
     """A Parquet file with embedded JPEG bytes, a LLaMA-Factory JSON array and an omnipack JSONL manifest."""
     media = tmp_path / "media"

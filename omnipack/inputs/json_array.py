@@ -83,13 +83,15 @@ def _elements(
                 yield SourceRecord(0, f"{label}#0", None, "not a JSON array")
                 return
             buf.pos += 1
-        index = first_index
+        index, noted = first_index, first_index - 1
         while stop is None or index < stop:
             c = buf.skip_ws()
             if c == "]" and index == 0:
                 return
-            if offsets is not None and index % every == 0:
+            if offsets is not None and index % every == 0 and noted != index:
+                # once per element: an element cut at the buffer's end comes round again after more()
                 offsets.append(start_byte + buf.offset())
+                noted = index
             where = f"{label}#{index}"
             try:
                 obj, end = decoder.raw_decode(buf.text, buf.pos)
