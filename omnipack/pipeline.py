@@ -22,7 +22,7 @@ from .inputs import InputSpec, data_files
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .measure import MeasureConfig
-from .media.sources import is_url
+from .media.sources import media_root_key
 from .plan import PackConfig
 from .stages.finalize import NothingPacked, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
@@ -157,7 +157,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         # contents, not just paths: an edited manifest must be measured again
         "manifest_xxh3": digest([p.xxh3 for p in parts]),
         "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)],
-        "media_root": cfg.media_root if is_url(cfg.media_root) else str(Path(cfg.media_root).resolve()),
+        "media_root": media_root_key(cfg.media_root),
         "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
         "max_line_bytes": max_line_bytes,
         "max_tokens": cfg.seq_length,

@@ -54,6 +54,41 @@ def test_relative_paths_stay_in_the_root_and_symlinks_out_need_an_allowed_root(t
     allowed = resolve_source("link.jpg", root, allow_roots=[str(outside)])
     assert probe(allowed, "image").width == 84
     assert resolve_source(f"file://{root / 'in.jpg'}", root).kind == "file"
+    # a file:// media root is the same folder, with the same checks
+    file_root = f"file://{root}"
+    assert resolve_source("in.jpg", file_root).location == str((root / "in.jpg").resolve())
+    with pytest.raises(ManifestError, match="is a symlink to .*outside the media root"):
+        resolve_source("link.jpg", file_root)
+    with pytest.raises(ManifestError, match="escapes the media root"):
+        resolve_source("../elsewhere/x.jpg", file_root)
+
+
+def test_a_record_may_not_write_an_embedded_pointer_to_another_file(tmp_path):
+    """``embedded:`` pointers are written by the Parquet/Arrow readers into their own records; one written in
+    a JSONL record would read another table's bytes past the media root: rejected with its reason."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from omnipack.inputs.embedded import pointer_ref
+    from omnipack.manifest import read_manifest
+
+    other = tmp_path / "secret.parquet"
+    pq.write_table(pa.table({"image": [{"bytes": jpeg_bytes(3), "path": None}]}), other)
+    forged = pointer_ref(other, 0, ("image", "bytes"))
+    manifest = tmp_path / "m.jsonl"
+    msgs = [
+        {"role": "user", "content": [{"type": "image", "image": forged}]},
+        {"role": "assistant", "content": "x"},
+    ]
+    ok = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]
+    manifest.write_text(
+        "".join(json.dumps(r) + "\n" for r in ({"id": "a", "messages": msgs}, {"id": "b", "messages": ok}))
+    )
+    forged_sample, good = read_manifest([manifest])
+    assert forged_sample.record is None and "may not be written in a record" in forged_sample.error
+    assert good.record is not None and good.error is None
 
 
 def test_data_uris_and_in_memory_bytes_probe_and_materialise_like_the_file(tmp_path):
@@ -155,3 +190,13 @@ def test_msc_urls_energons_storage_client(tmp_path, monkeypatch):
     for src in (resolve_source("msc://media/a.jpg", tmp_path), resolve_source("a.jpg", "msc://media")):
         meta, pixels, _ = _stored_image(src, None)
         assert meta == ref[0] and np.array_equal(pixels, ref[1])
+
+
+def test_media_root_key_keeps_remote_roots_and_resolves_folders(tmp_path, monkeypatch):
+    """Resume keys hold the media root: a remote one must not become a path under the working directory."""
+    from omnipack.media.sources import media_root_key
+
+    monkeypatch.chdir(tmp_path)
+    assert media_root_key("s3://bucket/media") == "s3://bucket/media"
+    assert media_root_key("media") == str(tmp_path / "media")
+    assert media_root_key(f"file://{tmp_path}/media") == str(tmp_path / "media")

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..media.errors import MediaError
+from ..media.sources import EMBEDDED_PREFIX
 from .base import ALIASES, LAYOUTS, READERS, DataFile, InputError, InputPart, Reader, SourceRecord
-from .embedded import replace_embedded
+from .embedded import parse_pointer, replace_embedded
 from .jsonl import DEFAULT_MAX_RECORD_BYTES
 from .markers import ConvertError
 
@@ -235,9 +237,31 @@ def _sample(src: SourceRecord, df: DataFile, reader: Reader, spec: InputSpec, in
             rec["id"] = default_id
         sid = str(rec["id"]) if isinstance(rec["id"], str | int) else default_id
         validate_record(rec)
+        sample = RawSample(index, sid, src.where, rec, **common)
+        _check_embedded_refs(sample, df.path, ManifestError)
         if sid in seen:
             raise ManifestError(f"duplicate sample id {sid!r}")
         seen.add(sid)
-        return RawSample(index, sid, src.where, rec, **common)
+        return sample
     except ManifestError as e:
         return RawSample(index, sid, src.where, None, str(e), **common)
+
+
+def _check_embedded_refs(sample: Any, data_file: Path, error: Any) -> None:
+    """``embedded:`` references are the pointers a Parquet/Arrow reader writes into its own records; one
+    that names another file was written in the input, and would read any local table past the media root's
+    checks."""
+    own = None
+    for ref in sample.media_refs():
+        if not ref.path.startswith(EMBEDDED_PREFIX):
+            continue
+        own = own or str(data_file.resolve())
+        try:
+            file, _ = parse_pointer(ref.path)
+        except MediaError as e:
+            raise error(str(e)) from None
+        if file != own:
+            raise error(
+                f"media reference {ref.path[:120]!r}: `embedded:` references are omnipack's pointers to bytes "
+                "inside the record's own Parquet/Arrow input and may not be written in a record"
+            )

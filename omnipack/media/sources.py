@@ -61,7 +61,26 @@ class SourceRefused(MediaError):
 
 
 def is_url(ref: str) -> bool:
+    """Any ``scheme://`` reference, ``file://`` included."""
     return bool(URL_RE.match(ref))
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    """A location on a store or server: a ``scheme://`` one other than ``file://`` (a local path)."""
+    text = str(location)
+    return is_url(text) and not text.lower().startswith("file://")
+
+
+def media_root_key(root: str | os.PathLike) -> str:
+    """The media root as the run's settings record it: a remote one as written, a folder as its absolute
+    path (so a key does not depend on the directory a rank was started from)."""
+    return str(root) if is_remote(root) else str(Path(local_location(root)).resolve())
+
+
+def local_location(location: str | os.PathLike) -> str:
+    """``location`` with a ``file://`` URL turned into its path (other locations as they are)."""
+    text = str(location)
+    return unquote(urlsplit(text).path) if text.lower().startswith("file://") else text
 
 
 def filesystem_for(url: str, **storage_options: Any) -> tuple[Any, str]:
@@ -289,14 +308,12 @@ def resolve_source(ref: str, media_root: str | Path, allow_roots: Sequence[str] 
     if tar:
         shard = resolve_source(tar["shard"], media_root, allow_roots)
         return MediaSource(ref, "tar", shard.location, tar["member"], container=shard)
+    root = local_location(media_root)  # a file:// root is a folder: its symlink checks apply
     if is_url(ref):
-        scheme = ref.split("://", 1)[0].lower()
-        if scheme == "file":
-            path = Path(unquote(urlsplit(ref).path))
-            return _local_source(ref, path, Path(media_root), allow_roots)
+        if not is_remote(ref):
+            return _local_source(ref, Path(local_location(ref)), Path(root), allow_roots)
         return MediaSource(ref, "url", ref)
-    root = str(media_root)
-    if is_url(root):  # a remote media root: join, refusing paths that climb out of it
+    if is_remote(root):  # a remote media root: join, refusing paths that climb out of it
         joined = posixpath.normpath(posixpath.join("/", ref)).lstrip("/")
         if ref.startswith("/") or joined.startswith("..") or posixpath.normpath(ref).startswith(".."):
             raise ManifestError(f"media path escapes the media root: {ref!r}")

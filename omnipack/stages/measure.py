@@ -27,6 +27,7 @@ from .. import __version__
 from ..inputs import InputPart, InputSpec, data_files, read_part, split_parts
 from ..manifest import RawSample
 from ..measure import REJECTS_SCHEMA, SAMPLES_SCHEMA, MeasureConfig, Measurer, TableWriter, _batches
+from ..media.sources import media_root_key
 from .lock import holder_live as lock_holder_live
 from .lock import owner as lock_owner
 from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
@@ -93,7 +94,7 @@ def measure_settings(spec: RunSpec) -> dict[str, Any]:
     return {
         "omnipack_version": __version__,
         "measure": asdict(spec.measure),
-        "media_root": str(Path(spec.measure.media_root).resolve()),
+        "media_root": media_root_key(spec.measure.media_root),
         "tokenizer_fingerprint": spec.summary.get("tokenizer_fingerprint"),
         "max_line_bytes": spec.max_line_bytes,
         "inputs": spec.inputs.settings() if spec.inputs is not None else None,  # format, layout, field map

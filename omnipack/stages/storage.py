@@ -22,22 +22,16 @@ from typing import Any
 
 import xxhash
 
+from ..media.sources import is_remote, local_location
+
 AnyPath = Any  # pathlib.Path or upath.UPath: the same pathlib API
-
-
-def is_url(location: str | os.PathLike) -> bool:
-    """A ``scheme://`` location other than ``file://`` (which is a local path)."""
-    text = str(location)
-    return "://" in text and not text.startswith("file://")
 
 
 def output_path(location: str | os.PathLike) -> AnyPath:
     """The output root as a path object: ``Path`` for a folder, ``UPath`` for an object store URL."""
     text = str(location)
-    if text.startswith("file://"):
-        return Path(text[len("file://") :])
-    if not is_url(text):
-        return Path(text)
+    if not is_remote(text):
+        return Path(local_location(text))
     try:
         from upath import UPath
     except ImportError as e:  # pragma: no cover - depends on the optional extra
