@@ -151,3 +151,23 @@ def test_the_lock_is_a_create_if_absent_object(s3):
     _fs().pipe_file(f"{BUCKET}/runs/locked/.omnipack-lock/run.lock", json.dumps(stale).encode())
     with OutputLock(url):
         pass
+
+
+def test_staging_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
+    """Files on their way to or from a store (uploads, downloaded measure tables) live in a per-process
+    folder removed at exit; a killed process can not remove its own, so the next one does."""
+    import tempfile
+
+    from omnipack.stages import storage
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"omnipack-staging-{dead.pid}"
+    (stale / "cache").mkdir(parents=True)
+    (stale / "cache" / "part-000000.arrow").write_bytes(b"x" * 100)
+    live = tmp_path / f"omnipack-staging-{os.getppid()}"  # a running process's folder stays
+    live.mkdir()
+    ours = storage._staging_dir()
+    assert ours == tmp_path / f"omnipack-staging-{os.getpid()}" and ours.is_dir()
+    assert not stale.exists() and live.exists()

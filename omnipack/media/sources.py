@@ -100,8 +100,8 @@ def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) ->
     for attempt in range(attempts):
         try:
             return fn()
-        except (MediaError, TypeError, AttributeError, NotImplementedError, ImportError):
-            raise  # not a transient failure of the store
+        except (MediaError, TypeError, AttributeError, NotImplementedError, ImportError, tarfile.TarError):
+            raise  # not a transient failure of the store (a broken tar is broken on every read)
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
             if not _transient(e):
                 raise MediaError(f"cannot fetch {what}: {type(e).__name__}: {e}") from None

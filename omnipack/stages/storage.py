@@ -43,10 +43,28 @@ def is_local(path: AnyPath) -> bool:
     return isinstance(path, Path)
 
 
+_STAGING_PREFIX = "omnipack-staging-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _staging_dir() -> Path:
-    """This process's local folder for files on their way to an object store."""
-    folder = Path(tempfile.gettempdir()) / f"omnipack-staging-{os.getpid()}"
+    """This process's local folder for files on their way to and from an object store (removed at exit;
+    the folders of processes that were killed are removed by the next process that makes one)."""
+    folder = Path(tempfile.gettempdir()) / f"{_STAGING_PREFIX}{os.getpid()}"
     if not folder.is_dir():
+        for stale in Path(tempfile.gettempdir()).glob(f"{_STAGING_PREFIX}*"):
+            pid = stale.name[len(_STAGING_PREFIX) :]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                shutil.rmtree(stale, ignore_errors=True)
         folder.mkdir(parents=True, exist_ok=True)
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return folder
@@ -141,14 +159,15 @@ def read_parquet(path: AnyPath, columns: list[str] | None = None) -> Any:
 
 def local_file(path: AnyPath) -> Path:
     """A local file with the bytes of ``path`` (memory maps need one): the file itself in a folder, a
-    download cached per object version (name, size, ETag) for an object store."""
+    download cached per object version (name, size, ETag) in this process's staging folder for an object
+    store (so it goes when the process does)."""
     if is_local(path):
         return path
     info = path.fs.info(path.path)
     tag = xxhash.xxh3_64_hexdigest(
         f"{path}|{info.get('size')}|{info.get('ETag') or info.get('mtime')}".encode()
     )
-    cached = Path(tempfile.gettempdir()) / "omnipack-cache" / f"{tag}-{path.name}"
+    cached = _staging_dir() / "cache" / f"{tag}-{path.name}"
     if not cached.exists():
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f"{cached.name}.{os.getpid()}.partial")

@@ -299,12 +299,14 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     )
     rejects: list[dict[str, Any]] = []
     rows_written = samples_written = real_tokens = 0
+
     def build(r: int) -> RowResult:
         members = view.sample_index[view.row_ptr[r] : view.row_ptr[r + 1]]
         return build_row(f"{r:09d}", view.samples.records(members), spec.write)
 
+    rows = _built_ahead(build, np.flatnonzero(view.shard_of == number).tolist())
     try:
-        for res in _built_ahead(build, np.flatnonzero(view.shard_of == number).tolist()):
+        for res in rows:
             rejects.extend(res.rejects)
             if res.parts is not None:
                 writer.write(res.key, res.parts)
@@ -312,6 +314,7 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
                 samples_written += res.num_samples
                 real_tokens += res.real_tokens
     except BaseException:
+        rows.close()  # stop the build-ahead thread now, not when the traceback is collected
         writer.abort()
         raise
     infos = writer.close()
