@@ -41,10 +41,10 @@ SHARD_CHECKSUMS = ("xxh3_128",)  # recorded per shard in omnipack.json; "sha256"
 
 
 def file_digests(path: Path, algorithms: tuple[str, ...] = ("sha256",)) -> dict[str, str]:
-    """Hex digests of a file's bytes, read once, for each of ``algorithms`` (hashlib names or
-    ``xxh3_128``)."""
+    """Hex digests of a file's bytes (a local or object-store path), read once, for each of ``algorithms``
+    (hashlib names or ``xxh3_128``)."""
     hashers = {a: new_hasher(a) for a in algorithms}
-    with open(path, "rb") as f:
+    with (Path(path) if isinstance(path, str) else path).open("rb") as f:  # a path, or an object store's UPath
         for chunk in iter(lambda: f.read(1 << 22), b""):
             for h in hashers.values():
                 h.update(chunk)

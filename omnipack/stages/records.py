@@ -16,6 +16,7 @@ from typing import Any
 
 import xxhash
 
+from ..dataset.shards import file_digests
 from .storage import write_bytes_atomic
 
 CRASH_ENV = (
@@ -29,12 +30,8 @@ def digest(value: Any) -> str:
 
 
 def file_xxh3(path: Path) -> str:
-    """xxh3-128 of a file's bytes (a local or object-store path), read in 4 MiB chunks."""
-    h = xxhash.xxh3_128()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+    """xxh3-128 of a file's bytes (a local or object-store path)."""
+    return file_digests(path, ("xxh3_128",))["xxh3_128"]
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
