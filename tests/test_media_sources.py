@@ -113,6 +113,17 @@ def test_tar_shard_members(tmp_path):
         resolve_source("../s0.tar#000.jpg", tmp_path)
 
 
+def test_a_broken_remote_tar_shard_is_rejected_at_once_not_retried(tmp_path, monkeypatch):
+    """A tar that does not parse is broken on every read: its reason says so, with no backoff rounds."""
+    (tmp_path / "bad.tar").write_bytes(b"not a tar" * 200)
+    monkeypatch.setattr(sources, "FETCH_BACKOFF_S", 5.0)  # a retry would show as seconds
+    with FileServer(tmp_path) as server:
+        src = resolve_source(f"{server.url}/bad.tar#000.jpg", tmp_path)
+        with pytest.raises(MediaError, match="unreadable tar shard"):
+            src.read_bytes()
+        assert server.requests["/bad.tar"] <= 3  # one scan (its ranged reads), not FETCH_ATTEMPTS of them
+
+
 def test_http_probe_reads_only_the_header_with_ranged_reads(tmp_path):
     data = _big_jpeg(tmp_path / "big.jpg")
     with FileServer(tmp_path) as server:
