@@ -9,11 +9,15 @@ from pathlib import Path
 from typing import Any
 
 PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
-    (("--manifest",), {"nargs": "+", "help": "JSONL manifest file(s), one chat sample per line"}),
-    (("--media-root",), {"help": "folder that media paths in the manifest are relative to"}),
+    (("--manifest",), {
+            "nargs": "+",
+            "help": "input file(s) or folder(s): JSONL, JSON array, Parquet, Arrow / save_to_disk "
+            "(format and layout auto-detected; see --input-format, --input-layout)",
+        }),
+    (("--media-root",), {"help": "folder (or URL: s3://, https://) that relative media paths in the records resolve against"}),
     (("--tokenizer",), {"help": "local Hugging Face tokenizer directory (carries the chat template)"}),
     (("--output", "-o"), {"help": "dataset folder to create, or an object store URL (s3://bucket/prefix)"}),
-    (("--profile",), {"help": "model profile, e.g. qwen2_5_vl, qwen3_vl"}),
+    (("--profile",), {"help": "model profile: the name of a family module in omnipack/profiles/, e.g. qwen2_5_vl, gemma3"}),
     (
         ("--mrope",),
         {"action": argparse.BooleanOptionalAction, "default": None, "help": "store 3-D mRoPE ids"},
