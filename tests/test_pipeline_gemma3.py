@@ -143,6 +143,9 @@ def test_loader_batches_equal_the_processor_sample_by_sample(prepared):
             hf = proc(images=images or None, text=text, add_special_tokens=False, return_tensors="np", **PAS)
             n = int(cu[k + 1] - cu[k])
             assert tokens[cup[k] : cup[k] + n].tolist() == hf["input_ids"][0].tolist(), sid
+            # the model's token_type_ids travel with the batch (an HF forward attends images causally without)
+            type_ids = batch.as_dict()["token_type_ids"][0].numpy()
+            assert type_ids[cup[k] : cup[k] + n].tolist() == hf["token_type_ids"][0].tolist(), sid
             if images:
                 expected_pixels.append(hf["pixel_values"])
                 # coverage: which crop counts these rows hold (the processor does not return num_crops)

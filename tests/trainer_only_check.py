@@ -172,6 +172,8 @@ def check_family(out: Path, name: str, families: list[str]) -> None:
             assert idx is not None and b.tokens.shape[-1] * CP == a.tokens.shape[-1]
             for k in ("tokens", "labels", "loss_mask", "position_ids"):
                 assert torch.equal(getattr(a, k)[..., idx], getattr(b, k)), f"{name}: rank {r} {k}"
+            ta, tb = a.token_inputs or {}, b.token_inputs or {}  # per-token family inputs are CP-sliced
+            assert ta.keys() == tb.keys() and all(torch.equal(ta[k][..., idx], tb[k]) for k in ta), name
             if a.mrope_position_ids is not None:
                 assert torch.equal(a.mrope_position_ids[..., idx], b.mrope_position_ids)
             assert torch.equal(a.cu_seqlens_q_padded, b.cu_seqlens_q_padded)
@@ -184,7 +186,8 @@ def check_family(out: Path, name: str, families: list[str]) -> None:
     assert not any(m.split(".")[0] in BLOCKED for m in sys.modules), "a blocked module got imported"
     kinds = sorted({m["kind"] for b in full for row in b.row_meta for m in row.get("media", [])})
     keys = sorted({k for b in full for k in b.media_inputs()})
-    print(f"{name}: {len(full)} batches, media {kinds}, encoder inputs {keys}; cp=1 and cp={CP} match")
+    tok_keys = sorted({k for b in full for k in (b.token_inputs or {})})
+    print(f"{name}: {len(full)} batches, media {kinds}, encoder inputs {keys}, token inputs {tok_keys}; cp=1 and cp={CP} match")
 
 
 def check(out: Path) -> None:

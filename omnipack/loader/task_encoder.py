@@ -88,6 +88,9 @@ class PackedBatch(Batch):
     pixel_repeats: dict[str, int] | None = None
     # cp_size > 1: int64 [T_local], the full-stream position of each of this rank's tokens.
     cp_token_indices: torch.Tensor | None = None
+    # Per-token model inputs the family derives from the tokens (``EncoderInputs.token_inputs``, e.g.
+    # Gemma 3's ``token_type_ids``), shaped like ``tokens`` (this CP rank's slice).
+    token_inputs: dict[str, torch.Tensor] | None = None
 
     def media_inputs(self) -> dict[str, torch.Tensor]:
         """The encoder inputs present in this batch (placeholder order across the micro-batch), in the HF
@@ -151,6 +154,7 @@ class PackedBatch(Batch):
         out = {k: getattr(self, k) for k in keys}
         if self.mrope_position_ids is not None:
             out["mrope_position_ids"] = self.mrope_position_ids
+        out.update(self.token_inputs or {})
         return out
 
     def packed_seq_params(self) -> Any:
@@ -365,6 +369,10 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                         f"profile {self.profile.name} produced batch keys {sorted(unknown)} outside its "
                         f"batch_keys {list(self.profile.batch_keys)}"
                     )
+        token_inputs: dict[str, Any] = {}
+        if self.profile is not None and self.placeholder_ids is not None:
+            # element-wise in the tokens, so computed on this CP rank's slice
+            token_inputs = self.profile.token_inputs(fields["tokens"], self.placeholder_ids)
         norm: dict[str, Any] = dict.fromkeys(("pixel_mean", "pixel_std"))
         if self.pixel_mean is not None and self.pixel_std is not None:
             norm.update(pixel_mean=self.pixel_mean.clone(), pixel_std=self.pixel_std.clone())
@@ -377,13 +385,16 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                 **norm,
                 "cp_token_indices": cp_token_indices,
                 **{("encoder", k): v for k, v in media.items()},
+                **{("token", k): v for k, v in token_inputs.items()},
             }
         )
-        encoder_inputs = {k[1]: flat.pop(k) for k in list(flat) if isinstance(k, tuple)}
+        encoder_inputs = {k[1]: flat.pop(k) for k in list(flat) if isinstance(k, tuple) and k[0] == "encoder"}
+        token_fields = {k[1]: flat.pop(k) for k in list(flat) if isinstance(k, tuple) and k[0] == "token"}
         return PackedBatch.from_samples(
             samples,
             **flat,
             encoder_inputs=encoder_inputs if self.decode_media else None,
+            token_inputs=token_fields or None,
             pixel_keys=tuple(self.profile.pixel_keys) if self.profile is not None else (),
             pixel_repeats={k: r for k, r in self.pixel_repeats.items() if k in encoder_inputs} or None,
             sample_ids=[s.sample_ids for s in samples],

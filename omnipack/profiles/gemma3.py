@@ -229,6 +229,17 @@ class Gemma3Inputs(EncoderInputs):
     def pixel_normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
         return self.image_mean, self.image_std
 
+    def token_inputs(self, tokens: Any, placeholder_ids: Mapping[str, Any]) -> dict[str, Any]:
+        """``token_type_ids`` (int64, like ``tokens``): 1 on image soft tokens, as ``image_token_type_ids``.
+        An HF Gemma 3 forward attends each run of them bidirectionally, and causally without this input."""
+        ids = list(placeholder_ids.get("image", ()))
+        if not ids:
+            return {}
+        is_image = tokens == ids[0]
+        for i in ids[1:]:
+            is_image = is_image | (tokens == i)
+        return {"token_type_ids": is_image.long()}
+
     def media_inputs(
         self, item: Any, payload: Payload, *, pixel_dtype: str = "float32", deferred: bool = False
     ) -> dict[str, Any]:

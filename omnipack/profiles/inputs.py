@@ -10,7 +10,7 @@ every family.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -85,6 +85,13 @@ class EncoderInputs:
     def pixel_normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
         """Per-channel (mean, std) of pixel inputs, ``x = (u8 / 255 - mean) / std``; None if not applicable."""
         return None
+
+    def token_inputs(self, tokens: Any, placeholder_ids: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+        """Per-token model inputs derived from the token ids (``tokens``: a ``[1, T]`` tensor, possibly a
+        CP rank's slice), e.g. Gemma 3's ``token_type_ids``; each must be an element-wise function of the
+        tokens, so that it is right on a CP slice. ``placeholder_ids``: the dataset's placeholder token
+        ids per media kind. Default: none."""
+        return {}
 
     def pixel_repeats(self, pixel_dtype: str) -> dict[str, int]:
         """Pixel keys whose uint8 batch tensor the loader builds temporally compact, with the repeat count.
