@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .storage import create_exclusive, make_dirs, output_path, remove_dir_if_empty
+from .storage import create_exclusive, make_dirs, output_path, pid_alive, remove_dir_if_empty
 
 LOCK_DIR = ".omnipack-lock"
 WHOLE_RUN = "run"
@@ -40,16 +40,6 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _owner() -> dict[str, Any]:
     pid = os.getpid()
     return {
@@ -64,7 +54,7 @@ def _is_live(holder: dict[str, Any]) -> bool:
     if holder.get("hostname") != socket.gethostname():
         return True  # another machine's process: can not be checked, so never taken over
     pid = int(holder.get("pid", -1))
-    if pid <= 0 or not _alive(pid):
+    if pid <= 0 or not pid_alive(pid):
         return False
     started = _start_time(pid)
     return started is None or holder.get("start_time") in (None, started)

@@ -46,7 +46,8 @@ def is_local(path: AnyPath) -> bool:
 _STAGING_PREFIX = "omnipack-staging-"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host with ``pid`` exists."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -63,7 +64,7 @@ def _staging_dir() -> Path:
     if not folder.is_dir():
         for stale in Path(tempfile.gettempdir()).glob(f"{_STAGING_PREFIX}*"):
             pid = stale.name[len(_STAGING_PREFIX) :]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 shutil.rmtree(stale, ignore_errors=True)
         folder.mkdir(parents=True, exist_ok=True)
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
