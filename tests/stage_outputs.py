@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from omnipack.pipeline import PrepareConfig
+from omnipack.stages.records import CRASH_ENV
 
 
 def demo_config(out: Path, tokenizer: Path, corpus: tuple[Path, Path], **kw) -> PrepareConfig:
@@ -50,3 +54,14 @@ def dataset_bytes(root: Path) -> dict[str, bytes]:
     assert any(k.endswith(".tar") for k in out) and any(k.endswith(".tar.idx") for k in out)
     assert ".nv-meta/omnipack.json" in out
     return out
+
+
+def prepare_in_subprocess(cfg: PrepareConfig, crash_at: str | None = None) -> subprocess.CompletedProcess:
+    """``omnipack prepare`` for ``cfg`` in a child process (the environment carried, e.g. AWS_* settings),
+    killed with SIGKILL at ``crash_at`` (``OMNIPACK_CRASH_AT``) when given."""
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    if crash_at:
+        env[CRASH_ENV] = crash_at
+    return subprocess.run(
+        [sys.executable, "-m", "omnipack", *cli_args(cfg)], env=env, capture_output=True, text=True, timeout=300
+    )

@@ -22,9 +22,8 @@ from omnipack.cli import main  # noqa: E402
 from omnipack.loader.task_encoder import OmnipackTaskEncoder  # noqa: E402
 from omnipack.pipeline import run_prepare  # noqa: E402
 from omnipack.stages.lock import OutputLock, OutputLocked  # noqa: E402
-from omnipack.stages.records import CRASH_ENV  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
-from tests.stage_outputs import cli_args, dataset_bytes, demo_config  # noqa: E402
+from tests.stage_outputs import cli_args, dataset_bytes, demo_config, prepare_in_subprocess  # noqa: E402
 
 BUCKET = "omnipack-out"
 
@@ -101,35 +100,24 @@ def test_staged_cli_pieces_write_to_s3(s3, reference, demo_tokenizer, demo_corpu
     assert s3_dataset_bytes(url) == dataset_bytes(reference)
 
 
-def _prepare(cfg, crash_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}  # carries the AWS_* settings
-    if crash_at:
-        env[CRASH_ENV] = crash_at
-    return subprocess.run(
-        [sys.executable, "-m", "omnipack", *cli_args(cfg)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def test_kills_in_write_and_finalize_on_s3_then_reruns(s3, reference, demo_tokenizer, demo_corpus):
     url = f"s3://{BUCKET}/runs/resumed"
     root = url.removeprefix("s3://")
     cfg = demo_config(url, demo_tokenizer, demo_corpus)
-    assert _prepare(cfg, "write:2").returncode == -signal.SIGKILL
+    assert prepare_in_subprocess(cfg, "write:2").returncode == -signal.SIGKILL
     fs = _fs()
     assert fs.exists(f"{root}/shards/shard-000002.tar") and not fs.exists(
         f"{root}/stages/write/shard-000002.json"
     )
     done = {k: fs.info(k)["LastModified"] for k in fs.glob(f"{root}/shards/shard-00000[01].tar")}
-    res = _prepare(cfg, "finalize:0")  # killed before the dataset's last file (dataset.yaml) went up
+    res = prepare_in_subprocess(cfg, "finalize:0")  # killed before the dataset's last file (dataset.yaml) went up
     assert res.returncode == -signal.SIGKILL, res.stderr
     assert fs.exists(f"{root}/.nv-meta/omnipack.json") and not fs.exists(f"{root}/.nv-meta/dataset.yaml")
     with pytest.raises(Exception):  # noqa: B017 - Energon's own error: no dataset there yet
         _batches(f"msc://_s3-{BUCKET}/runs/resumed")
-    res = _prepare(cfg)
+    res = prepare_in_subprocess(cfg)
     assert res.returncode == 0, res.stderr
     assert {k: fs.info(k)["LastModified"] for k in done} == done  # finished shards were not written again
     assert s3_dataset_bytes(url) == dataset_bytes(reference)

@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from omnipack.pipeline import run_prepare
-from omnipack.stages.records import CRASH_ENV
-from tests.stage_outputs import cli_args, dataset_bytes, demo_config
+from tests.stage_outputs import dataset_bytes, demo_config, prepare_in_subprocess
 
 
 @pytest.fixture(scope="module")
@@ -23,17 +21,6 @@ def reference(tmp_path_factory, demo_tokenizer, demo_corpus):
     return dataset_bytes(out)
 
 
-def _prepare(cfg, crash_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
-    if crash_at:
-        env[CRASH_ENV] = crash_at
-    return subprocess.run(
-        [sys.executable, "-m", "omnipack", *cli_args(cfg)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 def _mtimes(root: Path, pattern: str) -> dict[str, int]:
@@ -46,14 +33,14 @@ def _killed(res: subprocess.CompletedProcess) -> bool:
 
 def test_kill_in_measure_redoes_only_unfinished_parts(tmp_path, reference, demo_tokenizer, demo_corpus):
     cfg = demo_config(tmp_path / "ds", demo_tokenizer, demo_corpus)
-    res = _prepare(cfg, "measure:2")
+    res = prepare_in_subprocess(cfg, "measure:2")
     assert _killed(res), res.stderr
     measure = tmp_path / "ds" / "stages" / "measure"
     assert (measure / "part-000002.parquet").exists() and not (measure / "part-000002.json").exists()
     assert not (tmp_path / "ds" / ".nv-meta").exists()
     done = _mtimes(measure, "part-00000[01].*")
     assert len(done) == 8  # parts 0 and 1: samples, rejects, Arrow copy, record
-    res = _prepare(cfg)  # the same command again
+    res = prepare_in_subprocess(cfg)  # the same command again
     assert res.returncode == 0, res.stderr
     assert _mtimes(measure, "part-00000[01].*") == done  # finished parts are not measured again
     assert dataset_bytes(tmp_path / "ds") == reference
@@ -61,9 +48,9 @@ def test_kill_in_measure_redoes_only_unfinished_parts(tmp_path, reference, demo_
 
 def test_kill_of_a_pool_worker_then_rerun(tmp_path, reference, demo_tokenizer, demo_corpus):
     cfg = demo_config(tmp_path / "ds", demo_tokenizer, demo_corpus, workers=2)
-    res = _prepare(cfg, "measure:1")  # a worker dies: the run fails (it does not hang)
+    res = prepare_in_subprocess(cfg, "measure:1")  # a worker dies: the run fails (it does not hang)
     assert res.returncode != 0 and "BrokenProcessPool" in res.stderr, res.stderr
-    res = _prepare(cfg)
+    res = prepare_in_subprocess(cfg)
     assert res.returncode == 0, res.stderr
     assert dataset_bytes(tmp_path / "ds") == reference
 
@@ -71,12 +58,12 @@ def test_kill_of_a_pool_worker_then_rerun(tmp_path, reference, demo_tokenizer, d
 def test_kill_in_write_redoes_only_unfinished_shards(tmp_path, reference, demo_tokenizer, demo_corpus):
     root = tmp_path / "ds"
     cfg = demo_config(root, demo_tokenizer, demo_corpus)
-    assert _killed(_prepare(cfg, "write:2"))
+    assert _killed(prepare_in_subprocess(cfg, "write:2"))
     assert (root / "shards" / "shard-000002.tar").exists()  # written, but not recorded: not done
     assert not (root / "stages" / "write" / "shard-000002.json").exists()
     assert not (root / ".nv-meta").exists()
     before = _mtimes(root, "shards/shard-00000[01].tar") | _mtimes(root, "stages/measure/*")
-    assert _prepare(cfg).returncode == 0
+    assert prepare_in_subprocess(cfg).returncode == 0
     assert _mtimes(root, "shards/shard-00000[01].tar") | _mtimes(root, "stages/measure/*") == before
     assert dataset_bytes(root) == reference
 
@@ -96,22 +83,22 @@ def test_resume_redoes_a_recorded_shard_damaged_at_the_same_size(
 ):
     root = tmp_path / "ds"
     cfg = demo_config(root, demo_tokenizer, demo_corpus)
-    assert _killed(_prepare(cfg, "write:2"))
+    assert _killed(prepare_in_subprocess(cfg, "write:2"))
     shards = root / "shards"
     assert (root / "stages" / "write" / "shard-000001.json").exists()  # shards 0 and 1 are recorded
     _damage(shards / "shard-000000.tar", 700)  # inside the first member's data
     _damage(shards / "shard-000001.tar.idx", 9)  # an offset of the index
-    assert _prepare(cfg).returncode == 0
+    assert prepare_in_subprocess(cfg).returncode == 0
     assert dataset_bytes(root) == reference  # both damaged files were written again
 
 
 def test_kill_in_pack_then_rerun(tmp_path, reference, demo_tokenizer, demo_corpus):
     root = tmp_path / "ds"
     cfg = demo_config(root, demo_tokenizer, demo_corpus)
-    assert _killed(_prepare(cfg, "pack:0"))
+    assert _killed(prepare_in_subprocess(cfg, "pack:0"))
     assert (root / "stages" / "plan.parquet").exists() and not (root / "stages" / "plan.json").exists()
     measured = _mtimes(root, "stages/measure/part-*")
-    assert _prepare(cfg).returncode == 0
+    assert prepare_in_subprocess(cfg).returncode == 0
     assert _mtimes(root, "stages/measure/part-*") == measured
     assert dataset_bytes(root) == reference
 
@@ -121,11 +108,11 @@ def test_kill_in_finalize_leaves_no_dataset_then_completes(tmp_path, reference, 
 
     root = tmp_path / "ds"
     cfg = demo_config(root, demo_tokenizer, demo_corpus)
-    assert _killed(_prepare(cfg, "finalize:0"))
+    assert _killed(prepare_in_subprocess(cfg, "finalize:0"))
     assert (root / "rejects.jsonl").exists() and not (root / ".nv-meta").exists()
     assert main(["verify", str(root)]) != 0  # an unfinished run is not a dataset
     shards = _mtimes(root, "shards/*")
-    assert _prepare(cfg).returncode == 0
+    assert prepare_in_subprocess(cfg).returncode == 0
     assert _mtimes(root, "shards/*") == shards  # nothing rewritten
     assert dataset_bytes(root) == reference
     assert main(["verify", str(root)]) == 0
@@ -138,7 +125,7 @@ def test_changed_input_redoes_its_part_only(tmp_path, demo_tokenizer, demo_corpu
     edited.write_text("\n".join(lines) + "\n")
     root = tmp_path / "ds"
     cfg = demo_config(root, demo_tokenizer, (edited, media))
-    assert _killed(_prepare(cfg, "write:0"))
+    assert _killed(prepare_in_subprocess(cfg, "write:0"))
     measure = root / "stages" / "measure"
     first_parts = _mtimes(measure, "part-00000[0-2].parquet")
     last = sorted(measure.glob("part-*.parquet"))[-1].name
@@ -146,7 +133,7 @@ def test_changed_input_redoes_its_part_only(tmp_path, demo_tokenizer, demo_corpu
     lines[-1] = lines[-1].replace('"content": "', '"content": "edited ', 1)
     assert lines[-1] != edited.read_text().splitlines()[-1]
     edited.write_text("\n".join(lines) + "\n")
-    assert _prepare(cfg).returncode == 0
+    assert prepare_in_subprocess(cfg).returncode == 0
     assert _mtimes(measure, "part-00000[0-2].parquet") == first_parts
     assert (measure / last).stat().st_mtime_ns != last_before  # its bytes changed: measured again
     fresh = tmp_path / "fresh"
