@@ -355,7 +355,7 @@ def test_batches_are_split_by_characters_and_keep_order(chat, monkeypatch):
 
     monkeypatch.setattr(chat_module, "TOKENIZE_BATCH_CHARS", 100)
     calls = []
-    encode_batch = chat._encoder.encode_batch
+    encode_batch = chat._encoder.encode_batch_fast  # the byte-level demo tokenizer needs no offsets
     monkeypatch.setattr(
         chat,
         "_encoder",
@@ -363,7 +363,7 @@ def test_batches_are_split_by_characters_and_keep_order(chat, monkeypatch):
             "Spy",
             (),
             {
-                "encode_batch": lambda self, texts, **k: (
+                "encode_batch_fast": lambda self, texts, **k: (
                     calls.append(sum(map(len, texts))) or encode_batch(texts, **k)
                 ),
             },

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..dataset.contract import IGNORE_INDEX
 from ..profiles.base import MediaPlan, MediaSpan, ModelProfile
+from .token_starts import TokenByteStarts
 
 TOKENIZE_BATCH_CHARS = 1 << 22  # characters tokenized in one call
 
@@ -92,6 +93,8 @@ class ChatTokenizer:
             self._encoder.no_truncation()
         if self._encoder.padding is not None:
             self._encoder.no_padding()
+        # Token starts from the ids where that is exact: the batch encode then skips character offsets.
+        self._byte_starts = TokenByteStarts.for_tokenizer(self._encoder)
         self._compiled, self._template_vars = None, None
         self._check_setup(tokenizer_dir)
         self._compiled, self._template_vars = self._direct_template()
@@ -185,16 +188,18 @@ class ChatTokenizer:
 
     def _tokenize_many(self, texts: list[str]) -> list[Any]:
         """Encodings of ``texts``, in calls of at most ``TOKENIZE_BATCH_CHARS`` characters (one longer text
-        alone), so the tokenizer's working memory has a fixed cap."""
+        alone), so the tokenizer's working memory has a fixed cap. Without character offsets where token
+        starts come from the ids (``_byte_starts``)."""
+        encode = self._encoder.encode_batch if self._byte_starts is None else self._encoder.encode_batch_fast
         out: list[Any] = []
         start, size = 0, 0
         for k, text in enumerate(texts):
             if size and size + len(text) > TOKENIZE_BATCH_CHARS:
-                out += self._encoder.encode_batch(texts[start:k], add_special_tokens=False)
+                out += encode(texts[start:k], add_special_tokens=False)
                 start, size = k, 0
             size += len(text)
         if start < len(texts):
-            out += self._encoder.encode_batch(texts[start:], add_special_tokens=False)
+            out += encode(texts[start:], add_special_tokens=False)
         return out
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
@@ -362,10 +367,20 @@ class ChatTokenizer:
     ) -> EncodedSample:
         """Labels from the supervised spans, media blocks expanded to their plans."""
         ids = np.array(enc.ids, dtype=np.int32)
-        assistant = self._assistant_mask(enc, char_spans, len(ids))
+        byte_starts = None
+        if self._byte_starts is not None:  # ``enc`` has no offsets
+            byte_starts = self._byte_starts.starts(ids, full)
+            if byte_starts is None:  # a text the ids alone do not place: tokenize it again, with offsets
+                enc = self._tokenize(full)
+        if byte_starts is not None:
+            assistant = self._assistant_mask_from_starts(byte_starts, char_spans, full)
+        else:
+            assistant = self._assistant_mask(enc, char_spans, len(ids))
         blocks = self._find_blocks(ids)
         spans: list[MediaSpan] = []
         if blocks and len(blocks) == len(plans) and self._edge_text(blocks, plans):
+            if byte_starts is not None:
+                enc = self._tokenize(full)  # the in-context expansion reads character offsets
             input_ids, mask, spans = self._expand_in_context(enc, full, ids, assistant, char_spans, blocks, plans)
         elif blocks or plans:
             pieces_ids: list[np.ndarray] = []
@@ -573,6 +588,20 @@ class ChatTokenizer:
             mask[:] = False
             for a, b in char_spans:
                 mask |= (starts >= a) & (starts < b)
+        return mask
+
+    @staticmethod
+    def _assistant_mask_from_starts(
+        byte_starts: np.ndarray, char_spans: list[tuple[int, int]], full: str
+    ) -> np.ndarray:
+        """``_assistant_mask`` from the tokens' byte starts in ``full`` (ascending): the tokens starting
+        inside a span are one run of indices."""
+        mask = np.zeros(len(byte_starts), dtype=bool)
+        for a, b in char_spans:
+            lo, hi = np.searchsorted(
+                byte_starts, (TokenByteStarts.byte_index(full, a), TokenByteStarts.byte_index(full, b))
+            )
+            mask[lo:hi] = True
         return mask
 
     @staticmethod
