@@ -22,6 +22,7 @@ from ..dataset.contract import PackedRowArrays, row_contract_errors
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
 from ..profiles.inputs import EncoderInputs, batch_storage, storage_view
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
+from .buffer_pool import BufferLease, worker_pool
 from .context_parallel import cp_partition_indices, slice_batch_for_cp
 from .media import (
     MediaMismatchError,
@@ -91,6 +92,19 @@ class PackedBatch(Batch):
     # Per-token model inputs the family derives from the tokens (``EncoderInputs.token_inputs``, e.g.
     # Gemma 3's ``token_type_ids``), shaped like ``tokens`` (this CP rank's slice).
     token_inputs: dict[str, torch.Tensor] | None = None
+    # From a loader worker: the worker's shared buffers this batch lives in, reused by the worker once this
+    # batch's tensors are freed here (``loader.buffer_pool``).
+    buffer_lease: BufferLease | None = None
+
+    def __setstate__(self, state: Any) -> None:
+        # Unpickled in the trainer process: watch for this batch's release. (The default restore: a dict,
+        # or (dict, slot values) since a base class declares __slots__.)
+        values, slot_values = state if isinstance(state, tuple) else (state, None)
+        self.__dict__.update(values or {})
+        for k, v in (slot_values or {}).items():
+            setattr(self, k, v)
+        if self.buffer_lease is not None:
+            self.buffer_lease.watch(self)
 
     def media_inputs(self) -> dict[str, torch.Tensor]:
         """The encoder inputs present in this batch (placeholder order across the micro-batch), in the HF
@@ -345,6 +359,15 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
 
     @stateless
     def batch(self, samples: list[PackedRowSample]) -> PackedBatch:
+        pool = worker_pool()
+        if pool is None:
+            return self._batch(samples)
+        with pool.batch_scope() as scope:
+            out = self._batch(samples)
+            out.buffer_lease = pool.lease(scope)
+        return out
+
+    def _batch(self, samples: list[PackedRowSample]) -> PackedBatch:
         fields = concat_rows([s.arrays() for s in samples])
         cp_token_indices = None
         if self.cp_size > 1:
@@ -400,6 +423,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             sample_ids=[s.sample_ids for s in samples],
             row_meta=[s.meta for s in samples],
             media=None if self.decode_media else [s.media or {} for s in samples],
+            buffer_lease=None,  # set by batch() in a worker
         )
 
     @stateless

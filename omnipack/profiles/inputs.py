@@ -129,15 +129,19 @@ class PendingRows:
 
 
 def batch_storage(nbytes: int) -> Any:
-    """A new torch ``UntypedStorage`` of ``nbytes`` for batch tensors: in a DataLoader worker it is created
-    in shared memory (as torch's own default collate does), so sending the batch to the main process copies
-    no bytes; elsewhere an ordinary one. Every batch buffer of the loader is allocated here."""
+    """A torch ``UntypedStorage`` of at least ``nbytes`` for batch tensors: in a DataLoader worker it is in
+    shared memory (as torch's own default collate does), so sending the batch to the main process copies
+    no bytes, and reused from batch to batch once the trainer is done with it (``loader.buffer_pool``);
+    elsewhere an ordinary new one. Every batch buffer of the loader is allocated here."""
     import torch
 
+    from ..loader.buffer_pool import worker_pool
+
     nbytes = max(int(nbytes), 1)
-    if torch.utils.data.get_worker_info() is None:
+    pool = worker_pool()
+    if pool is None:
         return torch.UntypedStorage(nbytes)
-    return torch.UntypedStorage._new_shared(nbytes)
+    return pool.take(nbytes)
 
 
 def storage_view(storage: Any, offset: int, shape: tuple[int, ...], dtype: Any) -> Any:
