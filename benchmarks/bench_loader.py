@@ -9,7 +9,8 @@ omnipack: ``omnipack prepare`` once (offline), then ``get_val_dataset`` + ``Omni
 (decode the stored media, check every row's contract and placeholders, build encoder inputs) at DEFAULT
 settings: raw storage (npy images, stored npz video) and uint8 pixels (normalized on the trainer's GPU,
 bit-identical to the HF processor). The old defaults (PNG images, deflated video) and float32 pixels are
-measured for reference, and so is the per-row contract check (``check_rows``).
+measured for reference, and so are the per-row contract check (``check_rows``) and the workers' reuse of
+their shared-memory batch buffers (``reuse_buffers=False``: fresh shared memory per batch, as before).
 
 Storage: every candidate way to store a resized photo is measured on the corpus photos (bytes, write cost,
 load cost up to the uint8 patches, exactness of the loader's pixels against ``Qwen2VLImageProcessorPil`` run
@@ -620,6 +621,8 @@ def run_profile(
         pipelines: dict[str, tuple[str, dict[str, Any]]] = {
             "omnipack default (npy, uint8 pixels, row check on)": ("npy", {}),
             "omnipack default, check_rows=False": ("npy", {"check_rows": False}),
+            # the previous hand-over: fresh shared memory for every worker batch
+            "omnipack default, reuse_buffers=False": ("npy", {"reuse_buffers": False}),
         }
         if reference:
             pipelines.update(

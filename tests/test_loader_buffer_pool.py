@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import collections
-import os
+import copy
+import multiprocessing
 from pathlib import Path
 
 import pytest
@@ -11,34 +12,34 @@ import torch
 from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
 from omnipack.loader import buffer_pool
-from omnipack.loader.buffer_pool import FREE, BufferLease, WorkerBufferPool, sweep_released
+from omnipack.loader.buffer_pool import FREE, BufferLease, SlotView, WorkerBufferPool, sweep_released
 from omnipack.loader.task_encoder import OmnipackTaskEncoder
 from omnipack.profiles.inputs import storage_view
 
 PROFILE = "qwen3_omni"
 
 
-class FakeBatch:
-    """What a batch holds, as far as the lease is concerned: tensors in attributes, dicts and lists."""
-
-    def __init__(self, **tensors: object) -> None:
-        self.__dict__.update(tensors)
-
-
-def _received(pool: WorkerBufferPool, sizes: list[int]) -> tuple[FakeBatch, BufferLease]:
-    """A batch built in the pool's slots, leased, and its trainer-side copy watched as the trainer process
-    does on unpickling (there the tensors map the same memory through storages of their own; here they are
-    clones, so that their lifetime is the trainer's alone, as it is across processes)."""
+def _received(pool: WorkerBufferPool, sizes: list[int]) -> tuple[dict, BufferLease]:
+    """A batch built in the pool's slots, packed as the worker pickles it, and unpacked as the trainer
+    process does. Across processes the trainer's storages map the worker's memory through objects of their
+    own; here clones stand in for them, so that their lifetime is the trainer's alone."""
     with pool.batch_scope() as scope:
         storages = [pool.take(n) for n in sizes]
         built = [storage_view(s, 0, (n,), torch.uint8) for s, n in zip(storages, sizes, strict=True)]
+        for k, t in enumerate(built):
+            t.fill_(k + 1)
     lease = pool.lease(scope)
     assert lease is not None
-    batch = FakeBatch(a=built[0].clone(), rest={"b": [t.clone() for t in built[1:]]})
-    lease.watch(batch)  # in the worker itself: ignored
-    assert not lease.watched and all(w[0] is not lease for w in buffer_pool._WATCHED)
-    lease.worker_pid = -1  # as received from another process
-    lease.watch(batch)
+    packed = lease.pack({"a": built[0], "rest": {"b": built[1:]}, "n": 3})
+    assert isinstance(packed["a"], SlotView) and all(isinstance(v, SlotView) for v in packed["rest"]["b"])
+    sent = copy.copy(lease)
+    assert sent.pool is None  # the worker's pool never travels
+    sent.storages = {k: s.clone() for k, s in lease.storages.items()}
+    sent.worker_pid = -1  # as received in another process
+    batch = sent.unpack(packed)
+    assert sent.storages is None and batch["n"] == 3
+    for k, t in enumerate([batch["a"], *batch["rest"]["b"]]):
+        assert t.shape == (sizes[k],) and bool((t == k + 1).all())
     return batch, lease
 
 
@@ -55,7 +56,7 @@ def test_a_slot_is_reused_only_after_every_tensor_of_its_batch_is_freed():
     assert lease.slots == (0, 1) and pool.allocated == 2
     flags = pool._flags
     first = [pool.slots[k].data_ptr() for k in lease.slots]
-    view = batch.a[10:20]  # a view the trainer keeps: the storage lives on
+    view = batch["a"][10:20]  # a view the trainer keeps: the slot's memory lives on
     del batch
     assert sweep_released() == 0 and flags[0] != FREE and flags[1] != FREE
     del view
@@ -64,6 +65,22 @@ def test_a_slot_is_reused_only_after_every_tensor_of_its_batch_is_freed():
     assert sorted(lease2.slots) == [0, 1] and pool.allocated == 2  # the same buffers, nothing new
     assert {pool.slots[k].data_ptr() for k in lease2.slots} == set(first)
     assert pool.slots[lease2.slots[0]].data_ptr() == first[0]  # smallest fitting slot for the big buffer
+
+
+def test_a_tensor_the_trainer_sends_on_moves_to_fresh_memory_and_frees_the_slot():
+    """Shared on (to another process, or ``share_memory_``), a received tensor gets memory of its own: no
+    other process ever maps a slot, and the slot comes back once the trainer's references are gone."""
+    pool = WorkerBufferPool(max_slots=4)
+    batch, lease = _received(pool, [1 << 20])
+    kept = batch["a"]
+    assert not kept.is_shared()
+    del batch
+    before = kept.untyped_storage().data_ptr()
+    kept.share_memory_()  # what torch does to a tensor it sends to another process
+    assert kept.is_shared() and kept.untyped_storage().data_ptr() != before and bool((kept == 1).all())
+    assert sweep_released() == 1 and pool._flags[lease.slots[0]] == FREE
+    _received(pool, [1 << 20])  # the slot is rewritten for the next batch; the sent tensor is not
+    assert bool((kept == 1).all())
 
 
 def test_held_batches_get_new_slots_and_the_pool_falls_back_to_fresh_memory():
@@ -93,24 +110,21 @@ def test_a_failed_batch_frees_its_slots_and_a_bigger_batch_replaces_a_free_slot(
     assert pool.take(10) is not None and pool.allocated == 3  # outside a scope: fresh, never a slot
 
 
+def test_a_batch_is_not_packed_again_once_its_slots_went_to_another_batch():
+    pool = WorkerBufferPool(max_slots=1)
+    with pool.batch_scope() as scope:
+        t = storage_view(pool.take(100), 0, (100,), torch.uint8)
+    lease = pool.lease(scope)
+    pool._flags[0] = FREE  # as if the trainer had freed it
+    with pool.batch_scope() as scope2:
+        pool.take(100)
+    pool.lease(scope2)
+    with pytest.raises(RuntimeError, match="reused for another batch"):
+        lease.pack({"t": t})
+
+
 def test_no_pool_outside_a_loader_worker():
     assert buffer_pool.worker_pool() is None
-
-
-def test_a_batch_sent_on_or_copied_by_the_trainer_process_keeps_its_slots():
-    """The trainer process may pickle a received batch to another process (or deep-copy it): the other copy
-    maps the same memory, so the slots are never reused; a copy is not watched a second time."""
-    import copy
-
-    pool = WorkerBufferPool(max_slots=4)
-    batch, lease = _received(pool, [1 << 20])
-    twin = copy.deepcopy(batch)
-    twin.lease = copy.deepcopy(lease)
-    assert twin.lease.watched and not buffer_pool._WATCHED  # the original is no longer watched
-    twin.lease.watch(twin)
-    assert not buffer_pool._WATCHED
-    del batch, twin
-    assert sweep_released() == 0 and pool._flags[lease.slots[0]] != FREE
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +153,8 @@ def dataset(tmp_path_factory) -> Path:
     return out
 
 
-def _batches(ds: Path, workers: int):
-    te = OmnipackTaskEncoder.from_dataset(ds)
+def _batches(ds: Path, workers: int, **options):
+    te = OmnipackTaskEncoder.from_dataset(ds, **options)
     wc = WorkerConfig(rank=0, world_size=1, num_workers=workers)
     return get_loader(get_val_dataset(str(ds), split_part="train", batch_size=1, worker_config=wc, task_encoder=te))
 
@@ -150,9 +164,10 @@ def _content(batch) -> dict[str, torch.Tensor]:
     return {**out, **{f"raw.{k}": v.clone() for k, v in (batch.encoder_inputs or {}).items()}}
 
 
-def _inode(t: torch.Tensor) -> int:
-    fd, _ = t.untyped_storage()._share_fd_cpu_()
-    return os.fstat(fd).st_ino
+def _slots(batch) -> set[tuple[int, int]]:
+    """(worker pid, slot) of every pool buffer ``batch`` lives in."""
+    lease = batch.buffer_lease
+    return set() if lease is None else {(lease.worker_pid, k) for k in lease.slots}
 
 
 @pytest.mark.parametrize("hold", [0, 3, None])
@@ -163,7 +178,9 @@ def test_worker_batches_equal_in_process_batches_while_buffers_are_reused(datase
     expected = {b.__key__[0]: _content(b) for b in _batches(dataset, 0)}
     assert len(expected) >= 12
     held: collections.deque = collections.deque()
-    inodes, keys = [], []
+    used: list[tuple[int, int]] = []
+    keys = []
+    private = 0
 
     def check(batch) -> None:
         for k, v in _content(batch).items():
@@ -171,7 +188,9 @@ def test_worker_batches_equal_in_process_batches_while_buffers_are_reused(datase
 
     for batch in _batches(dataset, 2):
         keys.append(batch.__key__[0])
-        inodes.append(_inode(batch.tokens))
+        # In a slot, tokens alias it through a private storage (see buffer_pool); fresh memory is shared.
+        private += not batch.tokens.is_shared()
+        used += sorted(_slots(batch))
         check(batch)
         held.append(batch)
         while hold is not None and len(held) > hold:
@@ -180,7 +199,49 @@ def test_worker_batches_equal_in_process_batches_while_buffers_are_reused(datase
     for batch in held:
         check(batch)
     assert sorted(keys) == sorted(expected)
+    assert used and private
     if hold is None:
-        assert len(set(inodes)) == len(inodes)  # all alive at once: no buffer shared
+        assert len(set(used)) == len(used)  # all alive at once: no buffer used twice
     else:
-        assert len(set(inodes)) < len(inodes)  # buffers came back to the workers
+        assert len(set(used)) < len(used)  # buffers came back to the workers
+
+
+def _hold_and_compare(inbox, outbox) -> None:
+    received = inbox.get()  # tensors of a loader batch, sent on by the trainer process
+    expected = inbox.get()  # their content, sent after the loader has reused its buffers many times
+    outbox.put([bool(torch.equal(a, b)) for a, b in zip(received, expected, strict=True)])
+
+
+def test_tensors_sent_on_to_another_process_survive_buffer_reuse(dataset):
+    """The trainer sends tensors of a worker batch to another process and drops its own: the workers reuse
+    that batch's buffers for later batches, and the other process still reads the batch's values."""
+    ctx = multiprocessing.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_hold_and_compare, args=(inbox, outbox), daemon=True)
+    child.start()
+    try:
+        loader = iter(_batches(dataset, 2))
+        first = next(loader)
+        sent = [first.tokens, *[v for v in (first.encoder_inputs or {}).values()]]
+        expected = [t.clone() for t in sent]
+        first_slots = _slots(first)
+        assert first_slots
+        inbox.put(sent)
+        del first, sent
+        reused = set()
+        for batch in loader:
+            reused |= _slots(batch) & first_slots
+            del batch
+        assert reused, "the first batch's buffers were never reused: nothing was tested"
+        inbox.put(expected)
+        assert outbox.get(timeout=120) == [True] * len(expected)
+    finally:
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+
+
+def test_reuse_buffers_off_gives_each_batch_fresh_memory(dataset):
+    batches = list(_batches(dataset, 2, reuse_buffers=False))
+    assert len(batches) >= 12 and all(b.buffer_lease is None for b in batches)
+    assert all(b.tokens.is_shared() for b in batches)  # torch's own hand-over: fresh shared memory

@@ -1,29 +1,29 @@
-"""Shared-memory batch buffers that a loader worker reuses once the trainer has let go of them.
+"""Shared-memory batch buffers that a loader worker reuses once the trainer process has let go of them.
 
-A worker hands a batch to the trainer process in shared memory (no copy), and every batch used to get
-fresh shared memory: the kernel allocates, zeroes and later frees each page of it, ~20 ms of system time for
-a 16 MB omni row on a 2-core machine, more than building the row. So each worker keeps its buffers
-(``slots``) and reuses one only after the trainer's copy of the batch that used it is gone:
+A worker hands a batch to the trainer process in shared memory (no copy). With fresh shared memory for
+every batch the kernel allocates, zeroes and later frees each page of it: ~20 ms of system time for a
+16 MB omni row on a 2-core machine, more than building the row. So each worker keeps its buffers
+(``slots``) and reuses one only once nothing in the trainer process can reach it any more:
 
-- ``batch_scope`` (in ``OmnipackTaskEncoder.batch``) marks where a batch is built; ``take`` (behind
-  ``profiles.inputs.batch_storage``) gives a free slot big enough, flags it busy in a small shared flags
-  buffer and notes it in the batch's ``BufferLease``;
-- the lease travels inside the batch; when the trainer process unpickles it, ``BufferLease.watch`` keeps
-  weak references to the batch's storages there, and a later batch's arrival clears the flags of leases whose
-  storages have all been freed (Python's and torch's references alike);
-- a worker never waits for a slot: with none free it allocates fresh shared memory, as before. Slots
-  taken outside a batch scope, or in one that fails, are never leased.
-
-A lease that never reaches a trainer keeps its slots busy; the pool then allocates new ones, at most
-``MAX_SLOTS`` per worker, and beyond that fresh memory per batch.
+- ``WorkerBufferPool.batch_scope`` (in ``OmnipackTaskEncoder.batch``) marks where a batch is built; ``take``
+  (behind ``profiles.inputs.batch_storage``) gives a free slot big enough and flags it busy in a small
+  shared flags buffer. The batch carries a ``BufferLease`` naming its slots.
+- Pickled in the worker (``BufferLease.pack``), the batch's tensors in slots travel as ``SlotView``
+  references and each slot's storage once, through torch's own sharing.
+- Unpickled in the trainer process (``BufferLease.unpack``), the views are rebuilt over a private
+  (non-shared) torch storage that aliases the slot's memory. Sending such a tensor on to another process
+  therefore moves its storage into fresh shared memory (torch copies a storage that is not shared yet),
+  so no other process ever maps a slot. The lease keeps only weak references to the slots' shared
+  storages there; once they are gone (every tensor of the batch freed or moved), a later batch's arrival
+  flags the slots free.
+- A worker never waits for a slot: with none free it takes fresh shared memory, as before.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,85 +32,109 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-MAX_SLOTS = 32  # per worker: batches in flight and held by the trainer, two buffers each
+MAX_SLOTS = 32  # per worker: batches in flight and held by the trainer, a few buffers each
 SLOT_ROUNDING = 1 << 20  # slot sizes are whole MiB, so rows of similar size share slots
 FREE, BUSY = 0, 1
 
 
-def _flags_view(storage: torch.UntypedStorage) -> np.ndarray:
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),)).numpy()
+def _bytes_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """A batch tensor as it travels: where it sits in slot ``slot`` (element offset, shape, strides)."""
+
+    slot: int
+    dtype: torch.dtype
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    def over(self, slot_bytes: torch.Tensor) -> torch.Tensor:
+        return slot_bytes.view(self.dtype).as_strided(self.shape, self.stride, self.offset)
+
+
+def _map_tensors(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """``value`` with ``fn`` applied to every tensor / SlotView inside dicts, lists and tuples."""
+    if isinstance(value, (torch.Tensor, SlotView)):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    return value
 
 
 @dataclass
 class BufferLease:
-    """The pool slots one batch's tensors live in; ``watch`` (trainer side) frees them with the batch."""
+    """The pool slots a batch's tensors live in (see the module)."""
 
     flags: torch.UntypedStorage  # the worker's flags buffer (shared memory)
     slots: tuple[int, ...]
+    storages: dict[int, torch.UntypedStorage] | None  # the slots' storages; None once unpacked
     worker_pid: int = field(default_factory=os.getpid)
-    watched: bool = False  # set in the process that watches it
-
-    def watch(self, batch: Any) -> None:
-        """In the process that received ``batch``: free its slots once every tensor storage it holds has
-        been freed, checked whenever another batch arrives. Only the first process to receive the batch
-        from its worker watches (not the worker itself, e.g. on a copy there, nor copies made later)."""
-        if self.watched or os.getpid() == self.worker_pid:
-            return
-        self.watched = True
-        refs = [StorageWeakRef(s) for s in _storages(batch)]
-        if refs:  # a batch without tensors keeps its slots busy: nothing tells when they are free
-            with _LOCK:
-                _WATCHED.append((self, refs, _flags_view(self.flags)))
-        sweep_released()
+    pool: WorkerBufferPool | None = field(default=None, repr=False)  # in the worker only
 
     def __getstate__(self) -> dict[str, Any]:
-        # Sent on from the watching process (to another process, or deep-copied): the other copy maps
-        # the same memory and nothing here would see it freed, so these slots are never given back.
-        if self.watched:
-            _unwatch(self)
-        return dict(self.__dict__)
+        return {**self.__dict__, "pool": None}
+
+    def pack(self, state: Any) -> Any:
+        """In the worker: ``state`` (a pickled batch's) with every tensor in a slot as a ``SlotView``."""
+        if os.getpid() != self.worker_pid or self.storages is None:
+            return state
+        if self.pool is not None and any(self.pool.owner.get(k) is not self for k in self.slots):
+            raise RuntimeError(
+                "a loader batch is being sent again after its shared buffers were reused for another batch; "
+                "build a new batch (or pass reuse_buffers=False)"
+            )
+        by_ptr = {s.data_ptr(): k for k, s in self.storages.items()}
+
+        def ref(t: Any) -> Any:
+            k = by_ptr.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
+            if k is None:
+                return t
+            return SlotView(k, t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+        return _map_tensors(state, ref)
+
+    def unpack(self, state: Any) -> Any:
+        """Where the batch is unpickled: ``state`` with its ``SlotView``s as tensors. In another process
+        than the worker they alias the slots through private storages, and the lease starts watching."""
+        storages, self.storages = self.storages, None
+        if storages is None:
+            return state
+        if os.getpid() == self.worker_pid:  # a copy inside the worker: plain views of its own slots
+            return _map_tensors(state, lambda v: v.over(_bytes_view(storages[v.slot])) if isinstance(v, SlotView) else v)
+        # torch.from_numpy gives a storage torch does not consider shared, holding the numpy array (and
+        # through it the slot's shared storage) until that storage is freed or moved to new shared memory.
+        private = {k: torch.from_numpy(_bytes_view(s).numpy()) for k, s in storages.items()}
+        out = _map_tensors(state, lambda v: v.over(private[v.slot]) if isinstance(v, SlotView) else v)
+        _watch(self, [StorageWeakRef(s) for s in storages.values()])
+        return out
 
 
-# (lease, storage weak refs, flags) of received batches not yet freed, in the receiving process; batches
-# may be unpickled on the DataLoader's pin-memory thread, hence the lock.
+# (lease, weak refs to its slots' shared storages, flags) of received batches, in the trainer process;
+# batches may be unpickled on the DataLoader's pin-memory thread, hence the lock.
 _WATCHED: list[tuple[BufferLease, list[StorageWeakRef], np.ndarray]] = []
 _LOCK = threading.Lock()
 
 
+def _watch(lease: BufferLease, refs: list[StorageWeakRef]) -> None:
+    with _LOCK:
+        _WATCHED.append((lease, refs, _bytes_view(lease.flags).numpy()))
+    sweep_released()
+
+
 def sweep_released() -> int:
-    """Clear the flags of received batches whose storages have all been freed; how many leases ended."""
+    """Flag free the slots of received batches whose slot storages have all been freed here; how many
+    leases ended."""
     with _LOCK:
         ended = [w for w in _WATCHED if all(r.expired() for r in w[1])]
         for lease, _, flags in ended:
             flags[list(lease.slots)] = FREE
         _WATCHED[:] = [w for w in _WATCHED if all(w is not e for e in ended)]
     return len(ended)
-
-
-def _unwatch(lease: BufferLease) -> None:
-    with _LOCK:
-        _WATCHED[:] = [w for w in _WATCHED if w[0] is not lease]
-
-
-def _storages(value: Any) -> Iterator[torch.UntypedStorage]:
-    """The tensor storages held by ``value`` (a batch dataclass, dicts, lists), each once."""
-    seen: set[int] = set()
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, torch.Tensor):
-            s = v.untyped_storage()
-            if s.data_ptr() not in seen:
-                seen.add(s.data_ptr())
-                yield s
-        elif isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, (list, tuple)):
-            stack.extend(v)
-        elif dataclasses.is_dataclass(v) and not isinstance(v, type):  # slotted ones have no __dict__
-            stack.extend(getattr(v, f.name, None) for f in dataclasses.fields(v))
-        elif hasattr(v, "__dict__") and not isinstance(v, type):
-            stack.extend(vars(v).values())
 
 
 @dataclass
@@ -123,38 +147,41 @@ class WorkerBufferPool:
 
     def __init__(self, max_slots: int = MAX_SLOTS) -> None:
         self.flags = torch.UntypedStorage._new_shared(max_slots)
-        self._flags = _flags_view(self.flags)
+        self._flags = _bytes_view(self.flags).numpy()
         self._flags[:] = FREE
-        self.slots: list[torch.UntypedStorage | None] = []
+        self.slots: list[torch.UntypedStorage] = []
+        self.owner: dict[int, BufferLease] = {}  # the lease each slot was last given to
         self.max_slots = max_slots
         self.scope: _Scope | None = None
-        self.allocated = 0  # shared buffers created (slots and unpooled), for tests and benchmarks
+        self.allocated = 0  # shared buffers created (slots and fresh ones), for tests and benchmarks
+
+    def _new(self, nbytes: int) -> torch.UntypedStorage:
+        storage = torch.UntypedStorage._new_shared(nbytes)
+        self.allocated += 1
+        return storage
 
     def take(self, nbytes: int) -> torch.UntypedStorage:
-        """A shared storage of at least ``nbytes``: a free slot (smallest fitting) inside a batch scope,
-        else fresh shared memory."""
+        """A shared storage of at least ``nbytes``: a free slot (the smallest that fits) inside a batch
+        scope, else fresh shared memory."""
         if self.scope is None:
-            self.allocated += 1
-            return torch.UntypedStorage._new_shared(nbytes)
+            return self._new(nbytes)
         free = [k for k in range(len(self.slots)) if self._flags[k] == FREE]
-        fitting = [k for k in free if self.slots[k].nbytes() >= nbytes]  # type: ignore[union-attr]
+        fitting = [k for k in free if self.slots[k].nbytes() >= nbytes]
         if fitting:
-            k = min(fitting, key=lambda k: self.slots[k].nbytes())  # type: ignore[union-attr]
+            k = min(fitting, key=lambda k: self.slots[k].nbytes())
         else:
+            size = -(-nbytes // SLOT_ROUNDING) * SLOT_ROUNDING
             if free:  # a free slot too small for this batch: replace it (its memory goes back)
-                k = max(free, key=lambda k: self.slots[k].nbytes())  # type: ignore[union-attr]
+                k = max(free, key=lambda k: self.slots[k].nbytes())
+                self.slots[k] = self._new(size)
             elif len(self.slots) < self.max_slots:
-                k = len(self.slots)
-                self.slots.append(None)
+                self.slots.append(self._new(size))
+                k = len(self.slots) - 1
             else:
-                self.allocated += 1
-                return torch.UntypedStorage._new_shared(nbytes)
-            self.slots[k] = None
-            self.allocated += 1
-            self.slots[k] = torch.UntypedStorage._new_shared(-(-nbytes // SLOT_ROUNDING) * SLOT_ROUNDING)
+                return self._new(nbytes)
         self._flags[k] = BUSY
         self.scope.taken.append(k)
-        return self.slots[k]  # type: ignore[return-value]
+        return self.slots[k]
 
     @contextmanager
     def batch_scope(self) -> Iterator[_Scope]:
@@ -172,7 +199,13 @@ class WorkerBufferPool:
             self.scope = None
 
     def lease(self, scope: _Scope) -> BufferLease | None:
-        return BufferLease(self.flags, tuple(scope.taken)) if scope.taken else None
+        """The lease of a finished scope's slots (None if it took none)."""
+        if not scope.taken:
+            return None
+        lease = BufferLease(self.flags, tuple(scope.taken), {k: self.slots[k] for k in scope.taken}, pool=self)
+        for k in scope.taken:
+            self.owner[k] = lease
+        return lease
 
 
 _POOL: tuple[int, WorkerBufferPool] | None = None

@@ -10,6 +10,7 @@ over to the trainer copies nothing), in placeholder order across the micro-batch
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -96,15 +97,20 @@ class PackedBatch(Batch):
     # batch's tensors are freed here (``loader.buffer_pool``).
     buffer_lease: BufferLease | None = None
 
-    def __setstate__(self, state: Any) -> None:
-        # Unpickled in the trainer process: watch for this batch's release. (The default restore: a dict,
-        # or (dict, slot values) since a base class declares __slots__.)
-        values, slot_values = state if isinstance(state, tuple) else (state, None)
-        self.__dict__.update(values or {})
-        for k, v in (slot_values or {}).items():
-            setattr(self, k, v)
-        if self.buffer_lease is not None:
-            self.buffer_lease.watch(self)
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled in a loader worker: tensors in the worker's reused buffers travel as references to them
+        # (``BufferLease.pack``). Every field, since the dataclass is slotted.
+        state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return state if self.buffer_lease is None else self.buffer_lease.pack(state)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled in the trainer process: those tensors alias the worker's buffers, which the worker
+        # reuses once they are all freed here (``BufferLease.unpack``).
+        lease = state.get("buffer_lease")
+        if lease is not None:
+            state = lease.unpack(state)
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
 
     def media_inputs(self) -> dict[str, torch.Tensor]:
         """The encoder inputs present in this batch (placeholder order across the micro-batch), in the HF
@@ -200,6 +206,10 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     (``omnipack.dataset.contract.row_contract_errors``: boundaries, dtypes, padding mask, labels / loss mask, no
     supervision on placeholders); a broken row raises ``RowContractError`` (fatal for Energon) naming the
     row key and sample ids. ``align``: the dataset's alignment (``from_dataset`` reads it).
+
+    ``reuse_buffers`` (default on): a loader worker reuses a batch's shared memory once the trainer process
+    has freed every tensor of that batch (``omnipack.loader.buffer_pool``), instead of fresh shared memory
+    per batch; off, each batch gets fresh memory (less shared memory held between batches).
     """
 
     decoder = None  # parts arrive as raw bytes; the cooker decodes .npy without pickle
@@ -219,6 +229,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         pixel_dtype: str = "auto",
         check_rows: bool = True,
         align: int = 1,
+        reuse_buffers: bool = True,
     ) -> None:
         super().__init__(raw_batch_type=PackedBatch, batch_type=PackedBatch)
         if isinstance(profile, ModelProfile):  # a planner: the loader needs only its trainer half
@@ -244,6 +255,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         )
         self.pixel_dtype = pixel_dtype
         self.check_rows = check_rows
+        self.reuse_buffers = reuse_buffers
         self.align = int(align)
         # What the model must apply to uint8 pixels (None in float32 mode: already applied).
         self.pixel_mean = self.pixel_std = None
@@ -269,6 +281,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         check_media: bool = True,
         pixel_dtype: str = "auto",
         check_rows: bool = True,
+        reuse_buffers: bool = True,
     ) -> OmnipackTaskEncoder:
         """An encoder for the dataset at ``path``, configured from its ``.nv-meta/omnipack.json``.
 
@@ -276,7 +289,8 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         otherwise) and builds the profile's trainer half (``EncoderInputs``) from the recorded name and
         settings: only that family's module is imported, and no preprocessor_config or tokenizer is needed.
         ``pixel_dtype``: "auto", "uint8" (normalized on the device, see the class) or "float32";
-        ``check_rows``: the per-row contract check (see the class).
+        ``check_rows``: the per-row contract check; ``reuse_buffers``: workers reuse shared memory (see the
+        class).
         """
         from ..dataset.meta import read_omnipack_meta
         from ..profiles import get_encoder_inputs
@@ -305,6 +319,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             pixel_dtype=pixel_dtype,
             check_rows=check_rows,
             align=int(meta["align"]),
+            reuse_buffers=reuse_buffers,
         )
 
     def row_errors(self, sample: PackedRowSample) -> list[str]:
@@ -359,7 +374,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
 
     @stateless
     def batch(self, samples: list[PackedRowSample]) -> PackedBatch:
-        pool = worker_pool()
+        pool = worker_pool() if self.reuse_buffers else None
         if pool is None:
             return self._batch(samples)
         with pool.batch_scope() as scope:
