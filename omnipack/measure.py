@@ -234,12 +234,20 @@ def records_to_table(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Tab
 
 
 class TableWriter:
-    """Streams dict records into a Parquet file in row groups."""
+    """Streams dict records into a Parquet file in row groups; with ``arrow_path``, the same record batches
+    into an Arrow IPC file as well (the write stage memory-maps it: Parquet pages can not be), written from
+    the tables in hand rather than by reading the Parquet file back."""
 
-    def __init__(self, path: Path, schema: pa.Schema, batch_rows: int = 2048) -> None:
+    def __init__(
+        self, path: Path, schema: pa.Schema, batch_rows: int = 2048, arrow_path: Path | None = None
+    ) -> None:
         self.path, self.schema, self.batch_rows = path, schema, batch_rows
         self._buf: list[dict[str, Any]] = []
         self._writer = pq.ParquetWriter(path, schema)
+        self._arrow_sink = self._arrow = None
+        if arrow_path is not None:
+            self._arrow_sink = pa.OSFile(str(arrow_path), "wb")
+            self._arrow = pa.ipc.new_file(self._arrow_sink, schema)
         self.count = 0
 
     def add(self, record: dict[str, Any]) -> None:
@@ -248,14 +256,23 @@ class TableWriter:
         if len(self._buf) >= self.batch_rows:
             self.flush()
 
+    def write_table(self, table: pa.Table) -> None:
+        """``table`` (of this writer's schema) as one more row group (and record batch)."""
+        self._writer.write_table(table)
+        if self._arrow is not None:
+            self._arrow.write_table(table)
+
     def flush(self) -> None:
         if self._buf:
-            self._writer.write_table(records_to_table(self._buf, self.schema))
+            self.write_table(records_to_table(self._buf, self.schema))
             self._buf = []
 
     def close(self) -> None:
         self.flush()
         self._writer.close()
+        if self._arrow is not None:
+            self._arrow.close()
+            self._arrow_sink.close()
 
     def __enter__(self) -> TableWriter:
         return self

@@ -443,3 +443,23 @@ def test_text_only_and_media_samples_keep_their_ids_labels_and_spans(chat):
     tail = enc2.input_ids[span.end :]
     assert tail.tolist() == enc.input_ids[-len(tail) :].tolist()
     assert enc2.labels[span.end : -1].tolist() == enc.labels[-len(tail) : -1].tolist()
+
+
+def test_the_direct_render_stays_sandboxed_with_its_attribute_check_memoized(chat):
+    """The direct render's environment is a copy of transformers' sandbox (its cached one untouched) whose
+    attribute check is memoized: unsafe attributes and mutating methods stay refused on every call."""
+    from jinja2.exceptions import SecurityError
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    from omnipack.text.chat import _memoized_sandbox
+
+    assert chat._compiled.environment is not _compile_jinja_template(chat.tokenizer.get_chat_template()).environment
+    source = "{% for m in messages %}{{ loop.first }}{{ m['content'].upper() }}{% endfor %}"
+    template = _memoized_sandbox(_compile_jinja_template(source), source)
+    for _ in range(2):  # the second call answers from the memo
+        assert template.render(messages=[{"content": "a"}, {"content": "b"}]) == "TrueAFalseB"
+    for unsafe in ("{{ x.__class__.__mro__ }}", "{{ x.append(1) }}", "{{ f.__globals__.keys() }}"):
+        bad = _memoized_sandbox(_compile_jinja_template(unsafe), unsafe)
+        for _ in range(2):
+            with pytest.raises(SecurityError):
+                bad.render(x=[1], f=_plan)

@@ -5,12 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute
-import pyarrow.parquet as pq
 
-from omnipack.measure import SAMPLES_SCHEMA
+from omnipack.measure import SAMPLES_SCHEMA, TableWriter
 from omnipack.plan import PackResult
-from omnipack.stages.measure import arrow_copy, part_files
+from omnipack.stages.measure import part_files
 from omnipack.stages.write import MeasuredParts, MeasuredSamples
+
+
+def _write_part(table: pa.Table, parquet, arrow, rows: int = 1000) -> None:
+    """``table`` as the measure stage writes a part: Parquet row groups and the Arrow copy's record batches
+    of ``rows`` rows each."""
+    with TableWriter(parquet, SAMPLES_SCHEMA, arrow_path=arrow) as writer:
+        for start in range(0, len(table), rows):
+            writer.write_table(table.slice(start, rows))
 
 
 def _as_parts(table: pa.Table, measure_dir, split: int) -> MeasuredParts:
@@ -23,8 +30,7 @@ def _as_parts(table: pa.Table, measure_dir, split: int) -> MeasuredParts:
             local = pa.compute.subtract(piece.column("sample_index"), pa.scalar(first, pa.int64()))
             piece = piece.set_column(0, "sample_index", local)
         files = part_files(measure_dir, k)
-        pq.write_table(piece, files["samples"], row_group_size=1000)
-        arrow_copy(files["samples"], files["arrow"])
+        _write_part(piece, files["samples"], files["arrow"])
     total = int(table.column("sample_index")[-1].as_py()) + 1
     return MeasuredParts(measure_dir, [0, 1], np.asarray([0, first, total]))
 
@@ -48,7 +54,7 @@ def _measure_table(path, n: int, seed: int = 0) -> pa.Table:
     columns["labels"] = [rng.integers(-100, 1000, size=k).tolist() for k in lengths]
     columns["mrope_position_ids"] = [None if i % 3 else list(range(3 * k)) for i, k in enumerate(lengths)]
     table = pa.table(columns, schema=SAMPLES_SCHEMA)
-    pq.write_table(table, path, row_group_size=1000)
+    _write_part(table, path, path.with_suffix(".arrow"))
     return table
 
 
@@ -62,9 +68,7 @@ def test_gather_matches_a_take_per_row_across_record_batches(tmp_path):
     row_ptr = np.concatenate([[0], cuts, [n]]).astype(np.int64)
     plan = PackResult(row_ptr, order.astype(np.int64) * 2, [], {})
 
-    arrow = tmp_path / "samples.arrow"
-    arrow_copy(path, arrow)
-    samples = MeasuredSamples(arrow, release_every=97)  # pages released many times along the way
+    samples = MeasuredSamples(path.with_suffix(".arrow"), release_every=97)  # pages released many times along the way
     assert len(samples) == n and len(samples._batches) == 9
     jobs = list(_row_jobs(_as_parts(table, tmp_path / "measure", 4500), plan))
     assert len(jobs) == plan.num_rows

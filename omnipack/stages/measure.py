@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .. import __version__
 from ..inputs import InputPart, InputSpec, data_files, read_part, split_parts
@@ -135,17 +134,6 @@ def _measurer(config: MeasureConfig) -> Measurer:
     return _MEASURERS[key]
 
 
-def arrow_copy(parquet_path: Path, arrow_path: Path) -> None:
-    """The table as an Arrow IPC file (Parquet pages can not be memory-mapped; the write stage reads samples
-    in place from this copy), converted a row group at a time so memory stays flat."""
-    parquet = pq.ParquetFile(parquet_path)
-    pool = pa.default_memory_pool()
-    with pa.OSFile(str(arrow_path), "wb") as sink, pa.ipc.new_file(sink, parquet.schema_arrow) as out:
-        for i in range(parquet.num_row_groups):
-            out.write_table(parquet.read_row_group(i, use_threads=False))
-            pool.release_unused()
-
-
 def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     """Measure one part (or reuse its earlier output when its record matches); returns its record."""
     part: InputPart = spec.parts[number]
@@ -159,7 +147,7 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}
     samples: list[RawSample]
     with (
-        TableWriter(tmp["samples"], SAMPLES_SCHEMA) as good,
+        TableWriter(tmp["samples"], SAMPLES_SCHEMA, arrow_path=tmp["arrow"]) as good,
         TableWriter(tmp["rejects"], REJECTS_SCHEMA) as bad,
     ):
         for samples in _batches(
@@ -167,7 +155,6 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
         ):
             for kind, rec in measurer.measure_many(samples):
                 (good if kind == "sample" else bad).add(rec)
-    arrow_copy(tmp["samples"], tmp["arrow"])
     pa.default_memory_pool().release_unused()
     outputs = {
         files[name].name: {"bytes": tmp[name].stat().st_size, "xxh3": file_xxh3(tmp[name])}

@@ -53,6 +53,27 @@ def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]
     return out
 
 
+def _memoized_sandbox(template: Any, source: str) -> Any:
+    """``template`` (compiled from ``source``) compiled again in a copy of its sandbox whose attribute check is memoized per (object type,
+    attribute, value type): jinja's check reads nothing else (underscore names, internal attributes of
+    functions/frames/generators, methods that mutate known mutable types), and it ran for every
+    ``loop.first`` of every message. The template stays sandboxed; transformers' own cached environment is
+    not touched."""
+    env = template.environment.overlay()
+    check = env.is_safe_attribute
+    memo: dict[tuple[type, str, type], bool] = {}
+
+    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr, type(value))
+        safe = memo.get(key)
+        if safe is None:
+            safe = memo[key] = bool(check(obj, attr, value))
+        return safe
+
+    env.is_safe_attribute = is_safe_attribute
+    return env.from_string(source)
+
+
 class ChatTokenizer:
     """Turns a conversation plus its media plans into token ids and labels for one profile."""
 
@@ -223,7 +244,8 @@ class ChatTokenizer:
         try:
             from transformers.utils.chat_template_utils import _compile_jinja_template, _plain_template_data
 
-            compiled = _compile_jinja_template(self.tokenizer.get_chat_template())
+            source = self.tokenizer.get_chat_template()
+            compiled = _memoized_sandbox(_compile_jinja_template(source), source)
             variables = _plain_template_data(dict(self.tokenizer.special_tokens_map))
         except Exception:  # another transformers version: its public path is always right
             return None, None
