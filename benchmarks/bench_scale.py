@@ -187,7 +187,7 @@ def synthetic_parts(n: int, folder: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from omnipack.measure import SAMPLES_SCHEMA
+    from omnipack.measure import SAMPLES_PARQUET_SCHEMA
     from omnipack.stages.measure import part_files
     from omnipack.stages.records import write_json_atomic
 
@@ -198,7 +198,7 @@ def synthetic_parts(n: int, folder: str) -> None:
     for k in range(-(-n // per_part)):
         m = min(per_part, n - k * per_part)
         tokens = rng.lognormal(6.0, 1.0, size=m).clip(16, 4000).astype(np.int32)
-        cols = {f.name: pa.nulls(m, f.type) for f in SAMPLES_SCHEMA}
+        cols = {f.name: pa.nulls(m, f.type) for f in SAMPLES_PARQUET_SCHEMA}
         cols.update(
             sample_index=pa.array(np.arange(m, dtype=np.int64)),
             sample_id=pa.array([f"conversation-{k * per_part + i:012d}" for i in range(m)]),
@@ -212,7 +212,7 @@ def synthetic_parts(n: int, folder: str) -> None:
             media_json=pa.array(["[]"] * m),
         )
         files = part_files(measure_dir, k)
-        pq.write_table(pa.table(cols, schema=SAMPLES_SCHEMA), files["samples"])
+        pq.write_table(pa.table(cols, schema=SAMPLES_PARQUET_SCHEMA), files["samples"])
         pq.write_table(
             pa.table(
                 {

@@ -50,6 +50,11 @@ SAMPLES_SCHEMA = pa.schema(
         ("mrope_position_ids", pa.list_(pa.int32())),  # flattened [3, L], null when not computed
     ]
 )
+# The token columns travel only in a measured part's Arrow copy (the write stage reads them there); its
+# Parquet file holds the per-sample columns the pack and finalize stages read, a few dozen bytes a sample
+# instead of eight per token.
+TOKEN_COLUMNS = ("input_ids", "labels", "mrope_position_ids")
+SAMPLES_PARQUET_SCHEMA = pa.schema([f for f in SAMPLES_SCHEMA if f.name not in TOKEN_COLUMNS])
 REJECTS_SCHEMA = pa.schema(
     [
         ("sample_index", pa.int64()),
@@ -236,14 +241,21 @@ def records_to_table(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Tab
 class TableWriter:
     """Streams dict records into a Parquet file in row groups; with ``arrow_path``, the same record batches
     into an Arrow IPC file as well (the write stage memory-maps it: Parquet pages can not be), written from
-    the tables in hand rather than by reading the Parquet file back."""
+    the tables in hand rather than by reading the Parquet file back. ``parquet_schema`` (a subset of
+    ``schema``'s columns) limits what goes into the Parquet file."""
 
     def __init__(
-        self, path: Path, schema: pa.Schema, batch_rows: int = 2048, arrow_path: Path | None = None
+        self,
+        path: Path,
+        schema: pa.Schema,
+        batch_rows: int = 2048,
+        arrow_path: Path | None = None,
+        parquet_schema: pa.Schema | None = None,
     ) -> None:
         self.path, self.schema, self.batch_rows = path, schema, batch_rows
         self._buf: list[dict[str, Any]] = []
-        self._writer = pq.ParquetWriter(path, schema)
+        self._parquet_columns = None if parquet_schema is None else parquet_schema.names
+        self._writer = pq.ParquetWriter(path, parquet_schema or schema)
         self._arrow_sink = self._arrow = None
         if arrow_path is not None:
             self._arrow_sink = pa.OSFile(str(arrow_path), "wb")
@@ -258,7 +270,7 @@ class TableWriter:
 
     def write_table(self, table: pa.Table) -> None:
         """``table`` (of this writer's schema) as one more row group (and record batch)."""
-        self._writer.write_table(table)
+        self._writer.write_table(table if self._parquet_columns is None else table.select(self._parquet_columns))
         if self._arrow is not None:
             self._arrow.write_table(table)
 

@@ -25,7 +25,15 @@ import pyarrow.compute as pc
 from .. import __version__
 from ..inputs import InputPart, InputSpec, data_files, read_part, split_parts
 from ..manifest import RawSample
-from ..measure import REJECTS_SCHEMA, SAMPLES_SCHEMA, MeasureConfig, Measurer, TableWriter, _batches
+from ..measure import (
+    REJECTS_SCHEMA,
+    SAMPLES_PARQUET_SCHEMA,
+    SAMPLES_SCHEMA,
+    MeasureConfig,
+    Measurer,
+    TableWriter,
+    _batches,
+)
 from ..media.sources import media_root_key
 from .lock import holder_live as lock_holder_live
 from .lock import owner as lock_owner
@@ -147,7 +155,9 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}
     samples: list[RawSample]
     with (
-        TableWriter(tmp["samples"], SAMPLES_SCHEMA, arrow_path=tmp["arrow"]) as good,
+        TableWriter(
+            tmp["samples"], SAMPLES_SCHEMA, arrow_path=tmp["arrow"], parquet_schema=SAMPLES_PARQUET_SCHEMA
+        ) as good,
         TableWriter(tmp["rejects"], REJECTS_SCHEMA) as bad,
     ):
         for samples in _batches(
@@ -184,7 +194,8 @@ def part_offsets(records: list[dict[str, Any]]) -> np.ndarray:
 def read_measured(
     measure_dir: Path, records: list[dict[str, Any]], columns: list[str], *, rejects: bool = False
 ) -> pa.Table:
-    """The measured samples (or rejects) of all parts as one table, ``sample_index`` made global."""
+    """The measured samples (or rejects) of all parts as one table, ``sample_index`` made global. Samples
+    have the columns of ``SAMPLES_PARQUET_SCHEMA`` here (the token columns are in the parts' Arrow copies)."""
     offsets = part_offsets(records)
     tables = []
     for rec, offset in zip(records, offsets[:-1], strict=False):
@@ -196,7 +207,7 @@ def read_measured(
                 i, "sample_index", pc.add(table.column(i), pa.scalar(int(offset), pa.int64()))
             )
         tables.append(table)
-    schema = REJECTS_SCHEMA if rejects else SAMPLES_SCHEMA
+    schema = REJECTS_SCHEMA if rejects else SAMPLES_PARQUET_SCHEMA
     if not tables:
         return pa.table({c: pa.array([], schema.field(c).type) for c in columns})
     return pa.concat_tables(tables)
