@@ -24,8 +24,9 @@ def _received(pool: WorkerBufferPool, sizes: list[int]) -> tuple[dict, BufferLea
     process does. Across processes the trainer's storages map the worker's memory through objects of their
     own; here clones stand in for them, so that their lifetime is the trainer's alone."""
     with pool.batch_scope() as scope:
-        storages = [pool.take(n) for n in sizes]
-        built = [storage_view(s, 0, (n,), torch.uint8) for s, n in zip(storages, sizes, strict=True)]
+        taken = [pool.take(n) for n in sizes]
+        assert all(offset % 64 == 0 for _, offset in taken)
+        built = [storage_view(s, offset, (n,), torch.uint8) for (s, offset), n in zip(taken, sizes, strict=True)]
         for k, t in enumerate(built):
             t.fill_(k + 1)
     lease = pool.lease(scope)
@@ -53,18 +54,35 @@ def _no_leftover_watches():
 def test_a_slot_is_reused_only_after_every_tensor_of_its_batch_is_freed():
     pool = WorkerBufferPool(max_slots=8)
     batch, lease = _received(pool, [3 << 20, 1000])
-    assert lease.slots == (0, 1) and pool.allocated == 2
+    assert lease.slots == (0, 1) and pool.allocated == 2  # the second buffer did not fit the first slot
     flags = pool._flags
-    first = [pool.slots[k].data_ptr() for k in lease.slots]
     view = batch["a"][10:20]  # a view the trainer keeps: the slot's memory lives on
     del batch
     assert sweep_released() == 0 and flags[0] != FREE and flags[1] != FREE
     del view
     assert sweep_released() == 1 and flags[0] == FREE and flags[1] == FREE
-    batch2, lease2 = _received(pool, [2 << 20, 500])
-    assert sorted(lease2.slots) == [0, 1] and pool.allocated == 2  # the same buffers, nothing new
-    assert {pool.slots[k].data_ptr() for k in lease2.slots} == set(first)
-    assert pool.slots[lease2.slots[0]].data_ptr() == first[0]  # smallest fitting slot for the big buffer
+
+
+def test_a_batch_lives_in_one_slot_once_the_pool_knows_its_size():
+    """The first batch's buffers get slots as they come; later batches get one slot sized for a whole
+    batch (one file descriptor to hand over), and reuse it once it is free."""
+    pool = WorkerBufferPool(max_slots=8)
+    sizes = [1 << 20, 1000, 3000, 1 << 19]
+    batch, lease = _received(pool, sizes)
+    assert lease.slots == (0, 1) and pool.allocated == 2
+    del batch
+    assert sweep_released() == 1
+    batch, lease = _received(pool, sizes)
+    assert len(lease.slots) == 1 and pool.allocated == 3  # a free slot too small was replaced
+    slot, ptr = lease.slots[0], pool.slots[lease.slots[0]].data_ptr()
+    assert pool.slots[slot].nbytes() >= sum(sizes)
+    del batch
+    assert sweep_released() == 1
+    for _ in range(3):
+        batch, lease = _received(pool, sizes)
+        assert lease.slots == (slot,) and pool.slots[slot].data_ptr() == ptr and pool.allocated == 3
+        del batch
+        assert sweep_released() == 1
 
 
 def test_a_tensor_the_trainer_sends_on_moves_to_fresh_memory_and_frees_the_slot():
@@ -88,8 +106,8 @@ def test_held_batches_get_new_slots_and_the_pool_falls_back_to_fresh_memory():
     held = [_received(pool, [1 << 20]) for _ in range(3)]
     assert len(pool.slots) == 3 and pool.allocated == 3
     with pool.batch_scope() as scope:  # every slot is in the trainer's hands: fresh memory, not leased
-        extra = pool.take(1 << 20)
-    assert pool.lease(scope) is None and pool.allocated == 4
+        extra, offset = pool.take(1 << 20)
+    assert pool.lease(scope) is None and pool.allocated == 4 and offset == 0
     assert extra.data_ptr() not in {s.data_ptr() for s in pool.slots}
     assert sweep_released() == 0
     del held
@@ -113,7 +131,7 @@ def test_a_failed_batch_frees_its_slots_and_a_bigger_batch_replaces_a_free_slot(
 def test_a_batch_is_not_packed_again_once_its_slots_went_to_another_batch():
     pool = WorkerBufferPool(max_slots=1)
     with pool.batch_scope() as scope:
-        t = storage_view(pool.take(100), 0, (100,), torch.uint8)
+        t = storage_view(*pool.take(100), (100,), torch.uint8)
     lease = pool.lease(scope)
     pool._flags[0] = FREE  # as if the trainer had freed it
     with pool.batch_scope() as scope2:

@@ -464,9 +464,9 @@ def share_in_one_storage(values: dict[Any, Any], align: int = 64) -> dict[Any, A
         total += -(-values[k].numel() * values[k].element_size() // align) * align
     if not todo:
         return values
-    storage = batch_storage(total)
+    storage, base = batch_storage(total)
     out = dict(values)
     for k in todo:
         v = values[k]
-        out[k] = storage_view(storage, offsets[k], tuple(v.shape), v.dtype).copy_(v)
+        out[k] = storage_view(storage, base + offsets[k], tuple(v.shape), v.dtype).copy_(v)
     return out

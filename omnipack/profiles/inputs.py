@@ -128,11 +128,12 @@ class PendingRows:
     fill: Callable[[np.ndarray], Any]
 
 
-def batch_storage(nbytes: int) -> Any:
-    """A torch ``UntypedStorage`` of at least ``nbytes`` for batch tensors: in a DataLoader worker it is in
-    shared memory (as torch's own default collate does), so sending the batch to the main process copies
-    no bytes, and reused from batch to batch once the trainer is done with it (``loader.buffer_pool``);
-    elsewhere an ordinary new one. Every batch buffer of the loader is allocated here."""
+def batch_storage(nbytes: int) -> tuple[Any, int]:
+    """``(storage, byte offset)``: ``nbytes`` of a torch ``UntypedStorage`` for batch tensors. In a
+    DataLoader worker it is shared memory (as torch's own default collate does), so sending the batch to
+    the main process copies no bytes; there the buffers of one batch are cut from one reused slot
+    (``loader.buffer_pool``). Elsewhere an ordinary new storage. Every batch buffer of the loader is
+    allocated here."""
     import torch
 
     from ..loader.buffer_pool import worker_pool
@@ -140,7 +141,7 @@ def batch_storage(nbytes: int) -> Any:
     nbytes = max(int(nbytes), 1)
     pool = worker_pool()
     if pool is None:
-        return torch.UntypedStorage(nbytes)
+        return torch.UntypedStorage(nbytes), 0
     return pool.take(nbytes)
 
 
@@ -156,7 +157,8 @@ def storage_view(storage: Any, offset: int, shape: tuple[int, ...], dtype: Any) 
 def empty_batch_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
     """An uninitialised torch tensor for a batch, over its own ``batch_storage`` (shared memory in a worker)."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    return storage_view(batch_storage(nbytes), 0, tuple(shape), dtype)
+    storage, offset = batch_storage(nbytes)
+    return storage_view(storage, offset, tuple(shape), dtype)
 
 
 def concat_into_batch_tensor(parts: list[Any]) -> Any:
