@@ -1,7 +1,8 @@
 """Measure stage: a pure function per sample from a manifest line to a measured record or a reject.
 
 Each record holds the expanded token ids and labels, media plans with their spans, and the lengths the
-packer needs. Records go to a Parquet table (``samples.parquet``), rejects to ``rejects.parquet``, so
+packer needs. Records go to an Arrow IPC file (everything) and a Parquet table (the per-sample columns,
+no token columns), rejects to ``rejects.parquet``, so
 the pack stage can be rerun alone, and measuring can be split across machines and packed once.
 """
 

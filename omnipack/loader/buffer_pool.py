@@ -8,7 +8,7 @@ every batch the kernel allocates, zeroes and later frees each page of it: ~20 ms
 - ``WorkerBufferPool.batch_scope`` (in ``OmnipackTaskEncoder.batch``) marks where a batch is built; ``take``
   (behind ``profiles.inputs.batch_storage``) cuts each buffer from the batch's slot, a free one sized for
   the largest batch so far (flagged busy in a small shared flags buffer), so a batch is usually one slot:
-  one file descriptor to hand over. The batch carries a ``BufferLease`` naming its slots.
+  one slot's file descriptor to hand over (plus the flags'). The batch carries a ``BufferLease`` naming its slots.
 - Pickled in the worker (``BufferLease.pack``), the batch's tensors in slots travel as ``SlotView``
   references and each slot's storage once, through torch's own sharing.
 - Unpickled in the trainer process (``BufferLease.unpack``), the views are rebuilt over a private

@@ -447,9 +447,9 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
 
 
 def share_in_one_storage(values: dict[Any, Any], align: int = 64) -> dict[Any, Any]:
-    """Inside a loader worker: the tensors of ``values`` not yet in shared memory, copied into ONE new shared
-    storage (``align``-byte aligned, non-overlapping views); other values unchanged. Outside a worker:
-    ``values`` as they are.
+    """Inside a loader worker: the tensors of ``values`` not yet in shared memory, copied into ONE shared
+    buffer (cut from the batch's pool slot, ``loader.buffer_pool``; ``align``-byte aligned, non-overlapping
+    views); other values unchanged. Outside a worker: ``values`` as they are.
 
     Handing a batch to the trainer process passes one file descriptor per storage, each a socket
     handshake the trainer's main process waits on; a batch has ~15-25 small tensors (tokens, boundaries,

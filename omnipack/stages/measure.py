@@ -3,8 +3,8 @@
 The input is split into parts of about ``part_lines`` records each, never across files, by each file's
 reader (``omnipack.inputs``: JSONL by line ends, Parquet by row groups, JSON arrays and Arrow by record
 ranges), so a part is a plain-data unit (``InputPart``) this stage reads without knowing the format. A
-part's samples go to ``stages/measure/part-K.parquet`` (plus ``part-K.arrow``, the same table for the write
-stage's in-place reads) and its rejects to ``part-K.rejects.parquet``, keyed by their record index within
+part's samples go to ``stages/measure/part-K.parquet`` (the per-sample columns) and ``part-K.arrow`` (those
+plus the token columns, for the write stage's in-place reads), and its rejects to ``part-K.rejects.parquet``, keyed by their record index within
 the part: the pack stage turns (part, record) into the global sample index once every part is measured, so
 no part needs to know how many records the parts before it hold.
 """
