@@ -263,3 +263,14 @@ def test_reuse_buffers_off_gives_each_batch_fresh_memory(dataset):
     batches = list(_batches(dataset, 2, reuse_buffers=False))
     assert len(batches) >= 12 and all(b.buffer_lease is None for b in batches)
     assert all(b.tokens.is_shared() for b in batches)  # torch's own hand-over: fresh shared memory
+
+
+def test_a_copy_inside_the_worker_leaves_the_batch_its_slot_references():
+    """A batch copied inside the worker (copy.copy shares the lease) still travels as slot references."""
+    pool = WorkerBufferPool(max_slots=2)
+    with pool.batch_scope() as scope:
+        t = storage_view(*pool.take(100), (100,), torch.uint8).fill_(7)
+    lease = pool.lease(scope)
+    twin = lease.unpack(lease.pack({"t": t}))  # in the worker: plain views, the lease keeps its storages
+    assert bool((twin["t"] == 7).all()) and lease.storages is not None
+    assert isinstance(lease.pack({"t": t})["t"], SlotView)

@@ -33,6 +33,9 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ..alignment import pad_to_multiple
+from ..profiles.inputs import storage_view
+
 MAX_SLOTS = 32  # per worker: batches in flight and held by the trainer, a few buffers each
 SLOT_ROUNDING = 1 << 20  # slot sizes are whole MiB, so rows of similar size share slots
 ALIGN = 64  # byte alignment of the buffers cut from a slot
@@ -40,7 +43,7 @@ FREE, BUSY = 0, 1
 
 
 def _bytes_view(storage: torch.UntypedStorage) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+    return storage_view(storage, 0, (storage.nbytes(),), torch.uint8)
 
 
 @dataclass(frozen=True)
@@ -103,11 +106,14 @@ class BufferLease:
     def unpack(self, state: Any) -> Any:
         """Where the batch is unpickled: ``state`` with its ``SlotView``s as tensors. In another process
         than the worker they alias the slots through private storages, and the lease starts watching."""
-        storages, self.storages = self.storages, None
+        storages = self.storages
         if storages is None:
             return state
-        if os.getpid() == self.worker_pid:  # a copy inside the worker: plain views of its own slots
+        if os.getpid() == self.worker_pid:
+            # A copy inside the worker (copy.copy shares this lease with the original): plain views of its
+            # own slots, and the lease keeps its storages, so the original still travels as slot references.
             return _map_tensors(state, lambda v: v.over(_bytes_view(storages[v.slot])) if isinstance(v, SlotView) else v)
+        self.storages = None
         # torch.from_numpy gives a storage torch does not consider shared, holding the numpy array (and
         # through it the slot's shared storage) until that storage is freed or moved to new shared memory.
         private = {k: torch.from_numpy(_bytes_view(s).numpy()) for k, s in storages.items()}
@@ -177,7 +183,7 @@ class WorkerBufferPool:
         if self.scope is None:
             return self._new(max(nbytes, 1)), 0
         scope = self.scope
-        size = -(-max(nbytes, 1) // ALIGN) * ALIGN
+        size = pad_to_multiple(max(nbytes, 1), ALIGN)
         if scope.taken and scope.used + size <= self.slots[scope.taken[-1]].nbytes():
             offset = scope.used
             scope.used += size
@@ -189,7 +195,7 @@ class WorkerBufferPool:
         if fitting:
             k = min(fitting, key=lambda k: self.slots[k].nbytes())
         else:
-            rounded = -(-wanted // SLOT_ROUNDING) * SLOT_ROUNDING
+            rounded = pad_to_multiple(wanted, SLOT_ROUNDING)
             if free:  # a free slot too small for this batch: replace it (its memory goes back)
                 k = max(free, key=lambda k: self.slots[k].nbytes())
                 self.slots[k] = self._new(rounded)

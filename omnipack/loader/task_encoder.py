@@ -19,11 +19,12 @@ import torch
 from megatron.energon import Batch, Cooker, DefaultTaskEncoder, edataclass, stateless
 from megatron.energon.errors import FatalSampleError
 
+from ..alignment import pad_to_multiple
 from ..dataset.contract import PackedRowArrays, row_contract_errors
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
 from ..profiles.inputs import EncoderInputs, batch_storage, storage_view
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
-from .buffer_pool import BufferLease, worker_pool
+from .buffer_pool import ALIGN, BufferLease, worker_pool
 from .context_parallel import cp_partition_indices, slice_batch_for_cp
 from .media import (
     MediaMismatchError,
@@ -446,7 +447,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         return batch
 
 
-def share_in_one_storage(values: dict[Any, Any], align: int = 64) -> dict[Any, Any]:
+def share_in_one_storage(values: dict[Any, Any], align: int = ALIGN) -> dict[Any, Any]:
     """Inside a loader worker: the tensors of ``values`` not yet in shared memory, copied into ONE shared
     buffer (cut from the batch's pool slot, ``loader.buffer_pool``; ``align``-byte aligned, non-overlapping
     views); other values unchanged. Outside a worker: ``values`` as they are.
@@ -461,7 +462,7 @@ def share_in_one_storage(values: dict[Any, Any], align: int = 64) -> dict[Any, A
     offsets, total = {}, 0
     for k in todo:
         offsets[k] = total
-        total += -(-values[k].numel() * values[k].element_size() // align) * align
+        total += pad_to_multiple(values[k].numel() * values[k].element_size(), align)
     if not todo:
         return values
     storage, base = batch_storage(total)
