@@ -94,6 +94,12 @@ class Reader:
         """The data files of ``path``, in their reading order."""
         return [path]
 
+    def splits(self, path: Path) -> dict[str, list[Path]] | None:
+        """The splits of a folder input (``{split: data files}``; ``{}`` when it names none), None for a file."""
+        from .splits import find_splits
+
+        return find_splits(path, self.data_files(path)) if path.is_dir() else None
+
     def count(self, file: Path) -> int:
         """Number of records of ``file`` (cheap: metadata or a byte scan, no parsing)."""
         raise NotImplementedError
