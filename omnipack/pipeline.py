@@ -315,9 +315,12 @@ def run_prepare(
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
-    # every input exists, has a reader and a split to read, checked before the output folder is touched
-    for _, choice in select_inputs([Path(p) for p in cfg.manifest], cfg.input_spec):
+    # every input exists, has a reader and a split to read, and does not end cut short (its last bytes),
+    # checked before the output folder is touched
+    for reader, choice in select_inputs([Path(p) for p in cfg.manifest], cfg.input_spec):
         print(f"omnipack prepare: {choice.describe()}", file=sys.stderr)
+        for f in choice.files:
+            reader.check_end(f)
     out = output_path(cfg.output)
     with OutputLock(out, _lock_name(stage, rank, world_size)):
         state = _output_state(cfg, stage)

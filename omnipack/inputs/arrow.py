@@ -48,10 +48,16 @@ def _cut_short(path: str, offset: int, why: str) -> InputError:
     )
 
 
-@lru_cache(maxsize=16)
 def _batches_index(path: str) -> tuple[Any, list[int]]:
-    """(a function giving batch i, cumulative row starts) of an Arrow IPC file or stream, memory-mapped;
-    :class:`InputError` when it can not be read to its end."""
+    """(the record batches, cumulative row starts) of an Arrow IPC file or stream, memory-mapped;
+    :class:`InputError` when it can not be read to its end. Kept per file version (a file replaced by a
+    fresh download is read again)."""
+    st = Path(path).stat()
+    return _batches_of(path, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _batches_of(path: str, size: int, mtime_ns: int) -> tuple[Any, list[int]]:
     import pyarrow as pa
 
     try:
@@ -98,6 +104,9 @@ class ArrowReader(Reader):
         if names is None:
             return super().splits(path)
         return {s: _hf_files(path / s) or [] for s in names}
+
+    def check_end(self, file: Path) -> None:
+        _batches_index(str(file))
 
     def count(self, file: Path, max_record_bytes: int = 0) -> int:
         return _batches_index(str(file))[1][-1]

@@ -154,6 +154,14 @@ class JsonArrayReader(Reader):
     def detect(self, path: Path) -> bool:
         return path.is_file() and first_byte(path) == b"["
 
+    def check_end(self, file: Path) -> None:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            f.seek(max(size - 4096, 0))
+            tail = f.read().rstrip()
+        if not tail.endswith(b"]"):
+            raise _unreadable(file, size, "the file ends without the array's closing ']' (cut short?)")
+
     def count(self, file: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
         return sum(1 for _ in _elements(file, file.name, max_record_bytes))
 

@@ -64,6 +64,17 @@ class JsonLinesReader(Reader):
     def data_files(self, path: Path) -> list[Path]:
         return sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
 
+    def check_end(self, file: Path) -> None:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            f.seek(max(size - _SKIP_CHUNK, 0))
+            tail = f.read()
+        if tail.endswith(b"\n"):
+            return
+        nl = tail.rfind(b"\n")
+        if nl >= 0 or size <= _SKIP_CHUNK:  # else a long last line: the split checks it
+            check_not_cut(file, tail[nl + 1 :], None, size - len(tail) + nl + 1)
+
     def count(self, file: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
         with open(file, "rb") as f:
             return sum(1 for line, _ in lines(f, max_record_bytes) if line is None or line.strip())
@@ -152,7 +163,7 @@ class JsonLinesReader(Reader):
                 yield _parse_line(line_no - 1, f"{label}:{line_no}", line, size, line_no, max_record_bytes)
 
 
-def check_not_cut(file: Path, line: bytes | None, line_no: int, offset: int) -> None:
+def check_not_cut(file: Path, line: bytes | None, line_no: int | None, offset: int) -> None:
     """Raise :class:`InputError` when ``line`` (starting at byte ``offset``) is a last line without its
     newline that is not whole JSON: the file was cut short there. (Bytes that are not UTF-8 in a whole
     line stay that line's reject.)"""
@@ -163,8 +174,8 @@ def check_not_cut(file: Path, line: bytes | None, line_no: int, offset: int) -> 
     except json.JSONDecodeError as e:
         raise InputError(
             f"input {file} can not be read to its end (at byte {offset} of {file.stat().st_size}: its last "
-            f"line, line {line_no}, has no newline and is not whole JSON ({e.msg}): the file is cut short?); "
-            "fix or re-download it"
+            f"line{f', line {line_no},' if line_no else ''} has no newline and is not whole JSON ({e.msg}): "
+            "the file is cut short?); fix or re-download it"
         ) from None
 
 

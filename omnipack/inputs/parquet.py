@@ -19,8 +19,14 @@ BATCH_ROWS = 64  # rows decoded to Python at once (rows can hold megabytes of me
 PARQUET_MAGIC = b"PAR1"
 
 
-@lru_cache(maxsize=16)
 def _file(path: str) -> Any:
+    """The file's reader, kept per file version (a file replaced by a fresh download is opened again)."""
+    st = Path(path).stat()
+    return _file_of(path, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _file_of(path: str, size: int, mtime_ns: int) -> Any:
     import pyarrow.parquet as pq
 
     # buffered reads, no pre-buffering of whole column chunks: memory stays at about one row group
@@ -71,6 +77,9 @@ class ParquetReader(Reader):
 
     def data_files(self, path: Path) -> list[Path]:
         return sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
+
+    def check_end(self, file: Path) -> None:
+        _open(file)
 
     def count(self, file: Path, max_record_bytes: int = 0) -> int:
         return _open(file).metadata.num_rows

@@ -84,13 +84,17 @@ class SplitChoice:
     def describe(self) -> str:
         """One line for the run's log: which files of which split it takes, and what it leaves."""
         where = f"input {self.path}"
-        taken = f"{len(self.files)} file{'s' * (len(self.files) != 1)}: {_names(self.path, self.files)}"
+        taken = f"{_files(self.files)}: {_names(self.path, self.files)}"
         line = f"{where}: {taken}" if self.split is None else f"{where}: split {self.split!r}, {taken}"
         if self.others:
-            line += "; not read: " + ", ".join(f"split {s!r} ({len(fs)} files)" for s, fs in self.others.items())
+            line += "; not read: " + ", ".join(f"split {s!r} ({_files(fs)})" for s, fs in self.others.items())
         if self.unsplit:
             line += f"; in no split (not read): {_names(self.path, self.unsplit)}"
         return line
+
+
+def _files(files: list[Path]) -> str:
+    return f"{len(files)} file{'s' * (len(files) != 1)}"
 
 
 def _names(root: Path, files: list[Path], most: int = 4) -> str:
