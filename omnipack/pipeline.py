@@ -170,7 +170,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         "manifest": [str(p) for p in cfg.manifest],
         # contents, not just paths: an edited manifest must be measured again
         "manifest_xxh3": digest([p.xxh3 for p in parts]),
-        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields), cfg.split],
+        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)],  # the split: in manifest_xxh3
         "media_root": media_root_key(cfg.media_root),
         "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
         "max_line_bytes": max_line_bytes,
