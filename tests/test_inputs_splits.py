@@ -80,9 +80,18 @@ def test_split_names_follow_the_hub(tmp_path, names, expected):
     assert list(find_splits(tmp_path, files)) == list(expected)
 
 
+def test_a_hub_data_folder_given_itself_has_the_same_splits(tmp_path):
+    files = _touch(tmp_path, "data/train-00000-of-00001.parquet", "data/zz-00000-of-00001.parquet")
+    splits = find_splits(tmp_path / "data", files)
+    assert {s: _names(tmp_path / "data", fs) for s, fs in splits.items()} == {
+        "train": ["train-00000-of-00001.parquet"], "zz": ["zz-00000-of-00001.parquet"]
+    }
+
+
 def test_a_hub_folder_reads_train_or_the_chosen_split(tmp_path):
     hub = _hub_folder(tmp_path / "hub", {"train": 30, "test": 5}, shards={"train": 2})
     train = _ids([hub])
+    assert _ids([hub / "data"]) == train
     assert len(train) == 30 and all(i.startswith("train-") for i in train)  # not 35: the test split stays out
     assert sorted(_ids([hub], split="test")) == sorted(f"test-{i}" for i in range(5))
     with pytest.raises(InputError, match=r"no split 'validation'; its splits: train, test \(--split\)"):

@@ -53,8 +53,9 @@ def find_splits(root: Path, files: list[Path]) -> dict[str, list[Path]]:
     rels = [(f, f.relative_to(root)) for f in files]
     rels = [(f, r) for f, r in rels if not _hidden(r)]
     sharded: dict[str, list[Path]] = {}
+    in_data = root.resolve().name == "data"  # the input is a Hub dataset's data/ folder itself
     for f, r in rels:
-        m = _SHARDED.match(r.as_posix())
+        m = _SHARDED.match(f"data/{r.as_posix()}" if in_data else r.as_posix())
         if m:
             sharded.setdefault(m["split"], []).append(f)
     if sharded:
