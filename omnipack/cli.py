@@ -105,6 +105,11 @@ INPUT_FLAGS: list[tuple[str, dict[str, Any]]] = [
         {"help": "record layout: omnipack, sharegpt, messages_media (llama_factory, swift), prompt_response; default: auto"},
     ),
     (
+        "--split",
+        {"help": "the split of folder inputs to read, as the Hub names it (data/{split}-*.parquet, a DatasetDict's "
+         "splits, train/validation/test in file or folder names); default: train, or the only one"},
+    ),
+    (
         "--input-field",
         {"action": "append", "metavar": "FIELD=NAME", "help": "read omnipack FIELD from the input's NAME, e.g. images=pics"},
     ),
@@ -172,6 +177,8 @@ def _input_settings(d: dict[str, Any], args: argparse.Namespace) -> None:
         d["input_format"] = args.input_format
     if args.input_layout is not None:
         d["input_layout"] = args.input_layout
+    if args.split is not None:
+        d["split"] = args.split
     if args.max_reject_fraction is not None:
         d["max_reject_fraction"] = args.max_reject_fraction
     if args.media_allow_root:

@@ -163,6 +163,7 @@ def read_manifest(
     input_layout: str = "auto",
     input_fields: dict[str, str] | None = None,
     ledger: list[dict[str, Any]] | None = None,
+    split: str | None = None,
 ) -> Iterator[RawSample]:
     """Every record of every input (any format ``omnipack.inputs`` reads), in order; invalid records come
     back with ``error`` set (never dropped).
@@ -170,10 +171,11 @@ def read_manifest(
     ``[start, stop)`` limits the read to those record positions over all inputs in order (so stages can
     split the input into parts); sample indices are ``start_index + position``. A JSONL line or JSON record
     longer than ``max_line_bytes`` is rejected unparsed (its bytes are skipped, never held). ``ledger``
-    receives the per-file record ranges read (see ``omnipack.inputs.read_samples``)."""
+    receives the per-file record ranges read (see ``omnipack.inputs.read_samples``); ``split`` chooses the
+    split of folder inputs (see ``omnipack.inputs.splits``)."""
     from .inputs import InputSpec, read_samples
 
-    spec = InputSpec(input_format, input_layout, dict(input_fields or {}), max_line_bytes)
+    spec = InputSpec(input_format, input_layout, dict(input_fields or {}), max_line_bytes, split)
     return read_samples([Path(p) for p in paths], spec, start, stop, start_index, ledger)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from . import __version__
 from .alignment import ParallelLayout, check_seq_length
 from .dataset.meta import DATASET_CONFIG, NV_META, OMNIPACK_META
 from .dataset.shards import SHARD_CHECKSUMS
-from .inputs import InputSpec, data_files
+from .inputs import InputSpec, select_inputs
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .measure import MeasureConfig
@@ -109,6 +110,7 @@ class PrepareConfig:
     input_format: str | None = None  # reader of the inputs (jsonl, json, parquet, arrow); None: detected
     input_layout: str = "auto"  # record layout (omnipack, sharegpt, messages_media, prompt_response)
     input_fields: dict[str, str] = field(default_factory=dict)  # omnipack field -> the input's field name
+    split: str | None = None  # the split of folder inputs (Hub/DatasetDict) to read; None: train, or the only one
     media_allow_roots: list[str] = field(default_factory=list)  # symlink targets allowed outside media_root
     max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION  # more rejects: exit code 3 (data still written)
 
@@ -129,7 +131,19 @@ class PrepareConfig:
     @property
     def input_spec(self) -> InputSpec:
         max_line_bytes = self.max_line_bytes or default_max_line_bytes(self.seq_length)
-        return InputSpec(self.input_format, self.input_layout, dict(self.input_fields), max_line_bytes)
+        return InputSpec(
+            self.input_format, self.input_layout, dict(self.input_fields), max_line_bytes, self.split
+        )
+
+
+def input_summary(cfg: PrepareConfig) -> list[dict[str, Any]]:
+    """Per input path: the split read (None: the input names none) and its data files (``inputs`` in
+    omnipack.json)."""
+    return [
+        {"path": str(c.path), "split": c.split,
+         "files": [f.relative_to(c.path).as_posix() if c.path.is_dir() else f.name for f in c.files]}
+        for _, c in select_inputs([Path(p) for p in cfg.manifest], cfg.input_spec)
+    ]  # fmt: skip
 
 
 def build_spec(cfg: PrepareConfig) -> RunSpec:
@@ -156,7 +170,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         "manifest": [str(p) for p in cfg.manifest],
         # contents, not just paths: an edited manifest must be measured again
         "manifest_xxh3": digest([p.xxh3 for p in parts]),
-        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)],
+        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)],  # the split: in manifest_xxh3
         "media_root": media_root_key(cfg.media_root),
         "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
         "max_line_bytes": max_line_bytes,
@@ -213,6 +227,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             "parallel": asdict(cfg.layout),
             "tokenizer_fingerprint": chat.fingerprint(),
             "measure_key": measure_key,
+            "inputs": input_summary(cfg),
         },
     )
 
@@ -300,8 +315,12 @@ def run_prepare(
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
-    # every input exists and has a reader, checked before the output folder is touched
-    data_files([Path(p) for p in cfg.manifest], cfg.input_spec)
+    # every input exists, has a reader and a split to read, and does not end cut short (its last bytes),
+    # checked before the output folder is touched
+    for reader, choice in select_inputs([Path(p) for p in cfg.manifest], cfg.input_spec):
+        print(f"omnipack prepare: {choice.describe()}", file=sys.stderr)
+        for f in choice.files:
+            reader.check_end(f)
     out = output_path(cfg.output)
     with OutputLock(out, _lock_name(stage, rank, world_size)):
         state = _output_state(cfg, stage)

@@ -194,11 +194,12 @@ def test_json_array_streams_large_records_and_isolates_bad_bytes(tmp_path, monke
     assert [s.error is None for s in samples] == [True, True, True, False, True]
     assert "invalid UTF-8" in samples[3].error and samples[3].source == "a.json#3"
     assert samples[2].record["messages"][0]["content"].endswith("ünïcode")
-    p.write_bytes(body[: len(body) // 2])  # a truncated array: the readable records, then one reject
-    samples = list(read_manifest([p]))
-    assert samples[-1].error is not None and "invalid JSON array" in samples[-1].error
-    assert all(s.error is None for s in samples[:-1]) and len(samples) >= 2
-    assert count_records([p]) == len(samples)
+    cut = len(body) // 2
+    p.write_bytes(body[:cut])  # a truncated array: an input error, not its first records and one reject
+    for read in (lambda: list(read_manifest([p])), lambda: count_records([p])):
+        with pytest.raises(InputError, match=rf"a\.json can not be read to its end \(at byte \d+ of {cut}: "
+                           r"the file ends inside element #\d"):  # fmt: skip
+            read()
 
 
 def test_parquet_reads_row_groups_lazily(tmp_path, monkeypatch):
@@ -219,12 +220,13 @@ def test_parquet_reads_row_groups_lazily(tmp_path, monkeypatch):
     assert seen == [(2,)]  # only the row group holding the range was decoded
 
 
-def test_an_unreadable_parquet_file_is_one_reject_not_an_abort(tmp_path):
+def test_an_unreadable_parquet_file_is_an_input_error(tmp_path):
     p = tmp_path / "x.parquet"
-    p.write_bytes(b"PAR1 this is not parquet")
-    samples = list(read_manifest([p]))
-    assert len(samples) == 1 and "unreadable Parquet file" in samples[0].error
-    assert count_records([p]) == 1
+    p.write_bytes(b"PAR1 this is not parquet")  # its records can not even be counted, so not rejected
+    for read in (lambda: list(read_manifest([p])), lambda: count_records([p])):
+        with pytest.raises(InputError, match=r"x\.parquet can not be read to its end \(at byte 16 of 24: no "
+                           "readable Parquet footer"):  # fmt: skip
+            read()
 
 
 def test_embedded_audio_bytes_are_read_back_from_the_parquet_file(tmp_path):

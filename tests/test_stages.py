@@ -27,7 +27,7 @@ def test_parts_cover_every_line_once_with_their_line_numbers(tmp_path):
     lines = [f'{{"n": {i}}}' for i in range(23)]
     path.write_bytes(("\n".join(lines) + "\n").encode())
     no_newline = tmp_path / "last.jsonl"
-    no_newline.write_bytes(b"a\nb\nc")
+    no_newline.write_bytes(b"{\"a\": 1}\n{\"b\": 2}\n{\"c\": 3}")  # the last line whole, without its newline
     for chunk in (1 << 24, 7):  # a chunk boundary inside lines and parts
         import omnipack.inputs.jsonl as jsonl_reader
 

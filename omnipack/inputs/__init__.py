@@ -14,7 +14,7 @@ from . import (  # noqa: F401
     sharegpt,
 )
 from .base import LAYOUTS, READERS, InputError, InputPart
-from .read import InputSpec, count_records, data_files, read_part, read_samples, split_parts
+from .read import InputSpec, count_records, data_files, read_part, read_samples, select_inputs, split_parts
 
 __all__ = [
     "LAYOUTS",
@@ -26,5 +26,6 @@ __all__ = [
     "data_files",
     "read_part",
     "read_samples",
+    "select_inputs",
     "split_parts",
 ]

@@ -1,8 +1,10 @@
 """Arrow data: a Hugging Face ``datasets`` folder written by ``save_to_disk`` (a ``Dataset``: ``state.json``
-naming its ``data-*.arrow`` files; a ``DatasetDict``: ``dataset_dict.json`` naming its split folders, read
-split after split), or any folder of ``.arrow`` files (IPC stream or file format), memory-mapped and read a
+naming its ``data-*.arrow`` files; a ``DatasetDict``: ``dataset_dict.json`` naming its split folders, of which
+one is read: see ``splits.py``), or any folder of ``.arrow`` files (IPC stream or file format), memory-mapped and read a
 record batch at a time. Read with pyarrow alone: ``datasets`` is not needed to read what it saved.
-Binary values are referenced by ``embedded:`` pointers, as for Parquet."""
+Binary values are referenced by ``embedded:`` pointers, as for Parquet. A file that can not be read to its end
+(an IPC file without its footer, a stream cut inside a batch or without its end-of-stream marker: a cut-short
+copy) is an input error naming the file and the byte offset."""
 
 from __future__ import annotations
 
@@ -12,15 +14,22 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base import Reader, SourceRecord, register_reader
+from .base import InputError, Reader, SourceRecord, register_reader
 from .parquet import text_nbytes
 
 BATCH_ROWS = 64
 
 
+def _dict_splits(folder: Path) -> list[str] | None:
+    """The split names a ``DatasetDict.save_to_disk`` folder lists, in its order (None: not such a folder)."""
+    if not (folder / "dataset_dict.json").is_file():
+        return None
+    return list(json.loads((folder / "dataset_dict.json").read_text()).get("splits", []))
+
+
 def _hf_files(folder: Path) -> list[Path] | None:
-    if (folder / "dataset_dict.json").is_file():
-        splits = json.loads((folder / "dataset_dict.json").read_text()).get("splits", [])
+    splits = _dict_splits(folder)
+    if splits is not None:
         return [f for s in splits for f in (_hf_files(folder / s) or [])]
     if (folder / "state.json").is_file():
         state = json.loads((folder / "state.json").read_text())
@@ -28,18 +37,48 @@ def _hf_files(folder: Path) -> list[Path] | None:
     return None
 
 
-@lru_cache(maxsize=16)
+FILE_MAGIC = b"ARROW1"
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # a stream's end: continuation marker, zero length
+
+
+def _cut_short(path: str, offset: int, why: str) -> InputError:
+    size = Path(path).stat().st_size
+    return InputError(
+        f"input {path} can not be read to its end (at byte {offset} of {size}: {why}); fix or re-download it"
+    )
+
+
 def _batches_index(path: str) -> tuple[Any, list[int]]:
-    """(a function giving batch i, cumulative row starts) of an Arrow IPC file or stream, memory-mapped."""
+    """(the record batches, cumulative row starts) of an Arrow IPC file or stream, memory-mapped;
+    :class:`InputError` when it can not be read to its end. Kept per file version (a file replaced by a
+    fresh download is read again)."""
+    st = Path(path).stat()
+    return _batches_of(path, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _batches_of(path: str, size: int, mtime_ns: int) -> tuple[Any, list[int]]:
     import pyarrow as pa
 
-    source = pa.memory_map(path)
     try:
-        reader = pa.ipc.open_file(source)
-        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-    except pa.ArrowInvalid:
+        source = pa.memory_map(path)
+    except OSError as e:
+        raise InputError(f"input {path} can not be read: {e}") from None
+    if source.read(len(FILE_MAGIC)) == FILE_MAGIC:
+        try:
+            reader = pa.ipc.open_file(source)
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        except (pa.ArrowInvalid, OSError) as e:
+            raise _cut_short(path, max(source.size() - 10, 0), f"no readable IPC file footer: {e}") from None
+    else:
         source.seek(0)
-        batches = list(pa.ipc.open_stream(source))  # zero-copy views of the mapped file
+        try:
+            batches = list(pa.ipc.open_stream(source))  # zero-copy views of the mapped file
+        except (pa.ArrowInvalid, OSError) as e:
+            raise _cut_short(path, source.tell(), f"unreadable IPC stream message: {e}") from None
+        source.seek(max(source.size() - 8, 0))
+        if source.read(8) != END_OF_STREAM:  # a stream cut between batches reads without error
+            raise _cut_short(path, source.size(), "the IPC stream ends without its end-of-stream marker")
     starts = [0]
     for b in batches:
         starts.append(starts[-1] + b.num_rows)
@@ -60,20 +99,22 @@ class ArrowReader(Reader):
             return _hf_files(path) or sorted(path.rglob("*.arrow"))
         return [path]
 
+    def splits(self, path: Path) -> dict[str, list[Path]] | None:
+        names = _dict_splits(path) if path.is_dir() else None
+        if names is None:
+            return super().splits(path)
+        return {s: _hf_files(path / s) or [] for s in names}
+
+    def check_end(self, file: Path) -> None:
+        _batches_index(str(file))
+
     def count(self, file: Path, max_record_bytes: int = 0) -> int:
-        try:
-            return _batches_index(str(file))[1][-1]
-        except Exception:  # read as one reject naming the error (see records)
-            return 1
+        return _batches_index(str(file))[1][-1]
 
     def records(
         self, file: Path, label: str, start: int = 0, stop: int | None = None, max_record_bytes: int = 0
     ) -> Iterator[SourceRecord]:
-        try:
-            batches, starts = _batches_index(str(file))
-        except Exception as e:
-            yield SourceRecord(0, f"{label}#0", None, f"unreadable Arrow file: {type(e).__name__}: {e}")
-            return
+        batches, starts = _batches_index(str(file))
         stop = starts[-1] if stop is None else min(stop, starts[-1])
         for b, batch in enumerate(batches):
             lo, hi = starts[b], starts[b + 1]

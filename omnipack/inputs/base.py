@@ -94,6 +94,17 @@ class Reader:
         """The data files of ``path``, in their reading order."""
         return [path]
 
+    def splits(self, path: Path) -> dict[str, list[Path]] | None:
+        """The splits of a folder input (``{split: data files}``; ``{}`` when it names none), None for a file."""
+        from .splits import find_splits
+
+        return find_splits(path, self.data_files(path)) if path.is_dir() else None
+
+    def check_end(self, file: Path) -> None:
+        """Raise :class:`InputError` when a cheap look at ``file`` (its last bytes, its footer) shows it can
+        not be read to its end: a cut-short file fails the run before anything is written. Reading the file
+        checks the rest."""
+
     def count(self, file: Path) -> int:
         """Number of records of ``file`` (cheap: metadata or a byte scan, no parsing)."""
         raise NotImplementedError

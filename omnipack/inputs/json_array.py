@@ -1,8 +1,10 @@
 """A JSON file holding one array of records (LLaVA, LLaMA-Factory and ShareGPT exports), parsed element by
 element from a sliding buffer: the file is never held in memory as a whole.
 
-Bytes that are not UTF-8 reject the element holding them. A syntax error ends the file with one record
-naming the byte offset (the elements after it can not be told apart)."""
+Bytes that are not UTF-8 reject the element holding them. A file that can not be read to its end (cut short
+by a half-finished download, a syntax error, an element over the byte cap) is an input error naming the file
+and the byte offset, whichever part of the file meets it: the elements after that point can not be told
+apart, and a run that packed only the ones before it would lose the rest without a word."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .base import InputPart, Reader, SourceRecord, file_identity, register_reader
+from .base import InputError, InputPart, Reader, SourceRecord, file_identity, register_reader
 from .jsonl import DEFAULT_MAX_RECORD_BYTES, first_byte
 
 _CHUNK = 1 << 20
@@ -80,8 +82,7 @@ def _elements(
             if buf.text.startswith("\ufeff"):
                 buf.pos = 1
             if buf.skip_ws() != "[":
-                yield SourceRecord(0, f"{label}#0", None, "not a JSON array")
-                return
+                raise _unreadable(path, buf.offset(), "it is not a JSON array (no '[' at its start)")
             buf.pos += 1
         index, noted = first_index, first_index - 1
         while stop is None or index < stop:
@@ -101,13 +102,17 @@ def _elements(
                 if not buf.eof and len(buf.text) - buf.pos <= max_record_bytes:
                     buf.more()
                     continue
-                reason = (
-                    f"record over the {max_record_bytes}-byte limit (max_line_bytes)"
-                    if not buf.eof
-                    else f"invalid JSON array at byte {start_byte + buf.offset()}: {getattr(e, 'msg', e)}"
-                )
-                yield SourceRecord(index, where, None, reason + "; the rest of the file is not read")
-                return
+                at = start_byte + buf.offset()
+                if not buf.eof:
+                    raise _unreadable(
+                        path, at, f"element #{index} is over the {max_record_bytes}-byte record limit and the "
+                        "array can not be read past it (raise --max-line-bytes)"
+                    ) from None
+                msg = getattr(e, "msg", str(e))
+                # at the end of the text, or inside a string that the text ends in: the file stops mid-element
+                if not c or msg.startswith("Unterminated string") or getattr(e, "pos", 0) >= len(buf.text.rstrip()):
+                    raise _unreadable(path, at, f"the file ends inside element #{index} (cut short?)") from None
+                raise _unreadable(path, at, f"element #{index} is not valid JSON: {msg}") from None
             text = buf.text[buf.pos : end]
             try:
                 size = len(text.encode("utf-8"))
@@ -123,16 +128,24 @@ def _elements(
                 buf.pos += 1
             elif c == "]":
                 return
+            elif stop is not None and index >= stop:
+                return  # the next part's reader (or the split's full parse) sees what follows
+            elif not c:
+                raise _unreadable(
+                    path, start_byte + buf.offset(), f"the file ends after element #{index - 1} without the "
+                    "array's closing ']' (cut short?)"
+                )
             else:
-                if stop is None or index < stop:
-                    yield SourceRecord(
-                        index,
-                        f"{label}#{index}",
-                        None,
-                        f"invalid JSON array at byte {start_byte + buf.offset()}: expected ',' or ']'; "
-                        "the rest of the file is not read",
-                    )
-                return
+                at = start_byte + buf.offset()
+                raise _unreadable(path, at, f"expected ',' or ']' after element #{index - 1}")
+
+
+def _unreadable(path: Path, offset: int, why: str) -> InputError:
+    """The error that stops the run: the rest of the file would be lost, not rejected record by record."""
+    return InputError(
+        f"input {path} can not be read to its end (at byte {offset} of {path.stat().st_size}: {why}); "
+        "fix or re-download it"
+    )
 
 
 class JsonArrayReader(Reader):
@@ -141,6 +154,14 @@ class JsonArrayReader(Reader):
     def detect(self, path: Path) -> bool:
         return path.is_file() and first_byte(path) == b"["
 
+    def check_end(self, file: Path) -> None:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            f.seek(max(size - 4096, 0))
+            tail = f.read().rstrip()
+        if not tail.endswith(b"]") and (tail or size <= 4096):  # (a long whitespace tail: the parse looks)
+            raise _unreadable(file, size, "the file ends without the array's closing ']' (cut short?)")
+
     def count(self, file: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
         return sum(1 for _ in _elements(file, file.name, max_record_bytes))
 
@@ -148,19 +169,13 @@ class JsonArrayReader(Reader):
         """Record ranges, each starting at its first element's byte offset (found by one parse of the file),
         so reading a part never parses the elements before it."""
         offsets: list[int] = []
-        n, broken = 0, False
-        for rec in _elements(file, file.name, max_record_bytes, offsets=offsets, every=part_records):
-            n, broken = n + 1, rec.error is not None and rec.error.endswith("is not read")
+        n = sum(1 for _ in _elements(file, file.name, max_record_bytes, offsets=offsets, every=part_records))
         ident = file_identity(file)
-        parts = [
-            {"start_byte": offsets[k] if k < len(offsets) else 0, "first_line": 0, "num_lines": 0, "xxh3": ident,
+        return [
+            {"start_byte": offsets[k], "first_line": 0, "num_lines": 0, "xxh3": ident,
              "first_record": a, "num_records": min(part_records, n - a)}
             for k, a in enumerate(range(0, n, part_records))
         ]  # fmt: skip
-        if broken and len(parts) > 1 and parts[-1]["num_records"] == 1:
-            # the reject that ends a broken file is found by reading on from the element before it
-            parts[-2]["num_records"] += parts.pop()["num_records"]
-        return parts
 
     def part_records(self, part: InputPart, max_record_bytes: int) -> Iterator[SourceRecord]:
         stop = part.first_record + part.num_records

@@ -1,7 +1,9 @@
 """JSON Lines: one record per line (omnipack's manifest format, and most chat datasets' exports).
 
 A line that is not UTF-8 or not JSON becomes a record with its error (never the end of the run); a line longer
-than the byte cap is skipped in fixed-size chunks and never held in memory."""
+than the byte cap is skipped in fixed-size chunks and never held in memory. A last line without its newline
+that is not whole JSON is a file cut short (a half-finished download or copy): an input error naming the file
+and the byte offset, not a reject, since the records after the cut are lost unseen."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import IO, Any
 import numpy as np
 import xxhash
 
-from .base import InputPart, Reader, SourceRecord, register_reader
+from .base import InputError, InputPart, Reader, SourceRecord, register_reader
 
 _SKIP_CHUNK = 1 << 20
 _CHUNK = 1 << 24  # bytes scanned for line ends at once when splitting a file into parts
@@ -62,6 +64,17 @@ class JsonLinesReader(Reader):
     def data_files(self, path: Path) -> list[Path]:
         return sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
 
+    def check_end(self, file: Path) -> None:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            f.seek(max(size - _SKIP_CHUNK, 0))
+            tail = f.read()
+        if tail.endswith(b"\n"):
+            return
+        nl = tail.rfind(b"\n")
+        if nl >= 0 or size <= _SKIP_CHUNK:  # else a long last line: the split checks it
+            check_not_cut(file, tail[nl + 1 :], None, size - len(tail) + nl + 1)
+
     def count(self, file: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
         with open(file, "rb") as f:
             return sum(1 for line, _ in lines(f, max_record_bytes) if line is None or line.strip())
@@ -74,13 +87,15 @@ class JsonLinesReader(Reader):
         stop: int | None = None,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> Iterator[SourceRecord]:
-        index = 0
+        index, offset = 0, 0
         with open(file, "rb") as f:
             for line_no, (line, size) in enumerate(lines(f, max_record_bytes), 1):
+                offset += size
                 if line is not None and not line.strip():
                     continue
                 if stop is not None and index >= stop:
                     return
+                check_not_cut(file, line, line_no, offset - size)
                 where = f"{label}:{line_no}"
                 if index < start:
                     index += 1
@@ -99,7 +114,7 @@ class JsonLinesReader(Reader):
                  "xxh3": hasher.hexdigest()}
             )  # fmt: skip
 
-        start_byte, first_line, lines_in_part, pos = 0, 1, 0, 0
+        start_byte, first_line, lines_in_part, pos, last_line_start = 0, 1, 0, 0, 0
         hasher = xxhash.xxh3_128()
         last = b"\n"
         with open(file, "rb") as f:
@@ -116,10 +131,18 @@ class JsonLinesReader(Reader):
                     hasher, cut, i = xxhash.xxh3_128(), end, j + 1
                 lines_in_part += len(newlines) - i
                 hasher.update(view[cut:])
+                if len(newlines):
+                    last_line_start = pos + int(newlines[-1]) + 1
                 pos += len(chunk)
                 last = chunk[-1:]
         if pos > start_byte:  # the last lines (the very last may lack its newline)
             close(start_byte, first_line, lines_in_part + (last != b"\n"), hasher)
+        if last != b"\n" and pos:  # the last line lacks its newline: whole, or the file is cut short
+            with open(file, "rb") as f:
+                f.seek(last_line_start)
+                line = f.read(max_record_bytes + 1)
+            if len(line) <= max_record_bytes:
+                check_not_cut(file, line, first_line + lines_in_part, last_line_start)
         return parts
 
     def part_records(self, part: InputPart, max_record_bytes: int) -> Iterator[SourceRecord]:
@@ -127,14 +150,33 @@ class JsonLinesReader(Reader):
         0-based line number in the file."""
         label = part.file_label
         end_line = part.first_line + part.num_lines
+        offset = part.start_byte
         with open(part.path, "rb") as f:
             f.seek(part.start_byte)
             for line_no, (line, size) in enumerate(lines(f, max_record_bytes), part.first_line):
                 if line_no >= end_line:
                     return
+                offset += size
                 if line is not None and not line.strip():
                     continue
+                check_not_cut(Path(part.path), line, line_no, offset - size)
                 yield _parse_line(line_no - 1, f"{label}:{line_no}", line, size, line_no, max_record_bytes)
+
+
+def check_not_cut(file: Path, line: bytes | None, line_no: int | None, offset: int) -> None:
+    """Raise :class:`InputError` when ``line`` (starting at byte ``offset``) is a last line without its
+    newline that is not whole JSON: the file was cut short there. (Bytes that are not UTF-8 in a whole
+    line stay that line's reject.)"""
+    if line is None or line.endswith(b"\n") or not line.strip():
+        return
+    try:
+        json.loads(line.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "surrogateescape"))
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"input {file} can not be read to its end (at byte {offset} of {file.stat().st_size}: its last "
+            f"line{f', line {line_no},' if line_no else ''} has no newline and is not whole JSON ({e.msg}): "
+            "the file is cut short?); fix or re-download it"
+        ) from None
 
 
 def _parse_line(

@@ -1,6 +1,8 @@
 """Parquet files, or folders of them (a Hugging Face Hub dataset's ``data/*.parquet``), read a record batch
 at a time. Binary values (an HF ``Image``/``Audio``/``Video`` feature's ``bytes``, a raw ``jpg`` column) stay in
-the file: records reference them with ``embedded:`` pointers that the media resolver reads back by row group."""
+the file: records reference them with ``embedded:`` pointers that the media resolver reads back by row group.
+A file whose footer (its last bytes: a cut-short file has none) or a row group can not be read is an input
+error naming the file and the byte offset: its records can not be counted, so they could not be rejected."""
 
 from __future__ import annotations
 
@@ -11,18 +13,47 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base import Reader, SourceRecord, file_identity, register_reader
+from .base import InputError, Reader, SourceRecord, file_identity, register_reader
 
 BATCH_ROWS = 64  # rows decoded to Python at once (rows can hold megabytes of media bytes)
 PARQUET_MAGIC = b"PAR1"
 
 
-@lru_cache(maxsize=16)
 def _file(path: str) -> Any:
+    """The file's reader, kept per file version (a file replaced by a fresh download is opened again)."""
+    st = Path(path).stat()
+    return _file_of(path, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _file_of(path: str, size: int, mtime_ns: int) -> Any:
     import pyarrow.parquet as pq
 
     # buffered reads, no pre-buffering of whole column chunks: memory stays at about one row group
     return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+
+
+def _open(path: Path) -> Any:
+    """The file's reader; :class:`InputError` when its footer can not be read."""
+    try:
+        return _file(str(path))
+    except Exception as e:
+        size = path.stat().st_size
+        raise InputError(
+            f"input {path} can not be read to its end (at byte {max(size - 8, 0)} of {size}: no readable "
+            f"Parquet footer, the file is cut short or not Parquet: {type(e).__name__}: {e}); fix or "
+            "re-download it"
+        ) from None
+
+
+def _row_group_offset(pf: Any, rg: int) -> int:
+    """The byte offset of row group ``rg``'s first page."""
+    meta = pf.metadata.row_group(rg)
+    offsets = []
+    for c in range(meta.num_columns):
+        col = meta.column(c)
+        offsets.append(col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset)
+    return min(offsets, default=0)
 
 
 def _row_group_starts(pf: Any) -> list[int]:
@@ -47,19 +78,16 @@ class ParquetReader(Reader):
     def data_files(self, path: Path) -> list[Path]:
         return sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
 
+    def check_end(self, file: Path) -> None:
+        _open(file)
+
     def count(self, file: Path, max_record_bytes: int = 0) -> int:
-        try:
-            return _file(str(file)).metadata.num_rows
-        except Exception:  # read as one reject naming the error (see records)
-            return 1
+        return _open(file).metadata.num_rows
 
     def split(self, file: Path, part_records: int, max_record_bytes: int = 0) -> list[dict[str, Any]]:
         """Parts of whole row groups (about ``part_records`` records each, so a part decodes only its own
         row groups); a row group of more than twice that many records is cut into ranges."""
-        try:
-            starts = _row_group_starts(_file(str(file)))
-        except Exception:  # one part, read as one reject naming the error
-            return super().split(file, part_records, max_record_bytes)
+        starts = _row_group_starts(_open(file))
         ident = file_identity(file)
         cuts = [0]
         for lo, hi in zip(starts, starts[1:], strict=False):
@@ -78,12 +106,8 @@ class ParquetReader(Reader):
     def records(
         self, file: Path, label: str, start: int = 0, stop: int | None = None, max_record_bytes: int = 0
     ) -> Iterator[SourceRecord]:
-        try:
-            pf = _file(str(file))
-            starts = _row_group_starts(pf)
-        except Exception as e:  # a file that is not Parquet at all: one record says so
-            yield SourceRecord(0, f"{label}#0", None, f"unreadable Parquet file: {type(e).__name__}: {e}")
-            return
+        pf = _open(file)
+        starts = _row_group_starts(pf)
         stop = starts[-1] if stop is None else min(stop, starts[-1])
         for rg in range(pf.metadata.num_row_groups):
             lo, hi = starts[rg], starts[rg + 1]
@@ -102,10 +126,13 @@ class ParquetReader(Reader):
                             i = index + a + k
                             yield SourceRecord(i, f"{label}#{i}", row, None, size)
                     index += n
-            except Exception as e:  # a damaged row group: each of its remaining rows is a reject
-                reason = f"unreadable Parquet row group {rg}: {type(e).__name__}: {e}"
-                for i in range(max(index, start), min(hi, stop)):
-                    yield SourceRecord(i, f"{label}#{i}", None, reason)
+            except Exception as e:  # a damaged row group: the file can not be read past it
+                size = file.stat().st_size
+                raise InputError(
+                    f"input {file} can not be read to its end (at byte {_row_group_offset(pf, rg)} of {size}: "
+                    f"row group {rg} (records {lo} to {hi - 1}) is unreadable: {type(e).__name__}: {e}); fix "
+                    "or re-download it"
+                ) from None
 
 
 def _holds_binary(t: Any) -> bool:

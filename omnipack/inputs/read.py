@@ -18,6 +18,7 @@ from .base import ALIASES, LAYOUTS, READERS, DataFile, InputError, InputPart, Re
 from .embedded import parse_pointer, replace_embedded
 from .jsonl import DEFAULT_MAX_RECORD_BYTES
 from .markers import ConvertError
+from .splits import SplitChoice, choose_split
 
 # Keys a field mapping may name: top-level fields of any layout, and the role/content keys of turns.
 MAPPABLE_FIELDS = (
@@ -34,6 +35,7 @@ class InputSpec:
     layout: str = "auto"
     fields: Mapping[str, str] = field(default_factory=dict)  # omnipack field -> the input's field name
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    split: str | None = None  # the split of folder inputs to read (None: train, or the only one)
 
     def settings(self) -> dict[str, Any]:
         """What the samples read depend on, as plain data (for resume keys)."""
@@ -42,6 +44,7 @@ class InputSpec:
             "layout": self.layout,
             "fields": dict(sorted(self.fields.items())),
             "max_record_bytes": self.max_record_bytes,
+            "split": self.split,
         }
 
     def __post_init__(self) -> None:
@@ -75,11 +78,10 @@ def reader_for(path: Path, spec: InputSpec) -> Reader:
     raise InputError(f"input {path}: no reader recognises it (give --input-format)")
 
 
-def data_files(paths: list[Path], spec: InputSpec) -> list[tuple[Reader, DataFile]]:
-    """Every data file of the input paths, in reading order, with its reader and its label (the name
-    sources and default ids use: the file name, or ``folder/relative/path`` for a folder input; the full
-    path when names would collide)."""
-    out: list[tuple[Reader, Path, str]] = []
+def select_inputs(paths: list[Path], spec: InputSpec) -> list[tuple[Reader, SplitChoice]]:
+    """Each input path with its reader and the data files it reads: a folder's chosen split
+    (``spec.split``, else ``train``, else its only split; see ``splits.py``), a file as given."""
+    out = []
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"input {p} not found")
@@ -87,7 +89,21 @@ def data_files(paths: list[Path], spec: InputSpec) -> list[tuple[Reader, DataFil
         files = reader.data_files(p)
         if not files:
             raise InputError(f"input {p}: no {reader.name} data files in it")
-        for f in files:
+        choice = choose_split(p, files, reader.splits(p), spec.split)
+        if not choice.files:
+            raise InputError(f"input {p}: split {choice.split!r} holds no {reader.name} data files")
+        out.append((reader, choice))
+    return out
+
+
+def data_files(paths: list[Path], spec: InputSpec) -> list[tuple[Reader, DataFile]]:
+    """Every data file the input paths read (see :func:`select_inputs`), in reading order, with its reader
+    and its label (the name sources and default ids use: the file name, or ``folder/relative/path`` for a
+    folder input; the full path when names would collide)."""
+    out: list[tuple[Reader, Path, str]] = []
+    for reader, choice in select_inputs(paths, spec):
+        p = choice.path
+        for f in choice.files:
             out.append((reader, f, f"{p.name}/{f.relative_to(p).as_posix()}" if p.is_dir() else f.name))
     clash = {label for label, n in Counter(label for _, _, label in out).items() if n > 1}
     return [(r, DataFile(f, str(f) if label in clash else label)) for r, f, label in out]

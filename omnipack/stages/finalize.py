@@ -128,6 +128,7 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
         "image_encoding": spec.write.image_encoding,
         "compress_video": spec.write.compress_video,
         "mrope_position_ids": spec.measure.mrope,
+        "inputs": spec.summary.get("inputs"),  # per input path: the split read and its data files
         "counts": {
             "input": n_input,
             "packed": packed,
