@@ -109,6 +109,7 @@ class PrepareConfig:
     input_format: str | None = None  # reader of the inputs (jsonl, json, parquet, arrow); None: detected
     input_layout: str = "auto"  # record layout (omnipack, sharegpt, messages_media, prompt_response)
     input_fields: dict[str, str] = field(default_factory=dict)  # omnipack field -> the input's field name
+    input_roles: dict[str, str] = field(default_factory=dict)  # the input's role value -> a known role name
     media_allow_roots: list[str] = field(default_factory=list)  # symlink targets allowed outside media_root
     max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION  # more rejects: exit code 3 (data still written)
 
@@ -129,7 +130,9 @@ class PrepareConfig:
     @property
     def input_spec(self) -> InputSpec:
         max_line_bytes = self.max_line_bytes or default_max_line_bytes(self.seq_length)
-        return InputSpec(self.input_format, self.input_layout, dict(self.input_fields), max_line_bytes)
+        return InputSpec(
+            self.input_format, self.input_layout, dict(self.input_fields), max_line_bytes, dict(self.input_roles)
+        )
 
 
 def build_spec(cfg: PrepareConfig) -> RunSpec:
@@ -156,7 +159,8 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         "manifest": [str(p) for p in cfg.manifest],
         # contents, not just paths: an edited manifest must be measured again
         "manifest_xxh3": digest([p.xxh3 for p in parts]),
-        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)],
+        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)]
+        + ([dict(cfg.input_roles)] if cfg.input_roles else []),  # (the keys of earlier runs without roles)
         "media_root": media_root_key(cfg.media_root),
         "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
         "max_line_bytes": max_line_bytes,
