@@ -66,7 +66,9 @@ def turns_to_messages(
         if role == CALL:
             if calls[i] is not None:
                 raise ConvertError(f"function_call turn {i} also has tool_calls")
-            calls[i] = t if t not in (None, "") else []
+            if t is None or t == "" or t == []:
+                raise ConvertError(f"empty function_call turn at conversations/{i}")
+            calls[i] = t
     n_markers = {k: sum(t.count(m) for t in texts) for k, m in MARKERS.items()}
     for kind, refs in media.items():
         if n_markers[kind] == 0 and refs:

@@ -185,6 +185,8 @@ def _parse_tool_use(out: dict[str, Any]) -> None:
         msgs[i] = {k: v for k, v in m.items() if k != "tool_calls"}
         if calls is not None and calls != []:  # OpenAI exports write null/[] for "no calls"
             msgs[i]["tool_calls"] = parse_tool_calls(calls, f"messages/{i}")
+            if msgs[i].get("content") is None:  # and null content beside calls
+                msgs[i]["content"] = ""
 
 
 def read_samples(
