@@ -82,9 +82,7 @@ def turns_to_messages(
     messages = []
     for (raw_role, _), role, text, call in zip(turns, roles, texts, calls, strict=True):
         if role is None:
-            raise ConvertError(
-                f"unknown role {raw_role!r} (known: {', '.join(sorted(ROLES))}; name others with --input-role)"
-            )
+            raise ConvertError(f"unknown role {raw_role!r}")  # README lists the known ones and --input-role
         parts: list[dict[str, Any]] = []
         for piece in _MARKER_RE.split(text):
             kind = _KIND_OF.get(piece)
