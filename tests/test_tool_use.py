@@ -312,3 +312,14 @@ def test_prepare_a_llama_factory_tool_dataset_from_its_dataset_info(tmp_path, to
         assert targets == f"<tool_call>\n{call}\n</tool_call><|im_end|>It is {20 + i} degrees in city {i}.<|im_end|>"
     tokens, labels = rows["glaive.json#3"]
     assert tok.decode(labels[labels != IGNORE_INDEX]) == "Hello.<|im_end|>"
+
+
+def test_convert_llava_writes_tool_use_as_prepare_reads_it():
+    from omnipack.tools.convert import convert_record
+
+    rec = _glaive(5)
+    line = convert_record(rec, 0)
+    validate_record(line)
+    assert line["tools"] == [{"type": "function", "function": WEATHER}]
+    assert line["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"city": "c5"}
+    assert line["messages"] == _record(rec)["messages"]

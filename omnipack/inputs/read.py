@@ -18,7 +18,7 @@ from .base import ALIASES, LAYOUTS, READERS, DataFile, InputError, InputPart, Re
 from .embedded import parse_pointer, replace_embedded
 from .jsonl import DEFAULT_MAX_RECORD_BYTES
 from .markers import ROLES, ConvertError
-from .tool_use import parse_tool_calls, parse_tools
+from .tool_use import normalize_tool_use
 
 # Keys a field mapping may name: top-level fields of any layout, and the role/content keys of turns.
 MAPPABLE_FIELDS = (
@@ -161,32 +161,10 @@ def to_sample_record(rec: Any, spec: InputSpec) -> dict[str, Any]:
         if system.strip() and isinstance(msgs, list):
             out["messages"] = [{"role": "system", "content": system}, *msgs]
     try:
-        _parse_tool_use(out)
+        normalize_tool_use(out)
     except ConvertError as e:
         raise ManifestError(str(e)) from None
     return out
-
-
-def _parse_tool_use(out: dict[str, Any]) -> None:
-    """The record's tools and its messages' tool calls in the shape chat templates read (in place: ``out`` is
-    the layout's new record; a message with calls is copied before it changes)."""
-    if "tools" in out:
-        tools = parse_tools(out.pop("tools"))
-        if tools is not None:
-            out["tools"] = tools
-    msgs = out.get("messages")
-    if not isinstance(msgs, list) or not any(isinstance(m, dict) and "tool_calls" in m for m in msgs):
-        return
-    out["messages"] = msgs = list(msgs)
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or "tool_calls" not in m:
-            continue
-        calls = m["tool_calls"]
-        msgs[i] = {k: v for k, v in m.items() if k != "tool_calls"}
-        if calls is not None and calls != []:  # OpenAI exports write null/[] for "no calls"
-            msgs[i]["tool_calls"] = parse_tool_calls(calls, f"messages/{i}")
-            if msgs[i].get("content") is None:  # and null content beside calls
-                msgs[i]["content"] = ""
 
 
 def read_samples(

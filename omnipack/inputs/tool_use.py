@@ -70,3 +70,26 @@ def parse_tools(value: Any) -> list[dict[str, Any]] | None:
             raise ConvertError(f"tools/{k} has no function name")
         out.append(tool)
     return out or None
+
+
+def normalize_tool_use(out: dict[str, Any]) -> None:
+    """The record's tools and its messages' tool calls in the shape chat templates read (in place: ``out`` is
+    the layout's new record; a message with calls is copied before it changes)."""
+    if "tools" in out:
+        tools = parse_tools(out.pop("tools"))
+        if tools is not None:
+            out["tools"] = tools
+    msgs = out.get("messages")
+    if not isinstance(msgs, list) or not any(isinstance(m, dict) and "tool_calls" in m for m in msgs):
+        return
+    out["messages"] = msgs = list(msgs)
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or "tool_calls" not in m:
+            continue
+        calls = m["tool_calls"]
+        msgs[i] = {k: v for k, v in m.items() if k != "tool_calls"}
+        if calls is not None and calls != []:  # OpenAI exports write null/[] for "no calls"
+            msgs[i]["tool_calls"] = parse_tool_calls(calls, f"messages/{i}")
+            if msgs[i].get("content") is None:  # and null content beside calls
+                msgs[i]["content"] = ""
+
