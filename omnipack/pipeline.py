@@ -171,7 +171,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         manifests=tuple(str(p) for p in cfg.manifest),
         measure=MeasureConfig(
             cfg.profile,
-            cfg.tokenizer,
+            str(chat.tokenizer_dir),  # a Hub id's cached snapshot: every worker reads the same files
             cfg.media_root,
             align,
             dict(cfg.profile_options),
@@ -208,7 +208,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
                 "settings": chat.profile.settings(),
             },
             "tokenizer": {
-                "path": str(cfg.tokenizer),
+                "path": str(chat.tokenizer_dir),
                 "fingerprint": chat.fingerprint(),
                 "pad_token_id": int(pad_id),
                 # lets the loader count placeholders without the tokenizer directory

@@ -9,6 +9,8 @@ import pytest
 
 from omnipack.cli import main
 from omnipack.dataset.meta import read_omnipack_meta
+from omnipack.profiles import get_profile
+from omnipack.text.chat import ChatTokenizer
 from omnipack.text.hub_cache import NotCached, resolve_model_dir
 
 from .inputs_helpers import omnipack_record, write_images, write_jsonl
@@ -47,6 +49,11 @@ def test_hub_id_resolves_to_its_cached_snapshot(hf_home, demo_tokenizer):
     assert resolve_model_dir("org/tiny-vl") == snapshot
     assert resolve_model_dir(f"org/tiny-vl@{REV}") == snapshot  # a commit, without refs
     assert resolve_model_dir(str(demo_tokenizer)) == demo_tokenizer  # a folder stays a folder
+    # the Python API takes the id too (ChatTokenizer resolves it: transformers never gets a Hub id to fetch)
+    chat = ChatTokenizer("org/tiny-vl", get_profile("qwen2_5_vl"))
+    assert chat.tokenizer_dir == snapshot
+    with pytest.raises(ValueError, match="tokenizer 'org/absent' is not a local folder nor in the local"):
+        ChatTokenizer("org/absent", get_profile("qwen2_5_vl"))
     with pytest.raises(NotCached, match="hf download org/tiny-vl --revision v2 "):
         resolve_model_dir("org/tiny-vl@v2")
     with pytest.raises(NotCached, match=r"hf download org/other .*huggingface-cli download"):

@@ -119,6 +119,7 @@ class ChatTokenizer:
             tokenizer_dir = resolve_model_dir(tokenizer_dir)
         except NotCached as e:
             raise ValueError(f"tokenizer {str(tokenizer_dir)!r} {e}") from None
+        self.tokenizer_dir = Path(tokenizer_dir)  # the folder read (a Hub id's snapshot in the cache)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer at {tokenizer_dir} carries no chat template")
