@@ -342,9 +342,10 @@ class ChatTokenizer:
             ],
         ]
         cases = [(p, None) for p in probes]
-        try:  # tool use as transformers renders it, where the template takes it
-            self.tokenizer.apply_chat_template(_TOOL_PROBE, tools=_TOOL_PROBE_TOOLS, tokenize=False)
-            cases.append((_TOOL_PROBE, _TOOL_PROBE_TOOLS))
+        try:  # tool use as transformers renders it, where the template takes it (and ``render`` uses this one)
+            if not isinstance(self.tokenizer.chat_template, dict):
+                self.tokenizer.apply_chat_template(_TOOL_PROBE, tools=_TOOL_PROBE_TOOLS, tokenize=False)
+                cases.append((_TOOL_PROBE, _TOOL_PROBE_TOOLS))
         except Exception:
             pass
         for probe, tools in cases:
