@@ -323,3 +323,25 @@ def test_convert_llava_writes_tool_use_as_prepare_reads_it():
     assert line["tools"] == [{"type": "function", "function": WEATHER}]
     assert line["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"city": "c5"}
     assert line["messages"] == _record(rec)["messages"]
+
+
+def test_cli_dataset_info_settings_under_explicit_flags(tmp_path, demo_tokenizer):
+    from omnipack.cli import _prepare_config, build_parser
+
+    _write_info(tmp_path, {"lf": {"file_name": "d.json", "formatting": "sharegpt", "tags": {"user_tag": "q"}}})
+    base = ["prepare", "--tokenizer", str(demo_tokenizer), "-o", str(tmp_path / "out")]
+    cfg = _prepare_config(build_parser().parse_args([*base, "--dataset-info", str(tmp_path)]))
+    assert cfg.manifest == [str(tmp_path / "d.json")] and cfg.media_root == str(tmp_path)
+    assert cfg.input_layout == "sharegpt" and cfg.input_roles["q"] == "user"
+    assert cfg.input_spec.roles == cfg.input_roles
+    explicit = [*base, "--dataset-info", str(tmp_path), "--manifest", "other.json", "--media-root", "m",
+                "--input-role", "q=assistant", "--input-field", "images=pics"]  # fmt: skip
+    cfg = _prepare_config(build_parser().parse_args(explicit))
+    assert cfg.manifest == ["other.json"] and cfg.media_root == "m"
+    assert cfg.input_roles["q"] == "assistant" and cfg.input_fields["images"] == "pics"
+    assert cfg.input_fields["role"] == "from"  # the entry's mapping, under the flags
+    with pytest.raises(ValueError, match="--dataset-name needs --dataset-info"):
+        _prepare_config(build_parser().parse_args([*base, "--manifest", "x", "--media-root", "m",
+                                                   "--dataset-name", "lf"]))  # fmt: skip
+    with pytest.raises(ValueError, match="--input-role expects VALUE=ROLE"):
+        _prepare_config(build_parser().parse_args([*explicit, "--input-role", "q"]))
