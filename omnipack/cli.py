@@ -15,7 +15,13 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
             "(format and layout auto-detected; see --input-format, --input-layout)",
         }),
     (("--media-root",), {"help": "folder (or URL: s3://, https://) that relative media paths in the records resolve against"}),
-    (("--tokenizer",), {"help": "local Hugging Face tokenizer directory (carries the chat template)"}),
+    (
+        ("--tokenizer",),
+        {
+            "help": "Hugging Face tokenizer folder (carries the chat template), or a Hub model id ORG/NAME[@REV] "
+            "found in the local Hugging Face cache (HF_HOME; never downloaded)"
+        },
+    ),
     (("--output", "-o"), {"help": "dataset folder to create, or an object store URL (s3://bucket/prefix)"}),
     (("--profile",), {"help": "model profile: the name of a family module in omnipack/profiles/, e.g. qwen2_5_vl, gemma3"}),
     (
@@ -114,6 +120,15 @@ INPUT_FLAGS: list[tuple[str, dict[str, Any]]] = [
         {"action": "append", "metavar": "FIELD=NAME", "help": "read omnipack FIELD from the input's NAME, e.g. images=pics"},
     ),
     (
+        "--input-role",
+        {"action": "append", "metavar": "VALUE=ROLE", "help": "read the turn role VALUE as ROLE (user, assistant, system, function_call, observation), e.g. question=user"},
+    ),
+    (
+        "--dataset-info",
+        {"metavar": "PATH", "help": "LLaMA-Factory dataset_info.json (or its folder): its entry's file_name, formatting, columns and tags set the inputs"},
+    ),
+    ("--dataset-name", {"metavar": "NAME", "help": "the dataset_info.json entry to read (needed when it has several)"}),
+    (
         "--media-allow-root",
         {"action": "append", "metavar": "DIR", "help": "folder outside --media-root that media symlinks may point into"},
     ),
@@ -183,13 +198,34 @@ def _input_settings(d: dict[str, Any], args: argparse.Namespace) -> None:
         d["max_reject_fraction"] = args.max_reject_fraction
     if args.media_allow_root:
         d["media_allow_roots"] = [*(d.get("media_allow_roots") or []), *args.media_allow_root]
-    fields = dict(d.get("input_fields") or {})
-    for item in args.input_field or []:
-        key, eq, value = item.partition("=")
-        if not eq or not key or not value:
-            raise ValueError(f"--input-field expects FIELD=NAME, got {item!r}")
-        fields[key] = value
-    d["input_fields"] = fields
+    for flag, key in (("--input-field", "input_fields"), ("--input-role", "input_roles")):
+        mapping = dict(d.get(key) or {})
+        for item in getattr(args, key[:-1]) or []:
+            name, eq, value = item.partition("=")
+            if not eq or not name or not value:
+                raise ValueError(f"{flag} expects {'FIELD=NAME' if key == 'input_fields' else 'VALUE=ROLE'}, got {item!r}")
+            mapping[name] = value
+        d[key] = mapping
+    for key in ("dataset_info", "dataset_name"):  # flags, or keys of the config file
+        if getattr(args, key) is not None:
+            d[key] = getattr(args, key)
+    if d.get("dataset_info"):
+        _dataset_info_settings(d)
+    elif d.pop("dataset_name", None) is not None:
+        raise ValueError("--dataset-name needs --dataset-info")
+
+
+def _dataset_info_settings(d: dict[str, Any]) -> None:
+    """The settings of a LLaMA-Factory dataset_info.json entry, under the ones given explicitly (an input
+    field or role given is kept over the entry's, a --manifest over its file_name)."""
+    from .inputs.llama_factory import dataset_info_settings
+
+    lf = dataset_info_settings(d.pop("dataset_info"), d.pop("dataset_name", None))
+    for key in ("manifest", "media_root", "input_layout"):
+        if not d.get(key) or (key == "input_layout" and d[key] == "auto"):
+            d[key] = lf[key]
+    for key in ("input_fields", "input_roles"):
+        d[key] = {**lf[key], **(d.get(key) or {})}
 
 
 def _check_model_settings(d: dict[str, Any]) -> None:
@@ -197,16 +233,30 @@ def _check_model_settings(d: dict[str, Any]) -> None:
     that can not be used (instead of a traceback, or a silent fallback to defaults)."""
     import inspect
 
-    tok = Path(d["tokenizer"])
+    from .text.hub_cache import NotCached, resolve_model_dir
+
+    name = str(d["tokenizer"])
+    try:  # a Hub id (ORG/NAME[@REVISION]) is its snapshot in the local cache
+        tok = resolve_model_dir(name)
+    except NotCached as e:
+        raise ValueError(f"tokenizer {name!r} {e} (--tokenizer)") from None
     if not tok.is_dir():
-        raise ValueError(f"tokenizer {str(tok)!r} is not a local tokenizer folder (--tokenizer)")
+        raise ValueError(f"tokenizer {name!r} is not a local tokenizer folder nor a Hub model id (--tokenizer)")
     if not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         raise ValueError(f"tokenizer folder {str(tok)!r} holds no tokenizer.json/tokenizer_config.json (--tokenizer)")
+    d["tokenizer"] = str(tok)
     opts = d.get("profile_options") or {}
     for key in ("preprocessor_config", "video_preprocessor_config"):
-        if opts.get(key) is not None and not Path(opts[key]).exists():
-            flag = "--preprocessor-config" if key == "preprocessor_config" else f"--profile-option {key}=..."
+        if opts.get(key) is None:
+            continue
+        flag = "--preprocessor-config" if key == "preprocessor_config" else f"--profile-option {key}=..."
+        try:
+            found = resolve_model_dir(str(opts[key]))
+        except NotCached as e:
+            raise FileNotFoundError(f"{key} {str(opts[key])!r} {e} ({flag})") from None
+        if not found.exists():
             raise FileNotFoundError(f"{key} {str(opts[key])!r} does not exist ({flag})")
+        opts[key] = str(found)
     from .profiles import PROFILES
 
     cls = PROFILES.get(d.get("profile") or "qwen2_5_vl")

@@ -41,6 +41,11 @@ class RawSample:
     def messages(self) -> list[dict[str, Any]]:
         return self.record["messages"]
 
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The tools the conversation offers (the chat template's ``tools=``), or None."""
+        return self.record.get("tools")
+
     def media_refs(self) -> list[MediaRef]:
         refs = []
         for m in self.messages:
@@ -61,8 +66,9 @@ def _validator() -> Any:
     return jsonschema.Draft202012Validator(load_schema("manifest.schema.json"))
 
 
-_ROLES = frozenset(("system", "user", "assistant"))
+_ROLES = frozenset(("system", "user", "assistant", "tool"))
 _MEDIA_TYPES = frozenset(("image", "video", "audio"))
+_TURN_EXTRAS = frozenset(("tool_calls", "name", "tool_call_id"))  # keys the schema checks beyond role/content
 
 
 def _plainly_valid(record: Any) -> bool:
@@ -76,11 +82,13 @@ def _plainly_valid(record: Any) -> bool:
         return False
     if "meta" in record and type(record["meta"]) is not dict:
         return False
+    if "tools" in record:  # tool use: the schema checks its shape
+        return False
     messages = record.get("messages")
     if type(messages) is not list or not messages:
         return False
     for m in messages:
-        if type(m) is not dict or m.get("role") not in _ROLES:
+        if type(m) is not dict or m.get("role") not in _ROLES or len(m) != 2 and _TURN_EXTRAS.intersection(m):
             return False
         content = m.get("content")
         if type(content) is str:
@@ -117,11 +125,13 @@ def validate_record(record: Any) -> None:
     has_assistant = False
     for i, m in enumerate(record["messages"]):
         if m["role"] != "assistant":
+            if "tool_calls" in m:
+                raise ManifestError(f"tool calls in a {m['role']} turn at messages/{i} (only assistant turns call tools)")
             continue
         has_assistant = True
         c = m["content"]
         text = c if isinstance(c, str) else "".join(p.get("text", "") for p in c if p["type"] == "text")
-        if not text.strip():
+        if not text.strip() and not m.get("tool_calls"):
             raise ManifestError(f"empty assistant turn at messages/{i}")
     if not has_assistant:
         raise ManifestError("no assistant turn")

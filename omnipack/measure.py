@@ -120,7 +120,7 @@ class Measurer:
             except Exception as e:
                 results[k] = self._failure(raw, e)
         encoded = self.chat.encode_many(
-            [(raws[k].messages, plans) for k, _, plans in ready], self.config.max_tokens
+            [(raws[k].messages, plans, raws[k].tools) for k, _, plans in ready], self.config.max_tokens
         )
         for (k, refs, _), enc in zip(ready, encoded, strict=True):
             results[k] = (

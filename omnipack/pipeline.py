@@ -111,6 +111,7 @@ class PrepareConfig:
     input_layout: str = "auto"  # record layout (omnipack, sharegpt, messages_media, prompt_response)
     input_fields: dict[str, str] = field(default_factory=dict)  # omnipack field -> the input's field name
     split: str | None = None  # the split of folder inputs (Hub/DatasetDict) to read; None: train, or the only one
+    input_roles: dict[str, str] = field(default_factory=dict)  # the input's role value -> a known role name
     media_allow_roots: list[str] = field(default_factory=list)  # symlink targets allowed outside media_root
     max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION  # more rejects: exit code 3 (data still written)
 
@@ -132,7 +133,8 @@ class PrepareConfig:
     def input_spec(self) -> InputSpec:
         max_line_bytes = self.max_line_bytes or default_max_line_bytes(self.seq_length)
         return InputSpec(
-            self.input_format, self.input_layout, dict(self.input_fields), max_line_bytes, self.split
+            self.input_format, self.input_layout, dict(self.input_fields), max_line_bytes, self.split,
+            dict(self.input_roles),
         )
 
 
@@ -170,7 +172,9 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         "manifest": [str(p) for p in cfg.manifest],
         # contents, not just paths: an edited manifest must be measured again
         "manifest_xxh3": digest([p.xxh3 for p in parts]),
-        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)],  # the split: in manifest_xxh3
+        # the split: in manifest_xxh3; roles only when set (the keys of earlier runs without roles)
+        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)]
+        + ([dict(cfg.input_roles)] if cfg.input_roles else []),
         "media_root": media_root_key(cfg.media_root),
         "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
         "max_line_bytes": max_line_bytes,
@@ -181,7 +185,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         manifests=tuple(str(p) for p in cfg.manifest),
         measure=MeasureConfig(
             cfg.profile,
-            cfg.tokenizer,
+            str(chat.tokenizer_dir),  # a Hub id's cached snapshot: every worker reads the same files
             cfg.media_root,
             align,
             dict(cfg.profile_options),
@@ -218,7 +222,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
                 "settings": chat.profile.settings(),
             },
             "tokenizer": {
-                "path": str(cfg.tokenizer),
+                "path": str(chat.tokenizer_dir),
                 "fingerprint": chat.fingerprint(),
                 "pad_token_id": int(pad_id),
                 # lets the loader count placeholders without the tokenizer directory

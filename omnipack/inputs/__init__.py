@@ -1,6 +1,7 @@
 """Input importers: one module per file format (``jsonl``, ``json_array``, ``parquet``, ``arrow``) and per
 record layout (``omnipack_layout``, ``sharegpt``, ``messages_media``, ``prompt_response``), registered by name
-in :mod:`.base` and auto-detected; :func:`read_samples` reads any mix of them into ``RawSample``s."""
+in :mod:`.base` and auto-detected; :func:`read_samples` reads any mix of them into ``RawSample``s. Tool calls
+and tools are normalized in :mod:`.tool_use`; :mod:`.llama_factory` reads LLaMA-Factory's ``dataset_info.json``."""
 
 # importing the modules registers their readers and layouts
 from . import (  # noqa: F401

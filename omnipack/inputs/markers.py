@@ -6,7 +6,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+# Role names of the chat exports people have -> omnipack roles. ``chatgpt``/``bing``/``bard`` are ShareGPT's
+# assistants (FastChat reads them so); ``function_call`` (LLaMA-Factory) is an assistant turn whose text is its
+# tool call(s) as JSON, ``observation`` a tool's result.
+CALL = "function_call"
+ROLES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+    "system": "system",
+    CALL: CALL, "observation": "tool", "tool": "tool",
+}  # fmt: skip
 MARKERS = {"image": "<image>", "video": "<video>", "audio": "<audio>"}
 MEDIA_KEYS = tuple(k for kind in MARKERS for k in (kind, kind + "s"))
 _KIND_OF = {marker: kind for kind, marker in MARKERS.items()}
@@ -34,15 +43,32 @@ def media_lists(rec: dict[str, Any]) -> dict[str, list[str]]:
     return media
 
 
-def turns_to_messages(turns: list[tuple[Any, Any]], media: dict[str, list[str]]) -> list[dict[str, Any]]:
+def turns_to_messages(
+    turns: list[tuple[Any, Any]],
+    media: dict[str, list[str]],
+    tool_calls: list[Any] | None = None,
+) -> list[dict[str, Any]]:
     """``(role, text)`` turns -> messages, each marker replaced by the next media reference of its kind.
 
     Media given without any marker goes before the first user turn's text (the LLaVA convention); otherwise
-    markers and media must match in number."""
+    markers and media must match in number. A ``function_call`` turn's text is its tool calls (JSON, no
+    markers); ``tool_calls`` gives a turn's calls written beside its text (OpenAI style), parsed later with
+    every record's (``omnipack.inputs.tool_use``)."""
     if not turns:
         raise ConvertError("no conversations")
-    texts = [t if isinstance(t, str) else "" if t is None else str(t) for _, t in turns]
     roles = [ROLES.get(r) if isinstance(r, str) else None for r, _ in turns]
+    texts = [
+        "" if role == CALL else t if isinstance(t, str) else "" if t is None else str(t)
+        for (_, t), role in zip(turns, roles, strict=True)
+    ]
+    calls = list(tool_calls) if tool_calls is not None else [None] * len(turns)
+    for i, ((_, t), role) in enumerate(zip(turns, roles, strict=True)):
+        if role == CALL:
+            if calls[i] is not None:
+                raise ConvertError(f"function_call turn {i} also has tool_calls")
+            if t is None or t == "" or t == []:
+                raise ConvertError(f"empty function_call turn at conversations/{i}")
+            calls[i] = t
     n_markers = {k: sum(t.count(m) for t in texts) for k, m in MARKERS.items()}
     for kind, refs in media.items():
         if n_markers[kind] == 0 and refs:
@@ -54,9 +80,9 @@ def turns_to_messages(turns: list[tuple[Any, Any]], media: dict[str, list[str]])
             raise ConvertError(f"{n_markers[kind]} {MARKERS[kind]} markers but {len(refs)} {kind} files")
     cursor = dict.fromkeys(MARKERS, 0)
     messages = []
-    for (raw_role, _), role, text in zip(turns, roles, texts, strict=True):
+    for (raw_role, _), role, text, call in zip(turns, roles, texts, calls, strict=True):
         if role is None:
-            raise ConvertError(f"unknown role {raw_role!r}")
+            raise ConvertError(f"unknown role {raw_role!r}")  # README lists the known ones and --input-role
         parts: list[dict[str, Any]] = []
         for piece in _MARKER_RE.split(text):
             kind = _KIND_OF.get(piece)
@@ -68,5 +94,8 @@ def turns_to_messages(turns: list[tuple[Any, Any]], media: dict[str, list[str]])
         content: Any = parts
         if all(p["type"] == "text" for p in parts):
             content = "".join(p["text"] for p in parts)
-        messages.append({"role": role, "content": content})
+        message = {"role": "assistant" if role == CALL else role, "content": content}
+        if call is not None:
+            message["tool_calls"] = call
+        messages.append(message)
     return messages

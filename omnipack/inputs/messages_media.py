@@ -22,11 +22,15 @@ def messages_media_record(rec: dict[str, Any]) -> dict[str, Any]:
     if not all(isinstance(m, dict) for m in msgs):
         raise ConvertError("messages must be a list of objects")
     for i, m in enumerate(msgs):
+        if m.get("tool_calls") and m.get("content") is None:  # an OpenAI-style call has no text
+            continue
         if not isinstance(m.get("content"), str):
             raise ConvertError(
                 f"messages/{i}/content must be a string with <image>/<video>/<audio> markers when the "
                 "record lists its media separately"
             )
     out = {k: v for k, v in rec.items() if k not in MEDIA_KEYS}
-    out["messages"] = turns_to_messages([(m.get("role"), m["content"]) for m in msgs], media_lists(rec))
+    calls = [m.get("tool_calls") for m in msgs]
+    turns = [(m.get("role"), m.get("content")) for m in msgs]
+    out["messages"] = turns_to_messages(turns, media_lists(rec), calls if any(calls) else None)
     return out

@@ -17,12 +17,13 @@ from ..media.sources import EMBEDDED_PREFIX
 from .base import ALIASES, LAYOUTS, READERS, DataFile, InputError, InputPart, Reader, SourceRecord
 from .embedded import parse_pointer, replace_embedded
 from .jsonl import DEFAULT_MAX_RECORD_BYTES
-from .markers import ConvertError
+from .markers import ROLES, ConvertError
 from .splits import SplitChoice, choose_split
+from .tool_use import normalize_tool_use
 
 # Keys a field mapping may name: top-level fields of any layout, and the role/content keys of turns.
 MAPPABLE_FIELDS = (
-    "id", "messages", "conversations", "system", "meta", "prompt", "response",
+    "id", "messages", "conversations", "system", "tools", "meta", "prompt", "query", "response", "history",
     "image", "images", "video", "videos", "audio", "audios", "role", "content",
 )  # fmt: skip
 
@@ -36,6 +37,7 @@ class InputSpec:
     fields: Mapping[str, str] = field(default_factory=dict)  # omnipack field -> the input's field name
     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     split: str | None = None  # the split of folder inputs to read (None: train, or the only one)
+    roles: Mapping[str, str] = field(default_factory=dict)  # the input's role value -> a known role name
 
     def settings(self) -> dict[str, Any]:
         """What the samples read depend on, as plain data (for resume keys)."""
@@ -45,6 +47,7 @@ class InputSpec:
             "fields": dict(sorted(self.fields.items())),
             "max_record_bytes": self.max_record_bytes,
             "split": self.split,
+            **({"roles": dict(sorted(self.roles.items()))} if self.roles else {}),
         }
 
     def __post_init__(self) -> None:
@@ -59,6 +62,9 @@ class InputSpec:
             raise InputError(
                 f"unknown input field {', '.join(bad)} in the field mapping; mappable: {', '.join(MAPPABLE_FIELDS)}"
             )
+        bad = sorted(f"{k}={v}" for k, v in self.roles.items() if v not in ROLES)
+        if bad:
+            raise InputError(f"unknown role in the role mapping {', '.join(bad)}; roles: {', '.join(sorted(ROLES))}")
 
 
 # Layouts tried in this order (the most specific shape first); layouts registered elsewhere come after.
@@ -115,23 +121,27 @@ def count_records(paths: list[Path], spec: InputSpec | None = None) -> int:
     return sum(r.count(df.path, spec.max_record_bytes) for r, df in data_files(paths, spec))
 
 
-def _rename(rec: dict[str, Any], fields: Mapping[str, str]) -> dict[str, Any]:
+def _rename(rec: dict[str, Any], fields: Mapping[str, str], roles: Mapping[str, str]) -> dict[str, Any]:
     out = dict(rec)
     for ours, theirs in fields.items():
         if ours in ("role", "content") or theirs not in out:
             continue
         out[ours] = out.pop(theirs)
     turn_keys = {k: fields[k] for k in ("role", "content") if k in fields}
-    if turn_keys:
+    if turn_keys or roles:
         for key in ("messages", "conversations"):
             turns = out.get(key)
             if isinstance(turns, list):
-                out[key] = [
-                    {**{k: v for k, v in t.items() if k not in turn_keys.values()},
-                     **{ours: t[theirs] for ours, theirs in turn_keys.items() if theirs in t}}
-                    if isinstance(t, dict) else t
-                    for t in turns
-                ]  # fmt: skip
+                out[key] = [_rename_turn(t, turn_keys, roles) if isinstance(t, dict) else t for t in turns]
+    return out
+
+
+def _rename_turn(turn: dict[str, Any], turn_keys: Mapping[str, str], roles: Mapping[str, str]) -> dict[str, Any]:
+    out = {k: v for k, v in turn.items() if k not in turn_keys.values()}
+    out.update({ours: turn[theirs] for ours, theirs in turn_keys.items() if theirs in turn})
+    for key in ("role", "from"):  # the role value, under the key the layouts read it by
+        if isinstance(out.get(key), str) and out[key] in roles:
+            out[key] = roles[out[key]]
     return out
 
 
@@ -142,8 +152,8 @@ def to_sample_record(rec: Any, spec: InputSpec) -> dict[str, Any]:
 
     if not isinstance(rec, dict):
         raise ManifestError(f"record is a {type(rec).__name__}, not an object")
-    if spec.fields:
-        rec = _rename(rec, spec.fields)
+    if spec.fields or spec.roles:
+        rec = _rename(rec, spec.fields, spec.roles)
     if spec.layout != "auto":
         layout = LAYOUTS[ALIASES.get(spec.layout, spec.layout)][1]
     else:
@@ -166,6 +176,10 @@ def to_sample_record(rec: Any, spec: InputSpec) -> dict[str, Any]:
             raise ManifestError("both a top-level 'system' and a system message")
         if system.strip() and isinstance(msgs, list):
             out["messages"] = [{"role": "system", "content": system}, *msgs]
+    try:
+        normalize_tool_use(out)
+    except ConvertError as e:
+        raise ManifestError(str(e)) from None
     return out
 
 

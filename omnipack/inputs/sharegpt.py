@@ -1,5 +1,6 @@
 """ShareGPT / LLaVA records: ``conversations`` of ``{"from": "human"|"gpt"|"system", "value": ...}`` turns
-with ``<image>``/``<video>``/``<audio>`` markers, media in ``image(s)``/``video(s)``/``audio(s)``."""
+with ``<image>``/``<video>``/``<audio>`` markers, media in ``image(s)``/``video(s)``/``audio(s)``; LLaMA-Factory's
+``function_call``/``observation`` turns and ``tools`` column (see ``markers.ROLES`` for every role name)."""
 
 from __future__ import annotations
 
@@ -22,5 +23,6 @@ def sharegpt_record(rec: dict[str, Any]) -> dict[str, Any]:
         raise ConvertError("conversations must be a list of objects")
     turns = [(c.get("from") or c.get("role"), c.get("value", c.get("content"))) for c in convs]
     out = {k: v for k, v in rec.items() if k != "conversations" and k not in MEDIA_KEYS}
-    out["messages"] = turns_to_messages(turns, media_lists(rec))
+    calls = [c.get("tool_calls") for c in convs]
+    out["messages"] = turns_to_messages(turns, media_lists(rec), calls if any(calls) else None)
     return out

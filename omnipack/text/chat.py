@@ -9,6 +9,7 @@ generation prompt carries a special token (text can not forge it), else by rende
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,12 @@ class EncodedSample:
         return int(self.input_ids.shape[0])
 
 
+_TOOL_KEYS = ("tool_calls", "name", "tool_call_id")  # message keys templates read for tool use
+
+
 def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as chat templates expect them: media items keep only their type (no paths leak)."""
+    """Messages as chat templates expect them: media items keep only their type (no paths leak); an
+    assistant's tool calls and a tool result's name/call id pass through."""
     out = []
     for m in messages:
         content = m["content"]
@@ -49,8 +54,36 @@ def template_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]
                 {"type": "text", "text": part["text"]} if part["type"] == "text" else {"type": part["type"]}
                 for part in content
             ]
-        out.append({"role": m["role"], "content": content})
+        msg = {"role": m["role"], "content": content}
+        if len(m) > 2:
+            msg.update((k, m[k]) for k in _TOOL_KEYS if m.get(k) is not None)
+        out.append(msg)
     return out
+
+
+def uses_tools(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> tuple[bool, bool, bool]:
+    """Whether a conversation offers tools, calls tools, and holds tool results."""
+    return (
+        bool(tools),
+        any(m.get("tool_calls") for m in messages),
+        any(m["role"] == "tool" for m in messages),
+    )
+
+
+# A conversation with one tool offered, called and answered, with names a template can only write if it
+# renders each of them.
+_TOOL_PROBE_TOOLS = [
+    {"type": "function", "function": {"name": "omnipack_probe_tool", "description": "d",
+                                      "parameters": {"type": "object", "properties": {}}}},
+]  # fmt: skip
+_TOOL_PROBE = [
+    {"role": "user", "content": "q"},
+    {"role": "assistant", "content": "",
+     "tool_calls": [{"type": "function", "function": {"name": "omnipack_probe_call",
+                                                      "arguments": {"omnipack_probe_arg": 1}}}]},
+    {"role": "tool", "content": "omnipack_probe_result"},
+    {"role": "assistant", "content": "a"},
+]  # fmt: skip
 
 
 def _memoized_sandbox(template: Any, source: str) -> Any:
@@ -80,6 +113,13 @@ class ChatTokenizer:
     def __init__(self, tokenizer_dir: str | Path, profile: ModelProfile, *, mrope: bool = False) -> None:
         from transformers import AutoTokenizer
 
+        from .hub_cache import NotCached, resolve_model_dir
+
+        try:  # a Hub id from the local cache, never downloaded
+            tokenizer_dir = resolve_model_dir(tokenizer_dir)
+        except NotCached as e:
+            raise ValueError(f"tokenizer {str(tokenizer_dir)!r} {e}") from None
+        self.tokenizer_dir = Path(tokenizer_dir)  # the folder read (a Hub id's snapshot in the cache)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer at {tokenizer_dir} carries no chat template")
@@ -119,7 +159,14 @@ class ChatTokenizer:
         self._compiled, self._template_vars = None, None
         self._check_setup(tokenizer_dir)
         self._compiled, self._template_vars = self._direct_template()
+        self._tool_support = self._find_tool_support()
         self._turn_prompt = self._find_turn_prompt()
+        # the one-render spans for conversations with tool use too, where they hold on a tool-use probe
+        self._turn_prompt_tools = (
+            self._turn_prompt is not None
+            and all(self._tool_support)
+            and self._turn_prompt_holds(self._turn_prompt, [(_TOOL_PROBE, _TOOL_PROBE_TOOLS)])
+        )
         self.max_chars_per_token = self._find_max_chars_per_token()
 
     def _check_setup(self, tokenizer_dir: str | Path) -> None:
@@ -157,6 +204,28 @@ class ChatTokenizer:
         h.update(self.tokenizer.chat_template.encode())
         return h.hexdigest()[:16]
 
+    def _find_tool_support(self) -> tuple[bool, bool, bool]:
+        """Whether the template writes the tools offered, an assistant's tool calls and tool results (as
+        ``uses_tools``): a sample using what it does not write is rejected, not trained without it."""
+        try:
+            text = self.render(_TOOL_PROBE, tools=_TOOL_PROBE_TOOLS)
+        except Exception:  # a template that refuses the tool role or tool calls
+            return False, False, False
+        return (
+            "omnipack_probe_tool" in text,
+            "omnipack_probe_call" in text and "omnipack_probe_arg" in text,
+            "omnipack_probe_result" in text,
+        )
+
+    def _check_tool_use(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> None:
+        used = uses_tools(messages, tools)
+        for what, use, supported in zip(("tools", "tool calls", "tool results"), used, self._tool_support, strict=True):
+            if use and not supported:
+                raise SampleRejected(
+                    f"the tokenizer's chat template does not render {what} (the sample has them): use a "
+                    "tokenizer whose chat template supports tool use"
+                )
+
     def _find_turn_prompt(self) -> str | None:
         """The text the template writes before every assistant turn (its generation prompt), when one
         render can locate assistant turns by it: it holds a special token (so sample text, checked by
@@ -175,14 +244,18 @@ class ChatTokenizer:
             [{"role": "system", "content": "s"}, user, turn, {"role": "user", "content": "r"}, turn],
             [user, turn, {"role": "user", "content": [{"type": "text", "text": "t"}]}, turn],
         ]
+        return prompt if self._turn_prompt_holds(prompt, [(p, None) for p in probes]) else None
+
+    def _turn_prompt_holds(self, prompt: str, probes: list[tuple[list[dict[str, Any]], Any]]) -> bool:
+        """Whether the turn-prompt spans are the prefix-render spans on ``(messages, tools)`` probes."""
         try:
-            for probe in probes:
-                full = self.render(probe)
-                if self._spans_by_turn_prompt(probe, full, prompt) != self._spans_by_prefixes(probe, full):
-                    return None
+            for probe, tools in probes:
+                full = self.render(probe, tools=tools)
+                if self._spans_by_turn_prompt(probe, full, prompt) != self._spans_by_prefixes(probe, full, tools):
+                    return False
         except SampleRejected:
-            return None
-        return prompt
+            return False
+        return True
 
     def _find_max_chars_per_token(self) -> int | None:
         """An upper bound on the characters one token covers, so a rendered text longer than
@@ -223,18 +296,25 @@ class ChatTokenizer:
             out += encode(texts[start:], add_special_tokens=False)
         return out
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
-        """The chat template's text for ``messages`` (plain role/content dicts, see ``template_messages``)."""
-        if self._compiled is not None:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The chat template's text for ``messages`` (plain dicts, see ``template_messages``) offering
+        ``tools`` (function schemas)."""
+        # A tokenizer with several named templates may pick another one when tools are given.
+        if self._compiled is not None and (tools is None or not isinstance(self.tokenizer.chat_template, dict)):
             return self._compiled.render(
                 messages=messages,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self._template_vars,
             )
         return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
         )
 
     def _direct_template(self) -> tuple[Any, dict[str, Any]] | tuple[None, None]:
@@ -261,33 +341,44 @@ class ChatTokenizer:
                 {"role": "user", "content": "r"},
             ],
         ]
-        for probe in probes:
+        cases = [(p, None) for p in probes]
+        try:  # tool use as transformers renders it, where the template takes it (and ``render`` uses this one)
+            if not isinstance(self.tokenizer.chat_template, dict):
+                self.tokenizer.apply_chat_template(_TOOL_PROBE, tools=_TOOL_PROBE_TOOLS, tokenize=False)
+                cases.append((_TOOL_PROBE, _TOOL_PROBE_TOOLS))
+        except Exception:
+            pass
+        for probe, tools in cases:
             for gen in (False, True):
                 try:
                     direct = compiled.render(
-                        messages=probe, tools=None, documents=None, add_generation_prompt=gen, **variables
+                        messages=probe, tools=tools, documents=None, add_generation_prompt=gen, **variables
                     )
                 except Exception:
                     return None, None
                 if direct != self.tokenizer.apply_chat_template(
-                    probe, tokenize=False, add_generation_prompt=gen
+                    probe, tools=tools, tokenize=False, add_generation_prompt=gen
                 ):
                     return None, None
         return compiled, variables
 
-    def supervised_char_spans(self, messages: list[dict[str, Any]], full: str) -> list[tuple[int, int]]:
+    def supervised_char_spans(
+        self, messages: list[dict[str, Any]], full: str, tools: list[dict[str, Any]] | None = None
+    ) -> list[tuple[int, int]]:
         """Character spans of ``full`` to supervise: each assistant turn's text through its turn-end marker.
 
         From the one render ``full`` when the template's generation prompt marks every assistant turn
         there; otherwise by rendering prefixes (exact, for templates where earlier turns render the same
         once later turns follow); templates that rewrite earlier turns (e.g. dropping reasoning from all but
-        the last assistant turn) fall back to locating each turn with a sentinel.
+        the last assistant turn) fall back to locating each turn with a sentinel. An assistant turn's tool
+        calls are part of its text (supervised); tool results are not assistant turns.
         """
-        if self._turn_prompt is not None:
+        plain = tools is None and not any(len(m) > 2 or m["role"] == "tool" for m in messages)
+        if self._turn_prompt is not None and (plain or self._turn_prompt_tools):
             spans = self._spans_by_turn_prompt(messages, full, self._turn_prompt)
             if spans is not None:
                 return spans
-        return self._spans_by_prefixes(messages, full)
+        return self._spans_by_prefixes(messages, full, tools)
 
     def _spans_by_turn_prompt(
         self, messages: list[dict[str, Any]], full: str, prompt: str
@@ -303,15 +394,17 @@ class ChatTokenizer:
             return None
         return [(a, self._through_turn_end(full, a)) for a in starts]
 
-    def _spans_by_prefixes(self, messages: list[dict[str, Any]], full: str) -> list[tuple[int, int]]:
+    def _spans_by_prefixes(
+        self, messages: list[dict[str, Any]], full: str, tools: list[dict[str, Any]] | None = None
+    ) -> list[tuple[int, int]]:
         spans = []
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            prefix = self.render(messages[:i], add_generation_prompt=True)
-            through = self.render(messages[: i + 1])
+            prefix = self.render(messages[:i], add_generation_prompt=True, tools=tools)
+            through = self.render(messages[: i + 1], tools=tools)
             if not (through.startswith(prefix) and full.startswith(through)):
-                return self._spans_by_search(messages, full)
+                return self._spans_by_search(messages, full, tools)
             spans.append((len(prefix), self._through_turn_end(through, len(prefix))))
         return spans
 
@@ -319,7 +412,9 @@ class ChatTokenizer:
         cut = text.find(self.profile.turn_end, start)
         return cut + len(self.profile.turn_end) if cut >= 0 else len(text)
 
-    def _spans_by_search(self, messages: list[dict[str, Any]], full: str) -> list[tuple[int, int]]:
+    def _spans_by_search(
+        self, messages: list[dict[str, Any]], full: str, tools: list[dict[str, Any]] | None = None
+    ) -> list[tuple[int, int]]:
         """Locate each assistant turn by rendering the conversation with that turn's content replaced by a
         sentinel: everything else renders the same, so the turn's rendered text is where the sentinel is,
         and its length is what ``full`` has beyond the sentinel rendering."""
@@ -328,7 +423,7 @@ class ChatTokenizer:
             if m["role"] != "assistant":
                 continue
             sentinel = f"OMNIPACKTURN{i}SENTINEL"
-            marked = self.render([*messages[:i], {**m, "content": sentinel}, *messages[i + 1 :]])
+            marked = self.render([*messages[:i], {**m, "content": sentinel}, *messages[i + 1 :]], tools=tools)
             at = marked.find(sentinel)
             if at < 0 or marked.count(sentinel) != 1 or full[:at] != marked[:at]:
                 raise SampleRejected(
@@ -343,33 +438,38 @@ class ChatTokenizer:
         messages: Sequence[dict[str, Any]],
         plans: Sequence[MediaPlan],
         max_tokens: int | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> EncodedSample:
-        """Token ids, labels and media spans of one conversation.
+        """Token ids, labels and media spans of one conversation (offering ``tools``, function schemas).
 
         With ``max_tokens``, a sample whose rendered text certainly expands to more tokens is rejected
         before it is tokenized, so one huge sample costs no more than reading it."""
-        out = self.encode_many([(messages, plans)], max_tokens)[0]
+        out = self.encode_many([(messages, plans, tools)], max_tokens)[0]
         if isinstance(out, Exception):
             raise out
         return out
 
     def encode_many(
         self,
-        samples: Sequence[tuple[Sequence[dict[str, Any]], Sequence[MediaPlan]]],
+        samples: Sequence[tuple[Sequence[dict[str, Any]], Sequence[MediaPlan]] | tuple[Any, Any, Any]],
         max_tokens: int | None = None,
     ) -> list[EncodedSample | Exception]:
-        """``encode`` for many (messages, plans) at once, tokenized in one call (the tokenizer's batch
-        path, as fast as its own batch encode); a sample that fails gets its exception in its place."""
+        """``encode`` for many (messages, plans) or (messages, plans, tools) at once, tokenized in one call
+        (the tokenizer's batch path, as fast as its own batch encode); a sample that fails gets its
+        exception in its place."""
         results: list[EncodedSample | Exception | None] = [None] * len(samples)
         texts, pending = [], []
-        for k, (messages, plans) in enumerate(samples):
+        for k, (messages, plans, *rest) in enumerate(samples):
             try:
-                self._check_text(messages)
+                tools = list(rest[0]) if rest and rest[0] else None
+                self._check_text(messages, tools)
+                if tools is not None or any(len(m) > 2 or m["role"] == "tool" for m in messages):
+                    self._check_tool_use(messages, tools)
                 msgs = template_messages(messages)
-                full = self.render(msgs)
+                full = self.render(msgs, tools=tools)
                 if max_tokens is not None and self.max_chars_per_token is not None:
                     self._check_length(full, plans, max_tokens)
-                pending.append((k, self.supervised_char_spans(msgs, full), plans))
+                pending.append((k, self.supervised_char_spans(msgs, full, tools), plans))
                 texts.append(full)
             except AssertionError:
                 raise
@@ -641,13 +741,21 @@ class ChatTokenizer:
             raise LookupError(char)
         return t
 
-    def _check_text(self, messages: Sequence[dict[str, Any]]) -> None:
+    def _check_text(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> None:
         """Reject text that contains special tokens: a typed ``<|image_pad|>`` would become a placeholder
-        without features, a typed ``<|im_end|>`` would end a turn early."""
+        without features, a typed ``<|im_end|>`` would end a turn early. Tool calls and tools are checked
+        as the JSON a template writes of them."""
         texts_of = [
             [c] if isinstance(c, str) else [p["text"] for p in c if p["type"] == "text"]
             for c in (m["content"] for m in messages)
         ]
+        for texts, m in zip(texts_of, messages, strict=True):
+            if len(m) > 2:
+                texts += [json.dumps(m[k], ensure_ascii=False) for k in _TOOL_KEYS if m.get(k) is not None]
+        if tools:
+            texts_of.append([json.dumps(list(tools), ensure_ascii=False)])
         if self._text_joint is not None:
             # all texts joined by a character no reserved token holds, so no match spans two texts
             joined = self._text_joint.join([t for texts in texts_of for t in texts])
@@ -657,7 +765,8 @@ class ChatTokenizer:
             for text in texts:
                 hit = next((t for t in self._reserved if t in text), None)
                 if hit is not None:
-                    raise SampleRejected(f"text of messages/{i} contains the special token {hit!r}")
+                    where = f"messages/{i}" if i < len(messages) else "tools"
+                    raise SampleRejected(f"text of {where} contains the special token {hit!r}")
 
     def _find_blocks(self, ids: np.ndarray) -> list[tuple[int, str]]:
         """Start positions of every template media block, in order."""

@@ -11,13 +11,19 @@ from typing import Any
 
 from ..inputs.markers import ConvertError
 from ..inputs.sharegpt import sharegpt_record
+from ..inputs.tool_use import normalize_tool_use
 
 
 def convert_record(rec: Any, index: int) -> dict[str, Any]:
     """One LLaVA record -> one manifest line; media markers become content parts in place."""
     if not isinstance(rec, dict):
         raise ConvertError(f"record is a {type(rec).__name__}, not an object")
-    return {"id": str(rec.get("id", index)), "messages": sharegpt_record(rec)["messages"]}
+    conv = sharegpt_record(rec)
+    line = {"id": str(rec.get("id", index)), "messages": conv["messages"]}
+    if conv.get("tools") not in (None, "", []):
+        line["tools"] = conv["tools"]
+    normalize_tool_use(line)  # tool calls and tools as prepare reads them
+    return line
 
 
 def read_llava(path: Path) -> Iterator[Any]:
