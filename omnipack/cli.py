@@ -414,6 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"omnipack {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        from .media.access import CREDENTIALS_HINT, access_error
+
+        reason = access_error(e)  # a store refusing the credentials mid-run: one line, not a traceback
+        if reason is None:
+            raise
+        print(f"omnipack {args.command}: error: {reason}; {CREDENTIALS_HINT}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

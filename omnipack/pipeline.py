@@ -22,6 +22,7 @@ from .inputs import InputSpec, data_files
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .measure import MeasureConfig
+from .media.access import probe_locations
 from .media.sources import media_root_key
 from .plan import PackConfig
 from .stages.finalize import NothingPacked, finalize, remove_meta
@@ -300,6 +301,10 @@ def run_prepare(
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
+    # credentials and permissions of every store the run uses, before any work (one line, no retries)
+    probe_locations(
+        [("output", cfg.output), ("media root", cfg.media_root), *(("input", m) for m in cfg.manifest)]
+    )
     # every input exists and has a reader, checked before the output folder is touched
     data_files([Path(p) for p in cfg.manifest], cfg.input_spec)
     out = output_path(cfg.output)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
+from .access import StoreAccessError, access_error
 from .errors import MediaError
 
 ALLOW_ROOT_OPTION = "--media-allow-root"
@@ -93,7 +94,8 @@ def filesystem_for(url: str, **storage_options: Any) -> tuple[Any, str]:
 
 
 def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) -> T:
-    """``fn()`` retried with exponential backoff; a missing object or a refused permission is final at once.
+    """``fn()`` retried with exponential backoff; a missing object, missing credentials or a refused permission
+    is final at once.
     The last error becomes a :class:`MediaError` naming ``what`` (the URL)."""
     attempts = attempts or FETCH_ATTEMPTS
     last: BaseException | None = None
@@ -104,11 +106,14 @@ def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) ->
             raise  # not a transient failure of the store (a broken tar is broken on every read)
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
             if not _transient(e):
-                raise MediaError(f"cannot fetch {what}: {type(e).__name__}: {e}") from None
+                error = StoreAccessError if isinstance(e, PermissionError) else MediaError
+                raise error(f"cannot fetch {what}: {type(e).__name__}: {e}") from None
             last = e
             if attempt + 1 < attempts:
                 time.sleep(FETCH_BACKOFF_S * 2**attempt)
         except Exception as e:  # network and server errors of any client library
+            if (reason := access_error(e)) is not None:  # no retry brings credentials or a permission
+                raise StoreAccessError(f"cannot fetch {what}: {reason}") from None
             last = e
             if attempt + 1 < attempts:
                 time.sleep(FETCH_BACKOFF_S * 2**attempt)
