@@ -14,7 +14,8 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
             "help": "input file(s) or folder(s): JSONL, JSON array, Parquet, Arrow / save_to_disk "
             "(format and layout auto-detected; see --input-format, --input-layout)",
         }),
-    (("--media-root",), {"help": "folder (or URL: s3://, https://) that relative media paths in the records resolve against"}),
+    (("--media-root",), {"help": "folder (or URL: s3://, https://) that relative media paths in the records resolve against "
+                         "(not needed when every media reference is embedded or absolute)"}),
     (("--tokenizer",), {"help": "local Hugging Face tokenizer directory (carries the chat template)"}),
     (("--output", "-o"), {"help": "dataset folder to create, or an object store URL (s3://bucket/prefix)"}),
     (("--profile",), {"help": "model profile: the name of a family module in omnipack/profiles/, e.g. qwen2_5_vl, gemma3"}),
@@ -238,7 +239,8 @@ def _prepare_config(args: argparse.Namespace) -> Any:
     if args.cost_option:
         d["cost"] = _cost_overrides(dict(d.get("cost") or {}), args.cost_option)
     _input_settings(d, args)
-    missing = [k for k in ("manifest", "media_root", "tokenizer", "output") if not d.get(k)]
+    d.setdefault("media_root", None)  # embedded and absolute media references need no root
+    missing = [k for k in ("manifest", "tokenizer", "output") if not d.get(k)]
     if missing:
         raise ValueError(
             f"missing required setting(s): {', '.join(missing)} (give them as flags or in --config)"

@@ -71,7 +71,7 @@ class PrepareConfig:
     """All settings of one preparation run (a config file's keys; CLI flags override them)."""
 
     manifest: list[str]
-    media_root: str
+    media_root: str | None  # None: every media reference is embedded or absolute (no relative paths)
     tokenizer: str
     output: str
     profile: str = "qwen2_5_vl"
@@ -148,7 +148,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     inputs = cfg.input_spec
     max_line_bytes = inputs.max_record_bytes
     out = output_path(cfg.output)
-    parts = load_parts(out / STAGES_DIR, [Path(p) for p in cfg.manifest], inputs, cfg.part_lines)
+    parts = load_parts(out / STAGES_DIR, list(cfg.manifest), inputs, cfg.part_lines)
     measure_key = {
         "profile": cfg.profile,
         "profile_options": dict(cfg.profile_options),
@@ -306,7 +306,7 @@ def run_prepare(
         [("output", cfg.output), ("media root", cfg.media_root), *(("input", m) for m in cfg.manifest)]
     )
     # every input exists and has a reader, checked before the output folder is touched
-    data_files([Path(p) for p in cfg.manifest], cfg.input_spec)
+    data_files(list(cfg.manifest), cfg.input_spec)  # local paths, or URLs (s3://bucket/data/)
     out = output_path(cfg.output)
     with OutputLock(out, _lock_name(stage, rank, world_size)):
         state = _output_state(cfg, stage)

@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base import Reader, SourceRecord, register_reader
+from .base import Reader, SourceRecord, input_path, is_local_input, open_input, register_reader
 from .parquet import text_nbytes
 
 BATCH_ROWS = 64
@@ -33,7 +33,8 @@ def _batches_index(path: str) -> tuple[Any, list[int]]:
     """(a function giving batch i, cumulative row starts) of an Arrow IPC file or stream, memory-mapped."""
     import pyarrow as pa
 
-    source = pa.memory_map(path)
+    file = input_path(path)
+    source = pa.memory_map(path) if is_local_input(file) else open_input(file)  # remote: read into memory
     try:
         reader = pa.ipc.open_file(source)
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]

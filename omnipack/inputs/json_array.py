@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .base import InputPart, Reader, SourceRecord, file_identity, register_reader
+from .base import InputPart, Reader, SourceRecord, file_identity, input_path, open_input, register_reader
 from .jsonl import DEFAULT_MAX_RECORD_BYTES, first_byte
 
 _CHUNK = 1 << 20
@@ -72,7 +72,7 @@ def _elements(
     """The array's elements; from ``start_byte`` (an element's first byte, whose index is ``first_index``)
     when given, up to element ``stop``. ``offsets`` receives the byte offset of every ``every``-th element (for splitting)."""
     decoder = json.JSONDecoder()
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         f.seek(start_byte)
         buf = _Buffer(f)
         buf.more()
@@ -165,7 +165,7 @@ class JsonArrayReader(Reader):
     def part_records(self, part: InputPart, max_record_bytes: int) -> Iterator[SourceRecord]:
         stop = part.first_record + part.num_records
         return _elements(
-            Path(part.path), part.file_label, max_record_bytes, part.start_byte, part.first_record, stop=stop
+            input_path(part.path), part.file_label, max_record_bytes, part.start_byte, part.first_record, stop=stop
         )
 
     def records(

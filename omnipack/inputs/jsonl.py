@@ -13,7 +13,7 @@ from typing import IO, Any
 import numpy as np
 import xxhash
 
-from .base import InputPart, Reader, SourceRecord, register_reader
+from .base import InputPart, Reader, SourceRecord, input_path, open_input, register_reader
 
 _SKIP_CHUNK = 1 << 20
 _CHUNK = 1 << 24  # bytes scanned for line ends at once when splitting a file into parts
@@ -41,7 +41,7 @@ def lines(f: IO[bytes], max_line_bytes: int) -> Iterator[tuple[bytes | None, int
 
 def first_byte(path: Path) -> bytes:
     """The first non-whitespace byte of a file (after a UTF-8 byte-order mark), or b"" when empty."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         head = f.read(1 << 16)
         while head:
             s = head.removeprefix(b"\xef\xbb\xbf").lstrip()
@@ -63,7 +63,7 @@ class JsonLinesReader(Reader):
         return sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
 
     def count(self, file: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
-        with open(file, "rb") as f:
+        with open_input(file) as f:
             return sum(1 for line, _ in lines(f, max_record_bytes) if line is None or line.strip())
 
     def records(
@@ -75,7 +75,7 @@ class JsonLinesReader(Reader):
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> Iterator[SourceRecord]:
         index = 0
-        with open(file, "rb") as f:
+        with open_input(file) as f:
             for line_no, (line, size) in enumerate(lines(f, max_record_bytes), 1):
                 if line is not None and not line.strip():
                     continue
@@ -102,7 +102,7 @@ class JsonLinesReader(Reader):
         start_byte, first_line, lines_in_part, pos = 0, 1, 0, 0
         hasher = xxhash.xxh3_128()
         last = b"\n"
-        with open(file, "rb") as f:
+        with open_input(file) as f:
             while chunk := f.read(_CHUNK):
                 view = memoryview(chunk)
                 newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
@@ -127,7 +127,7 @@ class JsonLinesReader(Reader):
         0-based line number in the file."""
         label = part.file_label
         end_line = part.first_line + part.num_lines
-        with open(part.path, "rb") as f:
+        with open_input(input_path(part.path)) as f:
             f.seek(part.start_byte)
             for line_no, (line, size) in enumerate(lines(f, max_record_bytes), part.first_line):
                 if line_no >= end_line:

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base import Reader, SourceRecord, file_identity, register_reader
+from .base import Reader, SourceRecord, file_identity, input_path, is_local_input, open_input, register_reader
 
 BATCH_ROWS = 64  # rows decoded to Python at once (rows can hold megabytes of media bytes)
 PARQUET_MAGIC = b"PAR1"
@@ -21,8 +21,10 @@ PARQUET_MAGIC = b"PAR1"
 def _file(path: str) -> Any:
     import pyarrow.parquet as pq
 
+    file = input_path(path)
+    source = path if is_local_input(file) else open_input(file)  # remote: ranged reads (footer, row groups)
     # buffered reads, no pre-buffering of whole column chunks: memory stays at about one row group
-    return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+    return pq.ParquetFile(source, pre_buffer=False, buffer_size=1 << 20)
 
 
 def _row_group_starts(pf: Any) -> list[int]:
@@ -41,7 +43,7 @@ class ParquetReader(Reader):
             return any(path.rglob("*.parquet"))
         if path.suffix == ".parquet":
             return True
-        with open(path, "rb") as f:
+        with open_input(path) as f:
             return f.read(4) == PARQUET_MAGIC
 
     def data_files(self, path: Path) -> list[Path]:
