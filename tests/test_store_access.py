@@ -161,3 +161,33 @@ def test_access_errors_are_never_retried(unknown_keys):
 
     assert with_retries("s3://b/k", once_flaky) == b"ok"
     assert access_error(ConnectionError("reset")) is None
+
+
+def test_an_http_media_root_answering_403_stops_the_run_and_is_asked_once(tmp_path):
+    import http.server
+    import threading
+
+    requests = []
+
+    class Forbidden(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def do_HEAD(self) -> None:
+            requests.append(self.path)
+            self.send_error(403, "Forbidden")
+
+        do_GET = do_HEAD
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forbidden)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/media"
+    try:
+        with pytest.raises(StoreAccessError, match=rf"media root {url}: access refused \(HTTP 403"):
+            probe_locations([("media root", url)])
+        requests.clear()
+        with pytest.raises(StoreAccessError, match="403"):
+            MediaSource("x", "url", f"{url}/a.jpg").read_bytes()
+        assert len(requests) == 1  # not retried
+    finally:
+        server.shutdown()

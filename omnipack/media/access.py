@@ -70,6 +70,8 @@ def access_error(e: BaseException) -> str | None:
             return f"access refused ({code}: {x})"
         if any(n in str(x) for n in AUTH_ERROR_CLASSES):  # multi-storage-client's RuntimeError names it
             return f"no usable credentials ({x})"
+        if getattr(x, "status", None) in (401, 403):  # an HTTP client's response error (aiohttp)
+            return f"access refused (HTTP {x.status}: {x})"
     if any(isinstance(x, PermissionError) for x in chain):
         return f"access refused ({type(e).__name__}: {e})"
     return None
