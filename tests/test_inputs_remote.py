@@ -83,7 +83,8 @@ def test_jsonl_json_and_a_parquet_prefix_on_s3_give_the_local_dataset(inputs, tm
     local, url = inputs
     names = ["chat.jsonl", "chat.json", "data"]
     here = prepare(tmp_path / "local", demo_tokenizer, [local / n for n in names], None)
-    there = prepare(tmp_path / "remote", demo_tokenizer, [f"{url}/{n}" for n in names[:2]] + [f"{url}/data/"], None)
+    remote = [f"{url}/chat.jsonl", f"{url}/chat.json", f"{url}/data/"]  # two files and a folder prefix
+    there = prepare(tmp_path / "remote", demo_tokenizer, remote, None)
     assert dataset_bytes(tmp_path / "remote") == dataset_bytes(tmp_path / "local")  # shards, metadata, rejects
     assert here["counts"] == there["counts"]
     by_file = {f["file"]: (f["input"], f["packed"], f["rejected"]) for f in there["counts"]["by_input"]}
@@ -109,7 +110,8 @@ def test_cli_takes_an_s3_prefix_without_media_root(inputs, tmp_path, demo_tokeni
     assert rc == 0, capsys.readouterr().err
     assert read_omnipack_meta(out)["counts"]["packed"] == 4
     # a missing input names its URL as given
-    assert main(["prepare", "--manifest", f"{url}/nothing/", "--tokenizer", str(demo_tokenizer), "-o", str(out)]) == 2
+    args[2] = f"{url}/nothing/"
+    assert main(args) == 2
     assert f"input {url}/nothing not found" in capsys.readouterr().err
 
 
@@ -131,7 +133,9 @@ def test_a_remote_parquet_file_is_read_in_ranges(inputs, monkeypatch):
     fsspec.filesystem("s3").pipe(f"{BUCKET}/big/blobs.parquet", buf.getvalue().to_pybytes())
     fetched = []
     fetch = s3fs.core.S3File._fetch_range
-    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", lambda f, a, b: fetched.append(b - a) or fetch(f, a, b))
+    monkeypatch.setattr(
+        s3fs.core.S3File, "_fetch_range", lambda f, a, b: fetched.append(b - a) or fetch(f, a, b)
+    )
     ((reader, df),) = data_files([f"s3://{BUCKET}/big/blobs.parquet"], InputSpec())
     assert reader.name == "parquet" and str(df.path) == f"s3://{BUCKET}/big/blobs.parquet"
     assert reader.count(df.path) == 3

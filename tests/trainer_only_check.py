@@ -242,7 +242,8 @@ def check_remote(local: Path, url_root: str) -> list[str]:
     EPath(f"{msc_root}/blend.yaml").write_text(blend)
 
     def val(path: Any, **kw: Any) -> list[dict[str, str]]:
-        return _digests(omnipack.get_val_loader(path, split_part="train", batch_size=MICRO_BATCH, num_workers=0, **kw))
+        loader = omnipack.get_val_loader(path, split_part="train", batch_size=MICRO_BATCH, num_workers=0, **kw)
+        return _digests(loader)
 
     def train(path: Any) -> list[dict[str, str]]:
         loader = omnipack.get_train_loader(path, batch_size=MICRO_BATCH, num_workers=0, cp=CP, cp_rank=1)
@@ -262,10 +263,15 @@ def check_remote(local: Path, url_root: str) -> list[str]:
         te = OmnipackTaskEncoder.from_dataset(ds)
         wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
         stock = get_val_dataset(  # Energon itself opens msc:// URLs only
-            f"{msc_root}/{local.name}", split_part="train", worker_config=wc, batch_size=MICRO_BATCH, task_encoder=te
+            f"{msc_root}/{local.name}",
+            split_part="train",
+            worker_config=wc,
+            batch_size=MICRO_BATCH,
+            task_encoder=te,
         )
         assert _digests(get_loader(stock)) == expected_val, f"OmnipackTaskEncoder.from_dataset({ds!r}) differs"
-        assert task_encoder_for(yaml_url, cp=CP).align == task_encoder_for(local.parent / "blend.yaml", cp=CP).align
+        local_align = task_encoder_for(local.parent / "blend.yaml", cp=CP).align
+        assert task_encoder_for(yaml_url, cp=CP).align == local_align
         lines.append(
             f"{root}: get_train_loader, get_val_loader, OmnipackTaskEncoder.from_dataset + get_val_dataset, "
             f"task_encoder_for and a blend.yaml give the local batches ({len(expected_val)} val batches)"
@@ -326,7 +332,10 @@ def check_s3(out: Path, families: list[str], moto_python: str) -> None:
             raise SystemExit(f"trainer-only check: the S3 server did not start ({moto_python})")
         env = {**os.environ, **S3_ENV, "AWS_ENDPOINT_URL": url}
         proc = subprocess.run(
-            [sys.executable, __file__, "check-remote", str(out), name, *families], env=env, capture_output=True, text=True
+            [sys.executable, __file__, "check-remote", str(out), name, *families],
+            env=env,
+            capture_output=True,
+            text=True,
         )
     finally:
         server.stdin.close()
