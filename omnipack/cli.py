@@ -14,7 +14,8 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
             "help": "input file(s) or folder(s): JSONL, JSON array, Parquet, Arrow / save_to_disk "
             "(format and layout auto-detected; see --input-format, --input-layout)",
         }),
-    (("--media-root",), {"help": "folder (or URL: s3://, https://) that relative media paths in the records resolve against"}),
+    (("--media-root",), {"help": "folder (or URL: s3://, https://) that relative media paths in the records resolve against "
+                         "(not needed when every media reference is embedded or absolute)"}),
     (
         ("--tokenizer",),
         {
@@ -295,7 +296,8 @@ def _prepare_config(args: argparse.Namespace) -> Any:
     if args.cost_option:
         d["cost"] = _cost_overrides(dict(d.get("cost") or {}), args.cost_option)
     _input_settings(d, args)
-    missing = [k for k in ("manifest", "media_root", "tokenizer", "output") if not d.get(k)]
+    d.setdefault("media_root", None)  # embedded and absolute media references need no root
+    missing = [k for k in ("manifest", "tokenizer", "output") if not d.get(k)]
     if missing:
         raise ValueError(
             f"missing required setting(s): {', '.join(missing)} (give them as flags or in --config)"
@@ -470,6 +472,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"omnipack {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        from .media.access import CREDENTIALS_HINT, access_error
+
+        reason = access_error(e)  # a store refusing the credentials mid-run: one line, not a traceback
+        if reason is None:
+            raise
+        print(f"omnipack {args.command}: error: {reason}; {CREDENTIALS_HINT}", file=sys.stderr)
         return 2
 
 

@@ -163,7 +163,7 @@ def count_lines(paths: list[Path]) -> int:
 
 
 def read_manifest(
-    paths: list[Path],
+    paths: list[Path | str],
     start_index: int = 0,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     *,
@@ -186,7 +186,7 @@ def read_manifest(
     from .inputs import InputSpec, read_samples
 
     spec = InputSpec(input_format, input_layout, dict(input_fields or {}), max_line_bytes, split)
-    return read_samples([Path(p) for p in paths], spec, start, stop, start_index, ledger)
+    return read_samples(list(paths), spec, start, stop, start_index, ledger)  # local paths or URLs
 
 
 def resolve_media(root: Path, ref: str, allow_roots: Sequence[str] = ()) -> Path:

@@ -73,7 +73,7 @@ class MeasureConfig:
 
     profile: str
     tokenizer: str
-    media_root: str
+    media_root: str | None  # None: no relative media paths (every reference embedded or absolute)
     align: int = 1
     profile_options: dict[str, Any] = field(default_factory=dict)
     mrope: bool = False
@@ -99,7 +99,6 @@ class Measurer:
         self.config = config
         self.profile = get_profile(config.profile, **config.profile_options)
         self.chat = ChatTokenizer(config.tokenizer, self.profile, mrope=config.mrope)
-        self.media_root = Path(config.media_root)
 
     def measure_many(self, raws: list[RawSample]) -> list[tuple[str, dict[str, Any]]]:
         """``self(raw)`` for each of ``raws``, their texts tokenized in one batch."""

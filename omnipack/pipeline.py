@@ -23,6 +23,7 @@ from .inputs import InputSpec, select_inputs
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .measure import MeasureConfig
+from .media.access import probe_locations
 from .media.sources import media_root_key
 from .plan import PackConfig
 from .stages.finalize import NothingPacked, finalize, remove_meta
@@ -71,7 +72,7 @@ class PrepareConfig:
     """All settings of one preparation run (a config file's keys; CLI flags override them)."""
 
     manifest: list[str]
-    media_root: str
+    media_root: str | None  # None: every media reference is embedded or absolute (no relative paths)
     tokenizer: str
     output: str
     profile: str = "qwen2_5_vl"
@@ -144,7 +145,7 @@ def input_summary(cfg: PrepareConfig) -> list[dict[str, Any]]:
     return [
         {"path": str(c.path), "split": c.split,
          "files": [f.relative_to(c.path).as_posix() if c.path.is_dir() else f.name for f in c.files]}
-        for _, c in select_inputs([Path(p) for p in cfg.manifest], cfg.input_spec)
+        for _, c in select_inputs(list(cfg.manifest), cfg.input_spec)
     ]  # fmt: skip
 
 
@@ -163,7 +164,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     inputs = cfg.input_spec
     max_line_bytes = inputs.max_record_bytes
     out = output_path(cfg.output)
-    parts = load_parts(out / STAGES_DIR, [Path(p) for p in cfg.manifest], inputs, cfg.part_lines)
+    parts = load_parts(out / STAGES_DIR, list(cfg.manifest), inputs, cfg.part_lines)
     measure_key = {
         "profile": cfg.profile,
         "profile_options": dict(cfg.profile_options),
@@ -319,9 +320,13 @@ def run_prepare(
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
+    # credentials and permissions of every store the run uses, before any work (one line, no retries)
+    probe_locations(
+        [("output", cfg.output), ("media root", cfg.media_root), *(("input", m) for m in cfg.manifest)]
+    )
     # every input exists, has a reader and a split to read, and does not end cut short (its last bytes),
-    # checked before the output folder is touched
-    for reader, choice in select_inputs([Path(p) for p in cfg.manifest], cfg.input_spec):
+    # checked before the output folder is touched; local paths, or URLs (s3://bucket/data/)
+    for reader, choice in select_inputs(list(cfg.manifest), cfg.input_spec):
         print(f"omnipack prepare: {choice.describe()}", file=sys.stderr)
         for f in choice.files:
             reader.check_end(f)

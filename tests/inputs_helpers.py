@@ -66,10 +66,10 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def prepare(out: Path, tokenizer: Path, inputs: list[Path], media_root: Path | str, **kw) -> dict:
+def prepare(out: Path, tokenizer: Path, inputs: list[Path | str], media_root: Path | str | None, **kw) -> dict:
     cfg = PrepareConfig(
         manifest=[str(p) for p in inputs],
-        media_root=str(media_root),
+        media_root=None if media_root is None else str(media_root),
         tokenizer=str(tokenizer),
         output=str(out),
         seq_length=kw.pop("seq_length", SEQ_LENGTH),

@@ -208,3 +208,16 @@ def test_a_leaf_that_is_not_an_omnipack_dataset_is_named(leaves, tmp_path):
     with pytest.raises(BlendMismatchError, match="omnipack.json") as e:
         get_train_loader(mds, num_workers=0)
     assert e.value.leaf == str(plain)
+
+
+def test_dataset_locations_as_energon_opens_them(tmp_path):
+    """Store URLs become multi-storage-client's implicit profiles (Energon opens msc:// only); local paths and
+    file:// URLs stay paths; a scheme Energon can not open is refused by name."""
+    from omnipack.dataset.location import energon_location
+
+    assert energon_location("s3://bkt/runs/ds/") == "msc://_s3-bkt/runs/ds"
+    assert energon_location("gs://bkt/ds") == "msc://_gs-bkt/ds"
+    assert energon_location("msc://my-profile/ds") == "msc://my-profile/ds"
+    assert energon_location(f"file://{tmp_path}") == tmp_path == energon_location(str(tmp_path))
+    with pytest.raises(ValueError, match="Energon opens local paths and msc://"):
+        energon_location("https://host/ds")

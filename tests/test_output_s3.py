@@ -87,6 +87,20 @@ def test_prepare_to_s3_gives_the_local_bytes_and_energon_reads_it_there(
     assert main(["verify", url]) == 2
 
 
+def test_every_loader_entry_point_reads_an_s3_dataset_by_s3_and_msc_url(s3, reference, tmp_path):
+    """get_train_loader / get_val_loader (a dataset and a metadataset YAML on the bucket),
+    OmnipackTaskEncoder.from_dataset with Energon's get_val_dataset, task_encoder_for: by ``s3://`` and by
+    ``msc://`` URL, the batches equal the local dataset's."""
+    import shutil
+
+    from tests.trainer_only_check import check_remote
+
+    local = tmp_path / "omni-ds"
+    shutil.copytree(reference, local)
+    lines = check_remote(local, f"s3://{BUCKET}/trainer")
+    assert len(lines) == 2
+
+
 def test_staged_cli_pieces_write_to_s3(s3, reference, demo_tokenizer, demo_corpus):
     url = f"s3://{BUCKET}/runs/staged"
     args = cli_args(demo_config(url, demo_tokenizer, demo_corpus))

@@ -15,6 +15,11 @@ Two steps, run by ``.ci/run`` in two virtual environments:
     bit, that every CP rank holds exactly its ``cp_token_indices`` of the full stream with the full
     encoder inputs, and that a loader with a worker process gives the same first batch.
 
+Then one family is loaded from an S3 bucket (moto's server on 127.0.0.1, run by the full install's Python,
+``--moto-python``, so that nothing of moto's, boto3 included, is in the trainer venv) through every documented
+loader entry point, by ``s3://`` and by ``msc://`` URL (``check_remote``): the trainer install reads S3 with
+the ``s3`` extra alone.
+
 This file is a script, not a test module (pytest collects ``test_*.py`` only); ``tests/test_profiles_split.py``
 checks the same import discipline per family inside the test suite.
 """
@@ -36,6 +41,10 @@ NOT_FROM_OMNIPACK = ("PIL", "jinja2")
 SEQ_LENGTH = 1024
 MICRO_BATCH = 2
 CP = 2
+BUCKET = "trainer-check"
+# The family loaded from S3: images, video and audio.
+REMOTE_FAMILY = "qwen3_omni"
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 def prepare(out: Path) -> None:
@@ -190,8 +199,156 @@ def check_family(out: Path, name: str, families: list[str]) -> None:
     print(f"{name}: {len(full)} batches, media {kinds}, encoder inputs {keys}, token inputs {tok_keys}; cp=1 and cp={CP} match")
 
 
-def check(out: Path) -> None:
-    """Every family of ``OUT/expected.json``, each in a fresh process."""
+def _digests(loader: Any, n: int | None = None) -> list[dict[str, str]]:
+    out = []
+    for b in loader:
+        out.append(digest(b))
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def upload(local: Path, url: str) -> None:
+    """Every file of the folder ``local`` (``.nv-meta`` included) to ``url`` (``msc://``), through Energon's
+    storage client."""
+    from megatron.energon.epathlib import EPath
+
+    root = EPath(url)
+    for f in sorted(p for p in local.rglob("*") if p.is_file()):
+        (root / f.relative_to(local).as_posix()).write_bytes(f.read_bytes())
+
+
+def check_remote(local: Path, url_root: str) -> list[str]:
+    """The dataset ``local`` uploaded to ``URL_ROOT/<its name>`` (an ``s3://bucket/prefix``), with a metadataset
+    ``URL_ROOT/blend.yaml`` blending it, loaded through every documented loader entry point by ``s3://`` and by
+    ``msc://`` URL: the batches equal those of the local folder (and of the same YAML beside it). Returns one
+    line per entry point checked."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+    from megatron.energon.epathlib import EPath
+
+    import omnipack
+    from omnipack.loader.blend import task_encoder_for
+    from omnipack.loader.task_encoder import OmnipackTaskEncoder
+
+    url_root = url_root.rstrip("/")
+    bucket, _, prefix = url_root.removeprefix("s3://").partition("/")
+    msc_root = f"msc://_s3-{bucket}/{prefix}".rstrip("/")
+    upload(local, f"{msc_root}/{local.name}")
+    blend = (
+        "__module__: megatron.energon\n__class__: MetadatasetV2\nsplits:\n  train:\n    blend:\n"
+        f"      - {{path: {local.name}, weight: 2}}\n      - {{path: ./{local.name}, weight: 1}}\n"
+    )
+    (local.parent / "blend.yaml").write_text(blend)
+    EPath(f"{msc_root}/blend.yaml").write_text(blend)
+
+    def val(path: Any, **kw: Any) -> list[dict[str, str]]:
+        loader = omnipack.get_val_loader(path, split_part="train", batch_size=MICRO_BATCH, num_workers=0, **kw)
+        return _digests(loader)
+
+    def train(path: Any) -> list[dict[str, str]]:
+        loader = omnipack.get_train_loader(path, batch_size=MICRO_BATCH, num_workers=0, cp=CP, cp_rank=1)
+        return _digests(loader, 4)
+
+    expected_val, expected_train = val(local), train(local)
+    expected_blend_val = val(local.parent / "blend.yaml", cp=CP)
+    expected_blend_train = train(local.parent / "blend.yaml")
+    assert expected_val and expected_blend_val
+    lines = []
+    for root in (url_root, msc_root):
+        ds, yaml_url = f"{root}/{local.name}", f"{root}/blend.yaml"
+        assert val(ds) == expected_val, f"get_val_loader({ds!r}) differs from the local dataset's batches"
+        assert train(ds) == expected_train, f"get_train_loader({ds!r}) differs from the local dataset's"
+        assert val(yaml_url, cp=CP) == expected_blend_val, f"get_val_loader({yaml_url!r}) differs"
+        assert train(yaml_url) == expected_blend_train, f"get_train_loader({yaml_url!r}) differs"
+        te = OmnipackTaskEncoder.from_dataset(ds)
+        wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+        stock = get_val_dataset(  # Energon itself opens msc:// URLs only
+            f"{msc_root}/{local.name}",
+            split_part="train",
+            worker_config=wc,
+            batch_size=MICRO_BATCH,
+            task_encoder=te,
+        )
+        assert _digests(get_loader(stock)) == expected_val, f"OmnipackTaskEncoder.from_dataset({ds!r}) differs"
+        local_align = task_encoder_for(local.parent / "blend.yaml", cp=CP).align
+        assert task_encoder_for(yaml_url, cp=CP).align == local_align
+        lines.append(
+            f"{root}: get_train_loader, get_val_loader, OmnipackTaskEncoder.from_dataset + get_val_dataset, "
+            f"task_encoder_for and a blend.yaml give the local batches ({len(expected_val)} val batches)"
+        )
+    return lines
+
+
+def serve_s3() -> None:
+    """moto's S3 server on 127.0.0.1 with the check's bucket (run by the full install's Python): prints its URL,
+    serves until its standard input closes."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=url, **_boto_credentials()).create_bucket(Bucket=BUCKET)
+    print(url, flush=True)
+    sys.stdin.read()
+    server.stop()
+
+
+def _boto_credentials() -> dict[str, str]:
+    return {
+        "aws_access_key_id": S3_ENV["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": S3_ENV["AWS_SECRET_ACCESS_KEY"],
+        "region_name": S3_ENV["AWS_DEFAULT_REGION"],
+    }
+
+
+def check_family_remote(out: Path, name: str, families: list[str]) -> None:
+    """One family loaded from S3 in this process (the prepare stack blocked), through every entry point."""
+    sys.meta_path.insert(0, _Blocker())
+    for m in [m for m in sys.modules if m.split(".")[0] in BLOCKED]:
+        del sys.modules[m]
+    for line in check_remote(out / name, f"s3://{BUCKET}/datasets"):
+        print(f"{name} from S3: {line}")
+    assert not any(m.split(".")[0] in BLOCKED for m in sys.modules), "a blocked module got imported"
+    others = _family_modules([f for f in families if f != name]) & set(sys.modules)
+    assert not others, f"loading {name} imported other families: {sorted(others)}"
+
+
+def check_s3(out: Path, families: list[str], moto_python: str) -> None:
+    """``check_family_remote`` for ``REMOTE_FAMILY`` against a moto server run by ``moto_python``."""
+    import os
+
+    name = REMOTE_FAMILY if REMOTE_FAMILY in families else families[0]
+    server = subprocess.Popen(
+        [moto_python, __file__, "serve-s3", str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        url = server.stdout.readline().strip()
+        if not url.startswith("http://"):
+            raise SystemExit(f"trainer-only check: the S3 server did not start ({moto_python})")
+        env = {**os.environ, **S3_ENV, "AWS_ENDPOINT_URL": url}
+        proc = subprocess.run(
+            [sys.executable, __file__, "check-remote", str(out), name, *families],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+    sys.stdout.write(proc.stdout)
+    if proc.returncode:
+        sys.stderr.write(f"--- {name} from S3 failed ---\n{proc.stderr[-4000:]}\n")
+        raise SystemExit(f"trainer-only check: {name} does not load from S3")
+
+
+def check(out: Path, moto_python: str | None = None) -> None:
+    """Every family of ``OUT/expected.json``, each in a fresh process; then one from S3 (``check_s3``) when
+    ``moto_python`` is given."""
     import omnipack
     from omnipack.profiles import available_profiles
 
@@ -216,19 +373,28 @@ def check(out: Path) -> None:
     if failed:
         raise SystemExit(f"trainer-only check failed for {failed}")
     print(f"trainer-only check: {len(families)} families load with and without CP")
+    if moto_python:
+        check_s3(out, families, moto_python)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("step", choices=["prepare", "check", "check-family"])
+    p.add_argument("step", choices=["prepare", "check", "check-family", "check-remote", "serve-s3"])
     p.add_argument("out", type=Path)
     p.add_argument("family", nargs="?")
     p.add_argument("families", nargs="*")
+    p.add_argument(
+        "--moto-python", help="check: a Python with moto[server] (the full install) to serve S3 for the S3 check"
+    )
     a = p.parse_args(argv)
     if a.step == "prepare":
         prepare(a.out)
     elif a.step == "check":
-        check(a.out)
+        check(a.out, a.moto_python)
+    elif a.step == "serve-s3":
+        serve_s3()
+    elif a.step == "check-remote":
+        check_family_remote(a.out, a.family, [a.family, *a.families])
     else:
         check_family(a.out, a.family, [a.family, *a.families])
 

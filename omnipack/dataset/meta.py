@@ -73,16 +73,20 @@ def write_omnipack_meta(root: Path, metadata: dict[str, Any]) -> None:
 
 
 def read_omnipack_meta(root: Path | str) -> dict[str, Any]:
-    """A dataset's ``omnipack.json``: from a folder, or from a remote dataset as Energon names it
-    (``msc://PROFILE/path``, read through Energon's own storage client, so the loader needs nothing more)."""
-    if "://" in str(root):
+    """A dataset's ``omnipack.json``: from a folder, or from a remote dataset (``msc://PROFILE/path``, or a store
+    URL such as ``s3://bucket/prefix``; see ``location``), read through Energon's own storage client, so the
+    loader needs nothing more."""
+    from .location import energon_location, is_remote_dataset
+
+    where = energon_location(root)
+    if is_remote_dataset(where):
         from megatron.energon.epathlib import EPath
 
-        remote = EPath(str(root)) / NV_META / OMNIPACK_META
+        remote = EPath(where) / NV_META / OMNIPACK_META
         if not remote.is_file():
             raise FileNotFoundError(f"{root} is not an omnipack dataset (no {NV_META}/{OMNIPACK_META})")
         return json.loads(remote.read_text())
-    path = Path(root) / NV_META / OMNIPACK_META
+    path = Path(where) / NV_META / OMNIPACK_META
     if not path.exists():
         raise FileNotFoundError(f"{root} is not an omnipack dataset (no {NV_META}/{OMNIPACK_META})")
     return json.loads(path.read_text())

@@ -14,7 +14,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base import InputError, Reader, SourceRecord, register_reader
+from .base import (
+    InputError,
+    Reader,
+    SourceRecord,
+    file_stamp,
+    input_path,
+    is_local_input,
+    open_input,
+    register_reader,
+)
 from .parquet import text_nbytes
 
 BATCH_ROWS = 64
@@ -42,7 +51,7 @@ END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # a stream's end: continuat
 
 
 def _cut_short(path: str, offset: int, why: str) -> InputError:
-    size = Path(path).stat().st_size
+    size = file_stamp(input_path(path))[0]
     return InputError(
         f"input {path} can not be read to its end (at byte {offset} of {size}: {why}); fix or re-download it"
     )
@@ -52,16 +61,21 @@ def _batches_index(path: str) -> tuple[Any, list[int]]:
     """(the record batches, cumulative row starts) of an Arrow IPC file or stream, memory-mapped;
     :class:`InputError` when it can not be read to its end. Kept per file version (a file replaced by a
     fresh download is read again)."""
-    st = Path(path).stat()
-    return _batches_of(path, st.st_size, st.st_mtime_ns)
+    size, stamp = file_stamp(input_path(path))
+    return _batches_of(path, size, stamp)
 
 
 @lru_cache(maxsize=16)
-def _batches_of(path: str, size: int, mtime_ns: int) -> tuple[Any, list[int]]:
+def _batches_of(path: str, size: int, stamp: int | str) -> tuple[Any, list[int]]:
     import pyarrow as pa
 
+    file = input_path(path)
     try:
-        source = pa.memory_map(path)
+        if is_local_input(file):
+            source = pa.memory_map(path)
+        else:  # a stored object: read into memory
+            with open_input(file) as f:
+                source = pa.BufferReader(f.read())
     except OSError as e:
         raise InputError(f"input {path} can not be read: {e}") from None
     if source.read(len(FILE_MAGIC)) == FILE_MAGIC:

@@ -6,14 +6,21 @@ data files of an input path, counts their records cheaply and yields them in ord
 ``conversations``, LLaMA-Factory/ms-swift ``messages`` + media lists, prompt/response columns) and turns a raw
 record into an omnipack sample. Both are registered by name and auto-detected; ``--input-format`` and
 ``--input-layout`` override the detection.
+
+Input paths are local files and folders, or URLs on an object store (``s3://bucket/data/``, any fsspec URL;
+the ``remote`` extra) read like remote media: ``input_path`` gives a ``UPath`` with the same pathlib API
+(``exists``, ``is_dir``, ``rglob``, ``name``) and ``open_input`` a file that reads in ranges (a Parquet footer
+and row groups fetch only their bytes; JSONL and JSON arrays stream).
 """
 
 from __future__ import annotations
 
+import io
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import xxhash
 
@@ -41,7 +48,7 @@ class SourceRecord:
 class DataFile:
     """One data file of an input path, with the name its records' sources and default ids use."""
 
-    path: Path
+    path: Any  # Path, or a UPath for a file on an object store (see input_path)
     label: str
 
 
@@ -71,11 +78,59 @@ class InputPart:
         return self.label or Path(self.path).name
 
 
-def file_identity(file: Path) -> str:
-    """Digest of a file's resolved path, size and modification time (what says it is still the same file
-    without reading it)."""
-    st = file.stat()
-    return xxhash.xxh3_128(f"{file.resolve()}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()
+# Remote input files read ahead in blocks of this size (a Parquet footer or row group: its own byte ranges).
+INPUT_BLOCK_BYTES = 1 << 20
+
+
+def input_path(location: str | os.PathLike) -> Any:
+    """An input file or folder as a path object: a ``Path`` for a local one (``file://`` URLs included), a
+    ``UPath`` (universal-pathlib over fsspec) for a URL on a store or server."""
+    from ..media.sources import is_remote, local_location
+
+    if isinstance(location, Path):
+        return location
+    if not is_remote(location):
+        return Path(local_location(location))
+    try:
+        from upath import UPath
+    except ImportError as e:  # pragma: no cover - depends on the optional extra
+        raise InputError(f"input {location} needs the remote extra: pip install 'omnipack[remote]'") from e
+    return UPath(str(location))
+
+
+def is_local_input(path: Any) -> bool:
+    return isinstance(path, Path)
+
+
+def open_input(path: Any) -> IO[bytes]:
+    """A binary, seekable file of an input path: local, or read from its store in ``INPUT_BLOCK_BYTES`` ranges."""
+    if is_local_input(path):
+        return open(path, "rb")
+    # fsspec's files lack readline(size); a buffered reader over one without a cache of its own gives the
+    # local file API, each refill one ranged read
+    raw = path.fs.open(path.path, "rb", block_size=INPUT_BLOCK_BYTES, cache_type="none")
+    return io.BufferedReader(raw, buffer_size=INPUT_BLOCK_BYTES)
+
+
+def input_key(path: Any) -> str:
+    """The name that identifies an input file in pointers and records: its resolved local path, or its URL."""
+    return str(path.resolve()) if is_local_input(path) else str(path)
+
+
+def file_stamp(file: Any) -> tuple[int, int | str]:
+    """(size, modification stamp) of an input file: its mtime in ns, or a stored object's ETag."""
+    if is_local_input(file):
+        st = file.stat()
+        return st.st_size, st.st_mtime_ns
+    info = file.fs.info(file.path)
+    return int(info.get("size") or 0), str(info.get("ETag") or info.get("LastModified") or info.get("mtime"))
+
+
+def file_identity(file: Any) -> str:
+    """Digest of a file's resolved path (or URL), size and modification stamp (what says it is still the same
+    file without reading it)."""
+    size, stamp = file_stamp(file)
+    return xxhash.xxh3_128(f"{input_key(file)}\0{size}\0{stamp}".encode()).hexdigest()
 
 
 class Reader:
@@ -129,7 +184,7 @@ class Reader:
     def part_records(self, part: InputPart, max_record_bytes: int) -> Iterator[SourceRecord]:
         """The records of one part, in order."""
         stop = part.first_record + part.num_records
-        return self.records(Path(part.path), part.file_label, part.first_record, stop, max_record_bytes)
+        return self.records(input_path(part.path), part.file_label, part.first_record, stop, max_record_bytes)
 
 
 READERS: dict[str, Reader] = {}

@@ -14,13 +14,14 @@ from urllib.parse import quote, unquote
 
 from ..media.errors import MediaError
 from ..media.sources import EMBEDDED_PREFIX
+from .base import input_key, input_path
 
 _FEATURE_KEYS = frozenset(("bytes", "path"))
 
 
 def pointer_ref(file: Path, index: int, keys: tuple[Any, ...]) -> str:
     tail = "".join("/" + quote(str(k), safe="") for k in keys)
-    return f"{EMBEDDED_PREFIX}{quote(str(file.resolve()))}#{index}{tail}"
+    return f"{EMBEDDED_PREFIX}{quote(input_key(file))}#{index}{tail}"
 
 
 def parse_pointer(ref: str) -> tuple[str, str]:
@@ -40,7 +41,7 @@ def read_embedded(file: str, pointer: str) -> bytes:
     keys = [unquote(k) for k in rest.split("/")] if rest else []
     if not keys:
         raise MediaError(f"embedded media reference names no column: {pointer!r}")
-    path = Path(file)
+    path = input_path(file)
     module = parquet if path.suffix == ".parquet" else arrow
     try:
         value = module.column_value(path, int(index_s), keys[0])

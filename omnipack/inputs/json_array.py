@@ -14,7 +14,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .base import InputError, InputPart, Reader, SourceRecord, file_identity, register_reader
+from .base import (
+    InputError,
+    InputPart,
+    Reader,
+    SourceRecord,
+    file_identity,
+    file_stamp,
+    input_path,
+    open_input,
+    register_reader,
+)
 from .jsonl import DEFAULT_MAX_RECORD_BYTES, first_byte
 
 _CHUNK = 1 << 20
@@ -74,7 +84,7 @@ def _elements(
     """The array's elements; from ``start_byte`` (an element's first byte, whose index is ``first_index``)
     when given, up to element ``stop``. ``offsets`` receives the byte offset of every ``every``-th element (for splitting)."""
     decoder = json.JSONDecoder()
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         f.seek(start_byte)
         buf = _Buffer(f)
         buf.more()
@@ -143,7 +153,7 @@ def _elements(
 def _unreadable(path: Path, offset: int, why: str) -> InputError:
     """The error that stops the run: the rest of the file would be lost, not rejected record by record."""
     return InputError(
-        f"input {path} can not be read to its end (at byte {offset} of {path.stat().st_size}: {why}); "
+        f"input {path} can not be read to its end (at byte {offset} of {file_stamp(path)[0]}: {why}); "
         "fix or re-download it"
     )
 
@@ -155,8 +165,8 @@ class JsonArrayReader(Reader):
         return path.is_file() and first_byte(path) == b"["
 
     def check_end(self, file: Path) -> None:
-        size = file.stat().st_size
-        with open(file, "rb") as f:
+        size = file_stamp(file)[0]
+        with open_input(file) as f:
             f.seek(max(size - 4096, 0))
             tail = f.read().rstrip()
         if not tail.endswith(b"]") and (tail or size <= 4096):  # (a long whitespace tail: the parse looks)
@@ -180,7 +190,7 @@ class JsonArrayReader(Reader):
     def part_records(self, part: InputPart, max_record_bytes: int) -> Iterator[SourceRecord]:
         stop = part.first_record + part.num_records
         return _elements(
-            Path(part.path), part.file_label, max_record_bytes, part.start_byte, part.first_record, stop=stop
+            input_path(part.path), part.file_label, max_record_bytes, part.start_byte, part.first_record, stop=stop
         )
 
     def records(

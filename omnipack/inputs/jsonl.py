@@ -15,7 +15,16 @@ from typing import IO, Any
 import numpy as np
 import xxhash
 
-from .base import InputError, InputPart, Reader, SourceRecord, register_reader
+from .base import (
+    InputError,
+    InputPart,
+    Reader,
+    SourceRecord,
+    file_stamp,
+    input_path,
+    open_input,
+    register_reader,
+)
 
 _SKIP_CHUNK = 1 << 20
 _CHUNK = 1 << 24  # bytes scanned for line ends at once when splitting a file into parts
@@ -43,7 +52,7 @@ def lines(f: IO[bytes], max_line_bytes: int) -> Iterator[tuple[bytes | None, int
 
 def first_byte(path: Path) -> bytes:
     """The first non-whitespace byte of a file (after a UTF-8 byte-order mark), or b"" when empty."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         head = f.read(1 << 16)
         while head:
             s = head.removeprefix(b"\xef\xbb\xbf").lstrip()
@@ -65,8 +74,8 @@ class JsonLinesReader(Reader):
         return sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
 
     def check_end(self, file: Path) -> None:
-        size = file.stat().st_size
-        with open(file, "rb") as f:
+        size = file_stamp(file)[0]
+        with open_input(file) as f:
             f.seek(max(size - _SKIP_CHUNK, 0))
             tail = f.read()
         if tail.endswith(b"\n"):
@@ -76,7 +85,7 @@ class JsonLinesReader(Reader):
             check_not_cut(file, tail[nl + 1 :], None, size - len(tail) + nl + 1)
 
     def count(self, file: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
-        with open(file, "rb") as f:
+        with open_input(file) as f:
             return sum(1 for line, _ in lines(f, max_record_bytes) if line is None or line.strip())
 
     def records(
@@ -88,7 +97,7 @@ class JsonLinesReader(Reader):
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     ) -> Iterator[SourceRecord]:
         index, offset = 0, 0
-        with open(file, "rb") as f:
+        with open_input(file) as f:
             for line_no, (line, size) in enumerate(lines(f, max_record_bytes), 1):
                 offset += size
                 if line is not None and not line.strip():
@@ -117,7 +126,7 @@ class JsonLinesReader(Reader):
         start_byte, first_line, lines_in_part, pos, last_line_start = 0, 1, 0, 0, 0
         hasher = xxhash.xxh3_128()
         last = b"\n"
-        with open(file, "rb") as f:
+        with open_input(file) as f:
             while chunk := f.read(_CHUNK):
                 view = memoryview(chunk)
                 newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
@@ -138,7 +147,7 @@ class JsonLinesReader(Reader):
         if pos > start_byte:  # the last lines (the very last may lack its newline)
             close(start_byte, first_line, lines_in_part + (last != b"\n"), hasher)
         if last != b"\n" and pos:  # the last line lacks its newline: whole, or the file is cut short
-            with open(file, "rb") as f:
+            with open_input(file) as f:
                 f.seek(last_line_start)
                 line = f.read(max_record_bytes + 1)
             if len(line) <= max_record_bytes:
@@ -151,7 +160,7 @@ class JsonLinesReader(Reader):
         label = part.file_label
         end_line = part.first_line + part.num_lines
         offset = part.start_byte
-        with open(part.path, "rb") as f:
+        with open_input(input_path(part.path)) as f:
             f.seek(part.start_byte)
             for line_no, (line, size) in enumerate(lines(f, max_record_bytes), part.first_line):
                 if line_no >= end_line:
@@ -173,7 +182,7 @@ def check_not_cut(file: Path, line: bytes | None, line_no: int | None, offset: i
         json.loads(line.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "surrogateescape"))
     except json.JSONDecodeError as e:
         raise InputError(
-            f"input {file} can not be read to its end (at byte {offset} of {file.stat().st_size}: its last "
+            f"input {file} can not be read to its end (at byte {offset} of {file_stamp(file)[0]}: its last "
             f"line{f', line {line_no},' if line_no else ''} has no newline and is not whole JSON ({e.msg}): "
             "the file is cut short?); fix or re-download it"
         ) from None

@@ -13,7 +13,17 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base import InputError, Reader, SourceRecord, file_identity, register_reader
+from .base import (
+    InputError,
+    Reader,
+    SourceRecord,
+    file_identity,
+    file_stamp,
+    input_path,
+    is_local_input,
+    open_input,
+    register_reader,
+)
 
 BATCH_ROWS = 64  # rows decoded to Python at once (rows can hold megabytes of media bytes)
 PARQUET_MAGIC = b"PAR1"
@@ -21,16 +31,18 @@ PARQUET_MAGIC = b"PAR1"
 
 def _file(path: str) -> Any:
     """The file's reader, kept per file version (a file replaced by a fresh download is opened again)."""
-    st = Path(path).stat()
-    return _file_of(path, st.st_size, st.st_mtime_ns)
+    size, stamp = file_stamp(input_path(path))
+    return _file_of(path, size, stamp)
 
 
 @lru_cache(maxsize=16)
-def _file_of(path: str, size: int, mtime_ns: int) -> Any:
+def _file_of(path: str, size: int, stamp: int | str) -> Any:
     import pyarrow.parquet as pq
 
+    file = input_path(path)
+    source = path if is_local_input(file) else open_input(file)  # remote: ranged reads (footer, row groups)
     # buffered reads, no pre-buffering of whole column chunks: memory stays at about one row group
-    return pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+    return pq.ParquetFile(source, pre_buffer=False, buffer_size=1 << 20)
 
 
 def _open(path: Path) -> Any:
@@ -38,7 +50,7 @@ def _open(path: Path) -> Any:
     try:
         return _file(str(path))
     except Exception as e:
-        size = path.stat().st_size
+        size = file_stamp(path)[0]
         raise InputError(
             f"input {path} can not be read to its end (at byte {max(size - 8, 0)} of {size}: no readable "
             f"Parquet footer, the file is cut short or not Parquet: {type(e).__name__}: {e}); fix or "
@@ -72,7 +84,7 @@ class ParquetReader(Reader):
             return any(path.rglob("*.parquet"))
         if path.suffix == ".parquet":
             return True
-        with open(path, "rb") as f:
+        with open_input(path) as f:
             return f.read(4) == PARQUET_MAGIC
 
     def data_files(self, path: Path) -> list[Path]:
@@ -127,7 +139,7 @@ class ParquetReader(Reader):
                             yield SourceRecord(i, f"{label}#{i}", row, None, size)
                     index += n
             except Exception as e:  # a damaged row group: the file can not be read past it
-                size = file.stat().st_size
+                size = file_stamp(file)[0]
                 raise InputError(
                     f"input {file} can not be read to its end (at byte {_row_group_offset(pf, rg)} of {size}: "
                     f"row group {rg} (records {lo} to {hi - 1}) is unreadable: {type(e).__name__}: {e}); fix "

@@ -14,7 +14,18 @@ from typing import Any
 
 from ..media.errors import MediaError
 from ..media.sources import EMBEDDED_PREFIX
-from .base import ALIASES, LAYOUTS, READERS, DataFile, InputError, InputPart, Reader, SourceRecord
+from .base import (
+    ALIASES,
+    LAYOUTS,
+    READERS,
+    DataFile,
+    InputError,
+    InputPart,
+    Reader,
+    SourceRecord,
+    input_key,
+    input_path,
+)
 from .embedded import parse_pointer, replace_embedded
 from .jsonl import DEFAULT_MAX_RECORD_BYTES
 from .markers import ROLES, ConvertError
@@ -25,7 +36,7 @@ from .tool_use import normalize_tool_use
 MAPPABLE_FIELDS = (
     "id", "messages", "conversations", "system", "tools", "meta", "prompt", "query", "response", "history",
     "image", "images", "video", "videos", "audio", "audios", "role", "content",
-)  # fmt: skip
+)
 
 
 @dataclass(frozen=True)
@@ -84,11 +95,11 @@ def reader_for(path: Path, spec: InputSpec) -> Reader:
     raise InputError(f"input {path}: no reader recognises it (give --input-format)")
 
 
-def select_inputs(paths: list[Path], spec: InputSpec) -> list[tuple[Reader, SplitChoice]]:
+def select_inputs(paths: list[str | Path], spec: InputSpec) -> list[tuple[Reader, SplitChoice]]:
     """Each input path with its reader and the data files it reads: a folder's chosen split
     (``spec.split``, else ``train``, else its only split; see ``splits.py``), a file as given."""
     out = []
-    for p in map(Path, paths):
+    for p in map(input_path, paths):  # local, or on an object store (s3://bucket/data/)
         if not p.exists():
             raise FileNotFoundError(f"input {p} not found")
         reader = reader_for(p, spec)
@@ -102,7 +113,7 @@ def select_inputs(paths: list[Path], spec: InputSpec) -> list[tuple[Reader, Spli
     return out
 
 
-def data_files(paths: list[Path], spec: InputSpec) -> list[tuple[Reader, DataFile]]:
+def data_files(paths: list[str | Path], spec: InputSpec) -> list[tuple[Reader, DataFile]]:
     """Every data file the input paths read (see :func:`select_inputs`), in reading order, with its reader
     and its label (the name sources and default ids use: the file name, or ``folder/relative/path`` for a
     folder input; the full path when names would collide)."""
@@ -115,7 +126,7 @@ def data_files(paths: list[Path], spec: InputSpec) -> list[tuple[Reader, DataFil
     return [(r, DataFile(f, str(f) if label in clash else label)) for r, f, label in out]
 
 
-def count_records(paths: list[Path], spec: InputSpec | None = None) -> int:
+def count_records(paths: list[str | Path], spec: InputSpec | None = None) -> int:
     """Number of input records (metadata for columnar files, a byte scan for JSONL, a parse for JSON)."""
     spec = spec or InputSpec()
     return sum(r.count(df.path, spec.max_record_bytes) for r, df in data_files(paths, spec))
@@ -184,7 +195,7 @@ def to_sample_record(rec: Any, spec: InputSpec) -> dict[str, Any]:
 
 
 def read_samples(
-    paths: list[Path],
+    paths: list[str | Path],
     spec: InputSpec | None = None,
     start: int = 0,
     stop: int | None = None,
@@ -227,7 +238,7 @@ def read_samples(
         offset += n if n is not None else last + 1  # not counted: read from its first record on
 
 
-def split_parts(paths: list[Path], spec: InputSpec, part_records: int) -> list[InputPart]:
+def split_parts(paths: list[str | Path], spec: InputSpec, part_records: int) -> list[InputPart]:
     """The inputs' data files cut into parts of about ``part_records`` records each (never across files), in
     reading order: each reader cuts its own files where it can start reading again cheaply."""
     if part_records < 1:
@@ -245,7 +256,7 @@ def read_part(part: InputPart, spec: InputSpec) -> Iterator[Any]:
     from ..manifest import ManifestError, RawSample, validate_record
 
     reader = READERS[part.format]
-    df = DataFile(Path(part.path), part.file_label)
+    df = DataFile(input_path(part.path), part.file_label)
     seen: set[str] = set()
     for k, src in enumerate(reader.part_records(part, spec.max_record_bytes)):
         yield _sample(src, df, reader, spec, k, seen, RawSample, ManifestError, validate_record)
@@ -285,7 +296,7 @@ def _check_embedded_refs(sample: Any, data_file: Path, error: Any) -> None:
     for ref in sample.media_refs():
         if not ref.path.startswith(EMBEDDED_PREFIX):
             continue
-        own = own or str(data_file.resolve())
+        own = own or input_key(data_file)
         try:
             file, _ = parse_pointer(ref.path)
         except MediaError as e:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..dataset.location import energon_location, is_remote_dataset
 from ..dataset.meta import read_omnipack_meta
 from .compat import DatasetAlignmentError, check_dataset_alignment
 
@@ -38,17 +39,22 @@ class LeafAlignmentError(BlendMismatchError, DatasetAlignmentError):
 
 @dataclass(frozen=True)
 class DatasetLeaf:
-    """One dataset a (meta)dataset reads: where it is, which split, its subflavors and its omnipack.json."""
+    """One dataset a (meta)dataset reads: where it is (a folder, or an ``msc://`` URL), which split, its
+    subflavors and its omnipack.json."""
 
-    path: Path
+    path: Path | str
     split_part: str
     subflavors: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
 def is_metadataset(path: str | Path) -> bool:
-    """An Energon metadataset is a YAML file; a prepared dataset is a directory."""
-    p = Path(path)
+    """An Energon metadataset is a YAML file; a prepared dataset is a directory (local or remote)."""
+    p = energon_location(path)
+    if is_remote_dataset(p):
+        from megatron.energon.epathlib import EPath
+
+        return str(p).endswith((".yaml", ".yml")) and EPath(p).is_file()
     return p.is_file() and p.suffix in (".yaml", ".yml")
 
 
@@ -57,8 +63,9 @@ def dataset_leaves(path: str | Path, split_part: str = "train") -> list[DatasetL
 
     Nested metadatasets are followed (Energon's own traversal, so paths, split overrides and subflavors
     resolve exactly as the loader resolves them). Joins are refused: an omnipack row is complete as it is.
+    A remote ``path`` (``msc://``, ``s3://``...) is read through Energon's storage client (``location``).
     """
-    p = Path(path)
+    p = energon_location(path)
     if not is_metadataset(p):
         return [DatasetLeaf(p, split_part, {}, _read_meta(p, p))]
     from megatron.energon.metadataset.loader import traverse_metadataset
@@ -73,14 +80,14 @@ def dataset_leaves(path: str | Path, split_part: str = "train") -> list[DatasetL
         raise ValueError(f"metadataset {p} names no dataset for split {split_part!r}")
     leaves = []
     for ref in refs:
-        leaf = Path(str(ref.path))
+        leaf = energon_location(str(ref.path))  # an EPath: a local path, or msc://PROFILE/path
         if ref.aux:
             raise BlendMismatchError(leaf, "aux", "auxiliary datasets are not used by omnipack rows")
         leaves.append(DatasetLeaf(leaf, ref.split_part, dict(ref.subflavors or {}), _read_meta(leaf, p)))
     return leaves
 
 
-def _read_meta(leaf: Path, source: Path) -> dict[str, Any]:
+def _read_meta(leaf: Path | str, source: Path | str) -> dict[str, Any]:
     try:
         return read_omnipack_meta(leaf)
     except FileNotFoundError as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..dataset.location import energon_location
 from .blend import task_encoder_for
 
 
@@ -36,7 +37,8 @@ def get_train_loader(
     ``path`` is a prepared dataset directory or an Energon metadataset YAML (``blend`` weights,
     ``blend_epochized`` repetitions, subflavors, nested metadatasets) whose leaves are omnipack datasets;
     every leaf is checked against the first and against the parallel layout (``BlendMismatchError`` names
-    the leaf and the field).
+    the leaf and the field). Either may be remote: ``msc://PROFILE/path``, or a store URL such as
+    ``s3://bucket/prefix`` (multi-storage-client's implicit profile; ``pip install "omnipack[s3]"``).
 
     ``rank``/``world_size`` (or ``data_parallel_group``) are the data-parallel coordinates.
     ``encoder_options`` go to ``OmnipackTaskEncoder.from_dataset`` (tp, cp, cp_rank, sequence_parallel,
@@ -48,6 +50,7 @@ def get_train_loader(
     from megatron.energon import get_loader, get_savable_loader, get_train_dataset
 
     options = dict(dataset_options or {})
+    path = energon_location(path)
     te = task_encoder_for(path, split_part=options.get("split_part", "train"), **encoder_options)
     ds = get_train_dataset(
         str(path),
@@ -78,6 +81,7 @@ def get_val_loader(
     dataset or a metadataset's ``split_part`` split; options as for ``get_train_loader``."""
     from megatron.energon import get_loader, get_val_dataset
 
+    path = energon_location(path)
     ds = get_val_dataset(
         str(path),
         split_part=split_part,

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
+from .access import StoreAccessError, access_error
 from .errors import MediaError
 
 ALLOW_ROOT_OPTION = "--media-allow-root"
@@ -71,9 +72,11 @@ def is_remote(location: str | os.PathLike) -> bool:
     return is_url(text) and not text.lower().startswith("file://")
 
 
-def media_root_key(root: str | os.PathLike) -> str:
+def media_root_key(root: str | os.PathLike | None) -> str | None:
     """The media root as the run's settings record it: a remote one as written, a folder as its absolute
-    path (so a key does not depend on the directory a rank was started from)."""
+    path (so a key does not depend on the directory a rank was started from); None when there is none."""
+    if root is None:
+        return None
     return str(root) if is_remote(root) else str(Path(local_location(root)).resolve())
 
 
@@ -93,7 +96,8 @@ def filesystem_for(url: str, **storage_options: Any) -> tuple[Any, str]:
 
 
 def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) -> T:
-    """``fn()`` retried with exponential backoff; a missing object or a refused permission is final at once.
+    """``fn()`` retried with exponential backoff; a missing object, missing credentials or a refused permission
+    is final at once.
     The last error becomes a :class:`MediaError` naming ``what`` (the URL)."""
     attempts = attempts or FETCH_ATTEMPTS
     last: BaseException | None = None
@@ -104,11 +108,14 @@ def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) ->
             raise  # not a transient failure of the store (a broken tar is broken on every read)
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
             if not _transient(e):
-                raise MediaError(f"cannot fetch {what}: {type(e).__name__}: {e}") from None
+                error = StoreAccessError if isinstance(e, PermissionError) else MediaError
+                raise error(f"cannot fetch {what}: {type(e).__name__}: {e}") from None
             last = e
             if attempt + 1 < attempts:
                 time.sleep(FETCH_BACKOFF_S * 2**attempt)
         except Exception as e:  # network and server errors of any client library
+            if (reason := access_error(e)) is not None:  # no retry brings credentials or a permission
+                raise StoreAccessError(f"cannot fetch {what}: {reason}") from None
             last = e
             if attempt + 1 < attempts:
                 time.sleep(FETCH_BACKOFF_S * 2**attempt)
@@ -290,11 +297,11 @@ def _local_source(ref: str, path: Path, root: Path, allow_roots: Sequence[str]) 
     return MediaSource(ref, "file", str(real))
 
 
-def resolve_source(ref: str, media_root: str | Path, allow_roots: Sequence[str] = ()) -> MediaSource:
+def resolve_source(ref: str, media_root: str | Path | None, allow_roots: Sequence[str] = ()) -> MediaSource:
     """The :class:`MediaSource` a record's media reference names (see the module docstring for the forms).
 
-    Raises ``ManifestError`` for a reference that leaves the media root, ``MediaError`` for one that can not
-    be used at all; neither touches the storage (probing does)."""
+    Raises ``ManifestError`` for a reference that leaves the media root (or is relative when there is no media
+    root), ``MediaError`` for one that can not be used at all; neither touches the storage (probing does)."""
     from ..manifest import ManifestError
 
     if ref.startswith("data:"):
@@ -308,6 +315,15 @@ def resolve_source(ref: str, media_root: str | Path, allow_roots: Sequence[str] 
     if tar:
         shard = resolve_source(tar["shard"], media_root, allow_roots)
         return MediaSource(ref, "tar", shard.location, tar["member"], container=shard)
+    if media_root is None:  # no --media-root: URLs, and local files under an allowed root only
+        if is_remote(ref):
+            return MediaSource(ref, "url", ref)
+        local = Path(local_location(ref))
+        if not local.is_absolute():
+            raise ManifestError(f"relative media path {ref!r} needs --media-root (none given)")
+        if not allow_roots:
+            raise ManifestError(f"local media file {ref!r} needs --media-root or {ALLOW_ROOT_OPTION}")
+        return _local_source(ref, local, Path(allow_roots[0]), allow_roots)
     root = local_location(media_root)  # a file:// root is a folder: its symlink checks apply
     if is_url(ref):
         if not is_remote(ref):

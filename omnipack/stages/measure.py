@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from .. import __version__
 from ..inputs import InputPart, InputSpec, data_files, read_part, split_parts
+from ..inputs.base import file_stamp
 from ..manifest import RawSample
 from ..measure import (
     REJECTS_SCHEMA,
@@ -65,10 +66,7 @@ def load_parts(
     create-if-absent file or object) reads the input and writes ``parts.json``; the others wait for it
     instead of each reading the whole input, and get the very same parts. A claim left by a dead process
     (on this host) is taken over; a claimant on another host is waited for, since it can not be checked."""
-    files = [
-        [str(df.path), df.path.stat().st_size, df.path.stat().st_mtime_ns]
-        for _, df in data_files(manifests, spec)
-    ]
+    files = [[str(df.path), *file_stamp(df.path)] for _, df in data_files(manifests, spec)]
     key = digest({"files": files, "part_lines": part_lines, "inputs": spec.settings()})
     cache, claim = stages / PARTS_FILE, stages / f"parts-{key[:16]}.claim"
     make_dirs(stages)

@@ -27,7 +27,7 @@ class ShardLayout:
 
 @dataclass(frozen=True)
 class WriteSettings:
-    media_root: str
+    media_root: str | None
     seq_length: int
     align: int
     pad_token_id: int
