@@ -85,7 +85,14 @@ def test_jsonl_json_and_a_parquet_prefix_on_s3_give_the_local_dataset(inputs, tm
     here = prepare(tmp_path / "local", demo_tokenizer, [local / n for n in names], None)
     remote = [f"{url}/chat.jsonl", f"{url}/chat.json", f"{url}/data/"]  # two files and a folder prefix
     there = prepare(tmp_path / "remote", demo_tokenizer, remote, None)
-    assert dataset_bytes(tmp_path / "remote") == dataset_bytes(tmp_path / "local")  # shards, metadata, rejects
+    got, want = dataset_bytes(tmp_path / "remote"), dataset_bytes(tmp_path / "local")
+    # omnipack.json names where each input was read (a path here, a URL there); all else is the same bytes
+    meta = {k: json.loads(d.pop(".nv-meta/omnipack.json")) for k, d in (("got", got), ("want", want))}
+    assert got == want  # shards, their indexes, the other metadata, rejects
+    where = {k: [(i.pop("path"), i) for i in m.pop("inputs")] for k, m in meta.items()}
+    assert [p for p, _ in where["got"]] == [u.rstrip("/") for u in remote] and [p for p, _ in where["want"]] == [str(local / n) for n in names]
+    assert [i for _, i in where["got"]] == [i for _, i in where["want"]]  # the same split and files
+    assert meta["got"] == meta["want"]
     assert here["counts"] == there["counts"]
     by_file = {f["file"]: (f["input"], f["packed"], f["rejected"]) for f in there["counts"]["by_input"]}
     assert by_file == {
