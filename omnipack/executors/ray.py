@@ -65,7 +65,7 @@ class RayExecutor(Executor):
                 yield done.pop(next_k)
                 next_k += 1
 
-    def close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
         for actor in self._actors:
             ray.kill(actor)
         self._actors = []

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import __version__
+from .. import __version__, progress
 from ..inputs import InputPart, InputSpec, data_files, read_part, split_parts
 from ..manifest import RawSample
 from ..measure import (
@@ -165,6 +165,7 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
         ):
             for kind, rec in measurer.measure_many(samples):
                 (good if kind == "sample" else bad).add(rec)
+            progress.advance("measure", number, len(samples))
     pa.default_memory_pool().release_unused()
     outputs = {
         files[name].name: {"bytes": tmp[name].stat().st_size, "xxh3": file_xxh3(tmp[name])}
