@@ -106,7 +106,7 @@ class PrepareConfig:
     overwrite: bool = False
     progress: bool = True
     from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
-    executor: str = "local"  # "ray": the same units on a Ray cluster (omnipack[ray])
+    executor: str = "local"  # "ray": the same units on a Ray cluster (omnipack's ray extra)
     ray_address: str | None = None  # ray.init(address=...): None starts or joins a local Ray
     part_lines: int = PART_LINES  # input records (JSONL: lines) per measure unit
     input_format: str | None = None  # reader of the inputs (jsonl, json, parquet, arrow); None: detected

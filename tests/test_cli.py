@@ -184,3 +184,19 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path, demo_tokenizer, 
     shards = len(json.loads((out / ".nv-meta" / "omnipack.json").read_text())["shards"])
     done = re.search(rf"resuming: (\d+) of {shards} write units done \((\d+) of (\d+) rows\)", res.stderr)
     assert done and 1 <= int(done.group(1)) < shards, res.stderr
+
+
+def test_no_text_tells_users_to_install_the_package_index_name():
+    """``omnipack`` on the package index is an unrelated project: the README, docstrings and messages say to
+    install from the repository or its wheel (``pip install '.[ray]'``), never ``pip install omnipack``."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    index_name = re.compile(r"pip install\s+[\"']?omnipack\b")
+    offenders = []
+    texts = [root / "README.md", root / "benchmarks" / "README.md", *sorted((root / "omnipack").rglob("*.py"))]
+    for path in texts:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if index_name.search(line) and "never" not in line:
+                offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

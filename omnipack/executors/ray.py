@@ -18,7 +18,7 @@ try:
     import ray
     from ray.util import ActorPool
 except ImportError as e:  # pragma: no cover - depends on the optional extra
-    raise ImportError("--executor ray needs Ray: pip install 'omnipack[ray]'") from e
+    raise ImportError("--executor ray needs Ray: omnipack's ray extra, pip install '.[ray]' in the omnipack repository") from e
 
 
 @ray.remote(num_cpus=1)
