@@ -363,6 +363,13 @@ def test_progress_moves_by_samples_and_rows_from_the_workers(
     assert sum(measured) <= summary["counts"]["input"]
     assert bars["measure"].count == bars["measure"].total == summary["counts"]["input"]
     assert bars["write"].count == bars["write"].total == summary["counts"]["rows"]
+    # in this process every sample and every row is reported as it is done, one at a time
+    seen.clear()
+    _, summary = _prepare(tmp_path / "inline", demo_tokenizer, demo_corpus, workers=1, shard_max_rows=2)
+    measured = [n for stage, _, n in seen if stage == "measure"]
+    written = [n for stage, _, n in seen if stage == "write"]
+    assert measured == [1] * summary["counts"]["input"]
+    assert written == [1] * summary["counts"]["rows"]
 
 
 def test_mrope_default_follows_the_family(tmp_path, demo_tokenizer, demo_corpus):
