@@ -222,6 +222,7 @@ def prepare(
                         image_encoding=enc,
                         compress_video=compress,
                         progress=False,
+                        mrope=False,  # the recorded numbers' workload (mRoPE ids are on by default now)
                     )
                 )
                 stats[name]["prepare_s"].append(time.perf_counter() - t)

@@ -138,6 +138,7 @@ def run_prepare_child(manifest: str, tokenizer: str, out: str, workers: int) -> 
         seq_length=4096,
         workers=workers,
         overwrite=True,
+        mrope=False,  # the recorded numbers' workload (mRoPE ids are on by default now)
         progress=False,
     )
     summary = run_prepare(cfg)

@@ -116,7 +116,7 @@ def run_config(
 ) -> dict:
     """One whole run, stage by stage, timing measure and write (worker start included)."""
     from omnipack.executors import make_executor
-    from omnipack.pipeline import PrepareConfig, _run_units, build_spec
+    from omnipack.pipeline import PrepareConfig, _measure_progress, _run_units, _write_progress, build_spec
     from omnipack.stages.finalize import finalize
     from omnipack.stages.lock import OutputLock
     from omnipack.stages.measure import measure_part
@@ -134,6 +134,7 @@ def run_config(
         workers=workers,
         part_lines=max(1, -(-n // 16)),
         shard_size_mb=shard_mb,
+        mrope=False,  # the recorded numbers' workload (mRoPE ids are on by default now)
         progress=False,
     )
     with OutputLock(out):
@@ -142,11 +143,13 @@ def run_config(
         with make_executor(executor, workers) as ex:
             assert len(set(ex.map(warm_worker, spec, list(range(workers))))) == workers
             t0 = time.perf_counter()
-            _run_units(ex, measure_part, spec, [p.number for p in spec.parts], "measure", False)
+            units = [p.number for p in spec.parts]
+            _run_units(ex, measure_part, spec, units, _measure_progress(spec, units, ex, False))
             t1 = time.perf_counter()
             plan = run_pack_stage(spec)
             t2 = time.perf_counter()
-            _run_units(ex, write_shard, spec, [s["number"] for s in plan["shards"]], "write", False)
+            units = [s["number"] for s in plan["shards"]]
+            _run_units(ex, write_shard, spec, units, _write_progress(spec, plan, units, ex, False))
             t3 = time.perf_counter()
         summary = finalize(spec, plan)
     shard_bytes = sum(s["num_bytes"] for s in summary["shards"])

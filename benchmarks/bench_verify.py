@@ -80,6 +80,7 @@ def prepare(root: Path, manifest: Path, media: Path, tokenizer: Path, encoding: 
         image_encoding=encoding,
         shard_size_mb=64,
         workers=2,
+        mrope=False,  # the recorded numbers' workload (mRoPE ids are on by default now)
         progress=False,
     )
     run_prepare(cfg)

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
+
 PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--manifest",), {
             "nargs": "+",
@@ -27,18 +29,26 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--profile",), {"help": "model profile: the name of a family module in omnipack/profiles/, e.g. qwen2_5_vl, gemma3"}),
     (
         ("--mrope",),
-        {"action": argparse.BooleanOptionalAction, "default": None, "help": "store 3-D mRoPE ids"},
+        {
+            "action": argparse.BooleanOptionalAction,
+            "default": None,
+            "help": "store 3-D mRoPE position ids (default: on for families that use mRoPE, e.g. Qwen-VL and "
+            "Qwen-Omni, whose trainers need them; off for 1-D families)",
+        },
     ),
     (("--seq-length",), {"type": int, "help": "pack width W (tokens per row)"}),
     (("--tp",), {"type": int, "help": "tensor-parallel size of the trainer"}),
     (("--cp",), {"type": int, "help": "context-parallel size of the trainer"}),
-    (("--sequence-parallel",), {"action": argparse.BooleanOptionalAction, "default": None}),
+    (
+        ("--sequence-parallel",),
+        {"action": argparse.BooleanOptionalAction, "default": None, "help": "the trainer uses sequence parallelism"},
+    ),
     (
         ("--fp8",),
         {"choices": ["none", "fp8", "mxfp8", "fp4"], "help": "low-precision recipe (alignment 16/32)"},
     ),
     (("--algorithm",), {"choices": ["bfd", "ffd"], "help": "packing algorithm"}),
-    (("--window",), {"type": int, "help": "streaming packing window (samples); default: whole dataset"}),
+    (("--window",), {"type": int, "help": "streaming packing window (samples); not given: the whole set"}),
     (
         ("--balance",),
         {
@@ -49,31 +59,31 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     ),
     (
         ("--data-parallel",),
-        {"type": int, "nargs": "+", "help": "DP sizes of the straggler-overhead estimate (default 8 64)"},
+        {"type": int, "nargs": "+", "help": "DP sizes of the straggler-overhead estimate"},
     ),
     (("--seed",), {"type": int, "help": "seed of the row-order shuffle"}),
     (
         ("--shuffle",),
         {"action": argparse.BooleanOptionalAction, "default": None, "help": "shuffle row order"},
     ),
-    (("--max-samples-per-row",), {"type": int}),
-    (("--max-media-per-row",), {"type": int}),
-    (("--max-vision-patches-per-row",), {"type": int}),
-    (("--max-audio-frames-per-row",), {"type": int}),
+    (("--max-samples-per-row",), {"type": int, "help": "at most this many samples in a row"}),
+    (("--max-media-per-row",), {"type": int, "help": "at most this many media items in a row"}),
+    (("--max-vision-patches-per-row",), {"type": int, "help": "vision-encoder patch budget of a row"}),
+    (("--max-audio-frames-per-row",), {"type": int, "help": "audio-encoder frame budget of a row"}),
     (
         ("--image-encoding",),
-        {"choices": ["npy", "png"], "help": "lossless storage of resized images: npy raw (default), png smaller"},
+        {"choices": ["npy", "png"], "help": "lossless storage of resized images: npy raw, png smaller"},
     ),
     (
         ("--compress-video",),
         {
             "action": argparse.BooleanOptionalAction,
             "default": None,
-            "help": "deflate video frames in shards (smaller, slower to load); raw by default",
+            "help": "deflate video frames in shards (smaller, slower to load)",
         },
     ),
     (("--shard-size-mb",), {"type": float, "help": "roll shards over at this size"}),
-    (("--shard-max-rows",), {"type": int}),
+    (("--shard-max-rows",), {"type": int, "help": "also roll shards over at this many rows"}),
     (
         ("--shard-sha256",),
         {
@@ -90,10 +100,10 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--workers", "-j"), {"type": int, "help": "processes (or Ray actors) for measuring and writing"}),
     (
         ("--executor",),
-        {"choices": ["local", "ray"], "help": "local process pool (default) or Ray (pip install omnipack[ray])"},
+        {"choices": ["local", "ray"], "help": "local: a process pool on this machine; ray: a Ray cluster (needs the ray extra)"},
     ),
     (("--ray-address",), {"help": "Ray cluster to join (ray.init(address=...)); default: local Ray"}),
-    (("--part-lines",), {"type": int, "help": "input records per measure unit (JSONL: lines; default 4096)"}),
+    (("--part-lines",), {"type": int, "help": "input records per measure unit (JSONL: lines)"}),
     (
         ("--from-stage",),
         {
@@ -101,15 +111,18 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
             "help": "pack: reuse the measure tables of an earlier run (repack/rewrite)",
         },
     ),
-    (("--overwrite",), {"action": argparse.BooleanOptionalAction, "default": None}),
+    (
+        ("--overwrite",),
+        {"action": argparse.BooleanOptionalAction, "default": None, "help": "replace what the output holds"},
+    ),
     (("--progress",), {"action": argparse.BooleanOptionalAction, "default": None, "help": "progress bars"}),
 ]
 # Input reading and run guards (omnipack.inputs, omnipack.media.sources); set into the config in _input_settings.
 INPUT_FLAGS: list[tuple[str, dict[str, Any]]] = [
-    ("--input-format", {"help": "reader of the inputs: jsonl, json, parquet, arrow (hf_disk); default: detected"}),
+    ("--input-format", {"help": "reader of the inputs: jsonl, json, parquet, arrow (hf_disk); detected when not given"}),
     (
         "--input-layout",
-        {"help": "record layout: omnipack, sharegpt, messages_media (llama_factory, swift), prompt_response; default: auto"},
+        {"help": "record layout: omnipack, sharegpt, messages_media (llama_factory, swift), prompt_response, or auto"},
     ),
     (
         "--split",
@@ -135,7 +148,7 @@ INPUT_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ),
     (
         "--max-reject-fraction",
-        {"type": float, "help": "exit 3 when more input records are rejected (default 0.05; the data is still written)"},
+        {"type": float, "help": "exit 3 when more input records are rejected (the data is still written)"},
     ),
 ]
 PROFILE_FLAGS: list[tuple[str, dict[str, Any]]] = [
@@ -312,13 +325,22 @@ def _row_cost_line(row_cost: dict[str, Any]) -> str:
     return describe_row_cost(row_cost)
 
 
-def _print_summary(summary: dict[str, Any], out: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _bound_text(p: dict[str, Any]) -> str:
+    """The rows lower bound the packer is measured against (the largest of the bounds), with its parts."""
+    parts = {"L1": p.get("l1"), "L2": p.get("l2"), "DFF": p.get("dff")}
+    bound = max((v for v in parts.values() if v is not None), default=None)
+    return (
+        f"{bound} = max(L1 ceil(tokens/W) {parts['L1']}, L2 Martello-Toth {parts['L2']}, "
+        f"DFF Fekete-Schepers {parts['DFF']})"
+    )
 
+
+def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
     c, p = summary["counts"], summary["packing"]
-    t = Table(title=f"omnipack dataset {out}", show_header=False)
-    for k, v in [
+    over = ""
+    if "rows_over_bound" in p:
+        over = f"  ({p['rows_over_bound']:.4f} x the lower bound, {p.get('algorithm')})"
+    return [
         ("input samples", c["input"]),
         ("packed samples", c["packed"]),
         ("rejected samples", f"{c['rejected']} {c['rejected_by_stage']}"),
@@ -326,9 +348,9 @@ def _print_summary(summary: dict[str, Any], out: str) -> None:
             (f"  {f['file']}", f"input {f['input']}  packed {f['packed']}  rejected {f['rejected']}")
             for f in (c.get("by_input") or [])[:20]
         ),
-        ("rows", c["rows"]),
+        ("rows", f"{c['rows']}{over}"),
         ("seq_length / align", f"{summary['seq_length']} / {summary['align']}"),
-        ("rows lower bounds", f"L1 {p.get('l1')}  L2 (Martello-Toth) {p.get('l2')}  DFF (Fekete-Schepers) {p.get('dff')}  ({p.get('algorithm')})"),
+        ("rows lower bound", _bound_text(p)),
         ("real-token efficiency", f"{p.get('real_efficiency_written', 0):.2%}"),
         ("padded efficiency", f"{p.get('padded_efficiency', 0):.2%}"),
         ("alignment overhead", f"{p.get('alignment_overhead', 0):.2%}"),
@@ -346,9 +368,36 @@ def _print_summary(summary: dict[str, Any], out: str) -> None:
             f"{len(summary['shards'])} ({sum(s['num_bytes'] for s in summary['shards']) / 2**20:.1f} MiB)",
         ),
         *([("row cost", _row_cost_line(p["row_cost"]))] if p.get("row_cost") else []),
-    ]:
+    ]
+
+
+def _print_summary(summary: dict[str, Any], out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"omnipack dataset {out}", show_header=False)
+    for k, v in _summary_rows(summary):
         t.add_row(k, str(v))
     Console(stderr=True).print(t)
+
+
+def _report_rejects(output: str, summary: dict[str, Any], top: int = 5) -> Any:
+    """Print where the rejects are and their most common reasons; returns (their ``RejectSummary``, the
+    rejects file's path)."""
+    from .inputs.accounting import RejectSummary
+    from .stages.storage import output_path
+
+    path = output_path(output) / summary["rejects_file"]  # a folder or an object store
+    with path.open() as f:
+        rejects = RejectSummary.of(map(json.loads, f))
+    if not rejects.count:
+        print(f"rejects: none ({path})", file=sys.stderr)
+        return rejects, path
+    stages = ", ".join(f"{stage} {n}" for stage, n in rejects.by_stage.most_common())
+    print(f"rejects: {rejects.count} in {path} ({stages}); most common reasons:", file=sys.stderr)
+    for n, reason in rejects.top(top):
+        print(f"  {n}x {reason}", file=sys.stderr)
+    return rejects, path
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -371,14 +420,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         return 0
     _print_summary(summary, cfg.output)
     from .inputs.accounting import TooManyRejects, check_reject_fraction
-    from .stages.storage import output_path
 
-    rejects_path = output_path(cfg.output) / summary["rejects_file"]  # a folder or an object store
+    rejects, path = _report_rejects(cfg.output, summary)
     try:
-        with rejects_path.open() as f:
-            check_reject_fraction(
-                summary["counts"]["input"], map(json.loads, f), cfg.max_reject_fraction, str(rejects_path)
-            )
+        check_reject_fraction(summary["counts"]["input"], rejects, cfg.max_reject_fraction, str(path))
     except TooManyRejects as e:
         print(f"omnipack prepare: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -412,25 +457,76 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     summary = run_prepare(cfg)
     _print_summary(summary, cfg.output)
-    print(f"dataset: {cfg.output}\nrejects: {Path(cfg.output) / summary['rejects_file']}", file=sys.stderr)
+    print(f"dataset: {cfg.output}", file=sys.stderr)
+    _report_rejects(cfg.output, summary)
     return 0
 
 
+def _config_default(dest: str) -> Any:
+    """The prepare config's default for a flag's setting (None when the flag is no config field)."""
+    import dataclasses
+
+    from .pipeline import PrepareConfig
+
+    field = next((f for f in dataclasses.fields(PrepareConfig) if f.name == dest), None)
+    if field is None:
+        return None
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+class _DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default: its argparse default, or for prepare's flags (which default
+    to None so a --config file can set them) the prepare config's default, looked up only for --help."""
+
+    config_defaults = False
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        default = action.default
+        if default is None and self.config_defaults:
+            default = _config_default(action.dest)
+        if default is None or default == [] or default == {}:
+            return text
+        if isinstance(default, list):
+            default = " ".join(map(str, default))
+        shown = str(default).replace("%", "%%")
+        return f"{text} (default: {shown})" if text else f"default: {shown}"
+
+
+class _PrepareHelpFormatter(_DefaultsHelpFormatter):
+    config_defaults = True
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every (sub)command's parser shows defaults in --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="omnipack",
         description="Prepare multimodal training data offline into packed Megatron-Energon THD datasets.",
     )
     from . import __version__
 
     p.add_argument("--version", action="version", version=f"omnipack {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     pp = sub.add_parser(
         "prepare",
         help="measure, pack and write a dataset",
         description="Measure every sample (exact placeholder counts), pack rows, write Energon shards. "
         "Settings come from --config (YAML/JSON with the same names, underscores) and flags override them.",
+        formatter_class=_PrepareHelpFormatter,
     )
     pp.add_argument("--config", "-c", help="YAML or JSON config file")
     for flags, kw in PREPARE_FLAGS:
@@ -440,7 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
     staged = pp.add_argument_group(
         "staged runs", "one stage's share of units, for schedulers without Ray (e.g. a Slurm array per stage)"
     )
-    staged.add_argument("--stage", choices=["measure", "pack", "write", "finalize"])
+    staged.add_argument(
+        "--stage",
+        choices=["measure", "pack", "write", "finalize"],
+        help="run only this stage (not given: all of them)",
+    )
     staged.add_argument("--rank", type=int, default=0, help="this task's rank (measure and write)")
     staged.add_argument("--world-size", type=int, default=1, help="tasks sharing the stage")
     pp.set_defaults(func=cmd_prepare)
@@ -452,12 +552,12 @@ def build_parser() -> argparse.ArgumentParser:
         "then prepare them into an Energon dataset under OUTPUT/dataset.",
     )
     pd.add_argument("output", nargs="?", default="demo_out", help="folder for the corpus and dataset")
-    pd.add_argument("--samples", type=int, default=200)
-    pd.add_argument("--profile", default="qwen2_5_vl")
-    pd.add_argument("--seq-length", type=int, default=4096)
-    pd.add_argument("--cp", type=int, default=2)
-    pd.add_argument("--workers", "-j", type=int, default=1)
-    pd.add_argument("--shard-max-rows", type=int, default=16)
+    pd.add_argument("--samples", type=int, default=200, help="good samples (six broken ones are added)")
+    pd.add_argument("--profile", default="qwen2_5_vl", help="model family of the tokenizer and media")
+    pd.add_argument("--seq-length", type=int, default=4096, help="pack width W (tokens per row)")
+    pd.add_argument("--cp", type=int, default=2, help="context-parallel size of the trainer")
+    pd.add_argument("--workers", "-j", type=int, default=1, help="processes for measuring and writing")
+    pd.add_argument("--shard-max-rows", type=int, default=16, help="roll shards over at this many rows")
     pd.set_defaults(func=cmd_demo)
 
     from .tools import register_tools
@@ -473,6 +573,11 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"omnipack {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # one line, no traceback: every finished unit of work is recorded, so the same command goes on
+        resume = "; rerun the same command to resume" if args.command in ("prepare", "demo") else ""
+        print(f"\nomnipack {args.command}: interrupted{resume}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as e:
         from .media.access import CREDENTIALS_HINT, access_error
 

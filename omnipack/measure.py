@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,24 +100,29 @@ class Measurer:
         self.profile = get_profile(config.profile, **config.profile_options)
         self.chat = ChatTokenizer(config.tokenizer, self.profile, mrope=config.mrope)
 
-    def measure_many(self, raws: list[RawSample]) -> list[tuple[str, dict[str, Any]]]:
-        """``self(raw)`` for each of ``raws``, their texts tokenized in one batch."""
+    def measure_many(
+        self, raws: list[RawSample], on_probed: Callable[[int], None] | None = None
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """``self(raw)`` for each of ``raws``, their texts tokenized in one batch. ``on_probed(1)`` is called
+        as each sample's media are probed (the per-sample part of the work: progress by sample)."""
         results: list[tuple[str, dict[str, Any]] | None] = [None] * len(raws)
         ready: list[tuple[int, list[MediaRef], list[MediaPlan]]] = []
         for k, raw in enumerate(raws):
             if raw.error is not None:
                 results[k] = "reject", reject(raw, "read", raw.error)
-                continue
-            try:
-                refs = raw.media_refs()
-                plans = []
-                for ref in refs:
-                    source = resolve_source(ref.path, self.config.media_root, self.config.media_allow_roots)
-                    meta = probe(source, ref.kind)
-                    plans.append(self.profile.plan(meta))
-                ready.append((k, refs, plans))
-            except Exception as e:
-                results[k] = self._failure(raw, e)
+            else:
+                try:
+                    refs = raw.media_refs()
+                    plans = []
+                    for ref in refs:
+                        source = resolve_source(ref.path, self.config.media_root, self.config.media_allow_roots)
+                        meta = probe(source, ref.kind)
+                        plans.append(self.profile.plan(meta))
+                    ready.append((k, refs, plans))
+                except Exception as e:
+                    results[k] = self._failure(raw, e)
+            if on_probed is not None:
+                on_probed(1)
         encoded = self.chat.encode_many(
             [(raws[k].messages, plans, raws[k].tools) for k, _, plans in ready], self.config.max_tokens
         )

@@ -19,21 +19,22 @@ from . import __version__
 from .alignment import ParallelLayout, check_seq_length
 from .dataset.meta import DATASET_CONFIG, NV_META, OMNIPACK_META
 from .dataset.shards import SHARD_CHECKSUMS
-from .inputs import InputSpec, select_inputs
+from .inputs import InputSpec, data_files, select_inputs
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .measure import MeasureConfig
 from .media.access import probe_locations
 from .media.sources import media_root_key
 from .plan import PackConfig
+from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
-from .stages.measure import PART_LINES, load_parts, measure_part
+from .stages.measure import PART_LINES, load_parts, measure_part, part_files, part_key
 from .stages.pack import MEASURE_KEY_FILE, run_pack_stage
-from .stages.records import digest, write_json_atomic
+from .stages.records import digest, read_record, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
 from .stages.storage import make_dirs, output_path, remove_tree
-from .stages.write import write_shard
+from .stages.write import shard_key, shard_record_path, write_shard
 
 __all__ = [
     "MEASURE_KEY_FILE",
@@ -77,7 +78,9 @@ class PrepareConfig:
     output: str
     profile: str = "qwen2_5_vl"
     profile_options: dict[str, Any] = field(default_factory=dict)
-    mrope: bool = False
+    # 3-D mRoPE position ids: None means what the profile's family needs (on for Qwen-VL / Qwen-Omni, whose
+    # trainers take mRoPE ids; off for 1-D families), so prepare and demo agree
+    mrope: bool | None = None
     seq_length: int = 4096
     tp: int = 1
     cp: int = 1
@@ -105,7 +108,7 @@ class PrepareConfig:
     overwrite: bool = False
     progress: bool = True
     from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
-    executor: str = "local"  # "ray": the same units on a Ray cluster (omnipack[ray])
+    executor: str = "local"  # "ray": the same units on a Ray cluster (omnipack's ray extra)
     ray_address: str | None = None  # ray.init(address=...): None starts or joins a local Ray
     part_lines: int = PART_LINES  # input records (JSONL: lines) per measure unit
     input_format: str | None = None  # reader of the inputs (jsonl, json, parquet, arrow); None: detected
@@ -115,6 +118,13 @@ class PrepareConfig:
     input_roles: dict[str, str] = field(default_factory=dict)  # the input's role value -> a known role name
     media_allow_roots: list[str] = field(default_factory=list)  # symlink targets allowed outside media_root
     max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION  # more rejects: exit code 3 (data still written)
+
+    def __post_init__(self) -> None:
+        if self.mrope is None:
+            from .profiles import PROFILES
+
+            family = PROFILES.get(self.profile)
+            self.mrope = bool(family is not None and family.uses_mrope())
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PrepareConfig:
@@ -294,16 +304,73 @@ def _check_run_settings(cfg: PrepareConfig, state: str) -> None:
     write_json_atomic(path, settings)
 
 
+def _inputs_line(files: list[Any]) -> str:
+    """What is being read: the number of input files and the first few of them, with their formats."""
+    named = [f"{df.path} ({reader.name})" for reader, df in files]
+    more = f", ... ({len(named) - 3} more)" if len(named) > 3 else ""
+    return f"reading {len(named)} input file(s): {', '.join(named[:3])}{more}"
+
+
 def _lock_name(stage: str | None, rank: int, world_size: int) -> str:
     if stage is None:
         return WHOLE_RUN
     return f"{stage}-{rank}-of-{world_size}" if stage in ("measure", "write") else stage
 
 
-def _run_units(executor: Any, fn: Any, spec: RunSpec, units: list[int], desc: str, progress: bool) -> list:
-    from tqdm import tqdm
+def _run_units(executor: Any, fn: Any, spec: RunSpec, units: list[int], bar: StageProgress) -> list:
+    """``fn`` over ``units`` on the executor, the stage's bar moved by the units' own counts as they go."""
+    done = []
+    with bar:
+        for unit, record in zip(units, executor.map(fn, spec, units), strict=True):
+            bar.finish(unit)
+            done.append(record)
+    return done
 
-    return list(tqdm(executor.map(fn, spec, units), total=len(units), desc=desc, disable=not progress))
+
+def _resume_line(stage: str, units: list[int], totals: dict[int, int], done: set[int], item: str) -> str:
+    return (
+        f"resuming: {len(done)} of {len(units)} {stage} units done "
+        f"({sum(totals[u] for u in done):,} of {sum(totals.values()):,} {item})"
+    )
+
+
+def _measure_progress(spec: RunSpec, units: list[int], executor: Any, enabled: bool) -> StageProgress:
+    """The measure stage's bar, in input records, with the parts an earlier run finished counted done."""
+    totals = {u: spec.parts[u].num_lines or spec.parts[u].num_records for u in units}
+    done = {
+        u
+        for u in units
+        if read_record(part_files(spec.measure_dir, u)["record"], part_key(spec, spec.parts[u])) is not None
+    }
+    files = len({spec.parts[u].path for u in units})
+    say(
+        f"measure: {sum(totals.values()):,} records in {len(units)} parts of {files} input file(s), "
+        f"{executor.workers} worker(s)",
+        enabled,
+    )
+    if done:
+        say(_resume_line("measure", units, totals, done, "records"), enabled)
+    return StageProgress(
+        "measure", totals, "samples", enabled=enabled, done=done, reports=executor.progress_queue
+    )
+
+
+def _write_progress(
+    spec: RunSpec, plan: dict[str, Any], units: list[int], executor: Any, enabled: bool
+) -> StageProgress:
+    """The write stage's bar, in rows, with the shards an earlier run finished counted done."""
+    shards = plan["shards"]
+    totals = {u: int(shards[u].get("rows", 0)) for u in units}
+    done = {
+        u
+        for u in units
+        if read_record(shard_record_path(spec, u), shard_key(spec, plan["key"], shards[u])) is not None
+    }
+    rows = sum(totals.values())
+    say(f"write: {rows:,} rows in {len(units)} shard(s), {executor.workers} worker(s)", enabled)
+    if done:
+        say(_resume_line("write", units, totals, done, "rows"), enabled)
+    return StageProgress("write", totals, "rows", enabled=enabled, done=done, reports=executor.progress_queue)
 
 
 def run_prepare(
@@ -330,7 +397,9 @@ def run_prepare(
         print(f"omnipack prepare: {choice.describe()}", file=sys.stderr)
         for f in choice.files:
             reader.check_end(f)
+    files = data_files(list(cfg.manifest), cfg.input_spec)
     out = output_path(cfg.output)
+    say(f"omnipack prepare: {_inputs_line(files)} -> {out}", cfg.progress)
     with OutputLock(out, _lock_name(stage, rank, world_size)):
         state = _output_state(cfg, stage)
         if state == "overwrite":
@@ -339,6 +408,9 @@ def run_prepare(
                 remove_tree(out / sub)
             (out / REJECTS_FILE).unlink(missing_ok=True)
         _check_run_settings(cfg, state)
+        if state == "resume":
+            say(f"resuming the unfinished run in {out}", cfg.progress)
+        say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
         spec = build_spec(cfg)
         reuse = cfg.from_stage == "pack"
         if reuse and stage in (None, "pack"):
@@ -360,10 +432,12 @@ def _run_stages(
     ):
         if stage in (None, "measure") and not reuse:
             units = [p.number for p in spec.parts][rank::world_size]
-            done = _run_units(executor, measure_part, spec, units, "measure", cfg.progress)
+            bar = _measure_progress(spec, units, executor, cfg.progress)
+            done = _run_units(executor, measure_part, spec, units, bar)
             if stage:
                 return {"stage": stage, "parts": len(done), "measured": sum(r["measured"] for r in done)}
         if stage in (None, "pack"):
+            say("pack: planning rows from the measured lengths", cfg.progress)
             plan = run_pack_stage(spec, reuse_measure=reuse)
             if stage:
                 return {"stage": stage, "rows": plan["num_rows"], "shards": len(plan["shards"])}
@@ -372,7 +446,9 @@ def _run_stages(
             raise FileNotFoundError(f"no plan under {spec.stages}: run the pack stage first")
         if stage in (None, "write"):
             units = [s["number"] for s in plan["shards"]][rank::world_size]
-            done = _run_units(executor, write_shard, spec, units, "write", cfg.progress)
+            bar = _write_progress(spec, plan, units, executor, cfg.progress)
+            done = _run_units(executor, write_shard, spec, units, bar)
             if stage:
                 return {"stage": stage, "shards": len(done), "rows": sum(r["rows_written"] for r in done)}
+        say("finalize: metadata and rejects", cfg.progress)
         return finalize(spec, plan, reuse_measure=reuse)

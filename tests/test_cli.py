@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -91,3 +92,111 @@ def test_demo_command(tmp_path):
         meta["counts"]["input"] == 30 and meta["counts"]["packed"] == 24 and meta["counts"]["rejected"] == 6
     )
     assert "packed samples" in res.stderr
+
+
+def _prepare_args(manifest, media, tokenizer, out) -> list[str]:
+    return [
+        "prepare",
+        "--manifest",
+        str(manifest),
+        "--media-root",
+        str(media),
+        "--tokenizer",
+        str(tokenizer),
+        "-o",
+        str(out),
+        "--max-reject-fraction",
+        "0.2",
+    ]
+
+
+def test_help_shows_the_defaults():
+    prepare = subprocess.run(
+        [sys.executable, "-m", "omnipack", "prepare", "--help"], capture_output=True, text=True, timeout=120
+    ).stdout
+    flat = " ".join(prepare.split("options:", 1)[1].split())  # the option list, not the usage line
+    for flag, default in [
+        ("--seq-length SEQ_LENGTH", "4096"),
+        ("--algorithm {bfd,ffd}", "bfd"),
+        ("--workers WORKERS, -j WORKERS", "1"),
+        ("--max-reject-fraction MAX_REJECT_FRACTION", "0.05"),
+        ("--data-parallel DATA_PARALLEL [DATA_PARALLEL ...]", "8 64"),
+    ]:
+        section = flat[flat.index(flag) :]
+        nxt = section.find(" --", len(flag))
+        assert f"(default: {default})" in section[:nxt], (flag, section[:nxt])
+    demo = subprocess.run(
+        [sys.executable, "-m", "omnipack", "demo", "--help"], capture_output=True, text=True, timeout=120
+    ).stdout
+    assert "(default: 200)" in " ".join(demo.split())
+
+
+def test_summary_prints_the_bound_the_packer_is_measured_against(
+    tmp_path, demo_tokenizer, demo_corpus, capsys
+):
+    from omnipack.cli import _summary_rows
+
+    manifest, media = demo_corpus
+    assert main([*_prepare_args(manifest, media, demo_tokenizer, tmp_path / "ds"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    meta = json.loads((tmp_path / "ds" / ".nv-meta" / "omnipack.json").read_text())
+    p = meta["packing"]
+    rows = dict(_summary_rows(meta))
+    assert rows["rows lower bound"].startswith(f"{max(p['l1'], p['l2'], p['dff'])} = max(L1")
+    # the DFF bound can sit below L1: the bound shown is the max, the others its parts
+    low = dict(_summary_rows({**meta, "packing": {**p, "l1": 1269, "l2": 1269, "dff": 1182}}))
+    bound = low["rows lower bound"]
+    assert bound.startswith("1269 = max(") and "DFF Fekete-Schepers 1182" in bound
+    # the rejects file and the most common reasons, at the end of every run
+    rejects = tmp_path / "ds" / "rejects.jsonl"
+    n = len(rejects.read_text().splitlines())
+    assert n > 0 and f"rejects: {n} in {rejects}" in err and "most common reasons:" in err
+    assert "x missing image file: " in err
+
+
+def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path, demo_tokenizer, demo_corpus):
+    import signal
+    import time
+
+    manifest, media = demo_corpus
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "omnipack", *_prepare_args(manifest, media, demo_tokenizer, out)]
+    cmd += ["-j", "2", "--part-lines", "8", "--shard-max-rows", "1", "--seq-length", "2048"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    first_shard = out / "stages" / "write" / "shard-000000.json"
+    deadline = time.monotonic() + 300
+    while not first_shard.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.startswith("omnipack prepare: reading 1 input file(s): ")  # said at once, before any work
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [line for line in err.splitlines() if "interrupted" in line]
+    assert lines == ["omnipack prepare: interrupted; rerun the same command to resume"], err
+    assert not (out / ".nv-meta" / "omnipack.json").exists()
+
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    parts = len(list((out / "stages" / "measure").glob("part-*.json")))
+    assert f"resuming: {parts} of {parts} measure units done" in res.stderr
+    shards = len(json.loads((out / ".nv-meta" / "omnipack.json").read_text())["shards"])
+    done = re.search(rf"resuming: (\d+) of {shards} write units done \((\d+) of (\d+) rows\)", res.stderr)
+    assert done and 1 <= int(done.group(1)) < shards, res.stderr
+
+
+def test_no_text_tells_users_to_install_the_package_index_name():
+    """``omnipack`` on the package index is an unrelated project: the README, docstrings and messages say to
+    install from the repository or its wheel (``pip install '.[ray]'``), never ``pip install omnipack``."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    index_name = re.compile(r"pip install\s+[\"']?omnipack\b")
+    offenders = []
+    texts = [root / "README.md", root / "benchmarks" / "README.md", *sorted((root / "omnipack").rglob("*.py"))]
+    for path in texts:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if index_name.search(line) and "never" not in line:
+                offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

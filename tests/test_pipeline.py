@@ -331,3 +331,55 @@ def test_repack_for_longer_rows_than_measured_asks_to_remeasure(tmp_path, demo_t
     _prepare(root, demo_tokenizer, demo_corpus, seq_length=512, from_stage="pack")  # shorter rows: fine
     with pytest.raises(ValueError, match="measure settings changed .*seq_length 2048 over the measured 1024"):
         _prepare(root, demo_tokenizer, demo_corpus, seq_length=2048, from_stage="pack")
+
+
+def test_progress_moves_by_samples_and_rows_from_the_workers(
+    tmp_path, demo_tokenizer, demo_corpus, monkeypatch
+):
+    """The stage bars move inside units (measure by samples, write by rows), with the counts sent from the
+    pool's worker processes, and each bar ends at its stage's total."""
+    from omnipack import progress
+
+    seen: list[tuple[str, int, int]] = []
+    bars: dict[str, progress.StageProgress] = {}
+    advance, enter = progress.StageProgress.advance, progress.StageProgress.__enter__
+
+    def record(self, stage, unit, n):
+        seen.append((stage, unit, n))
+        advance(self, stage, unit, n)
+
+    def keep(self):
+        bars[self.stage] = self
+        return enter(self)
+
+    monkeypatch.setattr(progress.StageProgress, "advance", record)
+    monkeypatch.setattr(progress.StageProgress, "__enter__", keep)
+    monkeypatch.setattr(progress, "REPORT_S", 0.0)  # the workers import it anew: only the parent's
+    _, summary = _prepare(tmp_path, demo_tokenizer, demo_corpus, workers=2, part_lines=16, shard_max_rows=1)
+    measured = [n for stage, _, n in seen if stage == "measure"]
+    written = [n for stage, _, n in seen if stage == "write"]
+    assert written and all(n >= 1 for n in written), seen
+    assert sum(written) <= summary["counts"]["rows"]
+    assert sum(measured) <= summary["counts"]["input"]
+    assert bars["measure"].count == bars["measure"].total == summary["counts"]["input"]
+    assert bars["write"].count == bars["write"].total == summary["counts"]["rows"]
+    # in this process every sample and every row is reported as it is done, one at a time
+    seen.clear()
+    _, summary = _prepare(tmp_path / "inline", demo_tokenizer, demo_corpus, workers=1, shard_max_rows=2)
+    measured = [n for stage, _, n in seen if stage == "measure"]
+    written = [n for stage, _, n in seen if stage == "write"]
+    assert measured == [1] * summary["counts"]["input"]
+    assert written == [1] * summary["counts"]["rows"]
+
+
+def test_mrope_default_follows_the_family(tmp_path, demo_tokenizer, demo_corpus):
+    """One default for prepare and demo: mRoPE ids for the families whose trainers need them."""
+    assert PrepareConfig(["m"], "r", "t", "o").mrope is True  # qwen2_5_vl
+    assert PrepareConfig(["m"], "r", "t", "o", profile="qwen3_omni").mrope is True
+    assert PrepareConfig(["m"], "r", "t", "o", profile="gemma3").mrope is False
+    settings = {"manifest": "m", "media_root": "r", "tokenizer": "t", "output": "o", "mrope": False}
+    assert PrepareConfig.from_dict(settings).mrope is False
+    root, summary = _prepare(tmp_path, demo_tokenizer, demo_corpus)
+    assert summary["mrope_position_ids"] is True
+    rows = read_rows_from_tars(root)
+    assert rows and all("mrope_position_ids.npy" in parts for parts in rows.values())

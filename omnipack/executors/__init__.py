@@ -9,7 +9,7 @@ EXECUTORS = ("local", "ray")
 
 
 def make_executor(name: str, workers: int = 1, ray_address: str | None = None) -> Executor:
-    """The executor called ``name``; Ray is imported only when asked for (``omnipack[ray]``)."""
+    """The executor called ``name``; Ray is imported only when asked for (omnipack's ``ray`` extra)."""
     if name == "local":
         return LocalExecutor(workers)
     if name == "ray":

@@ -15,15 +15,19 @@ UnitFn = Callable[[Any, Any], Any]
 
 class Executor:
     workers: int = 1
+    # where units running in other processes send their progress counts (``omnipack.progress``); None:
+    # the bar moves by whole units as they finish
+    progress_queue: Any = None
 
     def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Release workers (the executor may be used for several stages first)."""
+    def close(self, *, abort: bool = False) -> None:
+        """Release workers (the executor may be used for several stages first); ``abort`` (an error or
+        Ctrl-C in the caller): stop the units still running instead of waiting for them."""
 
     def __enter__(self) -> Executor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(abort=exc_type is not None)

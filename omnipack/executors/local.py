@@ -74,6 +74,17 @@ def _run_unit(fn: UnitFn, spec_path: str, unit: Any) -> Any:
     return fn(_spec_from(spec_path), unit)
 
 
+def _worker_init(progress_queue: Any) -> None:
+    """A pool worker leaves Ctrl-C to the parent (which stops the pool and says how to resume: a worker
+    handling it too would print its own traceback) and reports its progress counts to the parent."""
+    import signal
+
+    from ..progress import attach_queue
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    attach_queue(progress_queue)
+
+
 class LocalExecutor(Executor):
     """Units on ``workers`` spawned processes (inline with one worker); results in unit order.
 
@@ -95,7 +106,11 @@ class LocalExecutor(Executor):
             from concurrent.futures import ProcessPoolExecutor
 
             # spawn, not fork: tokenizers' thread pools and fork do not mix
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+            context = mp.get_context("spawn")
+            self.progress_queue = context.Queue()
+            self._pool = ProcessPoolExecutor(
+                self.workers, mp_context=context, initializer=_worker_init, initargs=(self.progress_queue,)
+            )
         # The spec (with every input part: megabytes for a large input) goes to each worker once, through a
         # file; a unit carries only its number. Pickled per unit it would cost O(units x parts).
         import os
@@ -111,7 +126,19 @@ class LocalExecutor(Executor):
         finally:
             os.unlink(spec_path)
 
-    def close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            if abort:  # Ctrl-C or an error: stop the running units now (a rerun redoes them)
+                processes = list((getattr(self._pool, "_processes", None) or {}).values())
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                for p in processes:
+                    p.terminate()
+                for p in processes:
+                    p.join()
+            else:
+                self._pool.shutdown(cancel_futures=True)
             self._pool = None
+        if self.progress_queue is not None:
+            self.progress_queue.close()
+            self.progress_queue.cancel_join_thread()  # nothing more to read: do not wait on its feeder
+            self.progress_queue = None

@@ -18,7 +18,7 @@ try:
     import ray
     from ray.util import ActorPool
 except ImportError as e:  # pragma: no cover - depends on the optional extra
-    raise ImportError("--executor ray needs Ray: pip install 'omnipack[ray]'") from e
+    raise ImportError("--executor ray needs Ray: omnipack's ray extra, pip install '.[ray]' in the omnipack repository") from e
 
 
 @ray.remote(num_cpus=1)
@@ -65,7 +65,7 @@ class RayExecutor(Executor):
                 yield done.pop(next_k)
                 next_k += 1
 
-    def close(self) -> None:
+    def close(self, *, abort: bool = False) -> None:
         for actor in self._actors:
             ray.kill(actor)
         self._actors = []

@@ -3,8 +3,10 @@ run guard on the share of rejected records (``--max-reject-fraction``)."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,25 +58,59 @@ def per_file_counts(
     return list(out.values())
 
 
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_PATHLIKE = re.compile(r"\S*[/\\]\S*")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def reason_kind(reason: str) -> str:
+    """A reject reason with its particulars (quoted values, paths, numbers) blanked, so rejects of one
+    cause count together: "missing image file: /data/a.png" -> "missing image file: …"."""
+    text = _QUOTED.sub("'…'", str(reason))
+    text = _PATHLIKE.sub("…", text)
+    return _NUMBER.sub("N", text)[:120]
+
+
+@dataclass
+class RejectSummary:
+    """The rejects of a run counted by stage and by kind of reason (with one example of each kind)."""
+
+    count: int = 0
+    by_stage: Counter[str] = field(default_factory=Counter)
+    kinds: Counter[str] = field(default_factory=Counter)
+    example: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, rejects: Iterable[dict[str, Any]]) -> RejectSummary:
+        out = cls()
+        for r in rejects:
+            out.count += 1
+            out.by_stage[r["stage"]] += 1
+            kind = reason_kind(r["reason"])
+            out.kinds[kind] += 1
+            out.example.setdefault(kind, str(r["reason"])[:200])
+        return out
+
+    def top(self, n: int = 5) -> list[tuple[int, str]]:
+        """The ``n`` most common kinds of reason: (count, an example reason of that kind)."""
+        return [(k, self.example[kind]) for kind, k in self.kinds.most_common(n)]
+
+
 def check_reject_fraction(
     num_input: int, rejects: Iterable[dict[str, Any]], max_fraction: float, rejects_file: str
 ) -> None:
     """Raise :class:`TooManyRejects` with a summary when more than ``max_fraction`` of the input was rejected
-    (``rejects``: the run's reject records, streamed)."""
+    (``rejects``: the run's reject records, streamed, or their :class:`RejectSummary`)."""
     if not 0.0 <= max_fraction <= 1.0:
         raise ValueError(f"max_reject_fraction must be in [0, 1], got {max_fraction}")
-    by_stage: Counter[str] = Counter()
-    reasons: Counter[str] = Counter()
-    for r in rejects:
-        by_stage[r["stage"]] += 1
-        reasons[str(r["reason"])[:100]] += 1
-    n = sum(by_stage.values())
+    summary = rejects if isinstance(rejects, RejectSummary) else RejectSummary.of(rejects)
+    n = summary.count
     if not num_input or n <= max_fraction * num_input:
         return
     raise TooManyRejects(
         f"{n} of {num_input} input records rejected ({n / num_input:.1%}), over "
         f"max_reject_fraction {max_fraction:.1%} (--max-reject-fraction); by stage "
-        f"{dict(by_stage)}; most common: "
-        + "; ".join(f"{k}x {reason}" for reason, k in reasons.most_common(3))
+        f"{dict(summary.by_stage)}; most common: "
+        + "; ".join(f"{k}x {reason}" for k, reason in summary.top(3))
         + f". Every reject is listed in {rejects_file}."
     )

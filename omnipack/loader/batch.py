@@ -184,6 +184,7 @@ def packed_seq_params(batch: Mapping[str, Any]) -> Any:
     if cls is None:
         raise ImportError(
             "packed_seq_params() builds megatron-core's PackedSeqParams, and megatron-core is not installed: "
-            "pip install 'omnipack[megatron]' (or use packed_seq_fields() for a plain dict)"
+            "install omnipack's megatron extra (pip install '.[megatron]' in the omnipack repository, or the wheel "
+            "built from it with [megatron]) or megatron-core itself; or use packed_seq_fields() for a plain dict"
         )
     return cls(**{k: v for k, v in packed_seq_fields(batch).items() if k in names})

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import __version__
+from .. import __version__, progress
 from ..inputs import InputPart, InputSpec, data_files, read_part, split_parts
 from ..inputs.base import file_stamp
 from ..manifest import RawSample
@@ -161,7 +161,7 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
         for samples in _batches(
             read_part(part, spec.inputs or InputSpec(max_record_bytes=spec.max_line_bytes))
         ):
-            for kind, rec in measurer.measure_many(samples):
+            for kind, rec in measurer.measure_many(samples, lambda n: progress.advance("measure", number, n)):
                 (good if kind == "sample" else bad).add(rec)
     pa.default_memory_pool().release_unused()
     outputs = {

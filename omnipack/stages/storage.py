@@ -35,7 +35,7 @@ def output_path(location: str | os.PathLike) -> AnyPath:
     try:
         from upath import UPath
     except ImportError as e:  # pragma: no cover - depends on the optional extra
-        raise ImportError(f"output {text} needs the remote extra: pip install 'omnipack[remote]'") from e
+        raise ImportError(f"output {text} needs omnipack's remote extra: pip install '.[remote]' in the omnipack repository") from e
     return UPath(text.rstrip("/"))
 
 

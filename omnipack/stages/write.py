@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from .. import progress
 from ..dataset.codec import encode_row
 from ..dataset.contract import row_invariant_errors
 from ..dataset.shards import ShardWriter
@@ -307,6 +308,7 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     rows = _built_ahead(build, np.flatnonzero(view.shard_of == number).tolist())
     try:
         for res in rows:
+            progress.advance("write", number, 1)
             rejects.extend(res.rejects)
             if res.parts is not None:
                 writer.write(res.key, res.parts)

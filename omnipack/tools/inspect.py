@@ -452,7 +452,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Summary: profile, tokenizer, W/alignment, rows, samples, rejects by reason, efficiency, "
         "samples per row, modality mix, media and shard sizes. --row N / --sample ID lays one row out "
         "sequence by sequence (roles, media blocks, supervised spans, decoded text with placeholders "
-        "collapsed). --plot writes a PNG (needs matplotlib: pip install 'omnipack[plot]').",
+        "collapsed). --plot writes a PNG (needs matplotlib: omnipack's plot extra, or pip install matplotlib).",
     )
     p.add_argument("dataset", help="dataset folder (the one holding .nv-meta/)")
     which = p.add_mutually_exclusive_group()

@@ -32,7 +32,8 @@ def _pyplot():
         import matplotlib.pyplot as plt
     except ImportError:
         raise MissingMatplotlib(
-            "--plot needs matplotlib, an optional extra: pip install 'omnipack[plot]' (or pip install matplotlib)"
+            "--plot needs matplotlib, an optional extra: pip install '.[plot]' in the omnipack repository "
+            "(or pip install matplotlib)"
         ) from None
     return plt
 
