@@ -393,13 +393,13 @@ def run_prepare(
     )
     # every input exists, has a reader and a split to read, and does not end cut short (its last bytes),
     # checked before the output folder is touched; local paths, or URLs (s3://bucket/data/)
-    for reader, choice in select_inputs(list(cfg.manifest), cfg.input_spec):
+    inputs = select_inputs(list(cfg.manifest), cfg.input_spec)
+    out = output_path(cfg.output)
+    say(f"omnipack prepare: {_inputs_line(data_files(list(cfg.manifest), cfg.input_spec))} -> {out}", cfg.progress)
+    for reader, choice in inputs:
         print(f"omnipack prepare: {choice.describe()}", file=sys.stderr)
         for f in choice.files:
             reader.check_end(f)
-    files = data_files(list(cfg.manifest), cfg.input_spec)
-    out = output_path(cfg.output)
-    say(f"omnipack prepare: {_inputs_line(files)} -> {out}", cfg.progress)
     with OutputLock(out, _lock_name(stage, rank, world_size)):
         state = _output_state(cfg, stage)
         if state == "overwrite":

@@ -183,7 +183,7 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path, demo_tokenizer, 
     assert f"resuming: {parts} of {parts} measure units done" in res.stderr
     shards = len(json.loads((out / ".nv-meta" / "omnipack.json").read_text())["shards"])
     done = re.search(rf"resuming: (\d+) of {shards} write units done \((\d+) of (\d+) rows\)", res.stderr)
-    assert done and 1 <= int(done.group(1)) < shards, res.stderr
+    assert done and 1 <= int(done.group(1)) <= shards, res.stderr  # all: the signal came during finalize
 
 
 def test_no_text_tells_users_to_install_the_package_index_name():

@@ -94,7 +94,7 @@ def input_path(location: str | os.PathLike) -> Any:
     try:
         from upath import UPath
     except ImportError as e:  # pragma: no cover - depends on the optional extra
-        raise InputError(f"input {location} needs the remote extra: pip install 'omnipack[remote]'") from e
+        raise InputError(f"input {location} needs omnipack's remote extra: pip install '.[remote]' in the omnipack repository") from e
     return UPath(str(location))
 
 

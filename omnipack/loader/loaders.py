@@ -38,7 +38,7 @@ def get_train_loader(
     ``blend_epochized`` repetitions, subflavors, nested metadatasets) whose leaves are omnipack datasets;
     every leaf is checked against the first and against the parallel layout (``BlendMismatchError`` names
     the leaf and the field). Either may be remote: ``msc://PROFILE/path``, or a store URL such as
-    ``s3://bucket/prefix`` (multi-storage-client's implicit profile; ``pip install "omnipack[s3]"``).
+    ``s3://bucket/prefix`` (multi-storage-client's implicit profile; omnipack's ``s3`` extra, ``pip install ".[s3]"`` in its repository).
 
     ``rank``/``world_size`` (or ``data_parallel_group``) are the data-parallel coordinates.
     ``encoder_options`` go to ``OmnipackTaskEncoder.from_dataset`` (tp, cp, cp_rank, sequence_parallel,
