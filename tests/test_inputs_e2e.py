@@ -155,7 +155,9 @@ def test_files_served_over_http(tmp_path, demo_tokenizer, monkeypatch):
         recs = [omnipack_record(f"h{i}", [f"{server.url}/img{i}.jpg"]) for i in range(3)]
         recs.append(omnipack_record("h-404", [f"{server.url}/gone.jpg"]))
         root = tmp_path / "ds"
-        summary = prepare(root, demo_tokenizer, [write_jsonl(tmp_path / "m.jsonl", recs)], tmp_path)
+        summary = prepare(
+            root, demo_tokenizer, [write_jsonl(tmp_path / "m.jsonl", recs)], tmp_path, allow_private_urls=True
+        )
     assert_images_match(root, {f"h{i}": [jpeg_bytes(i)] for i in range(3)})
     assert f"{server.url}/gone.jpg" in rejects(root)["h-404"]["reason"]
     _check_accounting(root, summary, {"m.jsonl": (4, 3, 1)})

@@ -144,6 +144,19 @@ async def _guarded_client(settings: RemoteSettings, **kwargs: Any) -> Any:
     return aiohttp.ClientSession(timeout=timeout, connector=connector, **kwargs)
 
 
+def check_url(url: str, settings: RemoteSettings) -> None:
+    """Refuse an HTTP(S) URL whose host is a private IP literal at once (host names are checked on their
+    resolved addresses when connecting, as are redirect targets)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or not _is_ip(parts.hostname):
+        return
+    if settings.host_allowed(parts.hostname, parts.port or (443 if parts.scheme.lower() == "https" else 80)):
+        return
+    kind = address_kind(parts.hostname)
+    if kind is not None:
+        raise _refusal(url, _RefusedAddress(parts.hostname, parts.hostname, kind))
+
+
 def fetch_options(url: str, settings: RemoteSettings) -> dict[str, Any]:
     """Storage options for fetching ``url`` with ``settings`` (HTTP(S): the guarded, timed client)."""
     if urlsplit(url).scheme.lower() in ("http", "https"):

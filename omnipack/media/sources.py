@@ -41,7 +41,14 @@ from typing import IO, Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from .errors import MediaError
-from .remote import DEFAULT_REMOTE, Deadline, PrivateAddressRefused, RemoteSettings, fetch_options
+from .remote import (
+    DEFAULT_REMOTE,
+    Deadline,
+    PrivateAddressRefused,
+    RemoteSettings,
+    check_url,
+    fetch_options,
+)
 
 ALLOW_ROOT_OPTION = "--media-allow-root"
 URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -209,7 +216,7 @@ class MediaSource:
             deadline = Deadline(self.remote)
 
             def ranged() -> IO[bytes]:
-                if _bounded(fs):  # the size first, within the deadline (an HTTP open asks for it unbounded)
+                if _is_http(fs):  # the size first, within the deadline (an HTTP open asks for it unbounded)
                     size = fs.info(path, timeout=deadline.remaining())["size"]
                     f = fs.open(path, "rb", block_size=PROBE_BLOCK_BYTES, cache_type="readahead", size=size)
                     return _reads_within(f, deadline)
@@ -222,6 +229,7 @@ class MediaSource:
         return io.BytesIO(self.read_bytes())
 
     def _filesystem(self) -> tuple[Any, str]:
+        check_url(self.location, self.remote)
         return filesystem_for(self.location, **fetch_options(self.location, self.remote))
 
     def read_range(self, start: int | None = None, end: int | None = None) -> bytes:
@@ -280,14 +288,32 @@ def _bounded(fs: Any) -> bool:
     return isinstance(fs, AsyncFileSystem) and not fs.asynchronous
 
 
+def _is_http(fs: Any) -> bool:
+    from fsspec.implementations.http import HTTPFileSystem
+
+    return isinstance(fs, HTTPFileSystem) and not fs.asynchronous
+
+
 def _reads_within(f: Any, deadline: Deadline) -> Any:
-    """``f`` (an fsspec async file opened for reading) with each ranged read bounded by what is left of
+    """``f`` (an fsspec HTTP file opened for reading) with each ranged read bounded by what is left of
     ``deadline``: probing a file from a server that stalls mid-way ends by the deadline too."""
+    from fsspec.implementations.http import HTTPFile
+
     cache = getattr(f, "cache", None)
-    fetch = getattr(f, "_fetch_range", None)
-    if cache is None or fetch is None or not hasattr(cache, "fetcher"):
-        return f
-    cache.fetcher = lambda start, end: fetch(start, end, timeout=deadline.remaining())
+    if not isinstance(f, HTTPFile) or not hasattr(cache, "fetcher"):
+        return f  # a stream without ranged reads: bounded by the session's timeouts
+    fetch = f._fetch_range
+
+    def bounded(start: int, end: int) -> bytes:
+        try:
+            return fetch(start, end, timeout=deadline.remaining())
+        except TimeoutError as e:  # a decoder reading the file would call it unreadable
+            raise MediaError(
+                f"cannot fetch {f.url}: timed out reading it ({_timeout_detail(e).lstrip('; ') or 'no answer in time'}"
+                f"{deadline.limits()})"
+            ) from None
+
+    cache.fetcher = bounded
     return f
 
 
