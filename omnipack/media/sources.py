@@ -342,7 +342,7 @@ def _tar_member(shard: MediaSource, member: str) -> tuple[int, int]:
                 return {m.name: (m.offset_data, m.size) for m in tar if m.isfile()}
 
         try:
-            index = with_retries(shard.ref, scan) if shard.kind == "url" else scan()
+            index = with_retries(shard.ref, scan, deadline=Deadline(shard.remote)) if shard.kind == "url" else scan()
         except tarfile.TarError as e:
             raise MediaError(f"unreadable tar shard {shard.ref}: {e}") from None
         _tar_indices[key] = index
