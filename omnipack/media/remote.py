@@ -158,9 +158,13 @@ def check_url(url: str, settings: RemoteSettings) -> None:
 
 
 def fetch_options(url: str, settings: RemoteSettings) -> dict[str, Any]:
-    """Storage options for fetching ``url`` with ``settings`` (HTTP(S): the guarded, timed client)."""
-    if urlsplit(url).scheme.lower() in ("http", "https"):
+    """Storage options for fetching ``url`` with ``settings`` (HTTP(S): the guarded, timed client; S3: the
+    timeouts)."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme in ("http", "https"):
         return {"get_client": functools.partial(_guarded_client, settings)}
+    if scheme in ("s3", "s3a"):  # botocore's own timeouts (its defaults: 60 s each)
+        return {"config_kwargs": {"connect_timeout": settings.connect_timeout_s, "read_timeout": settings.read_timeout_s}}
     return {}
 
 
