@@ -150,6 +150,27 @@ INPUT_FLAGS: list[tuple[str, dict[str, Any]]] = [
         "--max-reject-fraction",
         {"type": float, "help": "exit 3 when more input records are rejected (the data is still written)"},
     ),
+    ("--http-connect-timeout", {"type": float, "metavar": "S", "help": "media URLs: seconds to connect (default 10)"}),
+    (
+        "--http-read-timeout",
+        {"type": float, "metavar": "S", "help": "media URLs: seconds to wait for the next bytes of an answer (default 30)"},
+    ),
+    (
+        "--http-deadline",
+        {"type": float, "metavar": "S", "help": "media URLs: seconds one URL may take, all retries included (default 120)"},
+    ),
+    (
+        "--allow-private-urls",
+        {
+            "action": argparse.BooleanOptionalAction,
+            "default": None,
+            "help": "fetch media URLs from loopback, link-local and private addresses (refused by default)",
+        },
+    ),
+    (
+        "--allow-private-host",
+        {"action": "append", "metavar": "HOST[:PORT]", "help": "a media host allowed to be at a private address"},
+    ),
 ]
 PROFILE_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--min-pixels", {"type": int, "help": "profile: minimum image pixels"}),
@@ -210,6 +231,11 @@ def _input_settings(d: dict[str, Any], args: argparse.Namespace) -> None:
         d["split"] = args.split
     if args.max_reject_fraction is not None:
         d["max_reject_fraction"] = args.max_reject_fraction
+    for key in ("http_connect_timeout", "http_read_timeout", "http_deadline", "allow_private_urls"):
+        if getattr(args, key) is not None:
+            d[key] = getattr(args, key)
+    if args.allow_private_host:
+        d["allow_private_hosts"] = [*(d.get("allow_private_hosts") or []), *args.allow_private_host]
     if args.media_allow_root:
         d["media_allow_roots"] = [*(d.get("media_allow_roots") or []), *args.media_allow_root]
     for flag, key in (("--input-field", "input_fields"), ("--input-role", "input_roles")):

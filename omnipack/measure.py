@@ -23,6 +23,7 @@ from .alignment import pad_to_multiple
 from .manifest import ManifestError, MediaRef, RawSample
 from .media.errors import MediaError
 from .media.probe import probe
+from .media.remote import DEFAULT_REMOTE, RemoteSettings
 from .media.sources import resolve_source
 from .profiles import MediaRejected, get_profile
 from .profiles.base import MediaPlan
@@ -79,6 +80,7 @@ class MeasureConfig:
     mrope: bool = False
     max_tokens: int | None = None  # the row length: longer samples may be rejected before tokenizing
     media_allow_roots: tuple[str, ...] = ()  # folders outside the media root that symlinks may point into
+    remote: RemoteSettings = DEFAULT_REMOTE  # how media URLs are fetched (timeouts, private addresses)
 
 
 def reject(raw: RawSample, stage: str, reason: str) -> dict[str, Any]:
@@ -115,7 +117,9 @@ class Measurer:
                     refs = raw.media_refs()
                     plans = []
                     for ref in refs:
-                        source = resolve_source(ref.path, self.config.media_root, self.config.media_allow_roots)
+                        source = resolve_source(
+                            ref.path, self.config.media_root, self.config.media_allow_roots, self.config.remote
+                        )
                         meta = probe(source, ref.kind)
                         plans.append(self.profile.plan(meta))
                     ready.append((k, refs, plans))

@@ -24,6 +24,7 @@ from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .measure import MeasureConfig
 from .media.access import probe_locations
+from .media.remote import RemoteSettings
 from .media.sources import media_root_key
 from .plan import PackConfig
 from .progress import StageProgress, say
@@ -118,6 +119,12 @@ class PrepareConfig:
     input_roles: dict[str, str] = field(default_factory=dict)  # the input's role value -> a known role name
     media_allow_roots: list[str] = field(default_factory=list)  # symlink targets allowed outside media_root
     max_reject_fraction: float = DEFAULT_MAX_REJECT_FRACTION  # more rejects: exit code 3 (data still written)
+    # remote media (omnipack.media.remote): timeouts, a deadline per URL, and private addresses refused
+    http_connect_timeout: float = RemoteSettings.connect_timeout_s
+    http_read_timeout: float = RemoteSettings.read_timeout_s
+    http_deadline: float = RemoteSettings.deadline_s
+    allow_private_urls: bool = False
+    allow_private_hosts: list[str] = field(default_factory=list)  # "host" or "host:port" allowed anyway
 
     def __post_init__(self) -> None:
         if self.mrope is None:
@@ -139,6 +146,16 @@ class PrepareConfig:
     @property
     def layout(self) -> ParallelLayout:
         return ParallelLayout(self.tp, self.cp, self.sequence_parallel, self.fp8)
+
+    @property
+    def remote(self) -> RemoteSettings:
+        return RemoteSettings(
+            self.http_connect_timeout,
+            self.http_read_timeout,
+            self.http_deadline,
+            self.allow_private_urls,
+            tuple(self.allow_private_hosts),
+        )
 
     @property
     def input_spec(self) -> InputSpec:
@@ -188,6 +205,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         + ([dict(cfg.input_roles)] if cfg.input_roles else []),
         "media_root": media_root_key(cfg.media_root),
         "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
+        "remote_media": cfg.remote.access(),
         "max_line_bytes": max_line_bytes,
         "max_tokens": cfg.seq_length,
     }
@@ -203,6 +221,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             cfg.mrope,
             max_tokens=cfg.seq_length,
             media_allow_roots=tuple(cfg.media_allow_roots),
+            remote=cfg.remote,
         ),
         max_line_bytes=max_line_bytes,
         part_lines=cfg.part_lines,
@@ -222,6 +241,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             compress_video=cfg.compress_video,
             shard_checksums=SHARD_CHECKSUMS + (("sha256",) if cfg.shard_sha256 else ()),
             media_allow_roots=tuple(cfg.media_allow_roots),
+            remote=cfg.remote,
         ),
         inputs=inputs,
         parts=tuple(parts),
@@ -283,6 +303,9 @@ HOW_NOT_WHAT = (
     "overwrite",
     "from_stage",
     "max_reject_fraction",
+    "http_connect_timeout",
+    "http_read_timeout",
+    "http_deadline",
 )
 
 

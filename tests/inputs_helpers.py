@@ -113,7 +113,8 @@ def rejects(root: Path) -> dict[str, dict]:
 class FileServer:
     """A local HTTP server (127.0.0.1, a free port) serving ``root`` with byte ranges, counting the bytes
     it sends per path, and failing requests on demand: ``fail[path] = n`` answers the next n requests for
-    ``path`` with 503 (n < 0: always)."""
+    ``path`` with 503 (n < 0: always); ``redirect[path] = url`` answers requests for ``path`` with a 302 to
+    ``url``."""
 
     def __init__(self, root: Path) -> None:
         import http.server
@@ -123,6 +124,7 @@ class FileServer:
         self.sent: dict[str, int] = {}
         self.requests: dict[str, int] = {}
         self.fail: dict[str, int] = {}
+        self.redirect: dict[str, str] = {}
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -136,6 +138,12 @@ class FileServer:
                 if n:
                     server.fail[path] = n - 1 if n > 0 else n
                     self.send_error(503, "try again")
+                    return
+                if path in server.redirect:
+                    self.send_response(302)
+                    self.send_header("Location", server.redirect[path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
                 f = server.root / path.lstrip("/")
                 if not f.is_file():
@@ -178,5 +186,70 @@ class FileServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join()
+
+
+class StallingServer:
+    """A local TCP server (127.0.0.1) that accepts connections and never answers (``trickle_s=None``), or
+    answers any request with a 200 of ``size`` bytes sent one byte every ``trickle_s`` seconds (a server
+    that never goes quiet long enough for a read timeout). Counts the connections it accepted."""
+
+    def __init__(self, trickle_s: float | None = None, size: int = 1 << 20) -> None:
+        import socket
+        import threading
+
+        self.trickle_s, self.size = trickle_s, size
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self._held: list = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    def _accept(self) -> None:
+        import threading
+
+        self.sock.settimeout(0.05)  # a closed listening socket does not wake accept(): look at stop instead
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            self._held.append(conn)
+            if self.trickle_s is not None:
+                t = threading.Thread(target=self._trickle, args=(conn,), daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def _trickle(self, conn) -> None:
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {self.size}\r\nAccept-Ranges: bytes\r\n\r\n".encode()
+        try:
+            while (request := conn.recv(65536)).startswith(b"HEAD"):  # the size, then the next request
+                conn.sendall(head)
+            if not request:
+                return
+            conn.sendall(head)
+            for _ in range(self.size):
+                if self.stop.wait(self.trickle_s):
+                    return
+                conn.sendall(b"\xff")
+        except OSError:
+            return
+
+    def __enter__(self) -> StallingServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+        for t in self.threads:
+            t.join()
+        for conn in self._held:
+            conn.close()
 
 

@@ -200,3 +200,23 @@ def test_no_text_tells_users_to_install_the_package_index_name():
             if index_name.search(line) and "never" not in line:
                 offenders.append(f"{path.relative_to(root)}:{number}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_remote_media_flags_reach_the_run_settings(tmp_path, demo_tokenizer):
+    """The remote-media flags (documented defaults; the private-address guard on unless allowed)."""
+    from omnipack.cli import _prepare_config
+    from omnipack.media.remote import RemoteSettings
+
+    base = ["prepare", "--manifest", "m.jsonl", "--media-root", ".", "--tokenizer", str(demo_tokenizer), "-o", "ds"]
+    assert _prepare_config(build_parser().parse_args(base)).remote == RemoteSettings(10.0, 30.0, 120.0, False, ())
+    args = build_parser().parse_args(
+        [
+            *base,
+            *("--http-connect-timeout", "2", "--http-read-timeout", "3.5", "--http-deadline", "40"),
+            *("--allow-private-host", "media.internal:8080", "--allow-private-urls"),
+        ]
+    )
+    remote = _prepare_config(args).remote
+    assert remote == RemoteSettings(2.0, 3.5, 40.0, True, ("media.internal:8080",))
+    with pytest.raises(ValueError, match="deadline_s must be > 0"):
+        assert _prepare_config(build_parser().parse_args([*base, "--http-deadline", "0"])).remote

@@ -70,3 +70,51 @@ def test_the_spec_goes_to_each_worker_once_not_with_every_unit():
             per_worker[pid] = max(per_worker.get(pid, 0), loads)
         assert per_worker and set(per_worker.values()) == {1}
         assert [n for _, _, n in pool.map(spec_loads, CountedSpec([1, 2]), [0, 1])] == [2, 2]  # a new spec
+
+
+def blocking_unit(marker_dir, unit):
+    """Signals that it runs, then blocks (until the test kills the run)."""
+    import pathlib
+    import time
+
+    (pathlib.Path(marker_dir) / f"unit-{unit}").touch()
+    time.sleep(120)
+
+
+def test_a_killed_runs_spec_file_is_removed_by_the_next_run(tmp_path):
+    """The pool's spec file lives in the run's staging folder: after ``kill -9`` of the run it is left, and
+    the next run that starts a pool removes it (it used to stay in /tmp for good)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    tmp, markers = tmp_path / "tmp", tmp_path / "markers"
+    tmp.mkdir()
+    markers.mkdir()
+    root = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": path}
+    run = (
+        "import sys\nfrom omnipack.executors.local import LocalExecutor\nfrom tests import test_executor as t\n"
+        "with LocalExecutor(2) as ex:\n    print(list(ex.map(getattr(t, sys.argv[1]), sys.argv[2], [0, 1])))\n"
+    )
+    killed = subprocess.Popen(
+        [sys.executable, "-c", run, "blocking_unit", str(markers)], env=env, cwd=root, start_new_session=True
+    )
+    try:
+        end = time.monotonic() + 120
+        while not any(markers.iterdir()) and time.monotonic() < end and killed.poll() is None:
+            time.sleep(0.2)
+        assert any(markers.iterdir()), "the pool never started a unit"
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)  # the run and its workers, as the OOM killer or a scheduler would
+        killed.wait()
+    assert list(tmp.rglob("omnipack-spec-*"))  # left behind by the killed run
+    done = subprocess.run(
+        [sys.executable, "-c", run, "_unit", "3"], env=env, cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "['', '3']", done.stderr
+    assert list(tmp.rglob("omnipack-spec-*")) == []

@@ -156,10 +156,33 @@ def test_files_served_over_http(tmp_path, demo_tokenizer, monkeypatch):
         recs = [omnipack_record(f"h{i}", [f"{server.url}/img{i}.jpg"]) for i in range(3)]
         recs.append(omnipack_record("h-404", [f"{server.url}/gone.jpg"]))
         root = tmp_path / "ds"
-        summary = prepare(root, demo_tokenizer, [write_jsonl(tmp_path / "m.jsonl", recs)], tmp_path)
+        summary = prepare(
+            root, demo_tokenizer, [write_jsonl(tmp_path / "m.jsonl", recs)], tmp_path, allow_private_urls=True
+        )
     assert_images_match(root, {f"h{i}": [jpeg_bytes(i)] for i in range(3)})
     assert f"{server.url}/gone.jpg" in rejects(root)["h-404"]["reason"]
     _check_accounting(root, summary, {"m.jsonl": (4, 3, 1)})
+
+
+def test_media_urls_at_private_addresses_are_rejected_by_default(tmp_path, demo_tokenizer):
+    """The same served files without ``allow_private_urls``: each URL sample is rejected naming its URL
+    (the setting reaches the measure workers); the local file is packed. Nothing was requested."""
+    served = tmp_path / "www"
+    write_images(served, 2)
+    write_images(tmp_path, 1, prefix="local")
+    with FileServer(served) as server:
+        recs = [omnipack_record(f"h{i}", [f"{server.url}/img{i}.jpg"]) for i in range(2)]
+        recs.append(omnipack_record("local", ["local0.jpg"]))
+        root = tmp_path / "ds"
+        summary = prepare(
+            root, demo_tokenizer, [write_jsonl(tmp_path / "m.jsonl", recs)], tmp_path, max_reject_fraction=1.0
+        )
+        assert server.requests == {}
+    assert_images_match(root, {"local": [jpeg_bytes(0)]})
+    for i in range(2):
+        reason = rejects(root)[f"h{i}"]["reason"]
+        assert f"refused to fetch {server.url}/img{i}.jpg: a loopback address" in reason
+    _check_accounting(root, summary, {"m.jsonl": (3, 1, 2)})
 
 
 def test_s3_bucket_on_a_local_s3_server(tmp_path, demo_tokenizer):

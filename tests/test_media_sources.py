@@ -13,10 +13,14 @@ from omnipack.media import sources
 from omnipack.media.errors import MediaError
 from omnipack.media.image import load_image
 from omnipack.media.probe import materialize, probe
+from omnipack.media.remote import RemoteSettings
 from omnipack.media.sources import data_uri, filesystem_for, resolve_source
 from omnipack.profiles import get_profile
 
-from .inputs_helpers import FileServer, S3Server, jpeg_bytes, write_tar
+from .inputs_helpers import FileServer, S3Server, StallingServer, jpeg_bytes, write_tar
+
+# The test servers listen on 127.0.0.1, a loopback address that media URLs may reach only when allowed.
+LOOPBACK = RemoteSettings(allow_private_urls=True)
 
 
 @pytest.fixture(autouse=True)
@@ -118,7 +122,7 @@ def test_a_broken_remote_tar_shard_is_rejected_at_once_not_retried(tmp_path, mon
     (tmp_path / "bad.tar").write_bytes(b"not a tar" * 200)
     monkeypatch.setattr(sources, "FETCH_BACKOFF_S", 5.0)  # a retry would show as seconds
     with FileServer(tmp_path) as server:
-        src = resolve_source(f"{server.url}/bad.tar#000.jpg", tmp_path)
+        src = resolve_source(f"{server.url}/bad.tar#000.jpg", tmp_path, remote=LOOPBACK)
         with pytest.raises(MediaError, match="unreadable tar shard"):
             src.read_bytes()
         assert server.requests["/bad.tar"] <= 3  # one scan (its ranged reads), not FETCH_ATTEMPTS of them
@@ -127,7 +131,7 @@ def test_a_broken_remote_tar_shard_is_rejected_at_once_not_retried(tmp_path, mon
 def test_http_probe_reads_only_the_header_with_ranged_reads(tmp_path):
     data = _big_jpeg(tmp_path / "big.jpg")
     with FileServer(tmp_path) as server:
-        src = resolve_source(f"{server.url}/big.jpg", tmp_path)
+        src = resolve_source(f"{server.url}/big.jpg", tmp_path, remote=LOOPBACK)
         meta = probe(src, "image")
         assert (meta.width, meta.height) == (1600, 1200)
         assert server.sent["/big.jpg"] < len(data) // 4  # the header's blocks, not the file
@@ -140,15 +144,129 @@ def test_http_fetches_retry_then_reject_with_the_url(tmp_path):
     (tmp_path / "a.jpg").write_bytes(jpeg_bytes(6))
     with FileServer(tmp_path) as server:
         server.fail["/a.jpg"] = 2  # two 503s, then the file
-        assert resolve_source(f"{server.url}/a.jpg", tmp_path).read_bytes() == jpeg_bytes(6)
+        assert resolve_source(f"{server.url}/a.jpg", tmp_path, remote=LOOPBACK).read_bytes() == jpeg_bytes(6)
         server.fail["/a.jpg"] = -1  # always failing
         before = server.requests["/a.jpg"]
         with pytest.raises(MediaError, match=rf"cannot fetch {server.url}/a.jpg after 4 attempts"):
-            probe(resolve_source(f"{server.url}/a.jpg", tmp_path), "image")
+            probe(resolve_source(f"{server.url}/a.jpg", tmp_path, remote=LOOPBACK), "image")
         assert server.requests["/a.jpg"] - before >= 4
         with pytest.raises(MediaError, match=rf"cannot fetch {server.url}/gone.jpg: FileNotFoundError"):
-            probe(resolve_source(f"{server.url}/gone.jpg", tmp_path), "image")
+            probe(resolve_source(f"{server.url}/gone.jpg", tmp_path, remote=LOOPBACK), "image")
         assert server.requests["/gone.jpg"] <= 2  # one attempt (the client's HEAD, then GET): not retried
+
+
+def _ends_within(seconds, fn):
+    """``fn()``'s exception, asserting it came within ``seconds`` (run in a thread, so that a fetch that
+    would hang fails the test instead of holding it)."""
+    import threading
+    import time
+
+    box = {}
+
+    def run():
+        t0 = time.monotonic()
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["error"] = e
+        box["seconds"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert "seconds" in box, f"still fetching after {seconds} s"
+    return box.get("error"), box["seconds"]
+
+
+def test_a_server_that_never_answers_is_rejected_as_a_timeout_within_the_deadline(tmp_path):
+    """A server that accepts the connection and never answers: the read timeout ends each attempt, the
+    deadline ends the retries, and the reason says it timed out (not "FileNotFoundError")."""
+    remote = RemoteSettings(read_timeout_s=0.3, deadline_s=2.0, allow_private_urls=True)
+    with StallingServer() as server:
+        for fetch in (
+            lambda: resolve_source(f"{server.url}/a.jpg", tmp_path, remote=remote).read_bytes(),
+            lambda: probe(resolve_source(f"{server.url}/a.jpg", tmp_path, remote=remote), "image"),
+        ):
+            error, seconds = _ends_within(20, fetch)
+            assert isinstance(error, MediaError), error
+            assert f"cannot fetch {server.url}/a.jpg: timed out" in str(error)
+            assert "--http-read-timeout" in str(error) and "FileNotFoundError" not in str(error)
+            assert seconds < 2.0 + 1.0
+        assert server.connections >= 2  # the deadline left time to retry
+
+
+def test_a_server_that_trickles_bytes_is_cut_off_by_the_deadline(tmp_path):
+    """A byte every 0.1 s never trips a 1 s read timeout: the deadline per URL bounds the whole fetch, for a
+    whole read and for a probe's ranged reads."""
+    remote = RemoteSettings(read_timeout_s=1.0, deadline_s=1.5, allow_private_urls=True)
+    with StallingServer(trickle_s=0.1) as server:
+        for fetch in (
+            lambda: resolve_source(f"{server.url}/a.jpg", tmp_path, remote=remote).read_bytes(),
+            lambda: probe(resolve_source(f"{server.url}/a.jpg", tmp_path, remote=remote), "image"),
+        ):
+            error, seconds = _ends_within(20, fetch)
+            assert isinstance(error, MediaError) and f"cannot fetch {server.url}/a.jpg: timed out" in str(error)
+            assert seconds < 1.5 + 1.0
+
+
+@pytest.fixture
+def no_connections(monkeypatch):
+    """Every socket connection this process tries, recorded and refused (nothing leaves the machine)."""
+    import socket
+
+    tried = []
+
+    def refuse(self, address):
+        tried.append(address)
+        raise ConnectionRefusedError(f"test: no connection to {address}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    return tried
+
+
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [
+        ("http://169.254.169.254/latest/meta-data/iam", "link-local"),
+        ("http://127.0.0.1:9/a.jpg", "loopback"),
+        ("http://[::1]:9/a.jpg", "loopback"),
+        ("https://10.1.2.3/a.jpg", "private"),
+        ("http://[::ffff:192.168.0.7]/a.jpg", "private"),
+        ("http://localhost:9/a.jpg", "loopback"),  # a name: refused on the address it resolves to
+    ],
+)
+def test_private_addresses_are_refused_before_any_connection(tmp_path, no_connections, url, kind, monkeypatch):
+    monkeypatch.setattr(sources, "FETCH_BACKOFF_S", 5.0)  # a retry would show as seconds
+    for fetch in (lambda: resolve_source(url, tmp_path).read_bytes(), lambda: probe(resolve_source(url, tmp_path), "image")):
+        error, seconds = _ends_within(20, fetch)
+        assert isinstance(error, MediaError), error
+        assert f"refused to fetch {url}: a {kind} address" in str(error) and "--allow-private-urls" in str(error)
+        assert seconds < 2.0  # final: not retried
+    assert no_connections == []
+
+
+def test_redirects_to_private_addresses_are_refused_naming_the_target(tmp_path):
+    """The first server (loopback, allowed by host:port) redirects to a second loopback server that is not
+    allowed: the redirect target is checked before it is connected to, as an IP literal and as a host name
+    resolved to loopback; the reject names the target. With the target allowed too, the same redirect is
+    followed and fetched: the refusal comes from the check, not from the redirect."""
+    (tmp_path / "a.jpg").write_bytes(jpeg_bytes(6))
+    with FileServer(tmp_path) as first, FileServer(tmp_path) as target:
+        first_host = first.url.removeprefix("http://")
+        port = target.url.rsplit(":", 1)[1]
+        only_first = RemoteSettings(allow_private_hosts=(first_host,))
+        for i, to in enumerate((f"{target.url}/a.jpg", f"http://localhost:{port}/a.jpg")):
+            first.redirect[f"/r{i}.jpg"] = to
+            src = resolve_source(f"{first.url}/r{i}.jpg", tmp_path, remote=only_first)
+            for fetch in (src.read_bytes, lambda s=src: probe(s, "image")):
+                with pytest.raises(MediaError, match=rf"refused to fetch {to}: a loopback address"):
+                    fetch()
+            assert first.requests[f"/r{i}.jpg"] >= 1 and target.requests == {}
+        both = RemoteSettings(allow_private_hosts=(first_host, f"localhost:{port}"))
+        assert resolve_source(f"{first.url}/r1.jpg", tmp_path, remote=both).read_bytes() == jpeg_bytes(6)
+        assert probe(resolve_source(f"{first.url}/r1.jpg", tmp_path, remote=both), "image").width == 84
+        assert target.requests["/a.jpg"] >= 1
 
 
 def test_http_video_and_a_remote_media_root(tmp_path):
@@ -157,7 +275,7 @@ def test_http_video_and_a_remote_media_root(tmp_path):
     write_video(tmp_path / "v.mp4", n=8, fps=4, w=96, h=64)
     local = probe(tmp_path / "v.mp4", "video")
     with FileServer(tmp_path) as server:
-        src = resolve_source("v.mp4", server.url)  # relative to a URL media root
+        src = resolve_source("v.mp4", server.url, remote=LOOPBACK)  # relative to a URL media root
         assert src.location == f"{server.url}/v.mp4"
         assert probe(src, "video") == local
         with pytest.raises(ManifestError, match="escapes the media root"):

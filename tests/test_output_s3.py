@@ -170,6 +170,6 @@ def test_staging_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
     (stale / "cache" / "part-000000.arrow").write_bytes(b"x" * 100)
     live = tmp_path / f"omnipack-staging-{os.getppid()}"  # a running process's folder stays
     live.mkdir()
-    ours = storage._staging_dir()
+    ours = storage.staging_dir()
     assert ours == tmp_path / f"omnipack-staging-{os.getpid()}" and ours.is_dir()
     assert not stale.exists() and live.exists()

@@ -112,12 +112,15 @@ class LocalExecutor(Executor):
                 self.workers, mp_context=context, initializer=_worker_init, initargs=(self.progress_queue,)
             )
         # The spec (with every input part: megabytes for a large input) goes to each worker once, through a
-        # file; a unit carries only its number. Pickled per unit it would cost O(units x parts).
+        # file; a unit carries only its number. Pickled per unit it would cost O(units x parts). The file is
+        # in this process's staging folder: if the run is killed (kill -9), the next run removes it.
         import os
         import pickle
         import tempfile
 
-        fd, spec_path = tempfile.mkstemp(prefix="omnipack-spec-", suffix=".pkl")
+        from ..stages.storage import staging_dir
+
+        fd, spec_path = tempfile.mkstemp(prefix="omnipack-spec-", suffix=".pkl", dir=staging_dir())
         try:
             with os.fdopen(fd, "wb") as f:
                 pickle.dump(spec, f, protocol=pickle.HIGHEST_PROTOCOL)

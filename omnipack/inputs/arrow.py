@@ -24,9 +24,9 @@ from .base import (
     open_input,
     register_reader,
 )
-from .parquet import text_nbytes
+from .parquet import BATCH_BYTES, text_nbytes
 
-BATCH_ROWS = 64
+BATCH_ROWS = 64  # rows turned into Python objects at once, at most (fewer when rows are large: BATCH_BYTES)
 
 
 def _dict_splits(folder: Path) -> list[str] | None:
@@ -134,8 +134,9 @@ class ArrowReader(Reader):
             lo, hi = starts[b], starts[b + 1]
             if hi <= start or lo >= stop:
                 continue
-            for off in range(max(lo, start) - lo, min(hi, stop) - lo, BATCH_ROWS):
-                part = batch.slice(off, min(BATCH_ROWS, min(hi, stop) - lo - off))
+            step = max(1, min(BATCH_ROWS, BATCH_BYTES * batch.num_rows // max(1, batch.nbytes)))
+            for off in range(max(lo, start) - lo, min(hi, stop) - lo, step):
+                part = batch.slice(off, min(step, min(hi, stop) - lo - off))
                 size = text_nbytes(part) // max(1, part.num_rows)
                 for k, row in enumerate(part.to_pylist()):
                     i = lo + off + k

@@ -25,7 +25,9 @@ from .base import (
     register_reader,
 )
 
-BATCH_ROWS = 64  # rows decoded to Python at once (rows can hold megabytes of media bytes)
+BATCH_ROWS = 64  # rows decoded to Python at once, at most
+# Bytes decoded at once: a row group of large images (64 x 8 MB) is read a few rows at a time, never whole.
+BATCH_BYTES = 16 << 20
 PARQUET_MAGIC = b"PAR1"
 
 
@@ -66,6 +68,17 @@ def _row_group_offset(pf: Any, rg: int) -> int:
         col = meta.column(c)
         offsets.append(col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset)
     return min(offsets, default=0)
+
+
+def rows_within(pf: Any, rg: int, budget: int, column: str | None = None, most: int = BATCH_ROWS) -> int:
+    """Rows of row group ``rg`` whose decoded bytes (of ``column``, or of every column) come to about
+    ``budget`` (from the row group's metadata: its uncompressed sizes), between 1 and ``most``."""
+    md = pf.metadata.row_group(rg)
+    chunks = [md.column(i) for i in range(md.num_columns)]
+    if column is not None:
+        chunks = [c for c in chunks if c.path_in_schema.split(".", 1)[0] == column]
+    nbytes = sum(c.total_uncompressed_size for c in chunks)
+    return max(1, min(most, budget * max(1, md.num_rows) // max(1, nbytes)))
 
 
 def _row_group_starts(pf: Any) -> list[int]:
@@ -127,7 +140,8 @@ class ParquetReader(Reader):
                 continue
             index = lo
             try:
-                for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], use_threads=False):
+                rows = rows_within(pf, rg, BATCH_BYTES)
+                for batch in pf.iter_batches(batch_size=rows, row_groups=[rg], use_threads=False):
                     n = batch.num_rows
                     if index >= stop:
                         break
@@ -163,29 +177,58 @@ def text_nbytes(batch: Any) -> int:
     )
 
 
-# Row-group columns read back for embedded media, most recent last, within a byte budget per process: the
-# measure stage reads records in order (one row group at a time), the write stage in packed-row order.
+# Slices of row-group columns read back for embedded media (about SLICE_BYTES each: a large image column is
+# never decoded whole), most recent last, within a byte budget per process: the measure stage reads records
+# in order (a cursor per column runs along its row group), the write stage in packed-row order.
 ROW_GROUP_CACHE_BYTES = 256 << 20
-_row_groups: OrderedDict[tuple[str, int, str], Any] = OrderedDict()
+SLICE_BYTES = 16 << 20
+_CURSORS = 4
+_slices: OrderedDict[tuple[str, int, str, int], Any] = OrderedDict()  # (file, rg, column, first row) -> column
+_cursors: OrderedDict[tuple[str, int, str], list[Any]] = OrderedDict()  # -> [next first row, batch iterator]
+
+
+def _cache(key: tuple[str, int, str, int], column: Any) -> None:
+    _slices[key] = column
+    while len(_slices) > 1 and sum(c.nbytes for c in _slices.values()) > ROW_GROUP_CACHE_BYTES:
+        _slices.popitem(last=False)
+
+
+def _slice_holding(pf: Any, file: str, rg: int, column: str, row: int) -> tuple[int, Any]:
+    """(first row, column values) of the cached or freshly read slice of row group ``rg`` holding ``row``."""
+    for (f, g, c, first), values in _slices.items():
+        if (f, g, c) == (file, rg, column) and first <= row < first + len(values):
+            _slices.move_to_end((f, g, c, first))
+            return first, values
+    key = (file, rg, column)
+    cursor = _cursors.get(key)
+    if cursor is None or cursor[0] > row:  # behind the cursor (or none yet): read the row group again
+        rows = rows_within(pf, rg, SLICE_BYTES, column, most=pf.metadata.row_group(rg).num_rows)
+        batches = pf.iter_batches(batch_size=rows, row_groups=[rg], columns=[column], use_threads=False)
+        cursor = _cursors[key] = [0, batches]
+        while len(_cursors) > _CURSORS:
+            _cursors.popitem(last=False)
+    _cursors.move_to_end(key)
+    while True:
+        batch = next(cursor[1], None)
+        if batch is None:
+            raise IndexError(f"record {row} is past the end of row group {rg} of {file}")
+        first, values = cursor[0], batch.column(0)
+        cursor[0] += batch.num_rows
+        if row < cursor[0]:
+            _cache((file, rg, column, first), values)
+            return first, values
 
 
 def column_value(file: Path, index: int, column: str) -> Any:
-    """The value of ``column`` in record ``index``; the row group's column is cached for the next lookups."""
+    """The value of ``column`` in record ``index``; the slice of rows holding it is cached for the next
+    lookups."""
     pf = _file(str(file))
     starts = _row_group_starts(pf)
     rg = bisect_right(starts, index) - 1
     if not 0 <= rg < len(starts) - 1:
         raise IndexError(f"record {index} is past the end of {file} ({starts[-1]} records)")
-    key = (str(file), rg, column)
-    table = _row_groups.get(key)
-    if table is None:
-        table = pf.read_row_group(rg, columns=[column])
-        _row_groups[key] = table
-        while len(_row_groups) > 1 and sum(t.nbytes for t in _row_groups.values()) > ROW_GROUP_CACHE_BYTES:
-            _row_groups.popitem(last=False)
-    else:
-        _row_groups.move_to_end(key)
-    return table.column(0)[index - starts[rg]].as_py()
+    first, values = _slice_holding(pf, str(file), rg, column, index - starts[rg])
+    return values[index - starts[rg] - first].as_py()
 
 
 register_reader(ParquetReader())

@@ -53,6 +53,8 @@ def probe_image(path: str | os.PathLike | IO[bytes]) -> MediaMeta:
             width, height = img.size
             if exif_orientation(img) in SWAPS_SIDES:
                 width, height = height, width
+    except MediaError:
+        raise  # the bytes could not be fetched (a remote file read in ranges): its own reason
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise MediaError(f"unreadable image: {type(e).__name__}: {_message(e)}") from None
     if width <= 0 or height <= 0:

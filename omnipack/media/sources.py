@@ -16,8 +16,9 @@ A reference (the string in a record's ``image``/``video``/``audio`` part) is one
   read with one ranged read.
 
 :func:`resolve_source` gives a :class:`MediaSource`; the measure stage probes it and the write stage resolves
-the same reference again to materialise it. Remote opens and fetches retry with exponential backoff and end
-as a :class:`MediaError` naming the URL and the last error.
+the same reference again to materialise it. Remote opens and fetches retry with exponential backoff within
+a deadline per URL and end as a :class:`MediaError` naming the URL and the last error (a timeout says so);
+HTTP fetches refuse private addresses unless allowed (``omnipack.media.remote``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ from urllib.parse import unquote, urlsplit
 
 from .access import StoreAccessError, access_error
 from .errors import MediaError
+from .remote import (
+    DEFAULT_REMOTE,
+    Deadline,
+    PrivateAddressRefused,
+    RemoteSettings,
+    check_url,
+    fetch_options,
+)
 
 ALLOW_ROOT_OPTION = "--media-allow-root"
 URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -95,33 +104,47 @@ def filesystem_for(url: str, **storage_options: Any) -> tuple[Any, str]:
     return fsspec.core.url_to_fs(url, **storage_options)
 
 
-def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) -> T:
-    """``fn()`` retried with exponential backoff; a missing object, missing credentials or a refused permission
-    is final at once.
-    The last error becomes a :class:`MediaError` naming ``what`` (the URL)."""
+def with_retries(
+    what: str, fn: Callable[[], T], attempts: int | None = None, deadline: Deadline | None = None
+) -> T:
+    """``fn()`` retried with exponential backoff; a missing object, missing credentials or a refused
+    permission is final at once.
+    No attempt starts past ``deadline`` (``fn`` bounds its own calls by ``deadline.remaining()``). The last
+    error becomes a :class:`MediaError` naming ``what`` (the URL); a timeout says it timed out."""
     attempts = attempts or FETCH_ATTEMPTS
     last: BaseException | None = None
+    made = 0
     for attempt in range(attempts):
+        if deadline is not None and _expired(deadline):
+            break
+        made += 1
         try:
             return fn()
         except (MediaError, TypeError, AttributeError, NotImplementedError, ImportError, tarfile.TarError):
             raise  # not a transient failure of the store (a broken tar is broken on every read)
         except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+            refused = _cause(e, PrivateAddressRefused)
+            if refused is not None:  # fsspec's HTTP client reports it as "not found"
+                raise refused from None
+            last = e
             if not _transient(e):
                 error = StoreAccessError if isinstance(e, PermissionError) else MediaError
                 raise error(f"cannot fetch {what}: {type(e).__name__}: {e}") from None
-            last = e
-            if attempt + 1 < attempts:
-                time.sleep(FETCH_BACKOFF_S * 2**attempt)
         except Exception as e:  # network and server errors of any client library
             if (reason := access_error(e)) is not None:  # no retry brings credentials or a permission
                 raise StoreAccessError(f"cannot fetch {what}: {reason}") from None
             last = e
-            if attempt + 1 < attempts:
-                time.sleep(FETCH_BACKOFF_S * 2**attempt)
-    raise MediaError(
-        f"cannot fetch {what} after {attempts} attempts: {type(last).__name__}: {last}"
-    ) from None
+        if attempt + 1 < attempts:
+            delay = FETCH_BACKOFF_S * 2**attempt
+            if deadline is not None:
+                delay = min(delay, max(0.0, deadline.end - time.monotonic()))
+            time.sleep(delay)
+    if _cause(last, TimeoutError) is not None or (deadline is not None and _expired(deadline)):
+        limits = deadline.limits() if deadline is not None else ""
+        raise MediaError(
+            f"cannot fetch {what}: timed out ({made} attempts{_timeout_detail(last)}{limits})"
+        ) from None
+    raise MediaError(f"cannot fetch {what} after {made} attempts: {type(last).__name__}: {last}") from None
 
 
 def _transient(e: BaseException) -> bool:
@@ -136,6 +159,33 @@ def _transient(e: BaseException) -> bool:
     return isinstance(cause, ConnectionError | TimeoutError) or "Connect" in type(cause).__name__
 
 
+def _timeout_detail(e: BaseException | None) -> str:
+    """The most specific message of the timeouts in ``e``'s chain (clients wrap them in message-less ones)."""
+    detail = ""
+    seen = 0
+    while e is not None and seen < 16:
+        if isinstance(e, TimeoutError) and str(e):
+            detail = f"; {e}"
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return detail
+
+
+def _expired(deadline: Deadline) -> bool:
+    return time.monotonic() >= deadline.end
+
+
+def _cause(e: BaseException | None, kind: type[BaseException]) -> Any:
+    """``e`` or the first exception of ``kind`` in its chain of causes (client libraries wrap errors)."""
+    seen = 0
+    while e is not None and seen < 16:
+        if isinstance(e, kind):
+            return e
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
 @dataclass(frozen=True)
 class MediaSource:
     """One media object: a local file, a URL, inline bytes, a tar member, or bytes inside an input record."""
@@ -146,6 +196,7 @@ class MediaSource:
     member: str = ""  # tar member name, or the pointer inside an input record
     data: bytes | None = None  # inline bytes ("bytes")
     container: MediaSource | None = None  # the tar shard ("tar")
+    remote: RemoteSettings = DEFAULT_REMOTE  # how a URL is fetched (timeouts, deadline, private addresses)
 
     @property
     def suffix(self) -> str:
@@ -168,16 +219,37 @@ class MediaSource:
             except OSError as e:
                 raise MediaError(f"cannot open {self.location}: {type(e).__name__}: {e}") from None
         if self.kind == "url":
-            fs, path = filesystem_for(self.location)
+            fs, path = self._filesystem()
+            deadline = Deadline(self.remote)
 
             def ranged() -> IO[bytes]:
+                if _is_http(fs):  # the size first, within the deadline (an HTTP open asks for it unbounded)
+                    size = fs.info(path, timeout=deadline.remaining())["size"]
+                    f = fs.open(path, "rb", block_size=PROBE_BLOCK_BYTES, cache_type="readahead", size=size)
+                    return _reads_within(f, deadline)
                 try:
                     return fs.open(path, "rb", block_size=PROBE_BLOCK_BYTES, cache_type="readahead")
                 except TypeError:  # a filesystem without block options (e.g. msc://): its own buffering
                     return fs.open(path, "rb")
 
-            return with_retries(self.location, ranged)
+            return with_retries(self.location, ranged, deadline=deadline)
         return io.BytesIO(self.read_bytes())
+
+    def _filesystem(self) -> tuple[Any, str]:
+        check_url(self.location, self.remote)
+        return filesystem_for(self.location, **fetch_options(self.location, self.remote))
+
+    def read_range(self, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of a URL (all of them by default), retried as a whole within the deadline."""
+        fs, path = self._filesystem()
+        deadline = Deadline(self.remote)
+
+        def fetch() -> bytes:
+            if _bounded(fs):
+                return fs.cat_file(path, start=start, end=end, timeout=deadline.remaining())
+            return fs.cat_file(path, start=start, end=end)
+
+        return with_retries(self.location, fetch, deadline=deadline)
 
     def read_bytes(self) -> bytes:
         """All of the object's bytes (remote reads retried as a whole)."""
@@ -190,8 +262,7 @@ class MediaSource:
             except OSError as e:
                 raise MediaError(f"cannot read {self.location}: {type(e).__name__}: {e}") from None
         if self.kind == "url":
-            fs, path = filesystem_for(self.location)
-            return with_retries(self.location, lambda: fs.cat_file(path))
+            return self.read_range()
         if self.kind == "tar":
             assert self.container is not None
             offset, size = _tar_member(self.container, self.member)
@@ -216,10 +287,46 @@ class MediaSource:
             yield Path(f.name)
 
 
+def _bounded(fs: Any) -> bool:
+    """Whether ``fs``'s calls take a ``timeout`` (fsspec's async filesystems, called from sync code: HTTP,
+    S3); others bound their own requests."""
+    from fsspec.asyn import AsyncFileSystem
+
+    return isinstance(fs, AsyncFileSystem) and not fs.asynchronous
+
+
+def _is_http(fs: Any) -> bool:
+    from fsspec.implementations.http import HTTPFileSystem
+
+    return isinstance(fs, HTTPFileSystem) and not fs.asynchronous
+
+
+def _reads_within(f: Any, deadline: Deadline) -> Any:
+    """``f`` (an fsspec HTTP file opened for reading) with each ranged read bounded by what is left of
+    ``deadline``: probing a file from a server that stalls mid-way ends by the deadline too."""
+    from fsspec.implementations.http import HTTPFile
+
+    cache = getattr(f, "cache", None)
+    if not isinstance(f, HTTPFile) or not hasattr(cache, "fetcher"):
+        return f  # a stream without ranged reads: bounded by the session's timeouts
+    fetch = f._fetch_range
+
+    def bounded(start: int, end: int) -> bytes:
+        try:
+            return fetch(start, end, timeout=deadline.remaining())
+        except TimeoutError as e:  # a decoder reading the file would call it unreadable
+            raise MediaError(
+                f"cannot fetch {f.url}: timed out reading it ({_timeout_detail(e).lstrip('; ') or 'no answer in time'}"
+                f"{deadline.limits()})"
+            ) from None
+
+    cache.fetcher = bounded
+    return f
+
+
 def _read_range(src: MediaSource, offset: int, size: int) -> bytes:
     if src.kind == "url":
-        fs, path = filesystem_for(src.location)
-        return with_retries(src.location, lambda: fs.cat_file(path, start=offset, end=offset + size))
+        return src.read_range(offset, offset + size)
     with src.open() as f:
         f.seek(offset)
         data = f.read(size)
@@ -242,7 +349,7 @@ def _tar_member(shard: MediaSource, member: str) -> tuple[int, int]:
                 return {m.name: (m.offset_data, m.size) for m in tar if m.isfile()}
 
         try:
-            index = with_retries(shard.ref, scan) if shard.kind == "url" else scan()
+            index = with_retries(shard.ref, scan, deadline=Deadline(shard.remote)) if shard.kind == "url" else scan()
         except tarfile.TarError as e:
             raise MediaError(f"unreadable tar shard {shard.ref}: {e}") from None
         _tar_indices[key] = index
@@ -297,8 +404,14 @@ def _local_source(ref: str, path: Path, root: Path, allow_roots: Sequence[str]) 
     return MediaSource(ref, "file", str(real))
 
 
-def resolve_source(ref: str, media_root: str | Path | None, allow_roots: Sequence[str] = ()) -> MediaSource:
-    """The :class:`MediaSource` a record's media reference names (see the module docstring for the forms).
+def resolve_source(
+    ref: str,
+    media_root: str | Path | None,
+    allow_roots: Sequence[str] = (),
+    remote: RemoteSettings = DEFAULT_REMOTE,
+) -> MediaSource:
+    """The :class:`MediaSource` a record's media reference names (see the module docstring for the forms);
+    ``remote`` says how a URL is fetched (by default: private addresses refused).
 
     Raises ``ManifestError`` for a reference that leaves the media root (or is relative when there is no media
     root), ``MediaError`` for one that can not be used at all; neither touches the storage (probing does)."""
@@ -313,7 +426,7 @@ def resolve_source(ref: str, media_root: str | Path | None, allow_roots: Sequenc
         return MediaSource(ref, "embedded", file, pointer)
     tar = TAR_MEMBER_RE.match(ref)
     if tar:
-        shard = resolve_source(tar["shard"], media_root, allow_roots)
+        shard = resolve_source(tar["shard"], media_root, allow_roots, remote)
         return MediaSource(ref, "tar", shard.location, tar["member"], container=shard)
     if media_root is None:  # no --media-root: URLs, and local files under an allowed root only
         if is_remote(ref):
@@ -328,12 +441,12 @@ def resolve_source(ref: str, media_root: str | Path | None, allow_roots: Sequenc
     if is_url(ref):
         if not is_remote(ref):
             return _local_source(ref, Path(local_location(ref)), Path(root), allow_roots)
-        return MediaSource(ref, "url", ref)
+        return MediaSource(ref, "url", ref, remote=remote)
     if is_remote(root):  # a remote media root: join, refusing paths that climb out of it
         joined = posixpath.normpath(posixpath.join("/", ref)).lstrip("/")
         if ref.startswith("/") or joined.startswith("..") or posixpath.normpath(ref).startswith(".."):
             raise ManifestError(f"media path escapes the media root: {ref!r}")
-        return MediaSource(ref, "url", root.rstrip("/") + "/" + joined)
+        return MediaSource(ref, "url", root.rstrip("/") + "/" + joined, remote=remote)
     return _local_source(ref, Path(root) / ref, Path(root), allow_roots)
 
 

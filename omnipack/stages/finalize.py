@@ -7,11 +7,15 @@ Every input sample must come out packed or rejected with its reason (checked her
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import shutil
+from array import array
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,30 +60,54 @@ def shard_records(spec: RunSpec, plan: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-def all_rejects(
-    spec: RunSpec,
-    plan: dict[str, Any],
-    shards: list[dict[str, Any]],
-    *,
-    reuse_measure: bool,
-    parts: list[dict[str, Any]] | None = None,
-) -> list:
-    """Rejects of every stage with global sample indices, in input order."""
-    if parts is None:
-        parts = part_records(spec, check_keys=not reuse_measure)
-    measured = read_measured(
-        spec.measure_dir, parts, ["sample_index", "sample_id", "source", "stage", "reason"], rejects=True
-    ).to_pylist()
+def iter_rejects(
+    spec: RunSpec, plan: dict[str, Any], shards: list[dict[str, Any]], parts: list[dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    """Rejects of every stage with global sample indices, in input order, streamed: the measure rejects are
+    read one part at a time (a corpus may hold millions of them), merged with the pack and write stages'."""
     superseded = set(plan["superseded_rejects"])  # replaced by the pack stage's duplicate-id rejects
-    rejects = [r for r in measured if r["sample_index"] not in superseded] + plan["rejects"]
-    for rec in shards:
-        rejects += rec["rejects"]
-    rejects.sort(key=lambda r: r["sample_index"])
-    return rejects
+    offsets = part_offsets(parts)
+
+    def measured() -> Iterator[dict[str, Any]]:
+        for rec, offset in zip(parts, offsets[:-1], strict=True):
+            table = read_measured(spec.measure_dir, [rec], REJECT_COLUMNS, rejects=True)
+            for batch in table.to_batches(max_chunksize=1024):  # as Python objects a few at a time
+                for r in batch.to_pylist():
+                    r["sample_index"] += int(offset)
+                    if r["sample_index"] not in superseded:
+                        yield r
+
+    later = sorted(plan["rejects"] + [r for rec in shards for r in rec["rejects"]], key=_index)
+    # the order of one stable sort of (measure rejects, pack rejects, write rejects) by sample index
+    return heapq.merge(measured(), later, key=_index)
+
+
+REJECT_COLUMNS = ["sample_index", "sample_id", "source", "stage", "reason"]
+
+
+def _index(r: dict[str, Any]) -> int:
+    return r["sample_index"]
+
+
+def write_rejects(
+    spec: RunSpec, plan: dict[str, Any], shards: list[dict[str, Any]], parts: list[dict[str, Any]]
+) -> tuple[Path, np.ndarray, dict[str, int]]:
+    """``rejects.jsonl`` written to a staging file as the rejects stream by (one JSON line each, in input
+    order), never all held at once; returns the file (to publish), the rejects' sample indices and the count
+    per stage (in order of first appearance)."""
+    by_stage: Counter[str] = Counter()
+    indices = array("q")
+    tmp = staging_file(spec.out / REJECTS_FILE)
+    with open(tmp, "w") as f:
+        for r in iter_rejects(spec, plan, shards, parts):
+            f.write(json.dumps(r) + "\n")
+            by_stage[r["stage"]] += 1
+            indices.append(r["sample_index"])
+    return tmp, np.frombuffer(indices, dtype=np.int64) if indices else np.zeros(0, np.int64), dict(by_stage)
 
 
 def by_input_file(
-    spec: RunSpec, parts: list[dict[str, Any]], rejects: list[dict[str, Any]], shards: list[dict[str, Any]]
+    spec: RunSpec, parts: list[dict[str, Any]], rejected: np.ndarray, shards: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """Input, packed and rejected records per input data file (checked: each record of a file is packed or
     rejected exactly once), from the parts' record ranges and the plan's placed samples."""
@@ -91,7 +119,7 @@ def by_input_file(
     placed = read_parquet(spec.plan_table, columns=["sample_index"]).column("sample_index").to_numpy()
     write_rejected = np.asarray([r["sample_index"] for s in shards for r in s["rejects"]], dtype=np.int64)
     packed = placed[~np.isin(placed, write_rejected)]
-    return per_file_counts(ledger, np.asarray([r["sample_index"] for r in rejects], np.int64), packed)
+    return per_file_counts(ledger, rejected, packed)
 
 
 def _remove_strays(spec: RunSpec, shards: list[ShardInfo]) -> None:
@@ -108,15 +136,16 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
     """Write the dataset's metadata from the shard records; returns the run summary (``omnipack.json``)."""
     records = shard_records(spec, plan)
     parts = part_records(spec, check_keys=not reuse_measure)
-    rejects = all_rejects(spec, plan, records, reuse_measure=reuse_measure, parts=parts)
+    rejects_tmp, rejected, rejected_by_stage = write_rejects(spec, plan, records, parts)
+    n_rejected = len(rejected)
     shards = [ShardInfo(**r["shard"]) for r in records if r["shard"] is not None]
     shards.sort(key=lambda s: (s.split != "train", s.path))
     n_input = plan["input"]
     packed = sum(r["samples_written"] for r in records)
     rows = sum(r["rows_written"] for r in records)
     real_tokens = sum(r["real_tokens"] for r in records)
-    if packed + len(rejects) != n_input:  # every input sample is either packed or rejected
-        raise AssertionError(f"accounting: {n_input} input != {packed} packed + {len(rejects)} rejected")
+    if packed + n_rejected != n_input:  # every input sample is either packed or rejected
+        raise AssertionError(f"accounting: {n_input} input != {packed} packed + {n_rejected} rejected")
     seq_length = spec.pack.seq_length
     summary = {
         "omnipack_version": spec.summary["omnipack_version"],
@@ -132,16 +161,16 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
         "counts": {
             "input": n_input,
             "packed": packed,
-            "rejected": len(rejects),
+            "rejected": n_rejected,
             "rows": rows,
             "rows_by_split": {
                 part: sum(s.count for s in shards if s.split == part) for part in ("train", "val")
             },
-            "rejected_by_stage": dict(Counter(r["stage"] for r in rejects)),
+            "rejected_by_stage": rejected_by_stage,
             "measured": plan["measured"],
-            "reject_fraction": len(rejects) / n_input if n_input else 0.0,
+            "reject_fraction": n_rejected / n_input if n_input else 0.0,
             # per input data file, checked: input = packed + rejected
-            "by_input": by_input_file(spec, parts, rejects, records),
+            "by_input": by_input_file(spec, parts, rejected, records),
         },
         "packing": {
             **plan["stats"],
@@ -154,11 +183,7 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
         "shards": [asdict(s) for s in shards],
         "rejects_file": REJECTS_FILE,
     }
-    tmp = staging_file(spec.out / REJECTS_FILE)
-    with open(tmp, "w") as f:
-        for r in rejects:
-            f.write(json.dumps(r) + "\n")
-    publish(tmp, spec.out / REJECTS_FILE)
+    publish(rejects_tmp, spec.out / REJECTS_FILE)
     if not shards:
         if n_input == 0:
             raise NothingPacked(

@@ -98,7 +98,8 @@ def measure_settings(spec: RunSpec) -> dict[str, Any]:
     """Everything a part's measured output depends on besides its bytes."""
     return {
         "omnipack_version": __version__,
-        "measure": asdict(spec.measure),
+        # timeouts change how a part is measured, not what: a resumed run may change them
+        "measure": {**asdict(spec.measure), "remote": spec.measure.remote.access()},
         "media_root": media_root_key(spec.measure.media_root),
         "tokenizer_fingerprint": spec.summary.get("tokenizer_fingerprint"),
         "max_line_bytes": spec.max_line_bytes,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..measure import MeasureConfig
+from ..media.remote import DEFAULT_REMOTE, RemoteSettings
 from ..plan import PackConfig
 from .storage import output_path
 
@@ -35,6 +36,9 @@ class WriteSettings:
     compress_video: bool = False
     shard_checksums: tuple[str, ...] = ("xxh3_128",)
     media_allow_roots: tuple[str, ...] = ()  # folders outside the media root that symlinks may point into
+    # how media URLs are fetched; not in the repr, so not in the shard key: the measure key holds what of it
+    # decides which samples are packed, and timeouts may change on a resumed run
+    remote: RemoteSettings = field(default=DEFAULT_REMOTE, repr=False)
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,10 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _staging_dir() -> Path:
-    """This process's local folder for files on their way to and from an object store (removed at exit;
-    the folders of processes that were killed are removed by the next process that makes one)."""
+def staging_dir() -> Path:
+    """This process's local folder for files on their way to and from an object store, and for files its
+    worker processes read (the local executor's spec); removed at exit, and the folders of processes that
+    were killed are removed by the next process that makes one."""
     folder = Path(tempfile.gettempdir()) / f"{_STAGING_PREFIX}{os.getpid()}"
     if not folder.is_dir():
         for stale in Path(tempfile.gettempdir()).glob(f"{_STAGING_PREFIX}*"):
@@ -76,7 +77,7 @@ def staging_file(dest: AnyPath) -> Path:
     atomic), in a local staging folder for an object store."""
     if is_local(dest):
         return dest.with_name(f"{dest.name}.{os.getpid()}.partial")
-    return _staging_dir() / f"{xxhash.xxh3_64_hexdigest(str(dest).encode())}-{dest.name}"
+    return staging_dir() / f"{xxhash.xxh3_64_hexdigest(str(dest).encode())}-{dest.name}"
 
 
 def publish(local: Path, dest: AnyPath) -> None:
@@ -168,7 +169,7 @@ def local_file(path: AnyPath) -> Path:
     tag = xxhash.xxh3_64_hexdigest(
         f"{path}|{info.get('size')}|{info.get('ETag') or info.get('mtime')}".encode()
     )
-    cached = _staging_dir() / "cache" / f"{tag}-{path.name}"
+    cached = staging_dir() / "cache" / f"{tag}-{path.name}"
     if not cached.exists():
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_name(f"{cached.name}.{os.getpid()}.partial")

@@ -57,7 +57,7 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
             for m in json.loads(rec["media_json"]):
                 plan = MediaPlan.from_json(m["plan"])
                 ext, data = materialize(
-                    resolve_source(m["ref"], cfg.media_root, cfg.media_allow_roots),
+                    resolve_source(m["ref"], cfg.media_root, cfg.media_allow_roots, cfg.remote),
                     plan,
                     image_encoding=cfg.image_encoding,
                     compress_video=cfg.compress_video,
