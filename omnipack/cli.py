@@ -17,7 +17,7 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
             "(format and layout auto-detected; see --input-format, --input-layout)",
         }),
     (("--media-root",), {"help": "folder (or URL: s3://, https://) that relative media paths in the records resolve against "
-                         "(not needed when every media reference is embedded or absolute)"}),
+                         "(not needed when every media reference is embedded or a URL)"}),
     (
         ("--tokenizer",),
         {
@@ -150,14 +150,14 @@ INPUT_FLAGS: list[tuple[str, dict[str, Any]]] = [
         "--max-reject-fraction",
         {"type": float, "help": "exit 3 when more input records are rejected (the data is still written)"},
     ),
-    ("--http-connect-timeout", {"type": float, "metavar": "S", "help": "media URLs: seconds to connect (default 10)"}),
+    ("--http-connect-timeout", {"type": float, "metavar": "S", "help": "media URLs: seconds to connect"}),
     (
         "--http-read-timeout",
-        {"type": float, "metavar": "S", "help": "media URLs: seconds to wait for the next bytes of an answer (default 30)"},
+        {"type": float, "metavar": "S", "help": "media URLs: seconds to wait for the next bytes of an answer"},
     ),
     (
         "--http-deadline",
-        {"type": float, "metavar": "S", "help": "media URLs: seconds one URL may take, all retries included (default 120)"},
+        {"type": float, "metavar": "S", "help": "media URLs: seconds one URL may take, all retries included"},
     ),
     (
         "--allow-private-urls",

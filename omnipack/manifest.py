@@ -172,6 +172,7 @@ def read_manifest(
     input_format: str | None = None,
     input_layout: str = "auto",
     input_fields: dict[str, str] | None = None,
+    input_roles: dict[str, str] | None = None,
     ledger: list[dict[str, Any]] | None = None,
     split: str | None = None,
 ) -> Iterator[RawSample]:
@@ -185,7 +186,9 @@ def read_manifest(
     split of folder inputs (see ``omnipack.inputs.splits``)."""
     from .inputs import InputSpec, read_samples
 
-    spec = InputSpec(input_format, input_layout, dict(input_fields or {}), max_line_bytes, split)
+    spec = InputSpec(
+        input_format, input_layout, dict(input_fields or {}), max_line_bytes, split, dict(input_roles or {})
+    )
     return read_samples(list(paths), spec, start, stop, start_index, ledger)  # local paths or URLs
 
 

@@ -205,7 +205,8 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         + ([dict(cfg.input_roles)] if cfg.input_roles else []),
         "media_root": media_root_key(cfg.media_root),
         "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
-        "remote_media": cfg.remote.access(),
+        # only when not the default (the keys of earlier runs have none)
+        **({"remote_media": cfg.remote.access()} if cfg.remote.access() != RemoteSettings().access() else {}),
         "max_line_bytes": max_line_bytes,
         "max_tokens": cfg.seq_length,
     }
@@ -411,8 +412,12 @@ def run_prepare(
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
     # credentials and permissions of every store the run uses, before any work (one line, no retries)
+    # (not an HTTP(S) media root: a web server's answer for a folder URL, often 403 or 404, says nothing about
+    # its files, and HTTP media carry no credentials of the run)
+    web_root = str(cfg.media_root or "").startswith(("http://", "https://"))
     probe_locations(
-        [("output", cfg.output), ("media root", cfg.media_root), *(("input", m) for m in cfg.manifest)]
+        [("output", cfg.output), ("media root", None if web_root else cfg.media_root)]
+        + [("input", m) for m in cfg.manifest]
     )
     # every input exists, has a reader and a split to read, and does not end cut short (its last bytes),
     # checked before the output folder is touched; local paths, or URLs (s3://bucket/data/)

@@ -329,3 +329,13 @@ def test_media_root_key_keeps_remote_roots_and_resolves_folders(tmp_path, monkey
     assert media_root_key("s3://bucket/media") == "s3://bucket/media"
     assert media_root_key("media") == str(tmp_path / "media")
     assert media_root_key(f"file://{tmp_path}/media") == str(tmp_path / "media")
+
+
+def test_remote_settings_reach_urls_without_a_media_root():
+    """With no --media-root a URL is still fetched with the run's settings (a private host allowed, its
+    timeouts), for a plain URL and for a tar shard's member."""
+    remote = RemoteSettings(allow_private_urls=True, deadline_s=5)
+    for root in (None, "/tmp"):
+        assert resolve_source("http://127.0.0.1:9/a.jpg", root, (), remote).remote == remote
+        member = resolve_source("http://127.0.0.1:9/s.tar#a.jpg", root, (), remote)
+        assert member.container is not None and member.container.remote == remote

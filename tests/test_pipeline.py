@@ -358,6 +358,7 @@ def test_progress_moves_by_samples_and_rows_from_the_workers(
     _, summary = _prepare(tmp_path, demo_tokenizer, demo_corpus, workers=2, part_lines=16, shard_max_rows=1)
     measured = [n for stage, _, n in seen if stage == "measure"]
     written = [n for stage, _, n in seen if stage == "write"]
+    assert measured and all(n >= 1 for n in measured), seen  # the queue is there before the first unit
     assert written and all(n >= 1 for n in written), seen
     assert sum(written) <= summary["counts"]["rows"]
     assert sum(measured) <= summary["counts"]["input"]

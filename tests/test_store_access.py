@@ -163,7 +163,7 @@ def test_access_errors_are_never_retried(unknown_keys):
     assert access_error(ConnectionError("reset")) is None
 
 
-def test_an_http_media_root_answering_403_stops_the_run_and_is_asked_once(tmp_path):
+def test_an_http_403_is_final_at_once(tmp_path):
     import http.server
     import threading
 
@@ -183,8 +183,9 @@ def test_an_http_media_root_answering_403_stops_the_run_and_is_asked_once(tmp_pa
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/media"
     try:
-        with pytest.raises(StoreAccessError, match=rf"media root {url}: access refused \(HTTP 403"):
-            probe_locations([("media root", url)])
+        # a location that is a file (an input) is probed; a run leaves an HTTP media root folder alone
+        with pytest.raises(StoreAccessError, match=rf"input {url}/a.jsonl: access refused \(HTTP 403"):
+            probe_locations([("input", f"{url}/a.jsonl")])
         requests.clear()
         with pytest.raises(StoreAccessError, match="403"):
             MediaSource("x", "url", f"{url}/a.jpg").read_bytes()

@@ -95,6 +95,14 @@ class LocalExecutor(Executor):
     def __init__(self, workers: int = 1) -> None:
         self.workers = max(1, int(workers))
         self._pool: Any = None
+        # made now, not with the pool: a stage's progress bar takes the queue before the first unit starts
+        self.progress_queue = self._new_queue() if self.workers > 1 else None
+
+    @staticmethod
+    def _new_queue() -> Any:
+        import multiprocessing as mp
+
+        return mp.get_context("spawn").Queue()
 
     def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
         if self.workers <= 1 or len(units) <= 1:
@@ -107,7 +115,8 @@ class LocalExecutor(Executor):
 
             # spawn, not fork: tokenizers' thread pools and fork do not mix
             context = mp.get_context("spawn")
-            self.progress_queue = context.Queue()
+            if self.progress_queue is None:  # closed before: a new run of units
+                self.progress_queue = self._new_queue()
             self._pool = ProcessPoolExecutor(
                 self.workers, mp_context=context, initializer=_worker_init, initargs=(self.progress_queue,)
             )

@@ -22,6 +22,7 @@ from .base import (
     input_path,
     is_local_input,
     open_input,
+    raise_store_refusal,
     register_reader,
 )
 from .parquet import BATCH_BYTES, text_nbytes
@@ -77,18 +78,21 @@ def _batches_of(path: str, size: int, stamp: int | str) -> tuple[Any, list[int]]
             with open_input(file) as f:
                 source = pa.BufferReader(f.read())
     except OSError as e:
+        raise_store_refusal(e, path)
         raise InputError(f"input {path} can not be read: {e}") from None
     if source.read(len(FILE_MAGIC)) == FILE_MAGIC:
         try:
             reader = pa.ipc.open_file(source)
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         except (pa.ArrowInvalid, OSError) as e:
+            raise_store_refusal(e, path)
             raise _cut_short(path, max(source.size() - 10, 0), f"no readable IPC file footer: {e}") from None
     else:
         source.seek(0)
         try:
             batches = list(pa.ipc.open_stream(source))  # zero-copy views of the mapped file
         except (pa.ArrowInvalid, OSError) as e:
+            raise_store_refusal(e, path)
             raise _cut_short(path, source.tell(), f"unreadable IPC stream message: {e}") from None
         source.seek(max(source.size() - 8, 0))
         if source.read(8) != END_OF_STREAM:  # a stream cut between batches reads without error

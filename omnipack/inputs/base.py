@@ -98,6 +98,19 @@ def input_path(location: str | os.PathLike) -> Any:
     return UPath(str(location))
 
 
+def raise_store_refusal(e: BaseException, path: Any) -> None:
+    """Raise ``e`` as the store's refusal (credentials, permission) when it is one, so that reading a remote
+    input is never reported as a cut-short file for it."""
+    from ..media.access import CREDENTIALS_HINT, StoreAccessError, access_error
+    from ..media.sources import is_remote
+
+    if not is_remote(str(path)):  # a local file's PermissionError is the file's own
+        return
+    reason = access_error(e)
+    if reason is not None:
+        raise StoreAccessError(f"input {path}: {reason}; {CREDENTIALS_HINT}") from None
+
+
 def is_local_input(path: Any) -> bool:
     return isinstance(path, Path)
 

@@ -168,7 +168,7 @@ class JsonLinesReader(Reader):
                 offset += size
                 if line is not None and not line.strip():
                     continue
-                check_not_cut(Path(part.path), line, line_no, offset - size)
+                check_not_cut(input_path(part.path), line, line_no, offset - size)
                 yield _parse_line(line_no - 1, f"{label}:{line_no}", line, size, line_no, max_record_bytes)
 
 

@@ -22,6 +22,7 @@ from .base import (
     input_path,
     is_local_input,
     open_input,
+    raise_store_refusal,
     register_reader,
 )
 
@@ -52,6 +53,7 @@ def _open(path: Path) -> Any:
     try:
         return _file(str(path))
     except Exception as e:
+        raise_store_refusal(e, path)
         size = file_stamp(path)[0]
         raise InputError(
             f"input {path} can not be read to its end (at byte {max(size - 8, 0)} of {size}: no readable "
@@ -153,6 +155,7 @@ class ParquetReader(Reader):
                             yield SourceRecord(i, f"{label}#{i}", row, None, size)
                     index += n
             except Exception as e:  # a damaged row group: the file can not be read past it
+                raise_store_refusal(e, file)
                 size = file_stamp(file)[0]
                 raise InputError(
                     f"input {file} can not be read to its end (at byte {_row_group_offset(pf, rg)} of {size}: "

@@ -57,7 +57,7 @@ class InputSpec:
             "layout": self.layout,
             "fields": dict(sorted(self.fields.items())),
             "max_record_bytes": self.max_record_bytes,
-            "split": self.split,
+            **({"split": self.split} if self.split is not None else {}),  # (keys of runs before splits)
             **({"roles": dict(sorted(self.roles.items()))} if self.roles else {}),
         }
 
@@ -152,7 +152,9 @@ def _rename_turn(turn: dict[str, Any], turn_keys: Mapping[str, str], roles: Mapp
     out.update({ours: turn[theirs] for ours, theirs in turn_keys.items() if theirs in turn})
     for key in ("role", "from"):  # the role value, under the key the layouts read it by
         if isinstance(out.get(key), str) and out[key] in roles:
-            out[key] = roles[out[key]]
+            # as its canonical name (observation -> tool, gpt -> assistant): the omnipack layout reads roles as
+            # they are, the others translate canonical names to themselves
+            out[key] = ROLES.get(roles[out[key]], roles[out[key]])
     return out
 
 

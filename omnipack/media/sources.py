@@ -430,7 +430,7 @@ def resolve_source(
         return MediaSource(ref, "tar", shard.location, tar["member"], container=shard)
     if media_root is None:  # no --media-root: URLs, and local files under an allowed root only
         if is_remote(ref):
-            return MediaSource(ref, "url", ref)
+            return MediaSource(ref, "url", ref, remote=remote)
         local = Path(local_location(ref))
         if not local.is_absolute():
             raise ManifestError(f"relative media path {ref!r} needs --media-root (none given)")
