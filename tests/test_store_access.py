@@ -14,6 +14,7 @@ pytest.importorskip("moto.server")
 
 from omnipack.cli import main  # noqa: E402
 from omnipack.media.access import StoreAccessError, access_error, probe_locations  # noqa: E402
+from omnipack.media.remote import RemoteSettings  # noqa: E402
 from omnipack.media.sources import MediaSource, with_retries  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
 from tests.stage_outputs import cli_args, demo_config  # noqa: E402
@@ -188,7 +189,7 @@ def test_an_http_403_is_final_at_once(tmp_path):
             probe_locations([("input", f"{url}/a.jsonl")])
         requests.clear()
         with pytest.raises(StoreAccessError, match="403"):
-            MediaSource("x", "url", f"{url}/a.jpg").read_bytes()
+            MediaSource("x", "url", f"{url}/a.jpg", remote=RemoteSettings(allow_private_urls=True)).read_bytes()
         assert len(requests) == 1  # not retried
     finally:
         server.shutdown()
