@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import copy
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,64 @@ def test_a_batch_is_not_packed_again_once_its_slots_went_to_another_batch():
     pool.lease(scope2)
     with pytest.raises(RuntimeError, match="reused for another batch"):
         lease.pack({"t": t})
+
+
+def _sent_and_freed(pool: WorkerBufferPool, nbytes: int) -> tuple[torch.Tensor, int]:
+    """A worker batch's tensor (filled with 5) whose batch was sent and then freed by the trainer."""
+    with pool.batch_scope() as scope:
+        t = storage_view(*pool.take(nbytes), (nbytes,), torch.uint8).fill_(5)
+    lease = pool.lease(scope)
+    copy.copy(lease)  # pickled, as when the batch is sent
+    pool._flags[list(lease.slots)] = FREE  # as the trainer does once it let go
+    return t, lease.slots[0]
+
+
+def _rewrite_a_slot(pool: WorkerBufferPool, nbytes: int) -> torch.UntypedStorage:
+    with pool.batch_scope() as scope:
+        storage, offset = pool.take(nbytes)
+        storage_view(storage, offset, (nbytes,), torch.uint8).fill_(9)
+    pool.lease(scope)
+    return storage
+
+
+def test_a_slot_still_viewed_in_the_worker_is_not_reused():
+    """Code in the worker that keeps a tensor of a batch it sent keeps its values."""
+    pool = WorkerBufferPool(max_slots=4)
+    kept, _ = _sent_and_freed(pool, 1000)
+    storage = _rewrite_a_slot(pool, 1000)
+    assert storage.data_ptr() != kept.untyped_storage().data_ptr() and bool((kept == 5).all())
+    assert pool.retired == 1
+    del kept
+    free_again, slot = _sent_and_freed(pool, 1000)
+    del free_again
+    assert _rewrite_a_slot(pool, 1000).data_ptr() == pool.slots[slot].data_ptr()  # nothing views it: reused
+
+
+def _hold_in_fork(t, go, outbox) -> None:
+    go.wait(60)
+    outbox.put(bool((t == 5).all()))
+
+
+def test_a_slot_a_worker_forked_with_is_never_reused(monkeypatch):
+    """A loader worker forks (code of its own) while a slot holds a batch: the child may read the slot
+    as long as it lives, so the worker never writes it again."""
+    pool = WorkerBufferPool(max_slots=4)
+    monkeypatch.setattr(buffer_pool, "_POOL", (os.getpid(), pool))
+    ctx = multiprocessing.get_context("fork")
+    with pool.batch_scope() as scope:
+        t = storage_view(*pool.take(1000), (1000,), torch.uint8).fill_(5)
+    lease = pool.lease(scope)
+    go, outbox = ctx.Event(), ctx.Queue()
+    child = ctx.Process(target=_hold_in_fork, args=(t, go, outbox), daemon=True)
+    child.start()
+    del t
+    copy.copy(lease)
+    pool._flags[list(lease.slots)] = FREE
+    _rewrite_a_slot(pool, 1000)
+    go.set()
+    assert outbox.get(timeout=60) is True
+    child.join(timeout=30)
+    assert pool.retired == 1
 
 
 def test_no_pool_outside_a_loader_worker():

@@ -47,6 +47,13 @@ PIN_RATIO = 8
 FREE, BUSY, RETIRED = 0, 1, 2
 
 
+def _storage_use_count(storage: torch.UntypedStorage) -> int:
+    """How many holders (the storage object, tensors viewing it) share ``storage``'s memory; 1 where torch
+    does not tell."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return 1 if count is None else int(count(storage._cdata))
+
+
 def _bytes_view(storage: torch.UntypedStorage) -> torch.Tensor:
     return storage_view(storage, 0, (storage.nbytes(),), torch.uint8)
 
@@ -192,6 +199,8 @@ def _before_fork() -> None:
     for w in _WATCHED:
         if not all(r.expired() for r in w.refs):
             w.forked = True
+    if _POOL is not None and _POOL[0] == os.getpid():  # a loader worker forks (code of its own)
+        _POOL[1].mark_forked()
 
 
 def _after_fork_in_parent() -> None:
@@ -236,15 +245,29 @@ class WorkerBufferPool:
         self.scope: _Scope | None = None
         self.batch_bytes = 0  # the most bytes one batch has taken: a new slot is made this big
         self.allocated = 0  # shared buffers created (slots and fresh ones), for tests and benchmarks
-        self.retired = 0  # slots dropped because a forked process may still read them
+        self.retired = 0  # slots dropped because another holder may still read them
+        self.forked: set[int] = set()  # slots that held a batch when this worker forked
+
+    def _viewed_here(self, k: int) -> bool:
+        """Whether something in this worker besides the pool still holds slot ``k`` (a tensor of a batch
+        already sent, kept by code in the worker)."""
+        return _storage_use_count(self.slots[k]) > 1
+
+    def mark_forked(self) -> None:
+        """This worker forks: a slot holding a batch now may be read by the child, so it is never reused."""
+        self.forked |= {k for k in range(len(self.slots)) if self._flags[k] != FREE or self._viewed_here(k)}
 
     def _drop_retired(self) -> None:
-        """Let go of the retired slots (their memory goes once the last process mapping it lets go too);
-        each index gets a new slot when one is next needed."""
-        for k in np.flatnonzero(self._flags[: len(self.slots)] == RETIRED):
-            self.slots[k] = torch.UntypedStorage(0)  # free and too small: replaced by a new slot
-            self._flags[k] = FREE
-            self.retired += 1
+        """Let go of every slot that must not be written again: retired by the trainer (a process it
+        forked may map it), or free but still viewed here or by a process this worker forked. The memory
+        goes once the last process mapping it lets go; the index gets a new slot when one is next needed."""
+        for k in range(len(self.slots)):
+            flag = self._flags[k]
+            if flag == RETIRED or (flag == FREE and (k in self.forked or self._viewed_here(k))):
+                self.slots[k] = torch.UntypedStorage(0)  # free and too small: replaced by a new slot
+                self._flags[k] = FREE
+                self.forked.discard(k)
+                self.retired += 1
 
     def release(self, lease: BufferLease) -> None:
         """Flag free the slots of a lease that was dropped in this worker without being sent."""
