@@ -164,8 +164,8 @@ def test_a_slot_still_viewed_in_the_worker_is_not_reused():
     """Code in the worker that keeps a tensor of a batch it sent keeps its values."""
     pool = WorkerBufferPool(max_slots=4)
     kept, _ = _sent_and_freed(pool, 1000)
-    storage = _rewrite_a_slot(pool, 1000)
-    assert storage.data_ptr() != kept.untyped_storage().data_ptr() and bool((kept == 5).all())
+    rewritten = _rewrite_a_slot(pool, 1000).data_ptr()
+    assert rewritten != kept.untyped_storage().data_ptr() and bool((kept == 5).all())
     assert pool.retired == 1
     del kept
     free_again, slot = _sent_and_freed(pool, 1000)
