@@ -1,9 +1,9 @@
-"""Shared-memory batch buffers that a loader worker reuses once the trainer process has let go of them.
+"""Shared-memory batch buffers that a loader worker reuses once nothing can read them any more.
 
 A worker hands a batch to the trainer process in shared memory (no copy). With fresh shared memory for
 every batch the kernel allocates, zeroes and later frees each page of it: ~20 ms of system time for a
 16 MB omni row on a 2-core machine, more than building the row. So each worker keeps its buffers
-(``slots``) and reuses one only once nothing in the trainer process can reach it any more:
+(``slots``) and writes one again only when no process can still read the batch it held:
 
 - ``WorkerBufferPool.batch_scope`` (in ``OmnipackTaskEncoder.batch``) marks where a batch is built; ``take``
   (behind ``profiles.inputs.batch_storage``) cuts each buffer from the batch's slot, a free one sized for
@@ -13,11 +13,23 @@ every batch the kernel allocates, zeroes and later frees each page of it: ~20 ms
   references and each slot's storage once, through torch's own sharing.
 - Unpickled in the trainer process (``BufferLease.unpack``), the views are rebuilt over a private
   (non-shared) torch storage that aliases the slot's memory. Sending such a tensor on to another process
-  therefore moves its storage into fresh shared memory (torch copies a storage that is not shared yet),
-  so no other process ever maps a slot. The lease keeps only weak references to the slots' shared
-  storages there; once they are gone (every tensor of the batch freed or moved), a later batch's arrival
-  flags the slots free.
+  (spawn, forkserver, a torch.multiprocessing queue, ``share_memory_``) therefore moves its storage into
+  fresh shared memory: torch copies a storage that is not shared yet. Tensors under 1/``PIN_RATIO`` of the
+  memory they view (tokens, boundaries, grids; ``unpin_small``) are copied into memory of their own there,
+  so a kept ``cu_seqlens`` never keeps a slot (nor, with ``reuse_buffers=False``, the batch's shared
+  buffer). The lease keeps only weak references to the slots' shared storages; once they are gone
+  (every tensor of the batch freed or moved), a later batch's arrival flags the slots free.
+- Fork: a forked child inherits the trainer's mappings, so it can read a slot after the trainer let go of
+  it. At every fork (``os.register_at_fork``) the trainer marks the batches it still maps; once freed,
+  their slots are flagged RETIRED instead of free, and the worker drops them (the memory goes when the
+  child does too) and makes new ones. The child never frees the parent's slots. A worker that forks, or
+  that still holds a tensor of a batch it sent, never rewrites those slots either.
+- A batch dropped in the worker without being sent (Energon skipping to a restored checkpoint) frees its
+  slots when its lease is collected there.
 - A worker never waits for a slot: with none free it takes fresh shared memory, as before.
+
+Not covered: a fork made by C code that bypasses Python's fork hooks while the trainer still holds a
+batch (``reuse_buffers=False`` for such trainers).
 """
 
 from __future__ import annotations

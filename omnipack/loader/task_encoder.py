@@ -211,9 +211,11 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     supervision on placeholders); a broken row raises ``RowContractError`` (fatal for Energon) naming the
     row key and sample ids. ``align``: the dataset's alignment (``from_dataset`` reads it).
 
-    ``reuse_buffers`` (default on): a loader worker reuses a batch's shared memory once the trainer process
-    has freed every tensor of that batch (``omnipack.loader.buffer_pool``), instead of fresh shared memory
-    per batch; off, each batch gets fresh memory (less shared memory held between batches).
+    ``reuse_buffers`` (default on): a loader worker reuses a batch's shared memory once no process can read
+    that batch any more: the trainer process freed every tensor of it, and no child forked while it held
+    the batch may map it (``omnipack.loader.buffer_pool``), instead of fresh shared memory per batch; off,
+    each batch gets fresh memory. Either way small tensors are copied out of the shared memory on arrival,
+    so keeping one keeps no batch alive.
     """
 
     decoder = None  # parts arrive as raw bytes; the cooker decodes .npy without pickle
