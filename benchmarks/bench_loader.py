@@ -738,7 +738,7 @@ def reuse_ab(profile: str, samples: int, seq_length: int, rounds: int, passes: i
         ratios = [a / b for a, b in zip(rs, base, strict=True)]
         out.append(
             f"| {name} | {statistics.median(rs):.1f} ({min(rs):.1f}-{max(rs):.1f}) | "
-            f"{_ratio_cells(ratios)} |"
+            f"x{statistics.median(ratios):.2f} (x{min(ratios):.2f}-x{max(ratios):.2f}) |"
         )
     return out
 
