@@ -31,6 +31,8 @@ the omnipack rows are packed over the whole dataset, the online rows only within
     PYTHONPATH=. python benchmarks/bench_loader.py            # a few minutes (96 samples per profile)
     PYTHONPATH=. python benchmarks/bench_loader.py --profiles qwen2_5_vl --repeats 3 --no-reference
         # targets 3-4 on a shared box: every prepare and loader run 3 times in turn, median and min-max
+    PYTHONPATH=. python benchmarks/bench_loader.py --profiles qwen2_5_vl --reuse-ab 8
+        # only the worker hand-over (buffers reused or not), 8 alternating rounds, paired ratios
 """
 
 from __future__ import annotations
@@ -700,6 +702,48 @@ def run_profile(
     return out
 
 
+def reuse_ab(profile: str, samples: int, seq_length: int, rounds: int, passes: int) -> list[str]:
+    """The worker batch hand-over, 2 workers, alternating in every round (order reversed every other
+    round): the default (buffers reused, small tensors copied out on arrival), reuse without the copy-out
+    (the previous default) and ``reuse_buffers=False``. On a shared machine the rounds differ by up to 2x,
+    so the measure is each pipeline's rate over the default's in the same round (median, min-max)."""
+    from omnipack.loader import buffer_pool
+
+    variants = {
+        "default (buffers reused, small tensors copied out)": ({}, buffer_pool.PIN_RATIO),
+        "buffers reused, nothing copied out (previous default)": ({}, 10**12),
+        "reuse_buffers=False": ({"reuse_buffers": False}, buffer_pool.PIN_RATIO),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in variants}
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        _, _, _, dss, _ = prepare(Path(tmp), profile, samples, seq_length, ["npy"])
+        try:
+            for r in range(rounds):
+                order = list(variants.items()) if r % 2 == 0 else list(reversed(variants.items()))
+                for name, (options, ratio) in order:
+                    buffer_pool.PIN_RATIO = ratio  # read in this (the trainer) process on each arrival
+                    _, n, sec = bench_omnipack(dss["npy"], 2, passes, **options)
+                    rates[name].append(n / sec)
+        finally:
+            buffer_pool.PIN_RATIO = variants[next(iter(variants))][1]
+    base = rates[next(iter(variants))]
+    out = [
+        f"### {profile} hand-over A/B ({samples} samples, W={seq_length}, 2 workers, {rounds} rounds of "
+        f"{passes} pass(es); load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after)",
+        "",
+        "| pipeline | samples/s, median (min-max) | vs default in the same round, median (min-max) |",
+        "|---|---:|---:|",
+    ]
+    for name, rs in rates.items():
+        ratios = [a / b for a, b in zip(rs, base, strict=True)]
+        out.append(
+            f"| {name} | {statistics.median(rs):.1f} ({min(rs):.1f}-{max(rs):.1f}) | "
+            f"x{statistics.median(ratios):.2f} (x{min(ratios):.2f}-x{max(ratios):.2f}) |"
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small corpus, one pass")
@@ -712,6 +756,13 @@ def main() -> None:
     ap.add_argument(
         "--no-reference", action="store_true", help="loader: only the default pipelines and online"
     )
+    ap.add_argument(
+        "--reuse-ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="only the worker hand-over: default vs no copy-out vs reuse_buffers=False, alternating",
+    )
     args = ap.parse_args()
     samples = args.samples or (24 if args.quick else 96)
     passes = args.passes or 1
@@ -719,6 +770,10 @@ def main() -> None:
     torch.set_num_threads(1)  # both sides single-threaded per process; workers give the parallelism
     print(f"cpus={os.cpu_count()}; timing starts after each worker's first batch\n")
     for profile in args.profiles.split(","):
+        if args.reuse_ab:
+            lines = reuse_ab(profile, samples, args.seq_length, args.reuse_ab, args.passes or 2)
+            print("\n".join(lines) + "\n", flush=True)
+            continue
         lines = run_profile(
             profile,
             samples,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import copy
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,64 @@ def test_a_batch_is_not_packed_again_once_its_slots_went_to_another_batch():
         lease.pack({"t": t})
 
 
+def _sent_and_freed(pool: WorkerBufferPool, nbytes: int) -> tuple[torch.Tensor, int]:
+    """A worker batch's tensor (filled with 5) whose batch was sent and then freed by the trainer."""
+    with pool.batch_scope() as scope:
+        t = storage_view(*pool.take(nbytes), (nbytes,), torch.uint8).fill_(5)
+    lease = pool.lease(scope)
+    copy.copy(lease)  # pickled, as when the batch is sent
+    pool._flags[list(lease.slots)] = FREE  # as the trainer does once it let go
+    return t, lease.slots[0]
+
+
+def _rewrite_a_slot(pool: WorkerBufferPool, nbytes: int) -> torch.UntypedStorage:
+    with pool.batch_scope() as scope:
+        storage, offset = pool.take(nbytes)
+        storage_view(storage, offset, (nbytes,), torch.uint8).fill_(9)
+    pool.lease(scope)
+    return storage
+
+
+def test_a_slot_still_viewed_in_the_worker_is_not_reused():
+    """Code in the worker that keeps a tensor of a batch it sent keeps its values."""
+    pool = WorkerBufferPool(max_slots=4)
+    kept, _ = _sent_and_freed(pool, 1000)
+    rewritten = _rewrite_a_slot(pool, 1000).data_ptr()
+    assert rewritten != kept.untyped_storage().data_ptr() and bool((kept == 5).all())
+    assert pool.retired == 1
+    del kept
+    free_again, slot = _sent_and_freed(pool, 1000)
+    del free_again
+    assert _rewrite_a_slot(pool, 1000).data_ptr() == pool.slots[slot].data_ptr()  # nothing views it: reused
+
+
+def _hold_in_fork(t, go, outbox) -> None:
+    go.wait(60)
+    outbox.put(bool((t == 5).all()))
+
+
+def test_a_slot_a_worker_forked_with_is_never_reused(monkeypatch):
+    """A loader worker forks (code of its own) while a slot holds a batch: the child may read the slot
+    as long as it lives, so the worker never writes it again."""
+    pool = WorkerBufferPool(max_slots=4)
+    monkeypatch.setattr(buffer_pool, "_POOL", (os.getpid(), pool))
+    ctx = multiprocessing.get_context("fork")
+    with pool.batch_scope() as scope:
+        t = storage_view(*pool.take(1000), (1000,), torch.uint8).fill_(5)
+    lease = pool.lease(scope)
+    go, outbox = ctx.Event(), ctx.Queue()
+    child = ctx.Process(target=_hold_in_fork, args=(t, go, outbox), daemon=True)
+    child.start()
+    del t
+    copy.copy(lease)
+    pool._flags[list(lease.slots)] = FREE
+    _rewrite_a_slot(pool, 1000)
+    go.set()
+    assert outbox.get(timeout=60) is True
+    child.join(timeout=30)
+    assert pool.retired == 1
+
+
 def test_no_pool_outside_a_loader_worker():
     assert buffer_pool.worker_pool() is None
 
@@ -182,6 +241,11 @@ def _content(batch) -> dict[str, torch.Tensor]:
     return {**out, **{f"raw.{k}": v.clone() for k, v in (batch.encoder_inputs or {}).items()}}
 
 
+def _views_more(t: torch.Tensor) -> bool:
+    """Whether ``t`` views a larger buffer than itself (a batch's slot) rather than memory of its own."""
+    return t.untyped_storage().nbytes() > t.nbytes
+
+
 def _slots(batch) -> set[tuple[int, int]]:
     """(worker pid, slot) of every pool buffer ``batch`` lives in."""
     lease = batch.buffer_lease
@@ -192,11 +256,13 @@ def _slots(batch) -> set[tuple[int, int]]:
 def test_worker_batches_equal_in_process_batches_while_buffers_are_reused(dataset, hold):
     """Two real Energon workers: every batch equals the in-process one when it is read, whether the
     trainer drops batches at once (buffers reused), holds the last ``hold`` batches, or holds all of them
-    (``None``: no buffer may be reused while its batch is alive)."""
+    (``None``: no buffer may be reused while a tensor of a live batch views it; a batch whose tensors
+    were all small enough to be copied out of its buffer keeps none)."""
     expected = {b.__key__[0]: _content(b) for b in _batches(dataset, 0)}
     assert len(expected) >= 12
     held: collections.deque = collections.deque()
     used: list[tuple[int, int]] = []
+    viewed: set[tuple[int, int]] = set()  # buffers that a held batch's tensors view
     keys = []
     private = 0
 
@@ -209,6 +275,9 @@ def test_worker_batches_equal_in_process_batches_while_buffers_are_reused(datase
         # In a slot, tokens alias it through a private storage (see buffer_pool); fresh memory is shared.
         private += not batch.tokens.is_shared()
         used += sorted(_slots(batch))
+        if hold is None:
+            assert not _slots(batch) & viewed  # all alive at once: no viewed buffer used twice
+            viewed |= _slots(batch) if any(_views_more(v) for v in _raw(batch).values()) else set()
         check(batch)
         held.append(batch)
         while hold is not None and len(held) > hold:
@@ -219,7 +288,7 @@ def test_worker_batches_equal_in_process_batches_while_buffers_are_reused(datase
     assert sorted(keys) == sorted(expected)
     assert used and private
     if hold is None:
-        assert len(set(used)) == len(used)  # all alive at once: no buffer used twice
+        assert viewed
     else:
         assert len(set(used)) < len(used)  # buffers came back to the workers
 
@@ -262,7 +331,8 @@ def test_tensors_sent_on_to_another_process_survive_buffer_reuse(dataset):
 def test_reuse_buffers_off_gives_each_batch_fresh_memory(dataset):
     batches = list(_batches(dataset, 2, reuse_buffers=False))
     assert len(batches) >= 12 and all(b.buffer_lease is None for b in batches)
-    assert all(b.tokens.is_shared() for b in batches)  # torch's own hand-over: fresh shared memory
+    # torch's own hand-over: fresh shared memory (the small tensors copied out of it, see unpin_small)
+    assert all(any(v.is_shared() for v in _raw(b).values()) for b in batches)
 
 
 def test_a_copy_inside_the_worker_leaves_the_batch_its_slot_references():
@@ -274,3 +344,118 @@ def test_a_copy_inside_the_worker_leaves_the_batch_its_slot_references():
     twin = lease.unpack(lease.pack({"t": t}))  # in the worker: plain views, the lease keeps its storages
     assert bool((twin["t"] == 7).all()) and lease.storages is not None
     assert isinstance(lease.pack({"t": t})["t"], SlotView)
+
+
+def _raw(batch) -> dict[str, torch.Tensor]:
+    """Every tensor the trainer reads from ``batch``, as it lies in memory (no copy, no normalization)."""
+    fields = {k: v for k, v in batch._token_fields().items() if isinstance(v, torch.Tensor)}
+    return {**fields, **{f"raw.{k}": v for k, v in (batch.encoder_inputs or {}).items()}}
+
+
+def _read_in_fork(batch, expected, go, outbox) -> None:
+    """A forked helper holding a batch: what differs from ``expected`` on its first read, and once the
+    trainer has gone on for many batches."""
+    torch.set_num_threads(1)
+
+    def changed() -> list[str]:
+        return sorted(k for k, v in _raw(batch).items() if not torch.equal(v, expected[k]))
+
+    first = changed()
+    go.wait(300)
+    outbox.put((first, changed()))
+
+
+def test_a_fork_started_child_holding_a_batch_sees_it_unchanged(dataset):
+    """The trainer starts fork children with a batch each, drops its own reference and goes on: the
+    workers never write those batches' buffers again (the children map them), and still reuse the
+    others'. Each child compares its batch with a copy taken before the fork, at once and at the end."""
+    ctx = multiprocessing.get_context("fork")
+    children, forked, later = [], set(), []
+    for i, batch in enumerate(_batches(dataset, 2)):
+        if i in (0, 3, 6, 9):
+            expected = {k: v.clone() for k, v in _raw(batch).items()}
+            go, outbox = ctx.Event(), ctx.Queue()
+            child = ctx.Process(target=_read_in_fork, args=(batch, expected, go, outbox), daemon=True)
+            child.start()
+            children.append((child, go, outbox))
+            forked |= _slots(batch)
+        else:
+            later += sorted(_slots(batch))
+        del batch
+    assert forked and len(set(later)) < len(later)  # buffers are still reused, just not the forked ones
+    results = []
+    for child, go, outbox in children:
+        go.set()
+        results.append(outbox.get(timeout=300))
+        child.join(timeout=60)
+    assert results == [([], [])] * len(children)
+
+
+def _shm_mapped_bytes() -> int:
+    """Bytes of torch shared memory (/dev/shm) this process maps."""
+    total = 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "/dev/shm/torch_" in line:
+                lo, hi = line.split()[0].split("-")
+                total += int(hi, 16) - int(lo, 16)
+    return total
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_holding_small_tensors_of_many_batches_pins_no_batch_memory(dataset, reuse):
+    """Keeping only ``cu_seqlens_q`` of every batch must not keep the batches' shared memory alive."""
+    import gc
+
+    kept, batch_bytes = [], 0
+    for batch in _batches(dataset, 2, reuse_buffers=reuse):
+        batch_bytes += sum(v.nbytes for v in _raw(batch).values())
+        kept.append(batch.cu_seqlens_q)
+        del batch
+    gc.collect()
+    with_kept = _shm_mapped_bytes()
+    kept_bytes = sum(t.nbytes for t in kept)
+    held = max(t.untyped_storage().nbytes() / t.nbytes for t in kept)  # memory a kept tensor keeps alive
+    del kept
+    gc.collect()
+    pinned = with_kept - _shm_mapped_bytes()  # the shared memory the kept tensors alone held mapped
+    assert batch_bytes > 1000 * kept_bytes and pinned == 0, (pinned, kept_bytes, batch_bytes)
+    assert held <= buffer_pool.PIN_RATIO
+
+
+def test_a_batch_built_but_never_delivered_gives_its_slot_back(dataset):
+    """Restored from a checkpoint, an Energon worker builds the batches before the restored position
+    again and drops them: their slots are free again (flags read through a received batch's lease)."""
+    from megatron.energon import get_savable_loader, get_train_dataset
+
+    def loader():
+        ds = get_train_dataset(
+            str(dataset),
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=2),
+            batch_size=1,
+            shuffle_buffer_size=None,
+            max_samples_per_sequence=None,
+            repeat=False,
+            task_encoder=OmnipackTaskEncoder.from_dataset(dataset),
+        )
+        return get_savable_loader(ds)
+
+    first = loader()
+    it = iter(first)
+    keys = [next(it).__key__[0] for _ in range(8)]
+    state = first.save_state_rank()
+    expected = [b.__key__[0] for b in it]
+    del first, it
+    restored = loader()
+    restored.restore_state_rank(state)
+    got, flags = [], {}
+    for batch in restored:
+        got.append(batch.__key__[0])
+        if batch.buffer_lease is not None:
+            flags[batch.buffer_lease.worker_pid] = batch.buffer_lease.flags
+        del batch
+    assert got == expected and len(keys) + len(got) >= 12
+    sweep_released()  # the last batches were freed after the last arrival
+    assert len(flags) == 2
+    busy = {pid: int((storage_view(f, 0, (f.nbytes(),), torch.uint8) != FREE).sum()) for pid, f in flags.items()}
+    assert busy == dict.fromkeys(flags, 0)

@@ -1,9 +1,9 @@
-"""Shared-memory batch buffers that a loader worker reuses once the trainer process has let go of them.
+"""Shared-memory batch buffers that a loader worker reuses once nothing can read them any more.
 
 A worker hands a batch to the trainer process in shared memory (no copy). With fresh shared memory for
 every batch the kernel allocates, zeroes and later frees each page of it: ~20 ms of system time for a
 16 MB omni row on a 2-core machine, more than building the row. So each worker keeps its buffers
-(``slots``) and reuses one only once nothing in the trainer process can reach it any more:
+(``slots``) and writes one again only when no process can still read the batch it held:
 
 - ``WorkerBufferPool.batch_scope`` (in ``OmnipackTaskEncoder.batch``) marks where a batch is built; ``take``
   (behind ``profiles.inputs.batch_storage``) cuts each buffer from the batch's slot, a free one sized for
@@ -13,11 +13,23 @@ every batch the kernel allocates, zeroes and later frees each page of it: ~20 ms
   references and each slot's storage once, through torch's own sharing.
 - Unpickled in the trainer process (``BufferLease.unpack``), the views are rebuilt over a private
   (non-shared) torch storage that aliases the slot's memory. Sending such a tensor on to another process
-  therefore moves its storage into fresh shared memory (torch copies a storage that is not shared yet),
-  so no other process ever maps a slot. The lease keeps only weak references to the slots' shared
-  storages there; once they are gone (every tensor of the batch freed or moved), a later batch's arrival
-  flags the slots free.
+  (spawn, forkserver, a torch.multiprocessing queue, ``share_memory_``) therefore moves its storage into
+  fresh shared memory: torch copies a storage that is not shared yet. Tensors under 1/``PIN_RATIO`` of the
+  memory they view (tokens, boundaries, grids; ``unpin_small``) are copied into memory of their own there,
+  so a kept ``cu_seqlens`` never keeps a slot (nor, with ``reuse_buffers=False``, the batch's shared
+  buffer). The lease keeps only weak references to the slots' shared storages; once they are gone
+  (every tensor of the batch freed or moved), a later batch's arrival flags the slots free.
+- Fork: a forked child inherits the trainer's mappings, so it can read a slot after the trainer let go of
+  it. At every fork (``os.register_at_fork``) the trainer marks the batches it still maps; once freed,
+  their slots are flagged RETIRED instead of free, and the worker drops them (the memory goes when the
+  child does too) and makes new ones. The child never frees the parent's slots. A worker that forks, or
+  that still holds a tensor of a batch it sent, never rewrites those slots either.
+- A batch dropped in the worker without being sent (Energon skipping to a restored checkpoint) frees its
+  slots when its lease is collected there.
 - A worker never waits for a slot: with none free it takes fresh shared memory, as before.
+
+Not covered: a fork made by C code that bypasses Python's fork hooks while the trainer still holds a
+batch (``reuse_buffers=False`` for such trainers).
 """
 
 from __future__ import annotations
@@ -39,7 +51,19 @@ from ..profiles.inputs import storage_view
 MAX_SLOTS = 32  # per worker: batches in flight and held by the trainer, a few buffers each
 SLOT_ROUNDING = 1 << 20  # slot sizes are whole MiB, so rows of similar size share slots
 ALIGN = 64  # byte alignment of the buffers cut from a slot
-FREE, BUSY = 0, 1
+# A received tensor under 1/PIN_RATIO of the memory it would keep alive is copied into memory of its own:
+# holding one tensor of a batch never keeps more than PIN_RATIO times its bytes alive.
+PIN_RATIO = 8
+# Slot flags. RETIRED: freed by the trainer, but a process forked while it held the batch may still map
+# the slot, so the worker drops it and never writes it again.
+FREE, BUSY, RETIRED = 0, 1, 2
+
+
+def _storage_use_count(storage: torch.UntypedStorage) -> int:
+    """How many holders (the storage object, tensors viewing it) share ``storage``'s memory; 1 where torch
+    does not tell."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    return 1 if count is None else int(count(storage._cdata))
 
 
 def _bytes_view(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -80,15 +104,25 @@ class BufferLease:
     storages: dict[int, torch.UntypedStorage] | None  # the slots' storages; None once unpacked
     worker_pid: int = field(default_factory=os.getpid)
     pool: WorkerBufferPool | None = field(default=None, repr=False)  # in the worker only
+    serial: int = 0  # which of the pool's leases this is (the pool remembers each slot's last one)
+    sent: bool = False  # pickled in the worker: from then on the receiving process frees the slots
 
     def __getstate__(self) -> dict[str, Any]:
+        if os.getpid() == self.worker_pid:
+            self.sent = True
         return {**self.__dict__, "pool": None}
+
+    def __del__(self) -> None:
+        # A batch dropped in the worker without being sent (e.g. skipped to reach a restored checkpoint):
+        # nothing else will ever free its slots.
+        if self.pool is not None and not self.sent and os.getpid() == self.worker_pid:
+            self.pool.release(self)
 
     def pack(self, state: Any) -> Any:
         """In the worker: ``state`` (a pickled batch's) with every tensor in a slot as a ``SlotView``."""
         if os.getpid() != self.worker_pid or self.storages is None:
             return state
-        if self.pool is not None and any(self.pool.owner.get(k) is not self for k in self.slots):
+        if self.pool is not None and any(self.pool.owner.get(k) != self.serial for k in self.slots):
             raise RuntimeError(
                 "a loader batch is being sent again after its shared buffers were reused for another batch; "
                 "build a new batch (or pass reuse_buffers=False)"
@@ -116,33 +150,85 @@ class BufferLease:
         self.storages = None
         # torch.from_numpy gives a storage torch does not consider shared, holding the numpy array (and
         # through it the slot's shared storage) until that storage is freed or moved to new shared memory.
+        # Small tensors are then copied out of the slot (``unpin_small``), so that they never keep it.
         private = {k: torch.from_numpy(_bytes_view(s).numpy()) for k, s in storages.items()}
         out = _map_tensors(state, lambda v: v.over(private[v.slot]) if isinstance(v, SlotView) else v)
+        out = unpin_small(out)
         _watch(self, [StorageWeakRef(s) for s in storages.values()])
         return out
 
 
-# (lease, weak refs to its slots' shared storages, flags) of received batches, in the trainer process;
-# batches may be unpickled on the DataLoader's pin-memory thread, hence the lock.
-_WATCHED: list[tuple[BufferLease, list[StorageWeakRef], np.ndarray]] = []
+def unpin_small(state: Any) -> Any:
+    """``state`` with every tensor under 1/``PIN_RATIO`` of the storage it views (a batch's slot, or the
+    one shared buffer of its small tensors) copied into memory of its own: a tensor kept from a received
+    batch keeps at most ``PIN_RATIO`` times its bytes alive, never the whole batch."""
+
+    def own(t: Any) -> Any:
+        small = isinstance(t, torch.Tensor) and t.nbytes * PIN_RATIO < t.untyped_storage().nbytes()
+        return t.clone() if small else t
+
+    return _map_tensors(state, own)
+
+
+@dataclass
+class _Watched:
+    """A received batch's lease, in the trainer process."""
+
+    lease: BufferLease
+    refs: list[StorageWeakRef]  # to the slots' shared storages here
+    flags: np.ndarray  # the worker's slot flags
+    forked: bool = False  # this process forked while it mapped the slots: the child may map them too
+
+
+# Received batches not yet freed; batches may be unpickled on the DataLoader's pin-memory thread, hence
+# the lock.
+_WATCHED: list[_Watched] = []
 _LOCK = threading.Lock()
 
 
 def _watch(lease: BufferLease, refs: list[StorageWeakRef]) -> None:
     with _LOCK:
-        _WATCHED.append((lease, refs, _bytes_view(lease.flags).numpy()))
+        _WATCHED.append(_Watched(lease, refs, _bytes_view(lease.flags).numpy()))
     sweep_released()
 
 
 def sweep_released() -> int:
-    """Flag free the slots of received batches whose slot storages have all been freed here; how many
-    leases ended."""
+    """Flag free the slots of received batches whose slot storages have all been freed here (retired
+    instead where this process forked while it mapped them); how many leases ended."""
     with _LOCK:
-        ended = [w for w in _WATCHED if all(r.expired() for r in w[1])]
-        for lease, _, flags in ended:
-            flags[list(lease.slots)] = FREE
+        ended = [w for w in _WATCHED if all(r.expired() for r in w.refs)]
+        for w in ended:
+            w.flags[list(w.lease.slots)] = RETIRED if w.forked else FREE
         _WATCHED[:] = [w for w in _WATCHED if all(w is not e for e in ended)]
     return len(ended)
+
+
+def _before_fork() -> None:
+    # A forked child inherits every mapping of this process: a slot mapped now may be read there for as
+    # long as the child lives, whatever this process does, so the worker must never write it again. The
+    # lock is held through the fork so that no batch arrives unmarked in between.
+    _LOCK.acquire()
+    for w in _WATCHED:
+        if not all(r.expired() for r in w.refs):
+            w.forked = True
+    if _POOL is not None and _POOL[0] == os.getpid():  # a loader worker forks (code of its own)
+        _POOL[1].mark_forked()
+
+
+def _after_fork_in_parent() -> None:
+    _LOCK.release()
+
+
+def _after_fork_in_child() -> None:
+    # The child frees nothing of the parent's batches (the parent may still hold them).
+    global _LOCK
+    _WATCHED.clear()
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)
 
 
 @dataclass
@@ -165,11 +251,41 @@ class WorkerBufferPool:
         self._flags = _bytes_view(self.flags).numpy()
         self._flags[:] = FREE
         self.slots: list[torch.UntypedStorage] = []
-        self.owner: dict[int, BufferLease] = {}  # the lease each slot was last given to
+        self.owner: dict[int, int] = {}  # the serial of the lease each slot was last given to
+        self.leases = 0  # leases given out
         self.max_slots = max_slots
         self.scope: _Scope | None = None
         self.batch_bytes = 0  # the most bytes one batch has taken: a new slot is made this big
         self.allocated = 0  # shared buffers created (slots and fresh ones), for tests and benchmarks
+        self.retired = 0  # slots dropped because another holder may still read them
+        self.forked: set[int] = set()  # slots that held a batch when this worker forked
+
+    def _viewed_here(self, k: int) -> bool:
+        """Whether something in this worker besides the pool still holds slot ``k`` (a tensor of a batch
+        already sent, kept by code in the worker)."""
+        return _storage_use_count(self.slots[k]) > 1
+
+    def mark_forked(self) -> None:
+        """This worker forks: a slot holding a batch now may be read by the child, so it is never reused."""
+        self.forked |= {k for k in range(len(self.slots)) if self._flags[k] != FREE or self._viewed_here(k)}
+
+    def _drop_retired(self) -> None:
+        """Let go of every slot that must not be written again: retired by the trainer (a process it
+        forked may map it), or free but still viewed here or by a process this worker forked. The memory
+        goes once the last process mapping it lets go; the index gets a new slot when one is next needed."""
+        for k in range(len(self.slots)):
+            flag = self._flags[k]
+            if flag == RETIRED or (flag == FREE and (k in self.forked or self._viewed_here(k))):
+                self.slots[k] = torch.UntypedStorage(0)  # free and too small: replaced by a new slot
+                self._flags[k] = FREE
+                self.forked.discard(k)
+                self.retired += 1
+
+    def release(self, lease: BufferLease) -> None:
+        """Flag free the slots of a lease that was dropped in this worker without being sent."""
+        for k in lease.slots:
+            if self.owner.get(k) == lease.serial:
+                self._flags[k] = FREE
 
     def _new(self, nbytes: int) -> torch.UntypedStorage:
         storage = torch.UntypedStorage._new_shared(nbytes)
@@ -216,6 +332,7 @@ class WorkerBufferPool:
         if self.scope is not None:  # nested: the outer scope owns the slots
             yield self.scope
             return
+        self._drop_retired()
         self.scope = scope = _Scope()
         try:
             yield scope
@@ -230,9 +347,11 @@ class WorkerBufferPool:
         """The lease of a finished scope's slots (None if it took none)."""
         if not scope.taken:
             return None
-        lease = BufferLease(self.flags, tuple(scope.taken), {k: self.slots[k] for k in scope.taken}, pool=self)
+        self.leases += 1
+        storages = {k: self.slots[k] for k in scope.taken}
+        lease = BufferLease(self.flags, tuple(scope.taken), storages, pool=self, serial=self.leases)
         for k in scope.taken:
-            self.owner[k] = lease
+            self.owner[k] = lease.serial
         return lease
 
 

@@ -24,7 +24,7 @@ from ..dataset.contract import PackedRowArrays, row_contract_errors
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
 from ..profiles.inputs import EncoderInputs, batch_storage, storage_view
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
-from .buffer_pool import ALIGN, BufferLease, worker_pool
+from .buffer_pool import ALIGN, BufferLease, unpin_small, worker_pool
 from .context_parallel import cp_partition_indices, slice_batch_for_cp
 from .media import (
     MediaMismatchError,
@@ -106,10 +106,13 @@ class PackedBatch(Batch):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Unpickled in the trainer process: those tensors alias the worker's buffers, which the worker
-        # reuses once they are all freed here (``BufferLease.unpack``).
+        # reuses once they are all freed here (``BufferLease.unpack``); small tensors get memory of their
+        # own, so that keeping one keeps no batch alive (also when buffers are not reused).
         lease = state.get("buffer_lease")
         if lease is not None:
             state = lease.unpack(state)
+        elif torch.utils.data.get_worker_info() is None:
+            state = unpin_small(state)
         for k, v in state.items():
             object.__setattr__(self, k, v)
 
@@ -208,9 +211,11 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     supervision on placeholders); a broken row raises ``RowContractError`` (fatal for Energon) naming the
     row key and sample ids. ``align``: the dataset's alignment (``from_dataset`` reads it).
 
-    ``reuse_buffers`` (default on): a loader worker reuses a batch's shared memory once the trainer process
-    has freed every tensor of that batch (``omnipack.loader.buffer_pool``), instead of fresh shared memory
-    per batch; off, each batch gets fresh memory (less shared memory held between batches).
+    ``reuse_buffers`` (default on): a loader worker reuses a batch's shared memory once no process can read
+    that batch any more: the trainer process freed every tensor of it, and no child forked while it held
+    the batch may map it (``omnipack.loader.buffer_pool``), instead of fresh shared memory per batch; off,
+    each batch gets fresh memory. Either way small tensors are copied out of the shared memory on arrival,
+    so keeping one keeps no batch alive.
     """
 
     decoder = None  # parts arrive as raw bytes; the cooker decodes .npy without pickle
