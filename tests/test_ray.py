@@ -1,7 +1,14 @@
 """The Ray executor: the same units on Ray actors give the bytes of a local run, on one node (a local
-Ray with 2 CPUs, started once for the module) and on a simulated cluster of two nodes."""
+Ray with 2 CPUs, started once for the module) and on a simulated cluster of two nodes; a killed actor's
+unit runs again elsewhere, more workers than CPUs are capped, and a worker the cluster cannot place holds
+no unit."""
 
 from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
 
 import pytest
 
@@ -23,18 +30,147 @@ def reference(tmp_path_factory, demo_tokenizer, demo_corpus):
     return dataset_bytes(out)
 
 
+def pid_of(spec, unit):
+    """A unit function that reports which process ran it (slowly enough for both actors to get units)."""
+    time.sleep(0.2)
+    return os.getpid()
+
+
+def die_once(marker_dir, unit):
+    """Unit 2 kills its worker (``kill -9``) the first time it runs; every unit returns its process id."""
+    marker = os.path.join(marker_dir, f"died-{unit}")
+    if unit == 2 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return os.getpid()
+
+
+def slow_first(spec, unit):
+    if unit == 0:
+        time.sleep(3)
+    return unit
+
+
+@ray.remote(num_cpus=1)
+class CpuHolder:
+    """Holds one of the cluster's CPUs while it lives (another job's actor)."""
+
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def finishes_within(seconds: float, fn):
+    """``fn()``'s result, or a failure (not a hung test) when it takes longer than ``seconds``."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert result, f"still running after {seconds} s"
+    return result[0]
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False)
+    # a cluster of its own ("local"), not whatever Ray already runs on the machine (num_cpus cannot be set
+    # when joining one)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
 
 
-def test_ray_actors_give_the_bytes_of_a_local_run(local_ray, tmp_path, reference, demo_tokenizer, demo_corpus):
+def test_ray_actors_give_the_bytes_of_a_local_run(
+    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, capfd
+):
     out = tmp_path / "ray"
     run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2))
     assert dataset_bytes(out) == reference
     assert ray.is_initialized()  # a Ray the caller started stays up
+    # the run says which cluster it runs on
+    address = ray.get_runtime_context().gcs_address
+    assert f"using the Ray cluster this process is on, at {address}: 2 CPUs on 1 node(s)" in capfd.readouterr().err
+
+
+def test_a_run_whose_actor_is_killed_mid_measure_gives_the_same_bytes(
+    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, monkeypatch, capfd
+):
+    """``kill -9`` of one actor while it runs a measure unit: the unit runs again on another worker (a new
+    actor replaces the dead one) and the run finishes with the bytes of an uninterrupted run."""
+    import omnipack.executors
+    from omnipack.executors.ray import RayExecutor
+    from omnipack.stages.measure import measure_part
+
+    killed: list[int] = []
+
+    class KillsAnActor(RayExecutor):
+        def map_unordered(self, fn, spec, units):
+            for unit, record in super().map_unordered(fn, spec, units):
+                if fn is measure_part and not killed:
+                    running = [pid for actor, pid in self._pids.items() if actor not in self._idle]
+                    assert running, "no other unit running when the first one finished"
+                    killed.append(running[0])
+                    os.kill(running[0], signal.SIGKILL)
+                yield unit, record
+
+    monkeypatch.setattr(omnipack.executors, "make_executor", lambda name, workers, address: KillsAnActor(workers))
+    out = tmp_path / "killed"
+    # part_lines 4: 17 measure units, so the kill comes with units still to run
+    run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2, part_lines=4))
+    assert killed
+    assert f"worker (pid {killed[0]}) died running unit" in capfd.readouterr().err
+    assert dataset_bytes(out) == reference
+
+
+def test_a_unit_whose_worker_dies_runs_again_on_another_worker(local_ray, tmp_path, capfd):
+    from omnipack.executors.ray import RayExecutor
+
+    with RayExecutor(workers=2) as ex:
+        pids = list(ex.map(die_once, str(tmp_path), list(range(6))))
+    assert len(pids) == 6 and (tmp_path / "died-2").exists()
+    assert "died running unit 2; it runs again on another worker" in capfd.readouterr().err
+
+
+def test_units_are_yielded_as_they_finish_and_mapped_in_order(local_ray):
+    from omnipack.executors.ray import RayExecutor
+
+    with RayExecutor(workers=2) as ex:
+        ex.wait_for_workers(120)
+        finished = [unit for unit, _ in ex.map_unordered(slow_first, None, list(range(5)))]
+        assert sorted(finished) == list(range(5)) and finished[-1] == 0  # unit 0 is slow: counted last
+        assert list(ex.map(slow_first, None, list(range(5)))) == list(range(5))
+
+
+def test_more_workers_than_cpus_are_capped_with_a_warning(
+    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, capfd
+):
+    """The README's --workers 512 on a 2-CPU cluster: 2 workers and a warning, not a unit bound to an actor
+    that is never placed."""
+    out = tmp_path / "capped"
+    cfg = demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=512, part_lines=8)
+    finishes_within(600, lambda: run_prepare(cfg))
+    assert "--workers 512 is more than the cluster's 2 CPUs: running 2 workers" in capfd.readouterr().err
+    assert dataset_bytes(out) == reference
+
+
+def test_a_worker_the_cluster_cannot_place_holds_no_unit(local_ray, monkeypatch, capfd):
+    """Other jobs hold the cluster's CPUs: the run says it waits for a worker, and once one CPU is free the
+    one worker placed runs every unit (none is bound to the worker that still waits)."""
+    import omnipack.executors.ray as ray_executor
+
+    monkeypatch.setattr(ray_executor, "STALL_S", 1.0)
+    holders = [CpuHolder.remote() for _ in range(2)]
+    ray.get([h.ping.remote() for h in holders])
+    try:
+        with ray_executor.RayExecutor(workers=2) as ex:
+            killer = threading.Timer(3.0, ray.kill, args=(holders[0],))
+            killer.start()
+            pids = finishes_within(300, lambda: list(ex.map(pid_of, None, list(range(6)))))
+            killer.join()
+            assert len(pids) == 6 and len(set(pids)) == 1  # the one placed worker ran them all
+            assert len(ex.worker_pids()) == 1
+        assert "no worker placed after 1 s (6 units waiting, 0 CPUs free in the cluster)" in capfd.readouterr().err
+    finally:
+        for h in holders:
+            ray.kill(h)
 
 
 def test_an_actor_gets_the_spec_once_not_with_every_unit(local_ray):
@@ -50,7 +186,7 @@ def test_an_actor_gets_the_spec_once_not_with_every_unit(local_ray):
     assert per_actor and set(per_actor.values()) == {1}
 
 
-def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, demo_tokenizer, demo_corpus):
+def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, demo_tokenizer, demo_corpus, capfd):
     from ray.cluster_utils import Cluster
 
     from omnipack.executors.ray import RayExecutor
@@ -59,10 +195,13 @@ def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, de
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     try:
-        ray.init(address=cluster.address)
         cluster.wait_for_nodes()
-        with RayExecutor(workers=2) as ex:
+        with RayExecutor(workers=2, address=cluster.address) as ex:
+            assert ex.wait_for_workers(120) == 2
             assert len(set(ex.map(node_of, None, [0, 1]))) == 2  # one actor on each node
+        # the run says which cluster it joined
+        assert f"joined the Ray cluster at {cluster.address}: 2 CPUs on 2 node(s)" in capfd.readouterr().err
+        ray.init(address=cluster.address)
         out = tmp_path / "cluster"
         run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2))
         assert dataset_bytes(out) == reference
