@@ -110,7 +110,7 @@ class PrepareConfig:
     progress: bool = True
     from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
     executor: str = "local"  # "ray": the same units on a Ray cluster (omnipack's ray extra)
-    ray_address: str | None = None  # ray.init(address=...): None starts or joins a local Ray
+    ray_address: str | None = None  # "local" (a new Ray), "auto", host:port; None: RAY_ADDRESS or local
     part_lines: int = PART_LINES  # input records (JSONL: lines) per measure unit
     input_format: str | None = None  # reader of the inputs (jsonl, json, parquet, arrow); None: detected
     input_layout: str = "auto"  # record layout (omnipack, sharegpt, messages_media, prompt_response)

@@ -15,7 +15,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from omnipack.pipeline import run_prepare  # noqa: E402
-from tests.stage_outputs import dataset_bytes, demo_config  # noqa: E402
+from tests.stage_outputs import cli_args, dataset_bytes, demo_config  # noqa: E402
 
 
 def node_of(spec, unit):
@@ -163,7 +163,7 @@ def test_a_worker_the_cluster_cannot_place_holds_no_unit(local_ray, monkeypatch,
         with ray_executor.RayExecutor(workers=2) as ex:
             killer = threading.Timer(3.0, ray.kill, args=(holders[0],))
             killer.start()
-            pids = finishes_within(300, lambda: list(ex.map(pid_of, None, list(range(6)))))
+            pids = finishes_within(180, lambda: list(ex.map(pid_of, None, list(range(6)))))
             killer.join()
             assert len(pids) == 6 and len(set(pids)) == 1  # the one placed worker ran them all
             assert len(ex.worker_pids()) == 1
@@ -184,6 +184,40 @@ def test_an_actor_gets_the_spec_once_not_with_every_unit(local_ray):
     for pid, loads, _ in results:
         per_actor[pid] = max(per_actor.get(pid, 0), loads)
     assert per_actor and set(per_actor.values()) == {1}
+
+
+def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
+    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus
+):
+    """Without --ray-address a run joins the cluster in RAY_ADDRESS, and otherwise starts its own: not the one
+    Ray's default would join, the cluster last started on the machine (its address in RAY_TMPDIR's
+    ``ray/ray_current_cluster``). Each says where it runs, with the cluster's address and CPUs."""
+    import subprocess
+    import sys
+    import tempfile
+
+    address = ray.get_runtime_context().gcs_address
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="rt", dir="/tmp") as ray_tmp:  # short: Ray's socket paths go here
+        os.makedirs(os.path.join(ray_tmp, "ray"))
+        with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as f:
+            f.write(address)  # the machine's "current" cluster, as `ray start` leaves it
+        clean = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        for name, extra in (("joined", {"RAY_ADDRESS": address}), ("own", {"RAY_TMPDIR": ray_tmp})):
+            out = tmp_path / name
+            args = [*cli_args(demo_config(out, demo_tokenizer, demo_corpus, workers=2)), "--executor", "ray"]
+            runs[name] = run = subprocess.run(
+                [sys.executable, "-m", "omnipack", *args],
+                env={**clean, **extra},
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert run.returncode == 0, run.stderr
+            assert dataset_bytes(out) == reference
+    assert f"ray: joined the Ray cluster at {address}: 2 CPUs on 1 node(s)" in runs["joined"].stderr
+    own = [line for line in runs["own"].stderr.splitlines() if "ray: " in line]
+    assert own and "ray: started a local Ray cluster at " in own[0] and address not in own[0], own
 
 
 def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, demo_tokenizer, demo_corpus, capfd):

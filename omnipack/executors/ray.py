@@ -60,13 +60,18 @@ def cluster_line() -> str:
 
 
 class RayExecutor(Executor):
-    """``workers`` actors on the Ray cluster at ``address``: ``None`` as ``ray.init`` reads it (``RAY_ADDRESS``,
-    else the cluster running on this machine, else a new local one), ``"auto"`` the running one (an error if
-    none), ``"local"`` a new local cluster for this run only, or ``host:port`` / ``ray://host:port``. A Ray this
-    process already joined is used as it is. More workers than the cluster's CPUs are capped, with a warning."""
+    """``workers`` actors on the Ray cluster at ``address``: ``"local"`` a new local cluster for this run only,
+    ``"auto"`` the cluster running on this machine (``ray start``; an error if none), ``host:port`` or
+    ``ray://host:port`` that one; ``None``: ``RAY_ADDRESS`` (set by ``ray job submit``) if set, else ``"local"``.
+    A Ray this process already joined is used as it is. The run says which cluster it is on. More workers
+    than the cluster's CPUs are capped, with a warning."""
 
     def __init__(self, workers: int = 1, address: str | None = None) -> None:
         self._started = False
+        if address is None and not os.environ.get("RAY_ADDRESS"):
+            # not ray.init's own default, which joins the cluster last started on this machine
+            # (/tmp/ray/ray_current_cluster), still running or not
+            address = "local"
         if not ray.is_initialized():
             # the driver's import path goes to the workers, so they import the same omnipack
             env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
