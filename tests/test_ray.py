@@ -129,14 +129,22 @@ def test_a_unit_whose_worker_dies_runs_again_on_another_worker(local_ray, tmp_pa
     assert "died running unit 2; it runs again on another worker" in capfd.readouterr().err
 
 
-def test_units_are_yielded_as_they_finish_and_mapped_in_order(local_ray):
+def test_a_stage_counts_units_as_they_finish_and_keeps_their_order(local_ray):
+    """Unit 0 is slow: the bar counts units 1-4 while it runs (not after it), records stay in unit order."""
     from omnipack.executors.ray import RayExecutor
+    from omnipack.pipeline import _run_units
+    from omnipack.progress import StageProgress
 
+    units = list(range(5))
     with RayExecutor(workers=2) as ex:
-        ex.wait_for_workers(120)
-        finished = [unit for unit, _ in ex.map_unordered(slow_first, None, list(range(5)))]
-        assert sorted(finished) == list(range(5)) and finished[-1] == 0  # unit 0 is slow: counted last
-        assert list(ex.map(slow_first, None, list(range(5)))) == list(range(5))
+        assert ex.wait_for_workers(120) == 2
+        bar = StageProgress("measure", {u: 1 for u in units}, "samples", enabled=False)
+        finished: list[int] = []
+        finish = bar.finish
+        bar.finish = lambda unit: (finished.append(unit), finish(unit))
+        assert _run_units(ex, slow_first, None, units, bar) == units
+        assert sorted(finished) == units and finished[-1] == 0 and bar.count == 5
+        assert list(ex.map(slow_first, None, units)) == units
 
 
 def test_more_workers_than_cpus_are_capped_with_a_warning(
