@@ -93,21 +93,22 @@ def test_ray_actors_give_the_bytes_of_a_local_run(
 def test_a_run_whose_actor_is_killed_mid_measure_gives_the_same_bytes(
     local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, monkeypatch, capfd
 ):
-    """``kill -9`` of one actor while it runs a measure unit: the unit runs again on another worker (a new
-    actor replaces the dead one) and the run finishes with the bytes of an uninterrupted run."""
+    """``kill -9`` of one actor while it runs a unit, once in the measure stage and once in the write stage:
+    the unit runs again on another worker (a new actor replaces the dead one) and the run finishes with the
+    bytes of an uninterrupted run."""
     import omnipack.executors
     from omnipack.executors.ray import RayExecutor
-    from omnipack.stages.measure import measure_part
 
-    killed: list[int] = []
+    killed: dict[str, int] = {}  # stage function -> the pid killed in it
 
     class KillsAnActor(RayExecutor):
         def map_unordered(self, fn, spec, units):
+            self.wait_for_workers(120)  # both actors (the replacement of one killed before too) get a unit
             for unit, record in super().map_unordered(fn, spec, units):
-                if fn is measure_part and not killed:
+                if fn.__name__ not in killed:  # the first unit done: the other actor still runs one
                     running = [pid for actor, pid in self._pids.items() if actor not in self._idle]
-                    assert running, "no other unit running when the first one finished"
-                    killed.append(running[0])
+                    assert running, f"no other unit running when the first of {fn.__name__} finished"
+                    killed[fn.__name__] = running[0]
                     os.kill(running[0], signal.SIGKILL)
                 yield unit, record
 
@@ -115,8 +116,10 @@ def test_a_run_whose_actor_is_killed_mid_measure_gives_the_same_bytes(
     out = tmp_path / "killed"
     # part_lines 4: 17 measure units, so the kill comes with units still to run
     run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2, part_lines=4))
-    assert killed
-    assert f"worker (pid {killed[0]}) died running unit" in capfd.readouterr().err
+    assert set(killed) == {"measure_part", "write_shard"}
+    err = capfd.readouterr().err
+    for pid in killed.values():
+        assert f"worker (pid {pid}) died running unit" in err
     assert dataset_bytes(out) == reference
 
 
