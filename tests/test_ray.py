@@ -45,6 +45,12 @@ def die_once(marker_dir, unit):
     return os.getpid()
 
 
+def unit_1_kills_its_worker(spec, unit):
+    if unit == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return unit
+
+
 def slow_first(spec, unit):
     if unit == 0:
         time.sleep(3)
@@ -130,6 +136,15 @@ def test_a_unit_whose_worker_dies_runs_again_on_another_worker(local_ray, tmp_pa
         pids = list(ex.map(die_once, str(tmp_path), list(range(6))))
     assert len(pids) == 6 and (tmp_path / "died-2").exists()
     assert "died running unit 2; it runs again on another worker" in capfd.readouterr().err
+
+
+def test_a_unit_that_kills_every_worker_it_runs_on_fails_the_run_by_name(local_ray):
+    """A unit that kills its worker each time (say, a sample that runs it out of memory) is tried 3 times,
+    then the run fails naming it: it does not kill worker after worker for ever."""
+    from omnipack.executors.ray import UNIT_TRIES, RayExecutor
+
+    with RayExecutor(workers=2) as ex, pytest.raises(RuntimeError, match=f"unit 1 lost its worker {UNIT_TRIES} times"):
+        list(ex.map(unit_1_kills_its_worker, None, list(range(4))))
 
 
 def test_a_stage_counts_units_as_they_finish_and_keeps_their_order(local_ray):

@@ -91,7 +91,7 @@ class RayExecutor(Executor):
         self._idle: list[Any] = []  # placed actors without a unit
         self._starting: dict[Any, Any] = {}  # get_pid reference -> actor not yet known to be placed
         self._pids: dict[Any, int] = {}  # placed actor -> its process id
-        self._lost = 0  # actors lost so far
+        self._failed_starts = 0  # actors in a row that died before they were placed
         for _ in range(self.workers):
             self._start_actor()
 
@@ -105,15 +105,16 @@ class RayExecutor(Executor):
         try:
             self._pids[actor] = ray.get(ref)
         except RayActorError as e:
-            self._replace(actor, f"a worker died before it started: {str(e).strip().splitlines()[0]}")
+            self._failed_starts += 1
+            if self._failed_starts > self.workers + 3:  # not a lost node: no actor can start on this cluster
+                raise RuntimeError(f"ray: {self._failed_starts} workers in a row died before they started: {e}") from e
+            self._replace(actor)
         else:
+            self._failed_starts = 0
             self._idle.append(actor)
 
-    def _replace(self, actor: Any, why: str) -> None:
+    def _replace(self, actor: Any) -> None:
         self._pids.pop(actor, None)
-        self._lost += 1
-        if self._lost > 3 * self.workers + 3:  # not a lost node or an OOM kill: actors cannot live here
-            raise RuntimeError(f"ray: {self._lost} workers died; last: {why}")
         ray.kill(actor)
         self._start_actor()
 
@@ -168,7 +169,7 @@ class RayExecutor(Executor):
                     raise RuntimeError(f"ray: unit {unit} lost its worker {tries[unit]} times; last: {e}") from e
                 _warn(f"worker (pid {pid}) died running unit {unit}; it runs again on another worker")
                 todo.appendleft(unit)
-                self._replace(actor, f"pid {pid} ran unit {unit}")
+                self._replace(actor)
                 continue
             self._idle.append(actor)
             yield unit, record
