@@ -102,7 +102,14 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         ("--executor",),
         {"choices": ["local", "ray"], "help": "local: a process pool on this machine; ray: a Ray cluster (needs the ray extra)"},
     ),
-    (("--ray-address",), {"help": "Ray cluster to join (ray.init(address=...)); default: local Ray"}),
+    (
+        ("--ray-address",),
+        {
+            "help": "Ray cluster: 'local' starts one for this run only, 'auto' joins the one running on this machine "
+            "(ray start), host:port or ray://host:port joins that one; default: RAY_ADDRESS if set, else local "
+            "(the run says which cluster it is on)"
+        },
+    ),
     (("--part-lines",), {"type": int, "help": "input records per measure unit (JSONL: lines)"}),
     (
         ("--from-stage",),

@@ -110,7 +110,7 @@ class PrepareConfig:
     progress: bool = True
     from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
     executor: str = "local"  # "ray": the same units on a Ray cluster (omnipack's ray extra)
-    ray_address: str | None = None  # ray.init(address=...): None starts or joins a local Ray
+    ray_address: str | None = None  # "local" (a new Ray), "auto", host:port; None: RAY_ADDRESS or local
     part_lines: int = PART_LINES  # input records (JSONL: lines) per measure unit
     input_format: str | None = None  # reader of the inputs (jsonl, json, parquet, arrow); None: detected
     input_layout: str = "auto"  # record layout (omnipack, sharegpt, messages_media, prompt_response)
@@ -342,13 +342,14 @@ def _lock_name(stage: str | None, rank: int, world_size: int) -> str:
 
 
 def _run_units(executor: Any, fn: Any, spec: RunSpec, units: list[int], bar: StageProgress) -> list:
-    """``fn`` over ``units`` on the executor, the stage's bar moved by the units' own counts as they go."""
-    done = []
+    """``fn`` over ``units`` on the executor, the stage's bar moved by the units' own counts as they go and
+    by each unit's whole count as it finishes (in the order units finish); the records in unit order."""
+    done = {}
     with bar:
-        for unit, record in zip(units, executor.map(fn, spec, units), strict=True):
+        for unit, record in executor.map_unordered(fn, spec, units):
             bar.finish(unit)
-            done.append(record)
-    return done
+            done[unit] = record
+    return [done[unit] for unit in units]
 
 
 def _resume_line(stage: str, units: list[int], totals: dict[int, int], done: set[int], item: str) -> str:

@@ -1,14 +1,21 @@
 """The Ray executor: the same units on Ray actors give the bytes of a local run, on one node (a local
-Ray with 2 CPUs, started once for the module) and on a simulated cluster of two nodes."""
+Ray with 2 CPUs, started once for the module) and on a simulated cluster of two nodes; a killed actor's
+unit runs again elsewhere, more workers than CPUs are capped, and a worker the cluster cannot place holds
+no unit."""
 
 from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
 
 import pytest
 
 ray = pytest.importorskip("ray")
 
 from omnipack.pipeline import run_prepare  # noqa: E402
-from tests.stage_outputs import dataset_bytes, demo_config  # noqa: E402
+from tests.stage_outputs import cli_args, dataset_bytes, demo_config  # noqa: E402
 
 
 def node_of(spec, unit):
@@ -23,18 +30,173 @@ def reference(tmp_path_factory, demo_tokenizer, demo_corpus):
     return dataset_bytes(out)
 
 
+def pid_of(spec, unit):
+    """A unit function that reports which process ran it (slowly enough for both actors to get units)."""
+    time.sleep(0.2)
+    return os.getpid()
+
+
+def die_once(marker_dir, unit):
+    """Unit 2 kills its worker (``kill -9``) the first time it runs; every unit returns its process id."""
+    marker = os.path.join(marker_dir, f"died-{unit}")
+    if unit == 2 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return os.getpid()
+
+
+def unit_1_kills_its_worker(spec, unit):
+    if unit == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return unit
+
+
+def slow_first(spec, unit):
+    if unit == 0:
+        time.sleep(3)
+    return unit
+
+
+@ray.remote(num_cpus=1)
+class CpuHolder:
+    """Holds one of the cluster's CPUs while it lives (another job's actor)."""
+
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def finishes_within(seconds: float, fn):
+    """``fn()``'s result, or a failure (not a hung test) when it takes longer than ``seconds``."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert result, f"still running after {seconds} s"
+    return result[0]
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False)
+    # a cluster of its own ("local"), not whatever Ray already runs on the machine (num_cpus cannot be set
+    # when joining one)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
 
 
-def test_ray_actors_give_the_bytes_of_a_local_run(local_ray, tmp_path, reference, demo_tokenizer, demo_corpus):
+def test_ray_actors_give_the_bytes_of_a_local_run(
+    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, capfd
+):
     out = tmp_path / "ray"
     run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2))
     assert dataset_bytes(out) == reference
     assert ray.is_initialized()  # a Ray the caller started stays up
+    # the run says which cluster it runs on
+    address = ray.get_runtime_context().gcs_address
+    assert f"using the Ray cluster this process is on, at {address}: 2 CPUs on 1 node(s)" in capfd.readouterr().err
+
+
+def test_a_run_whose_actor_is_killed_mid_measure_gives_the_same_bytes(
+    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, monkeypatch, capfd
+):
+    """``kill -9`` of one actor while it runs a unit, once in the measure stage and once in the write stage:
+    the unit runs again on another worker (a new actor replaces the dead one) and the run finishes with the
+    bytes of an uninterrupted run."""
+    import omnipack.executors
+    from omnipack.executors.ray import RayExecutor
+
+    killed: dict[str, int] = {}  # stage function -> the pid killed in it
+
+    class KillsAnActor(RayExecutor):
+        def map_unordered(self, fn, spec, units):
+            self.wait_for_workers(120)  # both actors (the replacement of one killed before too) get a unit
+            for unit, record in super().map_unordered(fn, spec, units):
+                if fn.__name__ not in killed:  # the first unit done: the other actor still runs one
+                    running = [pid for actor, pid in self._pids.items() if actor not in self._idle]
+                    assert running, f"no other unit running when the first of {fn.__name__} finished"
+                    killed[fn.__name__] = running[0]
+                    os.kill(running[0], signal.SIGKILL)
+                yield unit, record
+
+    monkeypatch.setattr(omnipack.executors, "make_executor", lambda name, workers, address: KillsAnActor(workers))
+    out = tmp_path / "killed"
+    # part_lines 4: 17 measure units, so the kill comes with units still to run
+    run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2, part_lines=4))
+    assert set(killed) == {"measure_part", "write_shard"}
+    err = capfd.readouterr().err
+    for pid in killed.values():
+        assert f"worker (pid {pid}) died running unit" in err
+    assert dataset_bytes(out) == reference
+
+
+def test_a_unit_whose_worker_dies_runs_again_on_another_worker(local_ray, tmp_path, capfd):
+    from omnipack.executors.ray import RayExecutor
+
+    with RayExecutor(workers=2) as ex:
+        pids = list(ex.map(die_once, str(tmp_path), list(range(6))))
+    assert len(pids) == 6 and (tmp_path / "died-2").exists()
+    assert "died running unit 2; it runs again on another worker" in capfd.readouterr().err
+
+
+def test_a_unit_that_kills_every_worker_it_runs_on_fails_the_run_by_name(local_ray):
+    """A unit that kills its worker each time (say, a sample that runs it out of memory) is tried 3 times,
+    then the run fails naming it: it does not kill worker after worker for ever."""
+    from omnipack.executors.ray import UNIT_TRIES, RayExecutor
+
+    with RayExecutor(workers=2) as ex, pytest.raises(RuntimeError, match=f"unit 1 lost its worker {UNIT_TRIES} times"):
+        list(ex.map(unit_1_kills_its_worker, None, list(range(4))))
+
+
+def test_a_stage_counts_units_as_they_finish_and_keeps_their_order(local_ray):
+    """Unit 0 is slow: the bar counts units 1-4 while it runs (not after it), records stay in unit order."""
+    from omnipack.executors.ray import RayExecutor
+    from omnipack.pipeline import _run_units
+    from omnipack.progress import StageProgress
+
+    units = list(range(5))
+    with RayExecutor(workers=2) as ex:
+        assert ex.wait_for_workers(120) == 2
+        bar = StageProgress("measure", {u: 1 for u in units}, "samples", enabled=False)
+        finished: list[int] = []
+        finish = bar.finish
+        bar.finish = lambda unit: (finished.append(unit), finish(unit))
+        assert _run_units(ex, slow_first, None, units, bar) == units
+        assert sorted(finished) == units and finished[-1] == 0 and bar.count == 5
+        assert list(ex.map(slow_first, None, units)) == units
+
+
+def test_more_workers_than_cpus_are_capped_with_a_warning(
+    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, capfd
+):
+    """The README's --workers 512 on a 2-CPU cluster: 2 workers and a warning, not a unit bound to an actor
+    that is never placed."""
+    out = tmp_path / "capped"
+    cfg = demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=512, part_lines=8)
+    finishes_within(600, lambda: run_prepare(cfg))
+    assert "--workers 512 is more than the cluster's 2 CPUs: running 2 workers" in capfd.readouterr().err
+    assert dataset_bytes(out) == reference
+
+
+def test_a_worker_the_cluster_cannot_place_holds_no_unit(local_ray, monkeypatch, capfd):
+    """Other jobs hold the cluster's CPUs: the run says it waits for a worker, and once one CPU is free the
+    one worker placed runs every unit (none is bound to the worker that still waits)."""
+    import omnipack.executors.ray as ray_executor
+
+    monkeypatch.setattr(ray_executor, "STALL_S", 1.0)
+    holders = [CpuHolder.remote() for _ in range(2)]
+    ray.get([h.ping.remote() for h in holders])
+    try:
+        with ray_executor.RayExecutor(workers=2) as ex:
+            killer = threading.Timer(3.0, ray.kill, args=(holders[0],))
+            killer.start()
+            pids = finishes_within(180, lambda: list(ex.map(pid_of, None, list(range(6)))))
+            killer.join()
+            assert len(pids) == 6 and len(set(pids)) == 1  # the one placed worker ran them all
+            assert len(ex.worker_pids()) == 1
+        assert "no worker placed after 1 s (6 units waiting, 0 CPUs free in the cluster)" in capfd.readouterr().err
+    finally:
+        for h in holders:
+            ray.kill(h)
 
 
 def test_an_actor_gets_the_spec_once_not_with_every_unit(local_ray):
@@ -50,7 +212,41 @@ def test_an_actor_gets_the_spec_once_not_with_every_unit(local_ray):
     assert per_actor and set(per_actor.values()) == {1}
 
 
-def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, demo_tokenizer, demo_corpus):
+def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
+    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus
+):
+    """Without --ray-address a run joins the cluster in RAY_ADDRESS, and otherwise starts its own: not the one
+    Ray's default would join, the cluster last started on the machine (its address in RAY_TMPDIR's
+    ``ray/ray_current_cluster``). Each says where it runs, with the cluster's address and CPUs."""
+    import subprocess
+    import sys
+    import tempfile
+
+    address = ray.get_runtime_context().gcs_address
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="rt", dir="/tmp") as ray_tmp:  # short: Ray's socket paths go here
+        os.makedirs(os.path.join(ray_tmp, "ray"))
+        with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as f:
+            f.write(address)  # the machine's "current" cluster, as `ray start` leaves it
+        clean = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        for name, extra in (("joined", {"RAY_ADDRESS": address}), ("own", {"RAY_TMPDIR": ray_tmp})):
+            out = tmp_path / name
+            args = [*cli_args(demo_config(out, demo_tokenizer, demo_corpus, workers=2)), "--executor", "ray"]
+            runs[name] = run = subprocess.run(
+                [sys.executable, "-m", "omnipack", *args],
+                env={**clean, **extra},
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert run.returncode == 0, run.stderr
+            assert dataset_bytes(out) == reference
+    assert f"ray: joined the Ray cluster at {address}: 2 CPUs on 1 node(s)" in runs["joined"].stderr
+    own = [line for line in runs["own"].stderr.splitlines() if "ray: " in line]
+    assert own and "ray: started a local Ray cluster at " in own[0] and address not in own[0], own
+
+
+def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, demo_tokenizer, demo_corpus, capfd):
     from ray.cluster_utils import Cluster
 
     from omnipack.executors.ray import RayExecutor
@@ -59,10 +255,13 @@ def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, de
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     try:
-        ray.init(address=cluster.address)
         cluster.wait_for_nodes()
-        with RayExecutor(workers=2) as ex:
+        with RayExecutor(workers=2, address=cluster.address) as ex:
+            assert ex.wait_for_workers(120) == 2
             assert len(set(ex.map(node_of, None, [0, 1]))) == 2  # one actor on each node
+        # the run says which cluster it joined
+        assert f"joined the Ray cluster at {cluster.address}: 2 CPUs on 2 node(s)" in capfd.readouterr().err
+        ray.init(address=cluster.address)
         out = tmp_path / "cluster"
         run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2))
         assert dataset_bytes(out) == reference

@@ -1,4 +1,5 @@
-"""What an executor is: something that runs a stage's unit function over its units, results in unit order.
+"""What an executor is: something that runs a stage's unit function over its units, results in unit order
+(``map``) or as they finish (``map_unordered``).
 
 A unit function is a module-level ``fn(spec, unit) -> record`` of plain data (``spec``: the run's settings
 and paths; ``unit``: a part or shard number), so any executor can ship it to any process or machine.
@@ -21,6 +22,11 @@ class Executor:
 
     def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
         raise NotImplementedError
+
+    def map_unordered(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[tuple[Any, Any]]:
+        """``(unit, record)`` pairs as the units finish (an executor that can tell: in the order they finish,
+        so a stage's bar counts each unit when it is done, not when the units before it are)."""
+        yield from zip(units, self.map(fn, spec, units), strict=True)
 
     def close(self, *, abort: bool = False) -> None:
         """Release workers (the executor may be used for several stages first); ``abort`` (an error or

@@ -1,14 +1,19 @@
 """The Ray executor: the same unit functions on a Ray cluster, one actor per worker.
 
 An actor is a long-lived worker process: what a unit loads there (the tokenizer, the mapped measure
-tables) stays loaded for the next unit it runs. Units go to free actors (``ActorPool.map_unordered``) and
-results are handed back in unit order; nothing depends on which actor ran what. Inputs and outputs live on a path
-every node sees (a shared filesystem). Imported only when ``--executor ray`` is chosen.
+tables) stays loaded for the next unit it runs. Scheduling is dynamic: a unit goes to an actor only once
+that actor is placed and free, so an actor the cluster cannot place (no free CPU) holds no unit, and a slow
+actor holds only the unit it runs. A unit whose actor dies (``kill -9``, the OOM killer, a lost node) is
+queued again for the next free actor and a new actor replaces the dead one; every unit writes its own files,
+so a rerun unit gives the same bytes. Imported only when ``--executor ray`` is chosen.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
+from collections import Counter, deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,9 +21,16 @@ from .base import Executor, UnitFn
 
 try:
     import ray
-    from ray.util import ActorPool
+    from ray.exceptions import RayActorError
 except ImportError as e:  # pragma: no cover - depends on the optional extra
     raise ImportError("--executor ray needs Ray: omnipack's ray extra, pip install '.[ray]' in the omnipack repository") from e
+
+UNIT_TRIES = 3  # a unit whose worker died this many times fails the run (it may be what kills them)
+STALL_S = 60.0  # no worker placed for this long while units wait: say so (and keep waiting)
+
+
+def _warn(message: str) -> None:
+    print(f"omnipack prepare: ray: {message}", file=sys.stderr, flush=True)
 
 
 @ray.remote(num_cpus=1)
@@ -27,48 +39,155 @@ class _UnitWorker:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one CPU per actor
         self._spec: tuple[str, Any] | None = None
 
-    def run(self, fn: UnitFn, spec_box: list, unit: Any) -> tuple[Any, Any]:
+    def get_pid(self) -> int:
+        """This actor's process id; its answer also says that the actor is placed and running."""
+        return os.getpid()
+
+    def run(self, fn: UnitFn, spec_box: list, unit: Any) -> Any:
         # The reference comes boxed, so Ray does not fetch and deserialize the spec (every input part:
         # megabytes for a large input) for each unit: the actor gets it once and keeps it.
         ref = spec_box[0]
         if self._spec is None or self._spec[0] != ref.hex():
             self._spec = (ref.hex(), ray.get(ref))
-        return unit, fn(self._spec[1], unit)
+        return fn(self._spec[1], unit)
+
+
+def cluster_line() -> str:
+    """The Ray cluster this process is on: its address, CPUs and nodes."""
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    cpus = ray.cluster_resources().get("CPU", 0)
+    return f"at {ray.get_runtime_context().gcs_address}: {cpus:g} CPUs on {nodes} node(s)"
 
 
 class RayExecutor(Executor):
-    """``workers`` actors on the cluster at ``address`` (None: the running or a new local Ray)."""
+    """``workers`` actors on the Ray cluster at ``address``: ``"local"`` a new local cluster for this run only,
+    ``"auto"`` the cluster running on this machine (``ray start``; an error if none), ``host:port`` or
+    ``ray://host:port`` that one; ``None``: ``RAY_ADDRESS`` (set by ``ray job submit``) if set, else ``"local"``.
+    A Ray this process already joined is used as it is. The run says which cluster it is on. More workers
+    than the cluster's CPUs are capped, with a warning."""
 
     def __init__(self, workers: int = 1, address: str | None = None) -> None:
-        self.workers = max(1, int(workers))
         self._started = False
+        if address is None and not os.environ.get("RAY_ADDRESS"):
+            # not ray.init's own default, which joins the cluster last started on this machine
+            # (/tmp/ray/ray_current_cluster), still running or not
+            address = "local"
         if not ray.is_initialized():
             # the driver's import path goes to the workers, so they import the same omnipack
             env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
             ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": env} if env else None)
             self._started = True
-        self._actors = [_UnitWorker.remote() for _ in range(self.workers)]
-        self._pool = ActorPool(self._actors)
+            node = getattr(ray._private.worker, "_global_node", None)  # None for a Ray Client (ray://)
+            started = node is not None and node.is_head()
+            _warn(f"{'started a local Ray cluster' if started else 'joined the Ray cluster'} {cluster_line()}")
+        else:
+            _warn(f"using the Ray cluster this process is on, {cluster_line()}")
+        requested = max(1, int(workers))
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        self.workers = min(requested, cpus) if cpus >= 1 else requested
+        if self.workers < requested:
+            # an actor the cluster cannot place would wait for a CPU that never comes
+            _warn(f"--workers {requested} is more than the cluster's {cpus} CPUs: running {self.workers} workers")
+        self._idle: list[Any] = []  # placed actors without a unit
+        self._starting: dict[Any, Any] = {}  # get_pid reference -> actor not yet known to be placed
+        self._pids: dict[Any, int] = {}  # placed actor -> its process id
+        self._failed_starts = 0  # actors in a row that died before they were placed
+        for _ in range(self.workers):
+            self._start_actor()
+
+    def _start_actor(self) -> None:
+        actor = _UnitWorker.remote()
+        self._starting[actor.get_pid.remote()] = actor
+
+    def _placed(self, ref: Any) -> None:
+        """A starting actor answered (placed: now idle) or died before it could (replaced)."""
+        actor = self._starting.pop(ref)
+        try:
+            self._pids[actor] = ray.get(ref)
+        except RayActorError as e:
+            self._failed_starts += 1
+            if self._failed_starts > self.workers + 3:  # not a lost node: no actor can start on this cluster
+                raise RuntimeError(f"ray: {self._failed_starts} workers in a row died before they started: {e}") from e
+            self._replace(actor)
+        else:
+            self._failed_starts = 0
+            self._idle.append(actor)
+
+    def _replace(self, actor: Any) -> None:
+        self._pids.pop(actor, None)
+        ray.kill(actor)
+        self._start_actor()
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the placed actors."""
+        return list(self._pids.values())
+
+    def wait_for_workers(self, timeout: float | None = None) -> int:
+        """Wait until every actor is placed (or ``timeout`` seconds); returns how many are."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while self._starting:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            ready, _ = ray.wait(list(self._starting), num_returns=1, timeout=left)
+            if not ready:
+                break
+            self._placed(ready[0])
+        return len(self._pids)
+
+    def map_unordered(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[tuple[Any, Any]]:
+        box = [ray.put(spec)]
+        todo = deque(units)
+        tries: Counter = Counter()
+        running: dict[Any, tuple[Any, Any]] = {}  # run reference -> (actor, unit)
+        waited = 0.0
+        while todo or running:
+            while todo and self._idle:
+                actor, unit = self._idle.pop(), todo.popleft()
+                running[actor.run.remote(fn, box, unit)] = (actor, unit)
+            # with a unit running, wait for it however long it takes; with none, say when no actor is placed
+            timeout = None if running else STALL_S
+            ready, _ = ray.wait([*running, *self._starting], num_returns=1, timeout=timeout)
+            if not ready:
+                waited += STALL_S
+                cpus = ray.available_resources().get("CPU", 0)
+                _warn(
+                    f"no worker placed after {waited:.0f} s ({len(todo)} units waiting, {cpus:g} CPUs free in the "
+                    "cluster); still waiting"
+                )
+                continue
+            waited = 0.0
+            ref = ready[0]
+            if ref in self._starting:
+                self._placed(ref)
+                continue
+            actor, unit = running.pop(ref)
+            try:
+                record = ray.get(ref)
+            except RayActorError as e:
+                tries[unit] += 1
+                pid = self._pids.get(actor, "?")
+                if tries[unit] >= UNIT_TRIES:
+                    raise RuntimeError(f"ray: unit {unit} lost its worker {tries[unit]} times; last: {e}") from e
+                _warn(f"worker (pid {pid}) died running unit {unit}; it runs again on another worker")
+                todo.appendleft(unit)
+                self._replace(actor)
+                continue
+            self._idle.append(actor)
+            yield unit, record
 
     def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
-        spec_ref = ray.put(spec)
-        # Units go to whichever actor is free (in order, an actor would wait for a slower one's result to
-        # be taken); results come back in unit order.
-        done: dict[int, Any] = {}
-        position = {unit: k for k, unit in enumerate(units)}
-        next_k = 0
-        for unit, result in self._pool.map_unordered(
-            lambda actor, unit: actor.run.remote(fn, [spec_ref], unit), units
-        ):
-            done[position[unit]] = result
-            while next_k in done:
-                yield done.pop(next_k)
-                next_k += 1
+        # results in unit order, each as soon as the units before it are done
+        done: dict[Any, Any] = {}
+        k = 0
+        for unit, record in self.map_unordered(fn, spec, units):
+            done[unit] = record
+            while k < len(units) and units[k] in done:
+                yield done.pop(units[k])
+                k += 1
 
     def close(self, *, abort: bool = False) -> None:
-        for actor in self._actors:
+        for actor in [*self._starting.values(), *self._pids]:  # placed ones: idle or running a unit
             ray.kill(actor)
-        self._actors = []
+        self._idle, self._starting, self._pids = [], {}, {}
         if self._started:
             ray.shutdown()
             self._started = False
