@@ -38,6 +38,7 @@ from ..measure import (
 from ..media.sources import media_root_key
 from .lock import holder_live as lock_holder_live
 from .lock import owner as lock_owner
+from .lock import renewed as lock_renewed
 from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
 from .spec import RunSpec
 from .storage import create_exclusive, make_dirs, publish, read_parquet, staging_file
@@ -65,7 +66,7 @@ def load_parts(
     The ranks of a staged run start together: the first to create ``stages/parts-KEY.claim`` (a
     create-if-absent file or object) reads the input and writes ``parts.json``; the others wait for it
     instead of each reading the whole input, and get the very same parts. A claim left by a dead process
-    (on this host) is taken over; a claimant on another host is waited for, since it can not be checked."""
+    (on this host), or one not renewed within its expiry (another host), is taken over."""
     files = [[str(df.path), *file_stamp(df.path)] for _, df in data_files(manifests, spec)]
     key = digest({"files": files, "part_lines": part_lines, "inputs": spec.settings()})
     cache, claim = stages / PARTS_FILE, stages / f"parts-{key[:16]}.claim"
@@ -74,14 +75,16 @@ def load_parts(
         record = read_record(cache, key)
         if record is not None:
             return [InputPart(**p) for p in record["parts"]]
-        if create_exclusive(claim, json.dumps(lock_owner()).encode()):
+        mine = lock_owner()
+        if create_exclusive(claim, json.dumps(mine).encode()):
             try:
-                record = read_record(cache, key)  # written between our look and our claim
-                if record is not None:
-                    return [InputPart(**p) for p in record["parts"]]
-                parts = split_input(manifests, part_lines, spec)
-                write_json_atomic(cache, {"key": key, "parts": [asdict(p) for p in parts]})
-                return parts
+                with lock_renewed(claim, mine):  # a long split on another host is not taken for a dead one
+                    record = read_record(cache, key)  # written between our look and our claim
+                    if record is not None:
+                        return [InputPart(**p) for p in record["parts"]]
+                    parts = split_input(manifests, part_lines, spec)
+                    write_json_atomic(cache, {"key": key, "parts": [asdict(p) for p in parts]})
+                    return parts
             finally:
                 claim.unlink(missing_ok=True)
         try:
