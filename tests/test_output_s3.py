@@ -173,3 +173,33 @@ def test_staging_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
     ours = storage.staging_dir()
     assert ours == tmp_path / f"omnipack-staging-{os.getpid()}" and ours.is_dir()
     assert not stale.exists() and live.exists()
+
+
+def test_a_lease_on_the_store_is_renewed_and_an_expired_one_taken_over(s3, monkeypatch, capsys):
+    """Leases on an object store, judged as another host judges them (by their renewals): a holder's
+    heartbeat keeps its lease live past its expiry; a lost host's lease is refused until it expires, then
+    taken over with its holder named."""
+    import time
+
+    from omnipack.stages.lock import EXPIRY_ENV, HOST_ENV
+
+    url, key = f"s3://{BUCKET}/runs/leased", f"{BUCKET}/runs/leased/.omnipack-lock/run.lock"
+    monkeypatch.setenv(EXPIRY_ENV, "1")
+    monkeypatch.setenv(HOST_ENV, "nodeA")
+    with OutputLock(url):
+        monkeypatch.setenv(HOST_ENV, "nodeB")
+        time.sleep(2.5)  # past the expiry: only the renewals keep it
+        with pytest.raises(OutputLocked, match="on nodeA"):
+            OutputLock(url).acquire()
+        monkeypatch.setenv(HOST_ENV, "nodeA")
+    assert not _fs().exists(key)
+    lost = {"pid": 6532, "hostname": "nodeC", "start_time": None, "since": time.time(), "renewed": time.time(),
+            "expires_after_s": 120}
+    _fs().pipe_file(key, json.dumps(lost).encode())
+    with pytest.raises(OutputLocked, match="pid 6532 on nodeC"):
+        OutputLock(url, "measure-0-of-2").acquire()
+    _fs().pipe_file(key, json.dumps({**lost, "renewed": time.time() - 121}).encode())
+    with OutputLock(url, "measure-0-of-2"):
+        pass
+    assert "taking over 'run' held by pid 6532 on nodeC" in capsys.readouterr().err
+    assert not _fs().exists(key)
