@@ -30,7 +30,7 @@ from .plan import PackConfig
 from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
-from .stages.measure import PART_LINES, load_parts, measure_part, part_files, part_key
+from .stages.measure import PART_LINES, PARTS_FILE, load_parts, measure_part, part_files, part_key, parts_key
 from .stages.pack import MEASURE_KEY_FILE, run_pack_stage
 from .stages.records import digest, read_record, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
@@ -269,7 +269,8 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
 
 
 def _output_state(cfg: PrepareConfig, stage: str | None) -> str:
-    """What to do with the output folder: "fresh", "resume", "repack" or "overwrite" (refusals raise)."""
+    """What to do with the output folder: "fresh", "resume", "repack", "overwrite" or "finished" (this very
+    run is done: nothing to do); refusals raise."""
     out = output_path(cfg.output)
     if stage not in (None, "measure"):
         if not (out / STAGES_DIR).is_dir():
@@ -287,11 +288,27 @@ def _output_state(cfg: PrepareConfig, stage: str | None) -> str:
         return "resume"  # an unfinished run: its records say what is left to do
     if cfg.overwrite:
         return "overwrite"
+    if finished and _same_finished_run(cfg):
+        return "finished"
     if finished:
         raise FileExistsError(
             f"output {out} already holds a dataset (use --overwrite to replace it, or --from-stage pack to repack)"
         )
     raise FileExistsError(f"output {out} is not empty (use --overwrite, or --from-stage pack to repack)")
+
+
+def _same_finished_run(cfg: PrepareConfig) -> bool:
+    """Whether the finished dataset in the output is this run's: the same settings (``stages/run.json``) and
+    input files unchanged since they were split (names, sizes, modification stamps). The same command rerun
+    after a kill that came once the dataset was whole (its lock not yet released) is then done."""
+    stages = output_path(cfg.output) / STAGES_DIR
+    try:
+        recorded = json.loads((stages / RUN_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    if recorded != _run_settings(cfg):
+        return False
+    return read_record(stages / PARTS_FILE, parts_key(list(cfg.manifest), cfg.input_spec, cfg.part_lines)) is not None
 
 
 RUN_FILE = "run.json"
@@ -310,12 +327,17 @@ HOW_NOT_WHAT = (
 )
 
 
+def _run_settings(cfg: PrepareConfig) -> dict[str, Any]:
+    """The settings that decide what a run writes, as recorded in ``stages/run.json``."""
+    return json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in HOW_NOT_WHAT}))
+
+
 def _check_run_settings(cfg: PrepareConfig, state: str) -> None:
     """Resume only the same run: an unfinished run with other settings is refused without --overwrite
     (with it, the run goes on and redoes exactly the units the changed settings touch); the pieces of a
     staged run must all be started with the same settings."""
     path = output_path(cfg.output) / STAGES_DIR / RUN_FILE
-    settings = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in HOW_NOT_WHAT}))
+    settings = _run_settings(cfg)
     if state == "resume" and path.exists():
         recorded = json.loads(path.read_text())
         changed = sorted(k for k in settings.keys() | recorded.keys() if settings.get(k) != recorded.get(k))
@@ -430,6 +452,9 @@ def run_prepare(
             reader.check_end(f)
     with OutputLock(out, _lock_name(stage, rank, world_size)):
         state = _output_state(cfg, stage)
+        if state == "finished":
+            say(f"{out} already holds the finished dataset of this run: nothing to do", True)
+            return json.loads((out / NV_META / OMNIPACK_META).read_text())
         if state == "overwrite":
             remove_meta(out)  # first: a dataset in the making never looks whole
             for sub in ("shards", STAGES_DIR):

@@ -74,9 +74,10 @@ def test_prepare_to_s3_gives_the_local_bytes_and_energon_reads_it_there(
     # the trainer side: Energon's own storage client (multi-storage-client) reads the bucket
     remote = _batches(f"msc://_s3-{BUCKET}/runs/whole")
     assert remote and remote == _batches(str(reference))
-    # a second run into the finished dataset is refused, as for a folder
+    # the same command again finds its run finished; another run into the finished dataset is refused
+    assert run_prepare(demo_config(url, demo_tokenizer, demo_corpus)) == summary
     with pytest.raises(FileExistsError, match="already holds a dataset"):
-        run_prepare(demo_config(url, demo_tokenizer, demo_corpus))
+        run_prepare(demo_config(url, demo_tokenizer, demo_corpus, seed=1))
     # --overwrite replaces it (metadata first, so what is left never looks like a dataset meanwhile)
     run_prepare(demo_config(url, demo_tokenizer, demo_corpus, overwrite=True, shard_max_rows=5))
     replaced = s3_dataset_bytes(url)

@@ -118,6 +118,35 @@ def test_kill_in_finalize_leaves_no_dataset_then_completes(tmp_path, reference, 
     assert main(["verify", str(root)]) == 0
 
 
+def test_kill_after_the_dataset_appeared_then_the_same_command_is_done(
+    tmp_path, reference, demo_tokenizer, demo_corpus
+):
+    """Killed once the dataset is whole but before its lock was released: the same command sees its run
+    finished and exits 0 without writing; another command into the finished dataset is still refused."""
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    assert _killed(prepare_in_subprocess(cfg, "finalize:done"))
+    assert dataset_bytes(root) == reference and (root / ".omnipack-lock" / "run.lock").exists()
+    files = {k: v for k, v in _mtimes(root, "**/*").items() if not k.startswith(".omnipack-lock")}
+    res = prepare_in_subprocess(cfg)
+    assert res.returncode == 0, res.stderr
+    assert "finished dataset of this run: nothing to do" in res.stderr
+    assert not (root / ".omnipack-lock").exists()  # the dead run's lock taken over, then released
+    assert _mtimes(root, "**/*") == files  # nothing written
+    other = prepare_in_subprocess(demo_config(root, demo_tokenizer, demo_corpus, shard_max_rows=5))
+    assert other.returncode == 2 and "already holds a dataset" in other.stderr
+    # an input edited since: not this run's dataset any more
+    manifest, media = demo_corpus
+    edited = tmp_path / "m.jsonl"
+    edited.write_bytes(manifest.read_bytes())
+    moved = tmp_path / "moved"
+    cfg = demo_config(moved, demo_tokenizer, (edited, media))
+    assert prepare_in_subprocess(cfg).returncode == 0
+    os.utime(edited, ns=(0, edited.stat().st_mtime_ns + 10**9))
+    changed = prepare_in_subprocess(cfg)
+    assert changed.returncode == 2 and "already holds a dataset" in changed.stderr
+
+
 def test_changed_input_redoes_its_part_only(tmp_path, demo_tokenizer, demo_corpus):
     manifest, media = demo_corpus
     lines = manifest.read_text().splitlines()

@@ -57,6 +57,12 @@ def split_input(
     return split_parts(manifests, spec or InputSpec(), part_lines)
 
 
+def parts_key(manifests: list[Path], spec: InputSpec, part_lines: int) -> str:
+    """What the input's split depends on: its data files' names, sizes and modification stamps (no reads)."""
+    files = [[str(df.path), *file_stamp(df.path)] for _, df in data_files(manifests, spec)]
+    return digest({"files": files, "part_lines": part_lines, "inputs": spec.settings()})
+
+
 def load_parts(
     stages: Path, manifests: list[Path], spec: InputSpec, part_lines: int, *, poll_s: float = 0.2
 ) -> list[InputPart]:
@@ -67,8 +73,7 @@ def load_parts(
     create-if-absent file or object) reads the input and writes ``parts.json``; the others wait for it
     instead of each reading the whole input, and get the very same parts. A claim left by a dead process
     (on this host), or one not renewed within its expiry (another host), is taken over."""
-    files = [[str(df.path), *file_stamp(df.path)] for _, df in data_files(manifests, spec)]
-    key = digest({"files": files, "part_lines": part_lines, "inputs": spec.settings()})
+    key = parts_key(manifests, spec, part_lines)
     cache, claim = stages / PARTS_FILE, stages / f"parts-{key[:16]}.claim"
     make_dirs(stages)
     while True:
