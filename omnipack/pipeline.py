@@ -34,7 +34,7 @@ from .stages.measure import PART_LINES, PARTS_FILE, load_parts, measure_part, pa
 from .stages.pack import MEASURE_KEY_FILE, run_pack_stage
 from .stages.records import digest, read_record, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
-from .stages.storage import make_dirs, output_path, remove_tree
+from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
 from .stages.write import shard_key, shard_record_path, write_shard
 
 __all__ = [
@@ -461,6 +461,8 @@ def run_prepare(
                 remove_tree(out / sub)
             (out / REJECTS_FILE).unlink(missing_ok=True)
         _check_run_settings(cfg, state)
+        if stage is None and (removed := remove_partials(out)):  # a whole run's lock: no other writer
+            say(f"removed {removed} half-written file(s) (*.partial) of a killed run")
         if state == "resume":
             say(f"resuming the unfinished run in {out}", cfg.progress)
         say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)

@@ -68,6 +68,25 @@ def test_kill_in_write_redoes_only_unfinished_shards(tmp_path, reference, demo_t
     assert dataset_bytes(root) == reference
 
 
+def test_half_written_files_of_a_killed_run_are_removed(tmp_path, reference, demo_tokenizer, demo_corpus):
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    assert _killed(prepare_in_subprocess(cfg, "write:2"))
+    # what a kill mid-write leaves: files built under temporary names, never renamed into place
+    left = [
+        root / "shards" / "shard-000003.tar.partial",
+        root / "stages" / "measure" / "part-000001.parquet.4242.partial",
+        root / "rejects.jsonl.4242.partial",
+    ]
+    for path in left:
+        path.write_bytes(b"half")
+    res = prepare_in_subprocess(cfg)
+    assert res.returncode == 0, res.stderr
+    assert "removed 3 half-written file(s)" in res.stderr
+    assert not any(p.exists() for p in left) and not list(root.rglob("*.partial"))
+    assert dataset_bytes(root) == reference
+
+
 def _damage(path: Path, at: int) -> None:
     """Flip one byte in place: same size, same mtime (only the bytes say it changed)."""
     st = path.stat()
