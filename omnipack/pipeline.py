@@ -373,31 +373,34 @@ def _run_units(executor: Any, fn: Any, spec: RunSpec, units: list[int], bar: Sta
     return done
 
 
-def _resume_line(stage: str, units: list[int], totals: dict[int, int], done: set[int], item: str) -> str:
+def _resume_line(
+    stage: str, units: list[int], totals: dict[int, int], done: dict[int, int], item: str, workers: int
+) -> str:
+    """What a rerun keeps of a stage, and what keeping it costs: the kept units' files are read whole once
+    more, to check them against their recorded checksums (a file changed or damaged since is redone)."""
+    kept = sum(done.values())
     return (
         f"resuming: {len(done)} of {len(units)} {stage} units done "
-        f"({sum(totals[u] for u in done):,} of {sum(totals.values()):,} {item})"
+        f"({sum(totals[u] for u in done):,} of {sum(totals.values()):,} {item}); kept once their "
+        f"{kept / 2**20:,.1f} MiB of files are read again to check their recorded checksums ({workers} worker(s))"
     )
 
 
 def _measure_progress(spec: RunSpec, units: list[int], executor: Any, enabled: bool) -> StageProgress:
     """The measure stage's bar, in input records, with the parts an earlier run finished counted done."""
     totals = {u: spec.parts[u].num_lines or spec.parts[u].num_records for u in units}
-    done = {
-        u
-        for u in units
-        if read_record(part_files(spec.measure_dir, u)["record"], part_key(spec, spec.parts[u])) is not None
-    }
+    records = {u: read_record(part_files(spec.measure_dir, u)["record"], part_key(spec, spec.parts[u])) for u in units}
+    done = {u: sum(f["bytes"] for f in r.get("files", {}).values()) for u, r in records.items() if r is not None}
     files = len({spec.parts[u].path for u in units})
     say(
         f"measure: {sum(totals.values()):,} records in {len(units)} parts of {files} input file(s), "
         f"{executor.workers} worker(s)",
         enabled,
     )
-    if done:
-        say(_resume_line("measure", units, totals, done, "records"), enabled)
+    if done:  # also without the bars: what a rerun reused belongs in a batch job's log
+        say(_resume_line("measure", units, totals, done, "records", executor.workers))
     return StageProgress(
-        "measure", totals, "samples", enabled=enabled, done=done, reports=executor.progress_queue
+        "measure", totals, "samples", enabled=enabled, done=set(done), reports=executor.progress_queue
     )
 
 
@@ -407,16 +410,15 @@ def _write_progress(
     """The write stage's bar, in rows, with the shards an earlier run finished counted done."""
     shards = plan["shards"]
     totals = {u: int(shards[u].get("rows", 0)) for u in units}
-    done = {
-        u
-        for u in units
-        if read_record(shard_record_path(spec, u), shard_key(spec, plan["key"], shards[u])) is not None
-    }
+    records = {u: read_record(shard_record_path(spec, u), shard_key(spec, plan["key"], shards[u])) for u in units}
+    done = {u: int((r.get("shard") or {}).get("num_bytes", 0)) for u, r in records.items() if r is not None}
     rows = sum(totals.values())
     say(f"write: {rows:,} rows in {len(units)} shard(s), {executor.workers} worker(s)", enabled)
     if done:
-        say(_resume_line("write", units, totals, done, "rows"), enabled)
-    return StageProgress("write", totals, "rows", enabled=enabled, done=done, reports=executor.progress_queue)
+        say(_resume_line("write", units, totals, done, "rows", executor.workers))
+    return StageProgress(
+        "write", totals, "rows", enabled=enabled, done=set(done), reports=executor.progress_queue
+    )
 
 
 def run_prepare(

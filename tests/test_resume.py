@@ -187,3 +187,17 @@ def test_changed_input_redoes_its_part_only(tmp_path, demo_tokenizer, demo_corpu
     fresh = tmp_path / "fresh"
     run_prepare(demo_config(fresh, demo_tokenizer, (edited, media)))
     assert dataset_bytes(root) == dataset_bytes(fresh)
+
+
+def test_a_rerun_says_what_it_keeps_and_what_checking_it_costs(tmp_path, demo_tokenizer, demo_corpus):
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    assert _killed(prepare_in_subprocess(cfg, "write:2"))
+    parts = sorted((root / "stages" / "measure").glob("part-*.json"))
+    measured = sum(p.stat().st_size for p in (root / "stages" / "measure").glob("part-*") if p.suffix != ".json")
+    shards = sum(p.stat().st_size for p in (root / "shards").glob("shard-00000[01].tar"))
+    res = prepare_in_subprocess(cfg)  # --no-progress: said all the same, for a batch job's log
+    assert res.returncode == 0, res.stderr
+    assert f"resuming: {len(parts)} of {len(parts)} measure units done" in res.stderr
+    assert f"kept once their {measured / 2**20:,.1f} MiB of files are read again" in res.stderr
+    assert "resuming: 2 of " in res.stderr and f"{shards / 2**20:,.1f} MiB" in res.stderr
