@@ -374,15 +374,16 @@ def _run_units(executor: Any, fn: Any, spec: RunSpec, units: list[int], bar: Sta
 
 
 def _resume_line(
-    stage: str, units: list[int], totals: dict[int, int], done: dict[int, int], item: str, workers: int
+    stage: str, units: list[int], totals: dict[int, int], done: dict[int, int], item: str
 ) -> str:
-    """What a rerun keeps of a stage, and what keeping it costs: the kept units' files are read whole once
-    more, to check them against their recorded checksums (a file changed or damaged since is redone)."""
+    """What a rerun keeps of a stage, and how it checks what it keeps: a kept file whose stamp (size, inode,
+    mtime, ctime; an object's ETag) is as recorded is trusted unread; any other is read whole to check its
+    recorded checksum (and its unit redone when that differs)."""
     kept = sum(done.values())
     return (
         f"resuming: {len(done)} of {len(units)} {stage} units done "
-        f"({sum(totals[u] for u in done):,} of {sum(totals.values()):,} {item}); kept once their "
-        f"{kept / 2**20:,.1f} MiB of files are read again to check their recorded checksums ({workers} worker(s))"
+        f"({sum(totals[u] for u in done):,} of {sum(totals.values()):,} {item}); kept: {kept / 2**20:,.1f} MiB "
+        f"of files, trusted by their recorded stamps (a file changed since is read again to check its checksum)"
     )
 
 
@@ -398,7 +399,7 @@ def _measure_progress(spec: RunSpec, units: list[int], executor: Any, enabled: b
         enabled,
     )
     if done:  # also without the bars: what a rerun reused belongs in a batch job's log
-        say(_resume_line("measure", units, totals, done, "records", executor.workers))
+        say(_resume_line("measure", units, totals, done, "records"))
     return StageProgress(
         "measure", totals, "samples", enabled=enabled, done=set(done), reports=executor.progress_queue
     )
@@ -415,7 +416,7 @@ def _write_progress(
     rows = sum(totals.values())
     say(f"write: {rows:,} rows in {len(units)} shard(s), {executor.workers} worker(s)", enabled)
     if done:
-        say(_resume_line("write", units, totals, done, "rows", executor.workers))
+        say(_resume_line("write", units, totals, done, "rows"))
     return StageProgress(
         "write", totals, "rows", enabled=enabled, done=set(done), reports=executor.progress_queue
     )

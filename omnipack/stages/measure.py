@@ -39,7 +39,15 @@ from ..media.sources import media_root_key
 from .lock import holder_live as lock_holder_live
 from .lock import owner as lock_owner
 from .lock import renewed as lock_renewed
-from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
+from .records import (
+    crash_point,
+    digest,
+    file_unchanged,
+    file_xxh3,
+    output_stamp,
+    read_record,
+    write_json_atomic,
+)
 from .spec import RunSpec
 from .storage import create_exclusive, make_dirs, publish, read_parquet, staging_file
 
@@ -130,12 +138,11 @@ def part_files(measure_dir: Path, number: int) -> dict[str, Path]:
 
 
 def outputs_intact(record: dict[str, Any], root: Path) -> bool:
-    """A recorded unit's files are all there with their recorded sizes and checksums."""
-    for name, info in record.get("files", {}).items():
-        path = root / name
-        if not path.is_file() or path.stat().st_size != info["bytes"] or file_xxh3(path) != info["xxh3"]:
-            return False
-    return True
+    """A recorded unit's files are all there as recorded: the same stamps, or sizes and checksums."""
+    return all(
+        file_unchanged(root / name, info["bytes"], info["xxh3"], info.get("stamp"))
+        for name, info in record.get("files", {}).items()
+    )
 
 
 _MEASURERS: dict[str, Measurer] = {}
@@ -179,6 +186,8 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     }
     for name, path in tmp.items():
         publish(path, files[name])
+    for name in ("samples", "rejects", "arrow"):  # as published (a rename moves the ctime)
+        outputs[files[name].name]["stamp"] = output_stamp(files[name])
     crash_point("measure", number)
     record = {
         "key": key,

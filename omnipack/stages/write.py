@@ -30,7 +30,15 @@ from ..media.sources import resolve_source
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
 from .measure import part_files
-from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
+from .records import (
+    crash_point,
+    digest,
+    file_unchanged,
+    file_xxh3,
+    output_stamp,
+    read_record,
+    write_json_atomic,
+)
 from .spec import RunSpec, WriteSettings
 from .storage import is_local, local_file, make_dirs, publish, read_parquet, staging_file
 
@@ -248,11 +256,9 @@ def shard_done(spec: RunSpec, record: dict[str, Any] | None, *, check_bytes: boo
         return False
     if not check_bytes:
         return True
-    return (
-        info.get("xxh3_128") is not None
-        and record.get("index_xxh3") is not None
-        and file_xxh3(tar) == info["xxh3_128"]
-        and file_xxh3(idx) == record["index_xxh3"]
+    stamps = record.get("stamps") or {}
+    return file_unchanged(tar, info["num_bytes"], info.get("xxh3_128"), stamps.get("tar")) and file_unchanged(
+        idx, idx.stat().st_size, record.get("index_xxh3"), stamps.get("idx")
     )
 
 
@@ -326,12 +332,15 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
         for name in (f"{infos[0].path}.idx", infos[0].path):
             publish(local_root / name, spec.out / name)
     crash_point("write", number)
+    tar = spec.out / infos[0].path if infos else None
     record = {
         "key": key,
         "number": number,
         "shard": asdict(infos[0]) if infos else None,
         # the index's checksum (the tar's is in the shard info): a resumed run checks both
         "index_xxh3": index_xxh3,
+        # what lets a resumed run trust the shard without reading it (see records.output_stamp)
+        "stamps": {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))} if tar else None,
         "rejects": rejects,
         "rows_written": rows_written,
         "samples_written": samples_written,
