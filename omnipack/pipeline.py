@@ -497,6 +497,8 @@ def _run_stages(
         if stage in (None, "pack"):
             say("pack: planning rows from the measured lengths", cfg.progress)
             plan = run_pack_stage(spec, reuse_measure=reuse)
+            if plan.get("kept"):
+                say(f"resuming: the plan of the earlier run is current: kept ({plan['num_rows']:,} rows)")
             if stage:
                 return {"stage": stage, "rows": plan["num_rows"], "shards": len(plan["shards"])}
         plan = json.loads(spec.plan_record.read_text()) if spec.plan_record.exists() else None

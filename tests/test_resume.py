@@ -201,6 +201,7 @@ def test_a_rerun_says_what_it_keeps_and_how_it_checks_it(tmp_path, demo_tokenize
     assert f"resuming: {len(parts)} of {len(parts)} measure units done" in res.stderr
     assert f"kept: {measured / 2**20:,.1f} MiB of files, trusted by their recorded stamps" in res.stderr
     assert "resuming: 2 of " in res.stderr and f"{shards / 2**20:,.1f} MiB" in res.stderr
+    assert "resuming: the plan of the earlier run is current: kept" in res.stderr
 
 
 def test_kept_files_are_trusted_by_their_stamps_without_being_read(
