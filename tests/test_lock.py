@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -210,3 +212,51 @@ def test_ranks_of_another_world_size_are_refused(tmp_path):
             pass  # the same world size, or another stage
     with OutputLock(tmp_path, "measure-1-of-3"):  # one after the other: the records say what is done
         pass
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Live processes (not zombies) whose environment carries ``marker``: a run and every worker it spawned."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            ours = proc.name.isdigit() and marker.encode() in (proc / "environ").read_bytes()
+            if ours and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(proc.name))
+        except OSError:
+            continue  # gone meanwhile, or not ours
+    return found
+
+
+@pytest.mark.parametrize("whole_group", [False, True], ids=["kill", "scancel"])
+def test_sigterm_mid_run_releases_the_lease_and_the_rerun_completes(
+    tmp_path, demo_tokenizer, demo_corpus, whole_group
+):
+    """Preemption: SIGTERM to the run (``kill``), or to its whole process group with the pool workers
+    (``scancel``): the run stops, its lease is released and no worker is left; the same command resumes."""
+    out = tmp_path / "ds"
+    cfg = demo_config(out, demo_tokenizer, demo_corpus, workers=2, shard_max_rows=1, part_lines=8)
+    marker = f"omnipack-test-{uuid.uuid4()}"
+    env = {**os.environ, "OMNIPACK_TEST_MARK": marker}
+    cmd = [sys.executable, "-m", "omnipack", *cli_args(cfg)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+                            start_new_session=True)  # fmt: skip
+    first_shard = out / "stages" / "write" / "shard-000000.json"
+    deadline = time.monotonic() + 300
+    while not first_shard.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    if whole_group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    if not whole_group:  # its workers were not signalled: the run stops them and says how to go on
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert "terminated (SIGTERM); rerun the same command to resume" in err and "Traceback" not in err
+    assert proc.returncode != 0 and not (out / LOCK_DIR).exists(), err
+    deadline = time.monotonic() + 5
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_with(marker)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "taking over" not in res.stderr, res.stderr
