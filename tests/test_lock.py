@@ -260,3 +260,21 @@ def test_sigterm_mid_run_releases_the_lease_and_the_rerun_completes(
     assert not _processes_with(marker)
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "taking over" not in res.stderr, res.stderr
+
+
+def test_a_lease_of_another_machine_with_this_hostname_is_judged_by_its_expiry(tmp_path):
+    """Clusters where every node has the same hostname (or a host rebooted): the holder's pid means nothing
+    here, so a dead local pid does not free the lease; its expiry does."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    if not boot.exists():
+        pytest.skip("no boot id on this system")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lease = {"pid": dead.pid, "hostname": socket.gethostname(), "boot_id": "another-machine",
+             "since": time.time(), "renewed": time.time(), "expires_after_s": 120}  # fmt: skip
+    _write_lock(tmp_path, "run", **lease)
+    with pytest.raises(OutputLocked, match=f"pid {dead.pid}"):
+        OutputLock(tmp_path).acquire()
+    _write_lock(tmp_path, "run", **{**lease, "renewed": time.time() - 121})
+    with OutputLock(tmp_path):
+        pass

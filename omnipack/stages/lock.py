@@ -13,8 +13,9 @@ agree to well within it, as NTP keeps them). A lost node's or a preempted job's 
 next run takes it over, saying whose it was. SIGTERM (a scheduler's preemption, ``scancel``) and SIGINT
 end the run through its normal exit path, which releases the lease.
 
-The host is ``socket.gethostname()``, or ``OMNIPACK_HOST_ID`` where hostnames do not tell hosts (or pid
-namespaces) apart, e.g. containers sharing one hostname.
+The host is ``socket.gethostname()`` (or ``OMNIPACK_HOST_ID``, where hostnames do not tell hosts or pid
+namespaces apart, e.g. containers sharing one hostname) and, on Linux, its boot id: a lease of a machine that
+merely shares the hostname, or of this one before a reboot, is judged by its expiry, never by a local pid.
 
 On an object store (``s3://...``) there is no atomic mkdir or ``O_EXCL``: a lease is an object created only
 if absent (a conditional PUT, ``If-None-Match: *``), which S3 itself, MinIO and moto decide atomically, so
@@ -78,12 +79,26 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def _boot_id() -> str | None:
+    """This boot of this machine (Linux): tells apart machines that share a hostname, and a reboot."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _here(holder: dict[str, Any]) -> bool:
+    """Whether a lease's holder ran on this machine since its last boot (so its pid can be checked)."""
+    return holder.get("hostname") == host_id() and holder.get("boot_id") in (None, _boot_id())
+
+
 def _owner() -> dict[str, Any]:
     pid = os.getpid()
     now = time.time()
     return {
         "pid": pid,
         "hostname": host_id(),
+        "boot_id": _boot_id(),
         "start_time": _start_time(pid),
         "since": now,
         "renewed": now,
@@ -97,8 +112,9 @@ def _expired(holder: dict[str, Any], now: float | None = None) -> bool:
 
 
 def _is_live(holder: dict[str, Any]) -> bool:
-    if holder.get("hostname") != host_id():
-        # another machine's process can not be checked: its lease lives while it renews it
+    if not _here(holder):
+        # another machine's process (or one from before a reboot) can not be checked: its lease lives while
+        # it renews it
         return not _expired(holder)
     pid = int(holder.get("pid", -1))
     if pid <= 0 or not pid_alive(pid):
@@ -120,7 +136,7 @@ def _describe(name: str, holder: dict[str, Any]) -> str:
 
 
 def _why_stale(holder: dict[str, Any]) -> str:
-    if holder.get("hostname") != host_id():
+    if not _here(holder):
         return f"its lease expired ({holder.get('expires_after_s', DEFAULT_EXPIRY_S):g} s without renewal)"
     return "its process is gone"
 
