@@ -456,7 +456,7 @@ def run_prepare(
     with OutputLock(out, _lock_name(stage, rank, world_size)):
         state = _output_state(cfg, stage)
         if state == "finished":
-            say(f"{out} already holds the finished dataset of this run: nothing to do", True)
+            say(f"{out} already holds the finished dataset of this run: nothing to do")
             return json.loads((out / NV_META / OMNIPACK_META).read_text())
         if state == "overwrite":
             remove_meta(out)  # first: a dataset in the making never looks whole

@@ -243,8 +243,8 @@ def shard_record_path(spec: RunSpec, number: int) -> Path:
 
 def shard_done(spec: RunSpec, record: dict[str, Any] | None, *, check_bytes: bool = False) -> bool:
     """A recorded shard whose tar and index are in place with the recorded size; with ``check_bytes``, also
-    with the recorded xxh3-128 checksums (a read of the shard at memory speed: what a resumed write unit
-    pays to trust a shard instead of rewriting it, since a damaged shard can keep its size)."""
+    unchanged since recorded: their recorded stamps (a ``stat``), or else their recorded xxh3-128 checksums
+    (a read of the shard), since a damaged shard can keep its size."""
     if record is None:
         return False
     info = record["shard"]
