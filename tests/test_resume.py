@@ -230,3 +230,20 @@ def test_kept_files_are_trusted_by_their_stamps_without_being_read(
     assert dataset_bytes(root) == reference
     assert _mtimes(root, "shards/shard-00000[01].tar*") == before  # both kept, none rewritten
     assert {p for p in hashed if p in kept} == {copied}
+
+
+def test_a_staged_rank_removes_the_half_written_files_of_its_own_units(tmp_path, demo_tokenizer, demo_corpus):
+    """A rank's units are its own (one lease per rank, one world size): their leftovers are removed when the
+    unit runs again, while another rank's, which may be being written right now, stay."""
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    rank1 = ("--stage", "measure", "--rank", "1", "--world-size", "2")
+    assert _killed(prepare_in_subprocess(cfg, "measure:1", args=rank1))
+    measure = root / "stages" / "measure"
+    own = [measure / "part-000001.arrow.4242.partial", measure / "part-000003.parquet.4242.partial"]
+    other = measure / "part-000000.parquet.4242.partial"  # rank 0's unit
+    for path in [*own, other]:
+        path.write_bytes(b"half")
+    res = prepare_in_subprocess(cfg, args=rank1)
+    assert res.returncode == 0, res.stderr
+    assert not any(p.exists() for p in own) and other.exists()

@@ -49,7 +49,7 @@ from .records import (
     write_json_atomic,
 )
 from .spec import RunSpec
-from .storage import create_exclusive, make_dirs, publish, read_parquet, staging_file
+from .storage import create_exclusive, make_dirs, publish, read_parquet, remove_partials, staging_file
 
 # records (JSONL: lines) per part: enough work to amortise a part's files, small enough to spread
 PART_LINES = 4096
@@ -165,6 +165,7 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     if record is not None and outputs_intact(record, spec.measure_dir):
         return record
     make_dirs(spec.measure_dir)
+    remove_partials(spec.measure_dir, f"part-{number:06d}.*")  # of this unit, by a killed run
     measurer = _measurer(spec.measure)
     tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}
     samples: list[RawSample]

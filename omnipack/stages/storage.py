@@ -83,13 +83,14 @@ def staging_file(dest: AnyPath) -> Path:
 PARTIAL_SUFFIX = ".partial"  # a file being built: renamed into place when whole (see ``staging_file``)
 
 
-def remove_partials(root: AnyPath) -> int:
-    """Remove the half-built files (``*.partial``) killed processes left under a local output; only when no
-    other process writes there (a whole run's lock). Object stores have none: files are built locally."""
+def remove_partials(root: AnyPath, pattern: str = "**/*") -> int:
+    """Remove the half-built files (``PATTERN.partial``) killed processes left under a local folder; only
+    where no other process builds them (under a whole run's lock; a unit's own files). Object stores have
+    none: files are built locally."""
     if not is_local(root) or not root.is_dir():
         return 0
     removed = 0
-    for path in root.rglob(f"*{PARTIAL_SUFFIX}"):
+    for path in root.glob(f"{pattern}{PARTIAL_SUFFIX}"):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed += 1

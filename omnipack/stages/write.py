@@ -40,7 +40,7 @@ from .records import (
     write_json_atomic,
 )
 from .spec import RunSpec, WriteSettings
-from .storage import is_local, local_file, make_dirs, publish, read_parquet, staging_file
+from .storage import is_local, local_file, make_dirs, publish, read_parquet, remove_partials, staging_file
 
 
 @dataclass
@@ -293,6 +293,7 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     record = read_record(path, key)
     if shard_done(spec, record, check_bytes=True):
         return record  # type: ignore[return-value]
+    remove_partials(spec.write_dir, f"{path.name}.*")  # this unit's record, half-written by a killed run
     # in a folder the shard is written in place (under a temporary name); for an object store it is
     # built in a local staging folder and uploaded whole
     local_root = spec.out if is_local(spec.out) else staging_file(spec.out / shard["path"]).parent / "root"
