@@ -127,6 +127,10 @@ def test_kills_in_write_and_finalize_on_s3_then_reruns(s3, reference, demo_token
         f"{root}/stages/write/shard-000002.json"
     )
     done = {k: fs.info(k)["LastModified"] for k in fs.glob(f"{root}/shards/shard-00000[01].tar")}
+    # what lets a rerun keep a shard without downloading it: its size and ETag, as recorded
+    stamps = json.loads(fs.cat_file(f"{root}/stages/write/shard-000001.json"))["stamps"]
+    info = fs.info(f"{root}/shards/shard-000001.tar")
+    assert stamps["tar"] == [info["size"], info["ETag"]]
     res = prepare_in_subprocess(cfg, "finalize:0")  # killed before the dataset's last file (dataset.yaml) went up
     assert res.returncode == -signal.SIGKILL, res.stderr
     assert fs.exists(f"{root}/.nv-meta/omnipack.json") and not fs.exists(f"{root}/.nv-meta/dataset.yaml")
