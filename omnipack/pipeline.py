@@ -308,7 +308,8 @@ def _same_finished_run(cfg: PrepareConfig) -> bool:
         return False
     if recorded != _run_settings(cfg):
         return False
-    return read_record(stages / PARTS_FILE, parts_key(list(cfg.manifest), cfg.input_spec, cfg.part_lines)) is not None
+    split_key = parts_key(list(cfg.manifest), cfg.input_spec, cfg.part_lines)
+    return read_record(stages / PARTS_FILE, split_key) is not None
 
 
 RUN_FILE = "run.json"
@@ -382,16 +383,21 @@ def _resume_line(
     kept = sum(done.values())
     return (
         f"resuming: {len(done)} of {len(units)} {stage} units done "
-        f"({sum(totals[u] for u in done):,} of {sum(totals.values()):,} {item}); kept: {kept / 2**20:,.1f} MiB "
-        f"of files, trusted by their recorded stamps (a file changed since is read again to check its checksum)"
+        f"({sum(totals[u] for u in done):,} of {sum(totals.values()):,} {item}); "
+        f"kept: {kept / 2**20:,.1f} MiB of files, trusted by their recorded stamps "
+        "(a file changed since is read again to check its checksum)"
     )
 
 
 def _measure_progress(spec: RunSpec, units: list[int], executor: Any, enabled: bool) -> StageProgress:
     """The measure stage's bar, in input records, with the parts an earlier run finished counted done."""
     totals = {u: spec.parts[u].num_lines or spec.parts[u].num_records for u in units}
-    records = {u: read_record(part_files(spec.measure_dir, u)["record"], part_key(spec, spec.parts[u])) for u in units}
-    done = {u: sum(f["bytes"] for f in r.get("files", {}).values()) for u, r in records.items() if r is not None}
+    records = {
+        u: read_record(part_files(spec.measure_dir, u)["record"], part_key(spec, spec.parts[u])) for u in units
+    }
+    done = {
+        u: sum(f["bytes"] for f in r.get("files", {}).values()) for u, r in records.items() if r is not None
+    }
     files = len({spec.parts[u].path for u in units})
     say(
         f"measure: {sum(totals.values()):,} records in {len(units)} parts of {files} input file(s), "
@@ -411,7 +417,9 @@ def _write_progress(
     """The write stage's bar, in rows, with the shards an earlier run finished counted done."""
     shards = plan["shards"]
     totals = {u: int(shards[u].get("rows", 0)) for u in units}
-    records = {u: read_record(shard_record_path(spec, u), shard_key(spec, plan["key"], shards[u])) for u in units}
+    records = {
+        u: read_record(shard_record_path(spec, u), shard_key(spec, plan["key"], shards[u])) for u in units
+    }
     done = {u: int((r.get("shard") or {}).get("num_bytes", 0)) for u, r in records.items() if r is not None}
     rows = sum(totals.values())
     say(f"write: {rows:,} rows in {len(units)} shard(s), {executor.workers} worker(s)", enabled)

@@ -163,7 +163,8 @@ def test_a_lease_is_renewed_while_its_holder_runs(tmp_path, monkeypatch, capsys)
     past its expiry; once the holder is killed it expires and is taken over."""
     out = tmp_path / "ds"
     env = {**os.environ, EXPIRY_ENV: "1"}
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    cmd = [sys.executable, "-c", HOLDER, str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout.readline().strip() == "locked"
         monkeypatch.setenv(HOST_ENV, "another-host")
@@ -196,7 +197,8 @@ def test_sigterm_releases_the_lease(tmp_path):
 def test_a_stale_local_lease_is_taken_over_with_a_message(tmp_path, capsys):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    _write_lock(tmp_path, "run", pid=dead.pid, hostname=socket.gethostname(), start_time="1", since=time.time())
+    host = socket.gethostname()
+    _write_lock(tmp_path, "run", pid=dead.pid, hostname=host, start_time="1", since=time.time())
     with OutputLock(tmp_path):
         pass
     err = capsys.readouterr().err
@@ -215,7 +217,7 @@ def test_ranks_of_another_world_size_are_refused(tmp_path):
 
 
 def _processes_with(marker: str) -> list[int]:
-    """Live processes (not zombies) whose environment carries ``marker``: a run and every worker it spawned."""
+    """Live processes (not zombies) whose environment holds ``marker``: a run and every worker it spawned."""
     found = []
     for proc in Path("/proc").iterdir():
         try:

@@ -198,8 +198,8 @@ def test_a_lease_on_the_store_is_renewed_and_an_expired_one_taken_over(s3, monke
             OutputLock(url).acquire()
         monkeypatch.setenv(HOST_ENV, "nodeA")
     assert not _fs().exists(key)
-    lost = {"pid": 6532, "hostname": "nodeC", "start_time": None, "since": time.time(), "renewed": time.time(),
-            "expires_after_s": 120}
+    now = time.time()
+    lost = {"pid": 6532, "hostname": "nodeC", "since": now, "renewed": now, "expires_after_s": 120}
     _fs().pipe_file(key, json.dumps(lost).encode())
     with pytest.raises(OutputLocked, match="pid 6532 on nodeC"):
         OutputLock(url, "measure-0-of-2").acquire()

@@ -194,7 +194,8 @@ def test_a_rerun_says_what_it_keeps_and_how_it_checks_it(tmp_path, demo_tokenize
     cfg = demo_config(root, demo_tokenizer, demo_corpus)
     assert _killed(prepare_in_subprocess(cfg, "write:2"))
     parts = sorted((root / "stages" / "measure").glob("part-*.json"))
-    measured = sum(p.stat().st_size for p in (root / "stages" / "measure").glob("part-*") if p.suffix != ".json")
+    measure = root / "stages" / "measure"
+    measured = sum(p.stat().st_size for p in measure.glob("part-*") if p.suffix != ".json")
     shards = sum(p.stat().st_size for p in (root / "shards").glob("shard-00000[01].tar"))
     res = prepare_in_subprocess(cfg)  # --no-progress: said all the same, for a batch job's log
     assert res.returncode == 0, res.stderr

@@ -59,7 +59,7 @@ class OutputLocked(RuntimeError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM: stop as on Ctrl-C (workers stopped, the lease released), since every finished unit is recorded."""
+    """SIGTERM: stop as on Ctrl-C (workers stopped, the lease released): every finished unit is recorded."""
 
 
 def host_id() -> str:
@@ -178,7 +178,7 @@ class _Heartbeat(threading.Thread):
             except (OSError, json.JSONDecodeError):
                 continue  # a slow store: try again at the next beat, well within the expiry
             if (current.get("pid"), current.get("hostname")) != (self.holder["pid"], self.holder["hostname"]):
-                print(f"omnipack: warning: the lease {self.path} was taken over by another run", file=sys.stderr)
+                print(f"omnipack: warning: another run took over the lease {self.path}", file=sys.stderr)
                 return
             self.holder["renewed"] = time.time()
             try:

@@ -185,8 +185,8 @@ def pack_key(spec: RunSpec, records: list[dict[str, Any]]) -> str:
 
 def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, Any]:
     """Plan the measured parts (or reuse the plan when nothing it depends on changed); returns the plan
-    record (with ``kept`` when reused). ``reuse_measure``: take the parts as measured before even if measure settings changed (the
-    caller checked they still fit, for ``--from-stage pack``)."""
+    record (with ``kept`` when reused). ``reuse_measure``: take the parts as measured before even if
+    measure settings changed (the caller checked they still fit, for ``--from-stage pack``)."""
     records = part_records(spec, check_keys=not reuse_measure)
     key = pack_key(spec, records)
     record = read_record(spec.plan_record, key)

@@ -36,8 +36,8 @@ def file_xxh3(path: Path) -> str:
 
 def output_stamp(path: Any) -> list[Any] | None:
     """What says a file is untouched since a record noted it, without reading it: in a folder its size,
-    inode, mtime and ctime (any write moves the ctime, and no process can set it back, as a ``utime`` can the
-    mtime); on an object store its size and ETag (any new PUT changes it). None when there is no such stamp."""
+    inode, mtime and ctime (any write moves the ctime, and no process can set it back, as a ``utime`` can
+    the mtime); on an object store its size and ETag (any new PUT changes it). None when there is none."""
     try:
         if is_local(path):
             st = path.stat()

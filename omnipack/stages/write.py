@@ -341,7 +341,9 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
         # the index's checksum (the tar's is in the shard info): a resumed run checks both
         "index_xxh3": index_xxh3,
         # what lets a resumed run trust the shard without reading it (see records.output_stamp)
-        "stamps": {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))} if tar else None,
+        "stamps": {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))}
+        if tar
+        else None,
         "rejects": rejects,
         "rows_written": rows_written,
         "samples_written": samples_written,
