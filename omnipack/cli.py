@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -606,7 +607,13 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"omnipack {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        from .stages.lock import Terminated
+
+        if isinstance(e, Terminated):  # a scheduler's SIGTERM (preemption, scancel): the lease is released
+            print(f"\nomnipack {args.command}: terminated (SIGTERM); rerun the same command to resume",
+                  file=sys.stderr)
+            return 128 + signal.SIGTERM
         # one line, no traceback: every finished unit of work is recorded, so the same command goes on
         resume = "; rerun the same command to resume" if args.command in ("prepare", "demo") else ""
         print(f"\nomnipack {args.command}: interrupted{resume}", file=sys.stderr)

@@ -30,11 +30,11 @@ from .plan import PackConfig
 from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
-from .stages.measure import PART_LINES, load_parts, measure_part, part_files, part_key
+from .stages.measure import PART_LINES, PARTS_FILE, load_parts, measure_part, part_files, part_key, parts_key
 from .stages.pack import MEASURE_KEY_FILE, run_pack_stage
 from .stages.records import digest, read_record, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
-from .stages.storage import make_dirs, output_path, remove_tree
+from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
 from .stages.write import shard_key, shard_record_path, write_shard
 
 __all__ = [
@@ -269,7 +269,8 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
 
 
 def _output_state(cfg: PrepareConfig, stage: str | None) -> str:
-    """What to do with the output folder: "fresh", "resume", "repack" or "overwrite" (refusals raise)."""
+    """What to do with the output folder: "fresh", "resume", "repack", "overwrite" or "finished" (this very
+    run is done: nothing to do); refusals raise."""
     out = output_path(cfg.output)
     if stage not in (None, "measure"):
         if not (out / STAGES_DIR).is_dir():
@@ -287,11 +288,28 @@ def _output_state(cfg: PrepareConfig, stage: str | None) -> str:
         return "resume"  # an unfinished run: its records say what is left to do
     if cfg.overwrite:
         return "overwrite"
+    if finished and _same_finished_run(cfg):
+        return "finished"
     if finished:
         raise FileExistsError(
             f"output {out} already holds a dataset (use --overwrite to replace it, or --from-stage pack to repack)"
         )
     raise FileExistsError(f"output {out} is not empty (use --overwrite, or --from-stage pack to repack)")
+
+
+def _same_finished_run(cfg: PrepareConfig) -> bool:
+    """Whether the finished dataset in the output is this run's: the same settings (``stages/run.json``) and
+    input files unchanged since they were split (names, sizes, modification stamps). The same command rerun
+    after a kill that came once the dataset was whole (its lock not yet released) is then done."""
+    stages = output_path(cfg.output) / STAGES_DIR
+    try:
+        recorded = json.loads((stages / RUN_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    if recorded != _run_settings(cfg):
+        return False
+    split_key = parts_key(list(cfg.manifest), cfg.input_spec, cfg.part_lines)
+    return read_record(stages / PARTS_FILE, split_key) is not None
 
 
 RUN_FILE = "run.json"
@@ -310,12 +328,17 @@ HOW_NOT_WHAT = (
 )
 
 
+def _run_settings(cfg: PrepareConfig) -> dict[str, Any]:
+    """The settings that decide what a run writes, as recorded in ``stages/run.json``."""
+    return json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in HOW_NOT_WHAT}))
+
+
 def _check_run_settings(cfg: PrepareConfig, state: str) -> None:
     """Resume only the same run: an unfinished run with other settings is refused without --overwrite
     (with it, the run goes on and redoes exactly the units the changed settings touch); the pieces of a
     staged run must all be started with the same settings."""
     path = output_path(cfg.output) / STAGES_DIR / RUN_FILE
-    settings = json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in HOW_NOT_WHAT}))
+    settings = _run_settings(cfg)
     if state == "resume" and path.exists():
         recorded = json.loads(path.read_text())
         changed = sorted(k for k in settings.keys() | recorded.keys() if settings.get(k) != recorded.get(k))
@@ -352,20 +375,29 @@ def _run_units(executor: Any, fn: Any, spec: RunSpec, units: list[int], bar: Sta
     return [done[unit] for unit in units]
 
 
-def _resume_line(stage: str, units: list[int], totals: dict[int, int], done: set[int], item: str) -> str:
+def _resume_line(
+    stage: str, units: list[int], totals: dict[int, int], done: dict[int, int], item: str
+) -> str:
+    """What a rerun keeps of a stage, and how it checks what it keeps: a kept file whose stamp (size, inode,
+    mtime, ctime; an object's ETag) is as recorded is trusted unread; any other is read whole to check its
+    recorded checksum (and its unit redone when that differs)."""
+    kept = sum(done.values())
     return (
         f"resuming: {len(done)} of {len(units)} {stage} units done "
-        f"({sum(totals[u] for u in done):,} of {sum(totals.values()):,} {item})"
+        f"({sum(totals[u] for u in done):,} of {sum(totals.values()):,} {item}); "
+        f"kept: {kept / 2**20:,.1f} MiB of files, trusted by their recorded stamps "
+        "(a file changed since is read again to check its checksum)"
     )
 
 
 def _measure_progress(spec: RunSpec, units: list[int], executor: Any, enabled: bool) -> StageProgress:
     """The measure stage's bar, in input records, with the parts an earlier run finished counted done."""
     totals = {u: spec.parts[u].num_lines or spec.parts[u].num_records for u in units}
+    records = {
+        u: read_record(part_files(spec.measure_dir, u)["record"], part_key(spec, spec.parts[u])) for u in units
+    }
     done = {
-        u
-        for u in units
-        if read_record(part_files(spec.measure_dir, u)["record"], part_key(spec, spec.parts[u])) is not None
+        u: sum(f["bytes"] for f in r.get("files", {}).values()) for u, r in records.items() if r is not None
     }
     files = len({spec.parts[u].path for u in units})
     say(
@@ -373,10 +405,10 @@ def _measure_progress(spec: RunSpec, units: list[int], executor: Any, enabled: b
         f"{executor.workers} worker(s)",
         enabled,
     )
-    if done:
-        say(_resume_line("measure", units, totals, done, "records"), enabled)
+    if done:  # also without the bars: what a rerun reused belongs in a batch job's log
+        say(_resume_line("measure", units, totals, done, "records"))
     return StageProgress(
-        "measure", totals, "samples", enabled=enabled, done=done, reports=executor.progress_queue
+        "measure", totals, "samples", enabled=enabled, done=set(done), reports=executor.progress_queue
     )
 
 
@@ -386,16 +418,17 @@ def _write_progress(
     """The write stage's bar, in rows, with the shards an earlier run finished counted done."""
     shards = plan["shards"]
     totals = {u: int(shards[u].get("rows", 0)) for u in units}
-    done = {
-        u
-        for u in units
-        if read_record(shard_record_path(spec, u), shard_key(spec, plan["key"], shards[u])) is not None
+    records = {
+        u: read_record(shard_record_path(spec, u), shard_key(spec, plan["key"], shards[u])) for u in units
     }
+    done = {u: int((r.get("shard") or {}).get("num_bytes", 0)) for u, r in records.items() if r is not None}
     rows = sum(totals.values())
     say(f"write: {rows:,} rows in {len(units)} shard(s), {executor.workers} worker(s)", enabled)
     if done:
-        say(_resume_line("write", units, totals, done, "rows"), enabled)
-    return StageProgress("write", totals, "rows", enabled=enabled, done=done, reports=executor.progress_queue)
+        say(_resume_line("write", units, totals, done, "rows"))
+    return StageProgress(
+        "write", totals, "rows", enabled=enabled, done=set(done), reports=executor.progress_queue
+    )
 
 
 def run_prepare(
@@ -431,12 +464,17 @@ def run_prepare(
             reader.check_end(f)
     with OutputLock(out, _lock_name(stage, rank, world_size)):
         state = _output_state(cfg, stage)
+        if state == "finished":
+            say(f"{out} already holds the finished dataset of this run: nothing to do")
+            return json.loads((out / NV_META / OMNIPACK_META).read_text())
         if state == "overwrite":
             remove_meta(out)  # first: a dataset in the making never looks whole
             for sub in ("shards", STAGES_DIR):
                 remove_tree(out / sub)
             (out / REJECTS_FILE).unlink(missing_ok=True)
         _check_run_settings(cfg, state)
+        if stage is None and (removed := remove_partials(out)):  # a whole run's lock: no other writer
+            say(f"removed {removed} half-written file(s) (*.partial) of a killed run")
         if state == "resume":
             say(f"resuming the unfinished run in {out}", cfg.progress)
         say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
@@ -468,6 +506,8 @@ def _run_stages(
         if stage in (None, "pack"):
             say("pack: planning rows from the measured lengths", cfg.progress)
             plan = run_pack_stage(spec, reuse_measure=reuse)
+            if plan.get("kept"):
+                say(f"resuming: the plan of the earlier run is current: kept ({plan['num_rows']:,} rows)")
             if stage:
                 return {"stage": stage, "rows": plan["num_rows"], "shards": len(plan["shards"])}
         plan = json.loads(spec.plan_record.read_text()) if spec.plan_record.exists() else None

@@ -56,12 +56,18 @@ def dataset_bytes(root: Path) -> dict[str, bytes]:
     return out
 
 
-def prepare_in_subprocess(cfg: PrepareConfig, crash_at: str | None = None) -> subprocess.CompletedProcess:
-    """``omnipack prepare`` for ``cfg`` in a child process (the environment carried, e.g. AWS_* settings),
-    killed with SIGKILL at ``crash_at`` (``OMNIPACK_CRASH_AT``) when given."""
-    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+def prepare_in_subprocess(
+    cfg: PrepareConfig, crash_at: str | None = None, *, args: tuple[str, ...] = (), env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``omnipack prepare`` for ``cfg`` (and more flags ``args``) in a child process (the environment carried,
+    e.g. AWS_* settings, with ``env`` on top), killed with SIGKILL at ``crash_at`` (``OMNIPACK_CRASH_AT``)."""
+    child_env = {k: v for k, v in os.environ.items() if k != CRASH_ENV} | (env or {})
     if crash_at:
-        env[CRASH_ENV] = crash_at
+        child_env[CRASH_ENV] = crash_at
     return subprocess.run(
-        [sys.executable, "-m", "omnipack", *cli_args(cfg)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "omnipack", *cli_args(cfg), *args],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )

@@ -118,3 +118,69 @@ def test_a_killed_runs_spec_file_is_removed_by_the_next_run(tmp_path):
     )
     assert done.returncode == 0 and done.stdout.strip() == "['', '3']", done.stderr
     assert list(tmp.rglob("omnipack-spec-*")) == []
+
+
+ORPHANS = """
+import os, sys, time
+from omnipack.executors.local import LocalExecutor, map_ordered
+
+
+def pid_of_worker(spec, unit):
+    time.sleep(0.2)  # long enough that every worker takes a unit
+    return os.getpid()
+
+
+def pid_of(item):
+    time.sleep(0.2)
+    return os.getpid()
+
+
+def make_pid_of(context):
+    return pid_of
+
+
+if __name__ == "__main__":
+    executor = LocalExecutor(2)
+    pids = set(executor.map(pid_of_worker, None, list(range(6))))
+    ordered = map_ordered(make_pid_of, None, range(100), workers=2, window=4, chunksize=1)
+    pids |= {next(ordered) for _ in range(6)}  # the generator stays open: its pool stays up
+    print(" ".join(map(str, sorted(pids))), flush=True)
+    time.sleep(300)
+"""
+
+
+def test_pool_workers_exit_when_their_parent_is_killed(tmp_path):
+    """A main process killed with SIGKILL (or by the OOM killer) takes its pool workers with it: none is
+    left holding its memory (they wait for work forever otherwise)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "orphans.py"
+    script.write_text(ORPHANS)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(p) for p in parent.stdout.readline().split()]
+    finally:
+        parent.kill()
+        parent.wait()
+    assert len(workers) == 4, workers  # two of the executor's pool, two of map_ordered's
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        # a zombie (exited, not yet reaped by init) holds no memory
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in workers if alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"pool workers {left} outlived their parent"

@@ -74,9 +74,10 @@ def test_prepare_to_s3_gives_the_local_bytes_and_energon_reads_it_there(
     # the trainer side: Energon's own storage client (multi-storage-client) reads the bucket
     remote = _batches(f"msc://_s3-{BUCKET}/runs/whole")
     assert remote and remote == _batches(str(reference))
-    # a second run into the finished dataset is refused, as for a folder
+    # the same command again finds its run finished; another run into the finished dataset is refused
+    assert run_prepare(demo_config(url, demo_tokenizer, demo_corpus)) == summary
     with pytest.raises(FileExistsError, match="already holds a dataset"):
-        run_prepare(demo_config(url, demo_tokenizer, demo_corpus))
+        run_prepare(demo_config(url, demo_tokenizer, demo_corpus, seed=1))
     # --overwrite replaces it (metadata first, so what is left never looks like a dataset meanwhile)
     run_prepare(demo_config(url, demo_tokenizer, demo_corpus, overwrite=True, shard_max_rows=5))
     replaced = s3_dataset_bytes(url)
@@ -126,6 +127,10 @@ def test_kills_in_write_and_finalize_on_s3_then_reruns(s3, reference, demo_token
         f"{root}/stages/write/shard-000002.json"
     )
     done = {k: fs.info(k)["LastModified"] for k in fs.glob(f"{root}/shards/shard-00000[01].tar")}
+    # what lets a rerun keep a shard without downloading it: its size and ETag, as recorded
+    stamps = json.loads(fs.cat_file(f"{root}/stages/write/shard-000001.json"))["stamps"]
+    info = fs.info(f"{root}/shards/shard-000001.tar")
+    assert stamps["tar"] == [info["size"], info["ETag"]]
     res = prepare_in_subprocess(cfg, "finalize:0")  # killed before the dataset's last file (dataset.yaml) went up
     assert res.returncode == -signal.SIGKILL, res.stderr
     assert fs.exists(f"{root}/.nv-meta/omnipack.json") and not fs.exists(f"{root}/.nv-meta/dataset.yaml")
@@ -173,3 +178,33 @@ def test_staging_folders_of_killed_processes_are_removed(tmp_path, monkeypatch):
     ours = storage.staging_dir()
     assert ours == tmp_path / f"omnipack-staging-{os.getpid()}" and ours.is_dir()
     assert not stale.exists() and live.exists()
+
+
+def test_a_lease_on_the_store_is_renewed_and_an_expired_one_taken_over(s3, monkeypatch, capsys):
+    """Leases on an object store, judged as another host judges them (by their renewals): a holder's
+    heartbeat keeps its lease live past its expiry; a lost host's lease is refused until it expires, then
+    taken over with its holder named."""
+    import time
+
+    from omnipack.stages.lock import EXPIRY_ENV, HOST_ENV
+
+    url, key = f"s3://{BUCKET}/runs/leased", f"{BUCKET}/runs/leased/.omnipack-lock/run.lock"
+    monkeypatch.setenv(EXPIRY_ENV, "1")
+    monkeypatch.setenv(HOST_ENV, "nodeA")
+    with OutputLock(url):
+        monkeypatch.setenv(HOST_ENV, "nodeB")
+        time.sleep(2.5)  # past the expiry: only the renewals keep it
+        with pytest.raises(OutputLocked, match="on nodeA"):
+            OutputLock(url).acquire()
+        monkeypatch.setenv(HOST_ENV, "nodeA")
+    assert not _fs().exists(key)
+    now = time.time()
+    lost = {"pid": 6532, "hostname": "nodeC", "since": now, "renewed": now, "expires_after_s": 120}
+    _fs().pipe_file(key, json.dumps(lost).encode())
+    with pytest.raises(OutputLocked, match="pid 6532 on nodeC"):
+        OutputLock(url, "measure-0-of-2").acquire()
+    _fs().pipe_file(key, json.dumps({**lost, "renewed": time.time() - 121}).encode())
+    with OutputLock(url, "measure-0-of-2"):
+        pass
+    assert "taking over 'run' held by pid 6532 on nodeC" in capsys.readouterr().err
+    assert not _fs().exists(key)

@@ -68,6 +68,25 @@ def test_kill_in_write_redoes_only_unfinished_shards(tmp_path, reference, demo_t
     assert dataset_bytes(root) == reference
 
 
+def test_half_written_files_of_a_killed_run_are_removed(tmp_path, reference, demo_tokenizer, demo_corpus):
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    assert _killed(prepare_in_subprocess(cfg, "write:2"))
+    # what a kill mid-write leaves: files built under temporary names, never renamed into place
+    left = [
+        root / "shards" / "shard-000003.tar.partial",
+        root / "stages" / "measure" / "part-000001.parquet.4242.partial",
+        root / "rejects.jsonl.4242.partial",
+    ]
+    for path in left:
+        path.write_bytes(b"half")
+    res = prepare_in_subprocess(cfg)
+    assert res.returncode == 0, res.stderr
+    assert "removed 3 half-written file(s)" in res.stderr
+    assert not any(p.exists() for p in left) and not list(root.rglob("*.partial"))
+    assert dataset_bytes(root) == reference
+
+
 def _damage(path: Path, at: int) -> None:
     """Flip one byte in place: same size, same mtime (only the bytes say it changed)."""
     st = path.stat()
@@ -118,6 +137,35 @@ def test_kill_in_finalize_leaves_no_dataset_then_completes(tmp_path, reference, 
     assert main(["verify", str(root)]) == 0
 
 
+def test_kill_after_the_dataset_appeared_then_the_same_command_is_done(
+    tmp_path, reference, demo_tokenizer, demo_corpus
+):
+    """Killed once the dataset is whole but before its lock was released: the same command sees its run
+    finished and exits 0 without writing; another command into the finished dataset is still refused."""
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    assert _killed(prepare_in_subprocess(cfg, "finalize:done"))
+    assert dataset_bytes(root) == reference and (root / ".omnipack-lock" / "run.lock").exists()
+    files = {k: v for k, v in _mtimes(root, "**/*").items() if not k.startswith(".omnipack-lock")}
+    res = prepare_in_subprocess(cfg)
+    assert res.returncode == 0, res.stderr
+    assert "finished dataset of this run: nothing to do" in res.stderr
+    assert not (root / ".omnipack-lock").exists()  # the dead run's lock taken over, then released
+    assert _mtimes(root, "**/*") == files  # nothing written
+    other = prepare_in_subprocess(demo_config(root, demo_tokenizer, demo_corpus, shard_max_rows=5))
+    assert other.returncode == 2 and "already holds a dataset" in other.stderr
+    # an input edited since: not this run's dataset any more
+    manifest, media = demo_corpus
+    edited = tmp_path / "m.jsonl"
+    edited.write_bytes(manifest.read_bytes())
+    moved = tmp_path / "moved"
+    cfg = demo_config(moved, demo_tokenizer, (edited, media))
+    assert prepare_in_subprocess(cfg).returncode == 0
+    os.utime(edited, ns=(0, edited.stat().st_mtime_ns + 10**9))
+    changed = prepare_in_subprocess(cfg)
+    assert changed.returncode == 2 and "already holds a dataset" in changed.stderr
+
+
 def test_changed_input_redoes_its_part_only(tmp_path, demo_tokenizer, demo_corpus):
     manifest, media = demo_corpus
     lines = manifest.read_text().splitlines()
@@ -139,3 +187,64 @@ def test_changed_input_redoes_its_part_only(tmp_path, demo_tokenizer, demo_corpu
     fresh = tmp_path / "fresh"
     run_prepare(demo_config(fresh, demo_tokenizer, (edited, media)))
     assert dataset_bytes(root) == dataset_bytes(fresh)
+
+
+def test_a_rerun_says_what_it_keeps_and_how_it_checks_it(tmp_path, demo_tokenizer, demo_corpus):
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    assert _killed(prepare_in_subprocess(cfg, "write:2"))
+    parts = sorted((root / "stages" / "measure").glob("part-*.json"))
+    measure = root / "stages" / "measure"
+    measured = sum(p.stat().st_size for p in measure.glob("part-*") if p.suffix != ".json")
+    shards = sum(p.stat().st_size for p in (root / "shards").glob("shard-00000[01].tar"))
+    res = prepare_in_subprocess(cfg)  # --no-progress: said all the same, for a batch job's log
+    assert res.returncode == 0, res.stderr
+    assert f"resuming: {len(parts)} of {len(parts)} measure units done" in res.stderr
+    assert f"kept: {measured / 2**20:,.1f} MiB of files, trusted by their recorded stamps" in res.stderr
+    assert "resuming: 2 of " in res.stderr and f"{shards / 2**20:,.1f} MiB" in res.stderr
+    assert "resuming: the plan of the earlier run is current: kept" in res.stderr
+
+
+def test_kept_files_are_trusted_by_their_stamps_without_being_read(
+    tmp_path, reference, demo_tokenizer, demo_corpus, monkeypatch
+):
+    """Resume's check of what it keeps costs a stat per file, not a read of every finished byte (hours at
+    tens of TB); a file whose stamp changed (copied elsewhere: another inode, the same bytes) is read to
+    check its checksum, and kept when it matches."""
+    import shutil
+
+    from omnipack.stages import records
+
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    assert _killed(prepare_in_subprocess(cfg, "write:2"))
+    copied = root / "shards" / "shard-000000.tar"
+    shutil.copy2(copied, tmp_path / "copy.tar")  # content and mtime kept, as rsync -a or cp -p would
+    os.replace(tmp_path / "copy.tar", copied)
+    kept = {*root.glob("stages/measure/part-*[!n]"), *root.glob("shards/shard-00000[01].tar*")}
+    assert len(kept) > 6
+    before = _mtimes(root, "shards/shard-00000[01].tar*")
+    hashed = []
+    real = records.file_xxh3
+    monkeypatch.setattr(records, "file_xxh3", lambda path: hashed.append(path) or real(path))
+    run_prepare(cfg)  # workers=1: the units run in this process
+    assert dataset_bytes(root) == reference
+    assert _mtimes(root, "shards/shard-00000[01].tar*") == before  # both kept, none rewritten
+    assert {p for p in hashed if p in kept} == {copied}
+
+
+def test_a_staged_rank_removes_the_half_written_files_of_its_own_units(tmp_path, demo_tokenizer, demo_corpus):
+    """A rank's units are its own (one lease per rank, one world size): their leftovers are removed when the
+    unit runs again, while another rank's, which may be being written right now, stay."""
+    root = tmp_path / "ds"
+    cfg = demo_config(root, demo_tokenizer, demo_corpus)
+    rank1 = ("--stage", "measure", "--rank", "1", "--world-size", "2")
+    assert _killed(prepare_in_subprocess(cfg, "measure:1", args=rank1))
+    measure = root / "stages" / "measure"
+    own = [measure / "part-000001.arrow.4242.partial", measure / "part-000003.parquet.4242.partial"]
+    other = measure / "part-000000.parquet.4242.partial"  # rank 0's unit
+    for path in [*own, other]:
+        path.write_bytes(b"half")
+    res = prepare_in_subprocess(cfg, args=rank1)
+    assert res.returncode == 0, res.stderr
+    assert not any(p.exists() for p in own) and other.exists()

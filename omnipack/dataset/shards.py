@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 KEY_RE = re.compile(r"^[^./]+$")
-TMP_SUFFIX = ".partial"
+TMP_SUFFIX = ".partial"  # omnipack.stages.storage.PARTIAL_SUFFIX: a rerun removes those a kill left
 
 
 @dataclass(frozen=True)

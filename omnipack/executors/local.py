@@ -19,10 +19,42 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _FN: Callable[[Any], Any] | None = None  # this worker's function, built by the pool initializer
+PARENT_POLL_S = 1.0  # how often a worker looks whether its parent is still there (where no signal says so)
 
 
-def _init(make_fn: Callable[[Any], Callable[[Any], Any]], context: Any) -> None:
+def exit_with_parent(parent_pid: int) -> None:
+    """End this pool worker when its parent dies (``kill -9``, the OOM killer): an orphaned worker holds its
+    memory (a tokenizer, mapped tables: hundreds of MB each) for as long as it waits for work that never
+    comes. On Linux the kernel kills it (``PR_SET_PDEATHSIG``); elsewhere, and should the signal be missed, a
+    thread sees the parent gone (the worker is re-parented) within ``PARENT_POLL_S``."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass  # no libc prctl (e.g. a static interpreter): the thread below still watches
+    if os.getppid() != parent_pid:  # the parent died before the signal was set up
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="omnipack-parent-watch", daemon=True).start()
+
+
+def _init(make_fn: Callable[[Any], Callable[[Any], Any]], context: Any, parent_pid: int) -> None:
     global _FN
+    exit_with_parent(parent_pid)
     _FN = make_fn(context)
 
 
@@ -50,7 +82,10 @@ def map_ordered(
     import multiprocessing as mp
 
     # spawn, not fork: tokenizers' thread pools and fork do not mix
-    with mp.get_context("spawn").Pool(workers, initializer=_init, initargs=(make_fn, context)) as pool:
+    import os
+
+    initargs = (make_fn, context, os.getpid())
+    with mp.get_context("spawn").Pool(workers, initializer=_init, initargs=initargs) as pool:
         it = iter(items)
         while chunk := list(islice(it, window)):
             yield from pool.imap(_call, chunk, chunksize=chunksize)
@@ -74,13 +109,15 @@ def _run_unit(fn: UnitFn, spec_path: str, unit: Any) -> Any:
     return fn(_spec_from(spec_path), unit)
 
 
-def _worker_init(progress_queue: Any) -> None:
+def _worker_init(progress_queue: Any, parent_pid: int) -> None:
     """A pool worker leaves Ctrl-C to the parent (which stops the pool and says how to resume: a worker
-    handling it too would print its own traceback) and reports its progress counts to the parent."""
+    handling it too would print its own traceback), reports its progress counts to the parent, and ends
+    when the parent dies."""
     import signal
 
     from ..progress import attach_queue
 
+    exit_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     attach_queue(progress_queue)
 
@@ -117,8 +154,13 @@ class LocalExecutor(Executor):
             context = mp.get_context("spawn")
             if self.progress_queue is None:  # closed before: a new run of units
                 self.progress_queue = self._new_queue()
+            import os
+
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=context, initializer=_worker_init, initargs=(self.progress_queue,)
+                self.workers,
+                mp_context=context,
+                initializer=_worker_init,
+                initargs=(self.progress_queue, os.getpid()),
             )
         # The spec (with every input part: megabytes for a large input) goes to each worker once, through a
         # file; a unit carries only its number. Pickled per unit it would cost O(units x parts). The file is

@@ -204,6 +204,7 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
         staging.rmdir()
     else:
         _upload_meta(spec, shards, summary)
+    crash_point("finalize", "done")  # whole, but its lock not yet released
     return summary
 
 

@@ -38,9 +38,18 @@ from ..measure import (
 from ..media.sources import media_root_key
 from .lock import holder_live as lock_holder_live
 from .lock import owner as lock_owner
-from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
+from .lock import renewed as lock_renewed
+from .records import (
+    crash_point,
+    digest,
+    file_unchanged,
+    file_xxh3,
+    output_stamp,
+    read_record,
+    write_json_atomic,
+)
 from .spec import RunSpec
-from .storage import create_exclusive, make_dirs, publish, read_parquet, staging_file
+from .storage import create_exclusive, make_dirs, publish, read_parquet, remove_partials, staging_file
 
 # records (JSONL: lines) per part: enough work to amortise a part's files, small enough to spread
 PART_LINES = 4096
@@ -56,6 +65,12 @@ def split_input(
     return split_parts(manifests, spec or InputSpec(), part_lines)
 
 
+def parts_key(manifests: list[Path], spec: InputSpec, part_lines: int) -> str:
+    """What the input's split depends on: its data files' names, sizes and modification stamps (no reads)."""
+    files = [[str(df.path), *file_stamp(df.path)] for _, df in data_files(manifests, spec)]
+    return digest({"files": files, "part_lines": part_lines, "inputs": spec.settings()})
+
+
 def load_parts(
     stages: Path, manifests: list[Path], spec: InputSpec, part_lines: int, *, poll_s: float = 0.2
 ) -> list[InputPart]:
@@ -65,23 +80,24 @@ def load_parts(
     The ranks of a staged run start together: the first to create ``stages/parts-KEY.claim`` (a
     create-if-absent file or object) reads the input and writes ``parts.json``; the others wait for it
     instead of each reading the whole input, and get the very same parts. A claim left by a dead process
-    (on this host) is taken over; a claimant on another host is waited for, since it can not be checked."""
-    files = [[str(df.path), *file_stamp(df.path)] for _, df in data_files(manifests, spec)]
-    key = digest({"files": files, "part_lines": part_lines, "inputs": spec.settings()})
+    (on this host), or one not renewed within its expiry (another host), is taken over."""
+    key = parts_key(manifests, spec, part_lines)
     cache, claim = stages / PARTS_FILE, stages / f"parts-{key[:16]}.claim"
     make_dirs(stages)
     while True:
         record = read_record(cache, key)
         if record is not None:
             return [InputPart(**p) for p in record["parts"]]
-        if create_exclusive(claim, json.dumps(lock_owner()).encode()):
+        mine = lock_owner()
+        if create_exclusive(claim, json.dumps(mine).encode()):
             try:
-                record = read_record(cache, key)  # written between our look and our claim
-                if record is not None:
-                    return [InputPart(**p) for p in record["parts"]]
-                parts = split_input(manifests, part_lines, spec)
-                write_json_atomic(cache, {"key": key, "parts": [asdict(p) for p in parts]})
-                return parts
+                with lock_renewed(claim, mine):  # a long split on another host is not taken for a dead one
+                    record = read_record(cache, key)  # written between our look and our claim
+                    if record is not None:
+                        return [InputPart(**p) for p in record["parts"]]
+                    parts = split_input(manifests, part_lines, spec)
+                    write_json_atomic(cache, {"key": key, "parts": [asdict(p) for p in parts]})
+                    return parts
             finally:
                 claim.unlink(missing_ok=True)
         try:
@@ -122,12 +138,11 @@ def part_files(measure_dir: Path, number: int) -> dict[str, Path]:
 
 
 def outputs_intact(record: dict[str, Any], root: Path) -> bool:
-    """A recorded unit's files are all there with their recorded sizes and checksums."""
-    for name, info in record.get("files", {}).items():
-        path = root / name
-        if not path.is_file() or path.stat().st_size != info["bytes"] or file_xxh3(path) != info["xxh3"]:
-            return False
-    return True
+    """A recorded unit's files are all there as recorded: the same stamps, or sizes and checksums."""
+    return all(
+        file_unchanged(root / name, info["bytes"], info["xxh3"], info.get("stamp"))
+        for name, info in record.get("files", {}).items()
+    )
 
 
 _MEASURERS: dict[str, Measurer] = {}
@@ -150,6 +165,7 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     if record is not None and outputs_intact(record, spec.measure_dir):
         return record
     make_dirs(spec.measure_dir)
+    remove_partials(spec.measure_dir, f"part-{number:06d}.*")  # of this unit, by a killed run
     measurer = _measurer(spec.measure)
     tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}
     samples: list[RawSample]
@@ -171,6 +187,8 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     }
     for name, path in tmp.items():
         publish(path, files[name])
+    for name in ("samples", "rejects", "arrow"):  # as published (a rename moves the ctime)
+        outputs[files[name].name]["stamp"] = output_stamp(files[name])
     crash_point("measure", number)
     record = {
         "key": key,

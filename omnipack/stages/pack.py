@@ -185,13 +185,13 @@ def pack_key(spec: RunSpec, records: list[dict[str, Any]]) -> str:
 
 def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, Any]:
     """Plan the measured parts (or reuse the plan when nothing it depends on changed); returns the plan
-    record. ``reuse_measure``: take the parts as measured before even if measure settings changed (the
-    caller checked they still fit, for ``--from-stage pack``)."""
+    record (with ``kept`` when reused). ``reuse_measure``: take the parts as measured before even if
+    measure settings changed (the caller checked they still fit, for ``--from-stage pack``)."""
     records = part_records(spec, check_keys=not reuse_measure)
     key = pack_key(spec, records)
     record = read_record(spec.plan_record, key)
     if record is not None and spec.plan_table.is_file() and spec.layout_table.is_file():
-        return record
+        return {**record, "kept": True}  # (not recorded: says to the caller that nothing was planned)
     offsets = part_offsets(records)
     # numbers only: the names (ids, sources) of a large corpus are read when needed, not held
     table = read_measured(spec.measure_dir, records, NUMERIC_COLUMNS)

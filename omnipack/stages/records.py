@@ -17,7 +17,7 @@ from typing import Any
 import xxhash
 
 from ..dataset.shards import file_digests
-from .storage import write_bytes_atomic
+from .storage import is_local, write_bytes_atomic
 
 CRASH_ENV = (
     "OMNIPACK_CRASH_AT"  # tests: "STAGE:UNIT" kills this process (SIGKILL) at that unit's commit point
@@ -32,6 +32,29 @@ def digest(value: Any) -> str:
 def file_xxh3(path: Path) -> str:
     """xxh3-128 of a file's bytes (a local or object-store path)."""
     return file_digests(path, ("xxh3_128",))["xxh3_128"]
+
+
+def output_stamp(path: Any) -> list[Any] | None:
+    """What says a file is untouched since a record noted it, without reading it: in a folder its size,
+    inode, mtime and ctime (any write moves the ctime, and no process can set it back, as a ``utime`` can
+    the mtime); on an object store its size and ETag (any new PUT changes it). None when there is none."""
+    try:
+        if is_local(path):
+            st = path.stat()
+            return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+        info = path.fs.info(path.path)
+    except FileNotFoundError:
+        return None
+    etag = info.get("ETag") or info.get("etag")
+    return [int(info.get("size") or 0), str(etag)] if etag else None
+
+
+def file_unchanged(path: Any, size: int, xxh3: str | None, stamp: list[Any] | None) -> bool:
+    """A recorded file is still what it was: its stamp as recorded (no read), or else its size and xxh3-128
+    (a read of the whole file: a file copied elsewhere, or whose metadata alone changed, costs that read)."""
+    if stamp is not None and output_stamp(path) == stamp:
+        return True
+    return path.is_file() and path.stat().st_size == size and xxh3 is not None and file_xxh3(path) == xxh3
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

@@ -76,8 +76,25 @@ def staging_file(dest: AnyPath) -> Path:
     """A local path to build ``dest`` in before ``publish``: beside it in a folder (so the rename is
     atomic), in a local staging folder for an object store."""
     if is_local(dest):
-        return dest.with_name(f"{dest.name}.{os.getpid()}.partial")
+        return dest.with_name(f"{dest.name}.{os.getpid()}{PARTIAL_SUFFIX}")
     return staging_dir() / f"{xxhash.xxh3_64_hexdigest(str(dest).encode())}-{dest.name}"
+
+
+PARTIAL_SUFFIX = ".partial"  # a file being built: renamed into place when whole (see ``staging_file``)
+
+
+def remove_partials(root: AnyPath, pattern: str = "**/*") -> int:
+    """Remove the half-built files (``PATTERN.partial``) killed processes left under a local folder; only
+    where no other process builds them (under a whole run's lock; a unit's own files). Object stores have
+    none: files are built locally."""
+    if not is_local(root) or not root.is_dir():
+        return 0
+    removed = 0
+    for path in root.glob(f"{pattern}{PARTIAL_SUFFIX}"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed += 1
+    return removed
 
 
 def publish(local: Path, dest: AnyPath) -> None:

@@ -30,9 +30,17 @@ from ..media.sources import resolve_source
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
 from .measure import part_files
-from .records import crash_point, digest, file_xxh3, read_record, write_json_atomic
+from .records import (
+    crash_point,
+    digest,
+    file_unchanged,
+    file_xxh3,
+    output_stamp,
+    read_record,
+    write_json_atomic,
+)
 from .spec import RunSpec, WriteSettings
-from .storage import is_local, local_file, make_dirs, publish, read_parquet, staging_file
+from .storage import is_local, local_file, make_dirs, publish, read_parquet, remove_partials, staging_file
 
 
 @dataclass
@@ -235,8 +243,8 @@ def shard_record_path(spec: RunSpec, number: int) -> Path:
 
 def shard_done(spec: RunSpec, record: dict[str, Any] | None, *, check_bytes: bool = False) -> bool:
     """A recorded shard whose tar and index are in place with the recorded size; with ``check_bytes``, also
-    with the recorded xxh3-128 checksums (a read of the shard at memory speed: what a resumed write unit
-    pays to trust a shard instead of rewriting it, since a damaged shard can keep its size)."""
+    unchanged since recorded: their recorded stamps (a ``stat``), or else their recorded xxh3-128 checksums
+    (a read of the shard), since a damaged shard can keep its size."""
     if record is None:
         return False
     info = record["shard"]
@@ -248,11 +256,9 @@ def shard_done(spec: RunSpec, record: dict[str, Any] | None, *, check_bytes: boo
         return False
     if not check_bytes:
         return True
-    return (
-        info.get("xxh3_128") is not None
-        and record.get("index_xxh3") is not None
-        and file_xxh3(tar) == info["xxh3_128"]
-        and file_xxh3(idx) == record["index_xxh3"]
+    stamps = record.get("stamps") or {}
+    return file_unchanged(tar, info["num_bytes"], info.get("xxh3_128"), stamps.get("tar")) and file_unchanged(
+        idx, idx.stat().st_size, record.get("index_xxh3"), stamps.get("idx")
     )
 
 
@@ -287,6 +293,7 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     record = read_record(path, key)
     if shard_done(spec, record, check_bytes=True):
         return record  # type: ignore[return-value]
+    remove_partials(spec.write_dir, f"{path.name}.*")  # this unit's record, half-written by a killed run
     # in a folder the shard is written in place (under a temporary name); for an object store it is
     # built in a local staging folder and uploaded whole
     local_root = spec.out if is_local(spec.out) else staging_file(spec.out / shard["path"]).parent / "root"
@@ -326,12 +333,17 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
         for name in (f"{infos[0].path}.idx", infos[0].path):
             publish(local_root / name, spec.out / name)
     crash_point("write", number)
+    tar = spec.out / infos[0].path if infos else None
     record = {
         "key": key,
         "number": number,
         "shard": asdict(infos[0]) if infos else None,
         # the index's checksum (the tar's is in the shard info): a resumed run checks both
         "index_xxh3": index_xxh3,
+        # what lets a resumed run trust the shard without reading it (see records.output_stamp)
+        "stamps": {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))}
+        if tar
+        else None,
         "rejects": rejects,
         "rows_written": rows_written,
         "samples_written": samples_written,
