@@ -189,11 +189,11 @@ def test_a_lease_on_the_store_is_renewed_and_an_expired_one_taken_over(s3, monke
     from omnipack.stages.lock import EXPIRY_ENV, HOST_ENV
 
     url, key = f"s3://{BUCKET}/runs/leased", f"{BUCKET}/runs/leased/.omnipack-lock/run.lock"
-    monkeypatch.setenv(EXPIRY_ENV, "1")
+    monkeypatch.setenv(EXPIRY_ENV, "3")  # renewed every 0.75 s: margin for a loaded machine's store
     monkeypatch.setenv(HOST_ENV, "nodeA")
     with OutputLock(url):
         monkeypatch.setenv(HOST_ENV, "nodeB")
-        time.sleep(2.5)  # past the expiry: only the renewals keep it
+        time.sleep(4.5)  # past the expiry: only the renewals keep it
         with pytest.raises(OutputLocked, match="on nodeA"):
             OutputLock(url).acquire()
         monkeypatch.setenv(HOST_ENV, "nodeA")

@@ -175,15 +175,15 @@ class _Heartbeat(threading.Thread):
         while not self.stopped.wait(interval):
             try:
                 current = json.loads(self.path.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue  # a slow store: try again at the next beat, well within the expiry
+            except Exception:  # noqa: BLE001 - a slow or failing store: try again at the next beat, within the expiry
+                continue
             if (current.get("pid"), current.get("hostname")) != (self.holder["pid"], self.holder["hostname"]):
                 print(f"omnipack: warning: another run took over the lease {self.path}", file=sys.stderr)
                 return
             self.holder["renewed"] = time.time()
             try:
                 write_bytes_atomic(self.path, json.dumps(self.holder).encode())
-            except OSError as e:
+            except Exception as e:  # noqa: BLE001 - any store error: the thread goes on renewing
                 print(f"omnipack: warning: could not renew the lease {self.path}: {e}", file=sys.stderr)
 
     def stop(self) -> None:
