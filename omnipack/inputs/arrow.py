@@ -18,6 +18,7 @@ from .base import (
     InputError,
     Reader,
     SourceRecord,
+    cut_short,
     file_stamp,
     input_path,
     is_local_input,
@@ -51,13 +52,6 @@ FILE_MAGIC = b"ARROW1"
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # a stream's end: continuation marker, zero length
 
 
-def _cut_short(path: str, offset: int, why: str) -> InputError:
-    size = file_stamp(input_path(path))[0]
-    return InputError(
-        f"input {path} can not be read to its end (at byte {offset} of {size}: {why}); fix or re-download it"
-    )
-
-
 def _batches_index(path: str) -> tuple[Any, list[int]]:
     """(the record batches, cumulative row starts) of an Arrow IPC file or stream, memory-mapped;
     :class:`InputError` when it can not be read to its end. Kept per file version (a file replaced by a
@@ -86,17 +80,17 @@ def _batches_of(path: str, size: int, stamp: int | str) -> tuple[Any, list[int]]
             batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         except (pa.ArrowInvalid, OSError) as e:
             raise_store_refusal(e, path)
-            raise _cut_short(path, max(source.size() - 10, 0), f"no readable IPC file footer: {e}") from None
+            raise cut_short(path, None, f"no readable IPC file footer: {e}", from_end=10) from None
     else:
         source.seek(0)
         try:
             batches = list(pa.ipc.open_stream(source))  # zero-copy views of the mapped file
         except (pa.ArrowInvalid, OSError) as e:
             raise_store_refusal(e, path)
-            raise _cut_short(path, source.tell(), f"unreadable IPC stream message: {e}") from None
+            raise cut_short(path, source.tell(), f"unreadable IPC stream message: {e}") from None
         source.seek(max(source.size() - 8, 0))
         if source.read(8) != END_OF_STREAM:  # a stream cut between batches reads without error
-            raise _cut_short(path, source.size(), "the IPC stream ends without its end-of-stream marker")
+            raise cut_short(path, source.size(), "the IPC stream ends without its end-of-stream marker")
     starts = [0]
     for b in batches:
         starts.append(starts[-1] + b.num_rows)

@@ -98,6 +98,15 @@ def input_path(location: str | os.PathLike) -> Any:
     return UPath(str(location))
 
 
+def cut_short(path: Any, offset: int | None, why: str, from_end: int = 0) -> InputError:
+    """The error that stops the run when an input can not be read to its end (its records past the break
+    can not be counted, so rejecting them would lose them unseen): names the file and the byte offset, by
+    ``from_end`` bytes before its end when ``offset`` is None."""
+    size = file_stamp(input_path(path) if isinstance(path, str) else path)[0]
+    at = max(size - from_end, 0) if offset is None else offset
+    return InputError(f"input {path} can not be read to its end (at byte {at} of {size}: {why}); fix or re-download it")
+
+
 def raise_store_refusal(e: BaseException, path: Any) -> None:
     """Raise ``e`` as the store's refusal (credentials, permission) when it is one, so that reading a remote
     input is never reported as a cut-short file for it."""

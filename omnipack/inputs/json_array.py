@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .base import (
-    InputError,
     InputPart,
     Reader,
     SourceRecord,
+    cut_short,
     file_identity,
     file_stamp,
     input_path,
@@ -92,7 +92,7 @@ def _elements(
             if buf.text.startswith("\ufeff"):
                 buf.pos = 1
             if buf.skip_ws() != "[":
-                raise _unreadable(path, buf.offset(), "it is not a JSON array (no '[' at its start)")
+                raise cut_short(path, buf.offset(), "it is not a JSON array (no '[' at its start)")
             buf.pos += 1
         index, noted = first_index, first_index - 1
         while stop is None or index < stop:
@@ -114,15 +114,15 @@ def _elements(
                     continue
                 at = start_byte + buf.offset()
                 if not buf.eof:
-                    raise _unreadable(
+                    raise cut_short(
                         path, at, f"element #{index} is over the {max_record_bytes}-byte record limit and the "
                         "array can not be read past it (raise --max-line-bytes)"
                     ) from None
                 msg = getattr(e, "msg", str(e))
                 # at the end of the text, or inside a string that the text ends in: the file stops mid-element
                 if not c or msg.startswith("Unterminated string") or getattr(e, "pos", 0) >= len(buf.text.rstrip()):
-                    raise _unreadable(path, at, f"the file ends inside element #{index} (cut short?)") from None
-                raise _unreadable(path, at, f"element #{index} is not valid JSON: {msg}") from None
+                    raise cut_short(path, at, f"the file ends inside element #{index} (cut short?)") from None
+                raise cut_short(path, at, f"element #{index} is not valid JSON: {msg}") from None
             text = buf.text[buf.pos : end]
             try:
                 size = len(text.encode("utf-8"))
@@ -141,21 +141,13 @@ def _elements(
             elif stop is not None and index >= stop:
                 return  # the next part's reader (or the split's full parse) sees what follows
             elif not c:
-                raise _unreadable(
+                raise cut_short(
                     path, start_byte + buf.offset(), f"the file ends after element #{index - 1} without the "
                     "array's closing ']' (cut short?)"
                 )
             else:
                 at = start_byte + buf.offset()
-                raise _unreadable(path, at, f"expected ',' or ']' after element #{index - 1}")
-
-
-def _unreadable(path: Path, offset: int, why: str) -> InputError:
-    """The error that stops the run: the rest of the file would be lost, not rejected record by record."""
-    return InputError(
-        f"input {path} can not be read to its end (at byte {offset} of {file_stamp(path)[0]}: {why}); "
-        "fix or re-download it"
-    )
+                raise cut_short(path, at, f"expected ',' or ']' after element #{index - 1}")
 
 
 class JsonArrayReader(Reader):
@@ -170,7 +162,7 @@ class JsonArrayReader(Reader):
             f.seek(max(size - 4096, 0))
             tail = f.read().rstrip()
         if not tail.endswith(b"]") and (tail or size <= 4096):  # (a long whitespace tail: the parse looks)
-            raise _unreadable(file, size, "the file ends without the array's closing ']' (cut short?)")
+            raise cut_short(file, size, "the file ends without the array's closing ']' (cut short?)")
 
     def count(self, file: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> int:
         return sum(1 for _ in _elements(file, file.name, max_record_bytes))

@@ -16,10 +16,10 @@ import numpy as np
 import xxhash
 
 from .base import (
-    InputError,
     InputPart,
     Reader,
     SourceRecord,
+    cut_short,
     file_stamp,
     input_path,
     open_input,
@@ -181,10 +181,11 @@ def check_not_cut(file: Path, line: bytes | None, line_no: int | None, offset: i
     try:
         json.loads(line.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "surrogateescape"))
     except json.JSONDecodeError as e:
-        raise InputError(
-            f"input {file} can not be read to its end (at byte {offset} of {file_stamp(file)[0]}: its last "
-            f"line{f', line {line_no},' if line_no else ''} has no newline and is not whole JSON ({e.msg}): "
-            "the file is cut short?); fix or re-download it"
+        raise cut_short(
+            file,
+            offset,
+            f"its last line{f', line {line_no},' if line_no else ''} has no newline and is not whole JSON "
+            f"({e.msg}): the file is cut short?",
         ) from None
 
 

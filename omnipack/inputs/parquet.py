@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from .base import (
-    InputError,
     Reader,
     SourceRecord,
+    cut_short,
     file_identity,
     file_stamp,
     input_path,
@@ -54,11 +54,11 @@ def _open(path: Path) -> Any:
         return _file(str(path))
     except Exception as e:
         raise_store_refusal(e, path)
-        size = file_stamp(path)[0]
-        raise InputError(
-            f"input {path} can not be read to its end (at byte {max(size - 8, 0)} of {size}: no readable "
-            f"Parquet footer, the file is cut short or not Parquet: {type(e).__name__}: {e}); fix or "
-            "re-download it"
+        raise cut_short(
+            path,
+            None,
+            f"no readable Parquet footer, the file is cut short or not Parquet: {type(e).__name__}: {e}",
+            from_end=8,
         ) from None
 
 
@@ -156,11 +156,10 @@ class ParquetReader(Reader):
                     index += n
             except Exception as e:  # a damaged row group: the file can not be read past it
                 raise_store_refusal(e, file)
-                size = file_stamp(file)[0]
-                raise InputError(
-                    f"input {file} can not be read to its end (at byte {_row_group_offset(pf, rg)} of {size}: "
-                    f"row group {rg} (records {lo} to {hi - 1}) is unreadable: {type(e).__name__}: {e}); fix "
-                    "or re-download it"
+                raise cut_short(
+                    file,
+                    _row_group_offset(pf, rg),
+                    f"row group {rg} (records {lo} to {hi - 1}) is unreadable: {type(e).__name__}: {e}",
                 ) from None
 
 
