@@ -49,9 +49,10 @@ class StoreAccessError(MediaError):
     """A store refused this run's credentials: none were found, they are unknown, or they lack a permission."""
 
 
-def _chain(e: BaseException) -> Iterable[BaseException]:
+def error_chain(e: BaseException | None) -> Iterable[BaseException]:
+    """``e`` and the errors it was raised from or during (client libraries wrap errors), each once."""
     seen: set[int] = set()
-    while e is not None and id(e) not in seen and len(seen) < 8:
+    while e is not None and id(e) not in seen and len(seen) < 16:
         seen.add(id(e))
         yield e
         e = e.__cause__ or e.__context__
@@ -60,7 +61,7 @@ def _chain(e: BaseException) -> Iterable[BaseException]:
 def access_error(e: BaseException) -> str | None:
     """Why ``e`` (or an error it was raised from) is an authentication or permission failure; None when it
     is not one (a missing object, a network or server error)."""
-    chain = list(_chain(e))
+    chain = list(error_chain(e))
     for x in chain:  # the client's own error first: it names the code
         names = {c.__name__ for c in type(x).__mro__}
         if names & AUTH_ERROR_CLASSES:

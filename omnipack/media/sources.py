@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from .access import StoreAccessError, access_error
+from .access import StoreAccessError, access_error, error_chain
 from .errors import MediaError
 from .remote import (
     DEFAULT_REMOTE,
@@ -162,12 +162,9 @@ def _transient(e: BaseException) -> bool:
 def _timeout_detail(e: BaseException | None) -> str:
     """The most specific message of the timeouts in ``e``'s chain (clients wrap them in message-less ones)."""
     detail = ""
-    seen = 0
-    while e is not None and seen < 16:
-        if isinstance(e, TimeoutError) and str(e):
-            detail = f"; {e}"
-        e = e.__cause__ or e.__context__
-        seen += 1
+    for x in error_chain(e):
+        if isinstance(x, TimeoutError) and str(x):
+            detail = f"; {x}"
     return detail
 
 
@@ -177,13 +174,7 @@ def _expired(deadline: Deadline) -> bool:
 
 def _cause(e: BaseException | None, kind: type[BaseException]) -> Any:
     """``e`` or the first exception of ``kind`` in its chain of causes (client libraries wrap errors)."""
-    seen = 0
-    while e is not None and seen < 16:
-        if isinstance(e, kind):
-            return e
-        e = e.__cause__ or e.__context__
-        seen += 1
-    return None
+    return next((x for x in error_chain(e) if isinstance(x, kind)), None)
 
 
 @dataclass(frozen=True)
