@@ -132,6 +132,13 @@ def models(prepared):
     return out
 
 
+@pytest.fixture(scope="module")
+def singles(batches, models):
+    """Per attention implementation, per row: each sample's logits from a forward of that sample alone."""
+    with torch.no_grad():
+        return {impl: [per_sample_logits(m, b) for b in batches] for impl, m in models.items()}
+
+
 def explicit_mask_forward(model, b: dict) -> torch.Tensor:
     """The README's snippet: one packed row with its per-layer masks given explicitly."""
     eager = model.config.text_config._attn_implementation == "eager"
@@ -184,23 +191,23 @@ def _sample_errors(packed: torch.Tensor, b: dict, singles: list[torch.Tensor]) -
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
-def test_packed_forward_with_explicit_masks_equals_each_sample_alone(batches, models, impl):
+def test_packed_forward_with_explicit_masks_equals_each_sample_alone(batches, models, singles, impl):
     model = models[impl]
     with torch.no_grad():
-        for b in batches:
-            errs = _sample_errors(explicit_mask_forward(model, b), b, per_sample_logits(model, b))
+        for b, alone in zip(batches, singles[impl], strict=True):
+            errs = _sample_errors(explicit_mask_forward(model, b), b, alone)
             assert max(errs) <= ATOL, errs
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
-def test_transformers_5_24_masks_a_packed_row_wrong(batches, models, impl):
+def test_transformers_5_24_masks_a_packed_row_wrong(batches, models, singles, impl):
     """Documents the transformers behaviour the README warns of: left to detect the packing, the forward gives
     a later sample with an image other logits than that sample alone (the first sample stays right)."""
     model = models[impl]
     later_with_image = []
     with torch.no_grad():
-        for b in batches:
-            errs = _sample_errors(naive_forward(model, b), b, per_sample_logits(model, b))
+        for b, alone in zip(batches, singles[impl], strict=True):
+            errs = _sample_errors(naive_forward(model, b), b, alone)
             assert errs[0] <= ATOL  # the block rule read at the first sample's own positions is its own
             cup, types = b["cu_seqlens_q_padded"], b["token_type_ids"][0]
             later_with_image += [e for k, e in enumerate(errs) if k and types[cup[k] : cup[k + 1]].any()]
