@@ -24,7 +24,9 @@ from omnipack.profiles import (
     profile_class,
 )
 from omnipack.profiles.base import ModelProfile
-from omnipack.profiles.inputs import EncoderInputs
+from omnipack.profiles.inputs import EncoderInputs, MediaInputOptions
+
+PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
 
 ROOT = Path(__file__).parents[1]
 FAMILIES = ["gemma3", "nemotron_omni", "qwen2_5_vl", "qwen3_omni", "qwen3_vl"]
@@ -50,9 +52,9 @@ def _payloads(name: str) -> list[tuple[dict, object]]:
 
 def _encode(inputs: EncoderInputs, name: str) -> dict[str, np.ndarray]:
     pairs = _payloads(name)
-    per_item = [inputs.media_inputs(item, payload) for item, payload in pairs]
+    per_item = [inputs.media_inputs(item, payload, PLAIN) for item, payload in pairs]
     counts = [inputs.feature_count(item, payload) for item, payload in pairs]
-    out = {k: np.asarray(v) for k, v in inputs.collate_media(per_item).items()}
+    out = {k: np.asarray(v) for k, v in inputs.collate_media(per_item, PLAIN).items()}
     out["_counts"] = np.asarray(counts)
     return out
 
@@ -92,7 +94,7 @@ def test_a_new_family_is_one_module(tmp_path, monkeypatch):
                 def feature_count(self, item, payload):
                     return self.tokens_per_image
 
-                def media_inputs(self, item, payload, *, pixel_dtype="float32"):
+                def media_inputs(self, item, payload, options):
                     return {"pixels": payload_frames(payload).reshape(1, -1)}
 
             class ToyProfile(ModelProfile):
