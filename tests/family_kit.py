@@ -18,6 +18,7 @@ import numpy as np
 
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta, MediaPlan, ModelProfile
+from omnipack.profiles.inputs import EncoderInputs, MediaInputOptions
 
 
 @dataclass(frozen=True)
@@ -136,3 +137,39 @@ def supervised_runs(input_ids: np.ndarray, labels: np.ndarray) -> list[list[int]
 
 def family_profile(name: str, ref: FamilyReference) -> ModelProfile:
     return get_profile(name, **ref.profile_options)
+
+
+def planned_payloads(name: str) -> list[tuple[dict, object]]:
+    """(item, payload) pairs of every kind the family takes, stored as its own plans say (sizes, frames,
+    views, samples), with the plans' JSON as the items' recorded info."""
+    rng = np.random.default_rng(3)
+    planner = get_profile(name)
+    metas = {
+        "image": MediaMeta(kind="image", height=120, width=200),
+        "video": MediaMeta(kind="video", height=64, width=64, num_frames=6, fps=2.0),
+        "audio": MediaMeta(kind="audio", num_samples=23456, sample_rate=16000),
+    }
+    out: list[tuple[dict, object]] = []
+    for kind in planner.kinds:
+        plan = planner.plan(metas[kind])
+        if kind == "audio":
+            t = np.arange(plan.num_audio_samples) / 16000
+            payload: object = (0.2 * np.sin(2 * np.pi * 330 * t) * 32767).astype(np.int16)
+        else:
+            views = len(plan.frame_indices) if kind == "video" else max(1, len(plan.image_views or ()))
+            payload = rng.integers(0, 256, (views, *plan.target_hw, 3), np.uint8)
+            payload = payload[0] if kind == "image" and views == 1 else payload
+        out.append(({"kind": kind, "info": plan.to_json()}, payload))
+    return out
+
+
+def encode_payloads(inputs: EncoderInputs, name: str) -> dict[str, np.ndarray]:
+    """The family's encoder inputs of ``planned_payloads(name)`` (default options), and their feature counts
+    under ``_counts``."""
+    pairs = planned_payloads(name)
+    plain = MediaInputOptions()
+    per_item = [inputs.media_inputs(item, payload, plain) for item, payload in pairs]
+    counts = [inputs.feature_count(item, payload) for item, payload in pairs]
+    out = {k: np.asarray(v) for k, v in inputs.collate_media(per_item, plain).items()}
+    out["_counts"] = np.asarray(counts)
+    return out

@@ -183,7 +183,8 @@ def test_profiles_import_nothing_of_the_loader():
                 if target.startswith("..loader") or target.startswith("omnipack.loader"):
                     offenders.append(f"{path.name}: from {target}")
             elif isinstance(node, ast.Import):
-                offenders += [f"{path.name}: import {a.name}" for a in node.names if a.name.startswith("omnipack.loader")]
+                names = [a.name for a in node.names if a.name.startswith("omnipack.loader")]
+                offenders += [f"{path.name}: import {n}" for n in names]
     assert not offenders, offenders
     code = "import sys, omnipack.profiles as p\nfor n in p.available_profiles(): p.get_profile(n).inputs()\n"
     code += "print(sorted(m for m in sys.modules if m.startswith('omnipack.loader')))"

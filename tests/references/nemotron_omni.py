@@ -45,13 +45,16 @@ def hf_input_ids(tokenizer_dir: Path, messages: list[dict], media: list[KitMedia
             h, w = p.target_hw
             inputs = {
                 "num_frames": [n],
-                "video_metadata": [VideoMetadata(total_num_frames=None, fps=m.meta.fps, frames_indices=list(p.frame_indices[:n]))],
+                "video_metadata": [
+                    VideoMetadata(total_num_frames=None, fps=m.meta.fps, frames_indices=list(p.frame_indices[:n]))
+                ],
                 "pixel_values_videos": types.SimpleNamespace(shape=(1, p.grid_thw[0], 6, h, w)),
             }
             reps["video"].append(proc.replace_video_token(inputs, 0))
         else:
             wave, _ = soundfile.read(m.path, dtype="float32")
-            reps["audio"].append(proc.replace_audio_token({"num_tokens": [max(1, P._estimate_audio_num_embeddings(proc, len(wave)))]}, 0))
+            tokens = max(1, P._estimate_audio_num_embeddings(proc, len(wave)))
+            reps["audio"].append(proc.replace_audio_token({"num_tokens": [tokens]}, 0))
     return processor_input_ids(proc, tok, messages, reps)
 
 

@@ -22,7 +22,9 @@ def _audio_tokens(path: Path) -> int:
     wave, rate = soundfile.read(path, dtype="float32")
     assert rate == 16000 and wave.ndim == 1
     fe = WhisperFeatureExtractor(feature_size=128)
-    out = fe(wave, sampling_rate=rate, return_attention_mask=True, padding=True, truncation=False, return_tensors="np")
+    out = fe(
+        wave, sampling_rate=rate, return_attention_mask=True, padding=True, truncation=False, return_tensors="np"
+    )
     return int(_get_feat_extract_output_lengths(np.asarray([out["attention_mask"].sum()]))[0])
 
 
