@@ -258,6 +258,7 @@ def storage_candidates(media: Path, profile_name: str) -> list[str]:
     from omnipack.media.image import encode_image, load_image
     from omnipack.media.probe import probe
     from omnipack.profiles import get_profile
+    from omnipack.profiles.inputs import MediaInputOptions
     from omnipack.profiles.qwen_vl import _spatial_patches
 
     try:
@@ -279,7 +280,8 @@ def storage_candidates(media: Path, profile_name: str) -> list[str]:
 
     def patches(frames: np.ndarray) -> np.ndarray:
         # What the loader builds by default: uint8, each image's identical temporal slots once.
-        return p.inputs().media_inputs(item, frames, pixel_dtype="uint8", compact=True)["pixel_values"]
+        options = MediaInputOptions(pixel_dtype="uint8", compact=True)
+        return p.inputs().media_inputs(item, frames, options)["pixel_values"]
 
     def patch_layout_bytes(px: np.ndarray) -> bytes:
         # The loader's own layout stored: [gh*gw, C, ps*ps] spatial patches, one per temporal slot later.

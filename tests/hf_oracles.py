@@ -12,6 +12,7 @@ import importlib
 import sys
 import types
 
+import numpy as np
 import pytest
 
 
@@ -92,3 +93,27 @@ def qwen_image_processor(profile):
         image_mean=list(profile.image_mean),
         image_std=list(profile.image_std),
     )
+
+
+def processor_input_ids(proc, tokenizer, messages: list[dict], replacements: dict[str, list[str]]) -> list[int]:
+    """Token ids of ``messages`` as an HF processor call gives them: the tokenizer's chat template rendered,
+    each media placeholder replaced in order by ``replacements[kind]`` (what the processor's own
+    ``replace_<kind>_token`` returned) through its ``get_text_with_replacements``, then tokenized."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    text = proc.get_text_with_replacements(
+        [text], replacements.get("image", []), replacements.get("video", []), replacements.get("audio", [])
+    )[0][0]
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def qwen_image_grids(profile, paths) -> np.ndarray:
+    """``image_grid_thw`` the profile's configured ``Qwen2VLImageProcessorPil`` gives for the image files."""
+    from PIL import Image
+
+    if not paths:
+        return np.zeros((0, 3), np.int64)
+    images = []
+    for p in paths:
+        with Image.open(p) as img:
+            images.append(np.asarray(img.convert("RGB")))
+    return qwen_image_processor(profile)(images=images, return_tensors="np")["image_grid_thw"]

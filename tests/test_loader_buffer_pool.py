@@ -459,3 +459,25 @@ def test_a_batch_built_but_never_delivered_gives_its_slot_back(dataset):
     assert len(flags) == 2
     busy = {pid: int((storage_view(f, 0, (f.nbytes(),), torch.uint8) != FREE).sum()) for pid, f in flags.items()}
     assert busy == dict.fromkeys(flags, 0)
+
+
+def test_the_task_encoder_hands_its_allocator_to_the_family(dataset):
+    """The batch tensors a family's ``collate_media`` builds come from the loader's allocator (the worker
+    pool's ``batch_storage``), handed in through ``MediaInputOptions``: the family never reaches into it."""
+    import dataclasses
+
+    te = OmnipackTaskEncoder.from_dataset(dataset)
+    assert te.media_options.allocate is buffer_pool.batch_storage
+    taken: list[int] = []
+
+    def allocate(nbytes: int):
+        storage, offset = buffer_pool.batch_storage(nbytes)
+        taken.append(storage.data_ptr())
+        return storage, offset
+
+    te.media_options = dataclasses.replace(te.media_options, allocate=allocate)
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+    ds = get_val_dataset(str(dataset), split_part="train", batch_size=1, worker_config=wc, task_encoder=te)
+    loader = get_loader(ds)
+    pixels = [v for b in loader for k, v in (b.encoder_inputs or {}).items() if k in b.pixel_keys]
+    assert pixels and all(v.untyped_storage().data_ptr() in taken for v in pixels)

@@ -18,7 +18,10 @@ from omnipack.loader.compat import DatasetAlignmentError
 from omnipack.loader.media import MediaMismatchError, decode_payload
 from omnipack.loader.sample import cook_packed_row
 from omnipack.loader.task_encoder import OmnipackTaskEncoder
+from omnipack.profiles.inputs import MediaInputOptions
 from tests.test_pipeline import read_rows_from_tars
+
+PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
 
 PROFILE = "qwen3_omni"
 PIXEL_KEYS = {"pixel_values", "pixel_values_videos"}
@@ -66,8 +69,10 @@ def _expected_media(te: OmnipackTaskEncoder, rows: list[dict[str, bytes]]) -> di
     per_item = []
     for parts in rows:
         row, _ = decode_row(parts)
-        per_item += [te.profile.media_inputs(m, decode_payload(m.part, parts[m.part])) for m in row.media]
-    return te.profile.collate_media(per_item) if per_item else {}
+        per_item += [
+            te.profile.media_inputs(m, decode_payload(m.part, parts[m.part]), PLAIN) for m in row.media
+        ]
+    return te.profile.collate_media(per_item, PLAIN) if per_item else {}
 
 
 def test_from_dataset_checks_alignment(dataset):

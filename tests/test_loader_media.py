@@ -9,8 +9,12 @@ import torch
 from omnipack.dataset.contract import MediaItem
 from omnipack.loader.media import MediaMismatchError, check_row_media, decode_payload
 from omnipack.profiles import get_profile
+from omnipack.profiles.inputs import MediaInputOptions
 from omnipack.profiles.qwen3_omni import audio_output_length
 from tests.hf_oracles import qwen_image_processor
+
+PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
+U8 = MediaInputOptions(pixel_dtype="uint8")
 
 RNG = np.random.default_rng(0)
 
@@ -38,7 +42,7 @@ def _item(kind: str, num_tokens: int = 0, **kw) -> MediaItem:
 def test_image_patches_match_theqwen_image_processor(name, hw):
     profile = get_profile(name)
     img = RNG.integers(0, 256, (*hw, 3), dtype=np.uint8)  # already at a target size (multiple of factor)
-    ours = profile.inputs().media_inputs(_item("image"), img)
+    ours = profile.inputs().media_inputs(_item("image"), img, PLAIN)
     ref = _hf(qwen_image_processor(profile), img)
     assert ours["pixel_values"].shape == ref["pixel_values"].shape
     np.testing.assert_allclose(ours["pixel_values"], ref["pixel_values"], atol=1e-5, rtol=0)
@@ -72,14 +76,14 @@ def test_video_patches_follow_the_processor_layout(name):
     h, w = 2 * s.factor, s.factor
     frames = RNG.integers(0, 256, (5, h, w, 3), dtype=np.uint8)  # odd count: the last frame pads
     item = _item("video", info={"info": {"second_per_grid": 1.0}})
-    ours = profile.inputs().media_inputs(item, frames)
+    ours = profile.inputs().media_inputs(item, frames, PLAIN)
     ref = _reference_video_patches(frames, profile.image_mean, profile.image_std, s.patch_size, 2, 2)
     np.testing.assert_allclose(ours["pixel_values_videos"], ref, atol=1e-5, rtol=0)
     assert ours["video_grid_thw"].tolist() == [[3, h // s.patch_size, w // s.patch_size]]
     assert profile.inputs().feature_count(item, frames) == 3 * (h // s.patch_size) * (w // s.patch_size) // 4
     # Pairs of equal frames are what the image processor sees for one image: same patches, per step.
     a, b = frames[0], frames[1]
-    pairs = profile.inputs().media_inputs(item, np.stack([a, a, b, b]))["pixel_values_videos"]
+    pairs = profile.inputs().media_inputs(item, np.stack([a, a, b, b]), PLAIN)["pixel_values_videos"]
     proc = qwen_image_processor(profile)
     expect = np.concatenate([_hf(proc, f, do_resize=False)["pixel_values"] for f in (a, b)])
     np.testing.assert_allclose(pairs, expect, atol=1e-5, rtol=0)
@@ -98,8 +102,8 @@ def test_both_pixel_paths_are_bit_identical_to_theqwen_image_processor(name):
     img[:f, :f] = RNG.integers(0, 256, (f, f, 3), dtype=np.uint8)
     assert all(len(np.unique(img[..., c])) == 256 for c in range(3))
     ref = _hf(qwen_image_processor(profile), img)["pixel_values"]
-    f32 = profile.inputs().media_inputs(_item("image"), img)["pixel_values"]
-    u8 = profile.inputs().media_inputs(_item("image"), img, pixel_dtype="uint8")["pixel_values"]
+    f32 = profile.inputs().media_inputs(_item("image"), img, PLAIN)["pixel_values"]
+    u8 = profile.inputs().media_inputs(_item("image"), img, U8)["pixel_values"]
     gpu_path = normalize_pixels(torch.from_numpy(u8), *profile.inputs().pixel_normalization()).numpy()
     assert f32.dtype == gpu_path.dtype == ref.dtype == np.float32
     assert np.array_equal(f32, ref)
@@ -114,11 +118,12 @@ def test_deferred_patches_build_once_into_the_batch_tensor():
     profile = get_profile("qwen2_5_vl")
     f = profile.image.factor
     imgs = [RNG.integers(0, 256, (f * a, f * b, 3), dtype=np.uint8) for a, b in ((2, 3), (1, 1), (4, 2))]
-    eager = [profile.inputs().media_inputs(_item("image"), x, pixel_dtype="uint8") for x in imgs]
-    lazy = [profile.inputs().media_inputs(_item("image"), x, pixel_dtype="uint8", deferred=True) for x in imgs]
+    eager = [profile.inputs().media_inputs(_item("image"), x, U8) for x in imgs]
+    deferred = MediaInputOptions(pixel_dtype="uint8", deferred=True)
+    lazy = [profile.inputs().media_inputs(_item("image"), x, deferred) for x in imgs]
     assert all(isinstance(d["pixel_values"], PendingRows) for d in lazy)
     assert [d["pixel_values"].shape for d in lazy] == [d["pixel_values"].shape for d in eager]
-    got = profile.inputs().collate_media(lazy)
+    got = profile.inputs().collate_media(lazy, PLAIN)
     want = np.concatenate([d["pixel_values"] for d in eager])
     assert got["pixel_values"].dtype == torch.uint8 and np.array_equal(got["pixel_values"].numpy(), want)
     assert got["image_grid_thw"].tolist() == np.concatenate([d["image_grid_thw"] for d in eager]).tolist()
@@ -135,8 +140,8 @@ def test_uint8_patches_normalize_to_the_float32_patches(name, frames):
     kind, key = ("image", "pixel_values") if frames == 1 else ("video", "pixel_values_videos")
     item = _item(kind, info={"info": {"second_per_grid": 1.0}})
     payload = x[0] if kind == "image" else x
-    f32 = profile.inputs().media_inputs(item, payload)
-    u8 = profile.inputs().media_inputs(item, payload, pixel_dtype="uint8")
+    f32 = profile.inputs().media_inputs(item, payload, PLAIN)
+    u8 = profile.inputs().media_inputs(item, payload, U8)
     assert u8[key].dtype == np.uint8 and u8[key].shape == f32[key].shape
     assert {k: v.tolist() for k, v in u8.items() if k != key} == {
         k: v.tolist() for k, v in f32.items() if k != key
@@ -170,14 +175,14 @@ def test_qwen3_omni_audio_features_match_whisper_and_the_token_rule():
     per_item = []
     for wave in waves:
         item = _item("audio")
-        got = profile.inputs().media_inputs(item, wave)
+        got = profile.inputs().media_inputs(item, wave, PLAIN)
         ref = _whisper_reference(wave)
         assert got["input_features"].shape == (128, len(wave) // 160) == ref.shape
         np.testing.assert_allclose(got["input_features"], ref, atol=1e-5, rtol=0)
         assert profile.inputs().feature_count(item, wave) == audio_output_length(len(wave) // 160)
         per_item.append(got)
     assert [profile.inputs().feature_count(_item("audio"), w) for w in waves[:2]] == [13, 8]
-    batch = profile.inputs().collate_media(per_item)
+    batch = profile.inputs().collate_media(per_item, PLAIN)
     lens = [len(w) // 160 for w in waves]
     assert batch["input_features"].shape == (3, 128, max(lens))
     assert batch["audio_feature_lengths"].tolist() == lens
@@ -193,11 +198,12 @@ def test_qwen3_omni_audio_in_video_counts_and_inputs_both():
     }
     item = _item("video", npz=True, info={"info": {"second_per_grid": 2.0}})
     assert profile.inputs().feature_count(item, payload) == 2 * 2 * 4 // 4 + 13
-    got = profile.inputs().media_inputs(item, payload)
+    got = profile.inputs().media_inputs(item, payload, PLAIN)
     assert got["video_grid_thw"].tolist() == [[2, 2, 4]]
     assert got["input_features"].shape == (128, 100)
     assert got["video_second_per_grid"].tolist() == [2.0]
-    batch = profile.inputs().collate_media([got, profile.inputs().media_inputs(_item("image"), payload["frames"][0])])
+    image = profile.inputs().media_inputs(_item("image"), payload["frames"][0], PLAIN)
+    batch = profile.inputs().collate_media([got, image], PLAIN)
     assert batch["pixel_values"].shape[0] == 8 and batch["pixel_values_videos"].shape[0] == 16
     assert batch["input_features"].shape == (1, 128, 100)
 
@@ -211,7 +217,7 @@ def test_nemotron_feature_counts_from_stored_media():
     with pytest.raises(ValueError, match="multiple of 32"):
         p.inputs().feature_count(_item("image"), np.zeros((40, 64, 3), np.uint8))
     with pytest.raises(ValueError, match="multiple of 32"):
-        p.inputs().media_inputs(_item("image"), np.zeros((40, 64, 3), np.uint8))
+        p.inputs().media_inputs(_item("image"), np.zeros((40, 64, 3), np.uint8), PLAIN)
 
 
 def test_decode_payload_kinds():
@@ -254,9 +260,9 @@ def test_check_row_media_names_row_and_sample_on_mismatch():
 
 def test_default_collate_concatenates_in_order():
     p = get_profile("qwen2_5_vl")
-    a = p.inputs().media_inputs(_item("image"), np.zeros((28, 56, 3), np.uint8))
-    b = p.inputs().media_inputs(_item("image"), np.full((56, 28, 3), 255, np.uint8))
-    out = p.inputs().collate_media([a, b])
+    a = p.inputs().media_inputs(_item("image"), np.zeros((28, 56, 3), np.uint8), PLAIN)
+    b = p.inputs().media_inputs(_item("image"), np.full((56, 28, 3), 255, np.uint8), PLAIN)
+    out = p.inputs().collate_media([a, b], PLAIN)
     assert out["image_grid_thw"].tolist() == [[1, 2, 4], [1, 4, 2]]
     assert isinstance(out["pixel_values"], torch.Tensor) and out["pixel_values"].shape == (
         16,

@@ -16,8 +16,11 @@ import pytest
 from omnipack.dataset.contract import MediaItem
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta
+from omnipack.profiles.inputs import MediaInputOptions
 from omnipack.profiles.nemotron_omni import parakeet_tokens, radio_patches
 from tests.hf_oracles import import_hf
+
+PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -51,7 +54,7 @@ def test_image_pixels_match_the_hf_image_processor(hf_image_processor, src_hw):
     profile = get_profile("nemotron_omni")
     plan = profile.plan_image(MediaMeta("image", width=src_hw[1], height=src_hw[0]))
     img = RNG.integers(0, 256, (*plan.target_hw, 3), dtype=np.uint8)  # what the writer stored
-    ours = profile.inputs().media_inputs(_item("image"), img)
+    ours = profile.inputs().media_inputs(_item("image"), img, PLAIN)
     ref = hf_image_processor(images=[img], return_tensors="np", do_convert_rgb=False)
     assert ours["image_grid_hw"].tolist() == ref["image_grid_hw"].tolist() == [list(plan.grid_thw[1:])]
     assert ours["pixel_values"].shape == ref["pixel_values"].shape
@@ -68,7 +71,7 @@ def test_video_tubelets_match_the_hf_video_processor():
     )
     assert proc._compute_target_patches(512, 512) == (32, 32)  # a 512 square frame is not resized
     frames = RNG.integers(0, 256, (3, 512, 512, 3), dtype=np.uint8)  # odd: the last frame pads
-    ours = profile.inputs().media_inputs(_item("video"), frames)["pixel_values_videos"]
+    ours = profile.inputs().media_inputs(_item("video"), frames, PLAIN)["pixel_values_videos"]
     ref = proc(videos=[frames], return_tensors="np", do_sample_frames=False)  # frames already sampled
     assert ours.shape == ref["pixel_values_videos"].shape == (1, 2, 6, 512, 512)
     np.testing.assert_allclose(ours, ref["pixel_values_videos"], atol=1e-5, rtol=0)
@@ -103,11 +106,11 @@ def test_audio_features_match_parakeet_batched_and_the_token_rules():
     profile = get_profile("nemotron_omni")
     hf_rule = get_profile("nemotron_omni", audio_count_rule="hf")
     waves = [(RNG.standard_normal(n) * 3000).astype(np.int16) for n in (16000, 1280, 24321)]
-    per_item = [profile.inputs().media_inputs(_item("audio"), w) for w in waves]
+    per_item = [profile.inputs().media_inputs(_item("audio"), w, PLAIN) for w in waves]
     for w, d in zip(waves, per_item, strict=True):
         assert d["input_features"].shape == (1, len(w) // 160 + 1, 128)
         assert d["input_features_mask"].sum() == len(w) // 160
-    batch = profile.inputs().collate_media(per_item)
+    batch = profile.inputs().collate_media(per_item, PLAIN)
     # HF's batched extraction (padding to the longest) equals per-clip extraction right-padded
     ref = _parakeet_oracle(waves)
     assert batch["input_features"].shape == ref["input_features"].shape
@@ -133,12 +136,13 @@ def test_audio_features_match_parakeet_batched_and_the_token_rules():
 
 def test_collate_and_bridge_layout():
     profile = get_profile("nemotron_omni")
-    a = profile.inputs().media_inputs(_item("image"), RNG.integers(0, 256, (64, 96, 3), dtype=np.uint8))
-    b = profile.inputs().media_inputs(_item("image"), RNG.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    inputs = profile.inputs()
+    a = inputs.media_inputs(_item("image"), RNG.integers(0, 256, (64, 96, 3), dtype=np.uint8), PLAIN)
+    b = inputs.media_inputs(_item("image"), RNG.integers(0, 256, (32, 32, 3), dtype=np.uint8), PLAIN)
     v1 = RNG.integers(0, 256, (4, 64, 64, 3), dtype=np.uint8)
     v2 = RNG.integers(0, 256, (2, 64, 64, 3), dtype=np.uint8)
-    vids = [profile.inputs().media_inputs(_item("video"), v) for v in (v1, v2)]
-    out = profile.inputs().collate_media([a, vids[0], b, vids[1]])
+    vids = [profile.inputs().media_inputs(_item("video"), v, PLAIN) for v in (v1, v2)]
+    out = profile.inputs().collate_media([a, vids[0], b, vids[1]], PLAIN)
     assert out["image_grid_hw"].tolist() == [[4, 6], [2, 2]]
     assert out["pixel_values"].shape == (28, 768)
     assert torch.equal(out["pixel_values"][24:], torch.from_numpy(b["pixel_values"]))

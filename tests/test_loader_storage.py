@@ -21,6 +21,7 @@ from omnipack.media.image import encode_image
 from omnipack.media.probe import materialize, probe
 from omnipack.media.video import encode_video
 from omnipack.profiles import get_profile
+from omnipack.profiles.inputs import MediaInputOptions
 from tests.hf_oracles import qwen_image_processor
 
 PROFILE = "qwen3_omni"
@@ -129,16 +130,16 @@ def test_stored_pixels_are_what_the_hf_image_processor_gives(datasets) -> None:
             continue
         ext, data = materialize(path, plan)
         assert ext == "npy"
-        u8 = profile.inputs().media_inputs(item, decode_payload("media.0.npy", data), pixel_dtype="uint8")
+        payload = decode_payload("media.0.npy", data)
+        u8 = profile.inputs().media_inputs(item, payload, MediaInputOptions(pixel_dtype="uint8"))
         got = normalize_pixels(torch.from_numpy(u8["pixel_values"]), *profile.inputs().pixel_normalization())
         with Image.open(path) as img:
             ref = hf(images=[np.asarray(img.convert("RGB"))], return_tensors="np")
         assert u8["image_grid_thw"].tolist() == ref["image_grid_thw"].tolist(), path.name
         assert np.array_equal(got.numpy(), ref["pixel_values"]), path.name
         # The loader's default: each image's temporal slot once, repeated after normalizing on the device.
-        compact = profile.inputs().media_inputs(
-            item, decode_payload("media.0.npy", data), pixel_dtype="uint8", compact=True
-        )["pixel_values"]
+        compact_options = MediaInputOptions(pixel_dtype="uint8", compact=True)
+        compact = profile.inputs().media_inputs(item, payload, compact_options)["pixel_values"]
         assert compact.shape == (ref["pixel_values"].shape[0], ref["pixel_values"].shape[1] // 2)
         norm = normalize_pixels(torch.from_numpy(compact), *profile.inputs().pixel_normalization())
         assert np.array_equal(expand_temporal(norm, 3, 2).numpy(), ref["pixel_values"]), path.name

@@ -19,6 +19,9 @@ from omnipack.loader.media import decode_payload
 from omnipack.media.errors import MediaError
 from omnipack.media.probe import materialize, probe
 from omnipack.profiles import get_profile
+from omnipack.profiles.inputs import MediaInputOptions
+
+PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
 
 av = pytest.importorskip("av")
 sf = pytest.importorskip("soundfile")
@@ -161,7 +164,7 @@ def test_stored_audio_and_features_are_the_reference(tmp_path, name, writer, rat
         assert stored.dtype in (np.int16, np.float32) and stored.shape == (len(ref),)
         item = {"kind": "audio", "info": plan.info}
         assert prof.inputs().feature_count(item, stored) == plan.num_tokens
-        inputs = prof.inputs().media_inputs(item, stored)
+        inputs = prof.inputs().media_inputs(item, stored, PLAIN)
         if prof is qwen:
             assert plan.num_tokens == ref_tokens
             got = inputs["input_features"]
@@ -267,7 +270,7 @@ def test_video_audio_track_uses_the_decoded_length(tmp_path):
     np.testing.assert_array_equal(stored["audio"], ref)
     item = {"kind": "video", "info": plan.info}
     assert prof.inputs().feature_count(item, stored) == plan.num_tokens
-    got = prof.inputs().media_inputs(item, stored)["input_features"]
+    got = prof.inputs().media_inputs(item, stored, PLAIN)["input_features"]
     assert got.shape == ref_feats.shape and float(np.abs(got - ref_feats).max()) <= FEATURE_TOL
 
 
@@ -339,9 +342,9 @@ def test_stored_audio_dtypes(tmp_path):
     prof = get_profile("qwen3_omni")
     item = {"kind": "audio", "info": {}}
     old = (np.sin(np.arange(16000) / 7) * 20000).astype(np.int16)
-    feats = prof.inputs().media_inputs(item, old)["input_features"]
+    feats = prof.inputs().media_inputs(item, old, PLAIN)["input_features"]
     np.testing.assert_array_equal(feats, hf_whisper(old.astype(np.float32) / 32768)[0])
     with pytest.raises(ValueError, match="dtype float64"):
         prof.inputs().feature_count(item, np.zeros(16000))
     with pytest.raises(ValueError, match="dtype int32"):
-        get_profile("nemotron_omni").inputs().media_inputs(item, np.zeros(16000, np.int32))
+        get_profile("nemotron_omni").inputs().media_inputs(item, np.zeros(16000, np.int32), PLAIN)

@@ -13,9 +13,11 @@ import pytest
 
 from omnipack.profiles import get_profile
 from omnipack.profiles.audio_features import slaney_mel_filters
-from omnipack.profiles.inputs import audio_waveform
+from omnipack.profiles.inputs import MediaInputOptions, audio_waveform
 from omnipack.profiles.nemotron_omni import parakeet_features
 from omnipack.profiles.qwen3_omni import whisper_features
+
+PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
 
 transformers = pytest.importorskip("transformers")
 TOL = 1e-4
@@ -96,7 +98,7 @@ def test_profiles_use_them_through_the_trainer_half():
     clips = [s for label, s in CLIPS if label in ("tone1600-int16", "tone27777-float32")]
     item = {"kind": "audio", "info": {}}
     qwen = get_profile("qwen3_omni").inputs()
-    batch = qwen.collate_media([qwen.media_inputs(item, c) for c in clips])
+    batch = qwen.collate_media([qwen.media_inputs(item, c, PLAIN) for c in clips], PLAIN)
     for i, c in enumerate(clips):
         n = len(c) // 160
         assert int(batch["audio_feature_lengths"][i]) == n == int(batch["feature_attention_mask"][i].sum())
@@ -105,7 +107,7 @@ def test_profiles_use_them_through_the_trainer_half():
             <= TOL
         )
     nemo = get_profile("nemotron_omni", num_mel_bins=80).inputs()
-    batch = nemo.collate_media([nemo.media_inputs(item, c) for c in clips])
+    batch = nemo.collate_media([nemo.media_inputs(item, c, PLAIN) for c in clips], PLAIN)
     for i, c in enumerate(clips):
         want, want_mask = _hf_parakeet(audio_waveform(c), 80)
         k = len(want)

@@ -29,6 +29,9 @@ from omnipack.profiles.gemma3 import (
     image_token_type_ids,
     pan_and_scan_boxes,
 )
+from omnipack.profiles.inputs import MediaInputOptions
+
+PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
 
 pytest.importorskip("transformers")
 
@@ -175,10 +178,10 @@ def test_crops_pixels_and_counts_match_the_image_processor(processor, pas, tmp_p
         stored = _stored(frame, plan, tmp_path)
         assert stored.dtype == np.uint8 and stored.shape[-3:] == (896, 896, 3)
         assert inputs.feature_count(item, stored) == plan.num_tokens == 256 * hf["pixel_values"].shape[0]
-        ours = inputs.media_inputs(item, stored)["pixel_values"]
+        ours = inputs.media_inputs(item, stored, PLAIN)["pixel_values"]
         assert ours.dtype == np.float32 and ours.shape == hf["pixel_values"].shape
         assert np.array_equal(ours, hf["pixel_values"]), (h, w, pas)
-        raw = inputs.media_inputs(item, stored, pixel_dtype="uint8")["pixel_values"]
+        raw = inputs.media_inputs(item, stored, MediaInputOptions(pixel_dtype="uint8"))["pixel_values"]
         mean, std = inputs.pixel_normalization()
         on_device = normalize_pixels(torch.from_numpy(raw), mean, std).numpy()
         assert np.array_equal(on_device, hf["pixel_values"]), (h, w, pas)
@@ -251,7 +254,7 @@ def test_token_ids_token_types_and_pixels_match_the_processor(model_dir, process
     assert image_token_type_ids(enc.input_ids, image_id).tolist() == hf["token_type_ids"][0].tolist()
     assert [s.num_placeholders for s in enc.spans] == [p.plan.num_tokens for p in enc.spans]
     inputs = prof.inputs()
-    collated = inputs.collate_media([inputs.media_inputs({"kind": "image"}, f) for f in stored])
+    collated = inputs.collate_media([inputs.media_inputs({"kind": "image"}, f, PLAIN) for f in stored], PLAIN)
     assert np.array_equal(collated["pixel_values"].numpy(), hf["pixel_values"])
     if pas:
         assert "Here is the original image" in processor.tokenizer.decode(enc.input_ids)
@@ -326,7 +329,7 @@ def test_profile_options_settings_and_rejects(tmp_path, model_dir):
     assert stored.shape == (4, 448, 448, 3)
     # the trainer half is built from the recorded settings alone
     inputs = prof.inputs()
-    assert inputs.media_inputs({"kind": "image"}, stored)["pixel_values"].shape == (4, 3, 448, 448)
+    assert inputs.media_inputs({"kind": "image"}, stored, PLAIN)["pixel_values"].shape == (4, 3, 448, 448)
     s = prof.settings()
     assert (
         s["size"] == [448, 448] and s["pan_and_scan"]["enabled"] and s["normalize"]["mean"] == [0.4, 0.5, 0.6]
@@ -341,7 +344,7 @@ def test_profile_options_settings_and_rejects(tmp_path, model_dir):
     with pytest.raises(ValueError, match="expected \\(448, 448\\)"):
         inputs.feature_count({"kind": "image"}, np.zeros((2, 8, 8, 3), np.uint8))
     with pytest.raises(ValueError, match="pixel_dtype"):
-        inputs.media_inputs({"kind": "image"}, stored, pixel_dtype="float16")
+        inputs.media_inputs({"kind": "image"}, stored, MediaInputOptions(pixel_dtype="float16"))
     with pytest.raises(ValueError, match="lack 'size'"):
         type(inputs).from_settings({"image_seq_length": 256})
     toks = get_profile("gemma3").special_tokens()
@@ -370,10 +373,12 @@ def test_deferred_inputs_fill_the_batch_tensor_like_the_direct_path(tmp_path):
         for f in (_image(300, 900), _image(64, 64))
     ]
     for dtype in ("uint8", "float32"):
-        direct = [inputs.media_inputs({"kind": "image"}, f, pixel_dtype=dtype) for f in stored]
-        deferred = [inputs.media_inputs({"kind": "image"}, f, pixel_dtype=dtype, deferred=True) for f in stored]
-        a = inputs.collate_media(direct)["pixel_values"].numpy()
-        b = inputs.collate_media(deferred)["pixel_values"].numpy()
+        eager = MediaInputOptions(pixel_dtype=dtype)
+        late = MediaInputOptions(pixel_dtype=dtype, deferred=True)
+        direct = [inputs.media_inputs({"kind": "image"}, f, eager) for f in stored]
+        deferred = [inputs.media_inputs({"kind": "image"}, f, late) for f in stored]
+        a = inputs.collate_media(direct, PLAIN)["pixel_values"].numpy()
+        b = inputs.collate_media(deferred, PLAIN)["pixel_values"].numpy()
         assert a.shape == (5, 3, 896, 896) and a.dtype == np.dtype(dtype) and np.array_equal(a, b)
 
 

@@ -25,47 +25,23 @@ from omnipack.profiles import (
 )
 from omnipack.profiles.base import ModelProfile
 from omnipack.profiles.inputs import EncoderInputs
+from tests.family_kit import encode_payloads
 
 ROOT = Path(__file__).parents[1]
-FAMILIES = ["gemma3", "nemotron_omni", "qwen2_5_vl", "qwen3_omni", "qwen3_vl"]
-
-
-def _payloads(name: str) -> list[tuple[dict, object]]:
-    """(item, payload) pairs of every kind the family takes, sized for its stored-media rules."""
-    rng = np.random.default_rng(3)
-    side = 64 if name.startswith("qwen3") or name == "nemotron_omni" else 56
-    if name == "gemma3":  # stored as views of the processor's fixed size, images only
-        return [({"kind": "image", "info": {}}, rng.integers(0, 256, (2, 896, 896, 3), np.uint8))]
-    out: list[tuple[dict, object]] = [
-        ({"kind": "image", "info": {}}, rng.integers(0, 256, (side, 2 * side, 3), np.uint8))
-    ]
-    frames = rng.integers(0, 256, (3, side, side, 3), np.uint8)
-    out.append(({"kind": "video", "info": {"info": {"second_per_grid": 1.0}}}, frames))
-    if "audio" in profile_class(name)().kinds:
-        t = np.arange(23456) / 16000
-        wave = (0.2 * np.sin(2 * np.pi * 330 * t) * 32767).astype(np.int16)
-        out.append(({"kind": "audio", "info": {}}, wave))
-    return out
-
-
-def _encode(inputs: EncoderInputs, name: str) -> dict[str, np.ndarray]:
-    pairs = _payloads(name)
-    per_item = [inputs.media_inputs(item, payload) for item, payload in pairs]
-    counts = [inputs.feature_count(item, payload) for item, payload in pairs]
-    out = {k: np.asarray(v) for k, v in inputs.collate_media(per_item).items()}
-    out["_counts"] = np.asarray(counts)
-    return out
+FAMILIES = available_profiles()  # discovered: every family module
 
 
 def test_registry_resolves_names_to_their_modules():
-    assert available_profiles() == FAMILIES == sorted(PROFILES)
+    assert sorted(PROFILES) == FAMILIES and len(PROFILES) == len(FAMILIES)
+    # the shipped families are found (a broken module would silently drop out of the kit)
+    assert {"gemma3", "nemotron_omni", "qwen2_5_vl", "qwen3_omni", "qwen3_vl"} <= set(FAMILIES)
     for name in FAMILIES:
         cls = profile_class(name)
         assert cls.name == name and cls.__module__ == f"omnipack.profiles.{name}"
         assert issubclass(cls.inputs_class, EncoderInputs) and cls.inputs_class.name == name
         assert set(cls().kinds) <= set(cls.inputs_class.placeholder_tokens)
     for bad in ("base", "inputs", "qwen_vl", "audio_features", "nope", "../x", "Qwen3_VL", ""):
-        with pytest.raises(ValueError, match="unknown profile .*available: gemma3, nemotron_omni, qwen2_5_vl"):
+        with pytest.raises(ValueError, match=f"unknown profile .*available: {', '.join(FAMILIES)}$"):
             get_profile(bad)
 
 
@@ -92,7 +68,7 @@ def test_a_new_family_is_one_module(tmp_path, monkeypatch):
                 def feature_count(self, item, payload):
                     return self.tokens_per_image
 
-                def media_inputs(self, item, payload, *, pixel_dtype="float32"):
+                def media_inputs(self, item, payload, options):
                     return {"pixels": payload_frames(payload).reshape(1, -1)}
 
             class ToyProfile(ModelProfile):
@@ -134,17 +110,10 @@ def test_a_new_family_is_one_module(tmp_path, monkeypatch):
 
 def test_family_facts_live_in_the_profile():
     """What used to be chosen by profile name elsewhere (CLI mRoPE default, inspect's role marker)."""
-    assert {n: profile_class(n).uses_mrope() for n in FAMILIES} == {
-        "gemma3": False,
-        "nemotron_omni": False,
-        "qwen2_5_vl": True,
-        "qwen3_omni": True,
-        "qwen3_vl": True,
-    }
-    assert {n: profile_class(n).turn_start for n in FAMILIES} == {
-        "gemma3": "<start_of_turn>",
-        **{n: "<|im_start|>" for n in FAMILIES if n != "gemma3"},
-    }
+    mrope = {"gemma3": False, "nemotron_omni": False, "qwen2_5_vl": True, "qwen3_omni": True, "qwen3_vl": True}
+    assert {n: profile_class(n).uses_mrope() for n in mrope} == mrope
+    assert profile_class("gemma3").turn_start == "<start_of_turn>"
+    assert {profile_class(n).turn_start for n in mrope if n != "gemma3"} == {"<|im_start|>"}
     keys = {n: profile_class(n).inputs_class.batch_keys for n in FAMILIES}
     assert "image_grid_hw" in keys["nemotron_omni"] and "image_grid_thw" not in keys["nemotron_omni"]
     assert "second_per_grid_ts" in keys["qwen2_5_vl"] and "video_second_per_grid" in keys["qwen3_omni"]
@@ -156,7 +125,8 @@ def test_trainer_half_is_built_from_recorded_settings(name):
     """The loader's encoder inputs (from omnipack.json's JSON settings) equal the planner's own."""
     planner = get_profile(name)
     recorded = json.loads(json.dumps(planner.settings()))
-    a, b = _encode(get_encoder_inputs(name, recorded), name), _encode(planner.inputs(), name)
+    a = encode_payloads(get_encoder_inputs(name, recorded), name)
+    b = encode_payloads(planner.inputs(), name)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert set(a) - {"_counts"} <= set(planner.inputs_class.batch_keys)
     missing = dict(recorded)
@@ -195,14 +165,14 @@ def test_trainer_half_imports_without_the_prepare_stack(tmp_path):
         import json
         import numpy as np
         import omnipack.loader.task_encoder
-        from tests.test_profiles_split import FAMILIES, _encode
-        fams = {{f"omnipack.profiles.{{n}}" for n in FAMILIES}}
+        from tests.family_kit import encode_payloads
+        settings = json.load(open({str(tmp_path / "settings.json")!r}))
+        fams = {{f"omnipack.profiles.{{n}}" for n in settings}}
         assert not fams & set(sys.modules), sorted(fams & set(sys.modules))
         from omnipack.profiles import get_encoder_inputs
-        settings = json.load(open({str(tmp_path / "settings.json")!r}))
-        for n in FAMILIES:
+        for n in settings:
             before = fams & set(sys.modules)
-            out = _encode(get_encoder_inputs(n, settings[n]), n)
+            out = encode_payloads(get_encoder_inputs(n, settings[n]), n)
             assert (fams & set(sys.modules)) - before == {{f"omnipack.profiles.{{n}}"}}
             np.savez({str(tmp_path)!r} + f"/{{n}}.npz", **out)
         bad = [m for m in sys.modules if m.split(".")[0] in ("transformers", "av", "decord", "tokenizers")]
@@ -214,7 +184,7 @@ def test_trainer_half_imports_without_the_prepare_stack(tmp_path):
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
     for n in FAMILIES:
         got = dict(np.load(tmp_path / f"{n}.npz"))
-        want = _encode(get_profile(n).inputs(), n)
+        want = encode_payloads(get_profile(n).inputs(), n)
         assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want), n
 
 

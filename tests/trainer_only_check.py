@@ -49,34 +49,40 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "A
 
 def prepare(out: Path) -> None:
     """One demo dataset per family (full install), and the digests of the batches it loads into."""
+    from omnipack.profiles import available_profiles
+
+    expected = {name: prepare_family(out, name) for name in available_profiles()}
+    (out / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True))
+
+
+def prepare_family(out: Path, name: str) -> dict[str, Any]:
+    """Family ``name``'s demo dataset in ``OUT/<name>`` (images, video and audio where it takes them);
+    returns the digests of the batches it loads into (``batch_digests``)."""
     from omnipack.demo.corpus import build_demo_corpus
     from omnipack.demo.tokenizer import build_demo_tokenizer
     from omnipack.pipeline import PrepareConfig, run_prepare
-    from omnipack.profiles import available_profiles, profile_class
+    from omnipack.profiles import profile_class
 
-    expected: dict[str, Any] = {}
-    for name in available_profiles():
-        cls = profile_class(name)
-        root = out / f"{name}.src"
-        tok = build_demo_tokenizer(root / "tokenizer", profile=name)
-        manifest, media = build_demo_corpus(root / "corpus", num_samples=12, kinds=cls().kinds)
-        run_prepare(
-            PrepareConfig(
-                manifest=[str(manifest)],
-                media_root=str(media),
-                tokenizer=str(tok),
-                output=str(out / name),
-                profile=name,
-                seq_length=SEQ_LENGTH,
-                cp=CP,
-                shard_max_rows=3,
-                mrope=cls.uses_mrope(),
-                overwrite=True,
-                progress=False,
-            )
+    cls = profile_class(name)
+    root = out / f"{name}.src"
+    tok = build_demo_tokenizer(root / "tokenizer", profile=name)
+    manifest, media = build_demo_corpus(root / "corpus", num_samples=12, kinds=cls().kinds)
+    run_prepare(
+        PrepareConfig(
+            manifest=[str(manifest)],
+            media_root=str(media),
+            tokenizer=str(tok),
+            output=str(out / name),
+            profile=name,
+            seq_length=SEQ_LENGTH,
+            cp=CP,
+            shard_max_rows=3,
+            mrope=cls.uses_mrope(),
+            overwrite=True,
+            progress=False,
         )
-        expected[name] = batch_digests(out / name)
-    (out / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True))
+    )
+    return batch_digests(out / name)
 
 
 def _tensor_digest(h: Any, key: str, t: Any) -> None:

@@ -6,9 +6,10 @@ every batch the kernel allocates, zeroes and later frees each page of it: ~20 ms
 (``slots``) and writes one again only when no process can still read the batch it held:
 
 - ``WorkerBufferPool.batch_scope`` (in ``OmnipackTaskEncoder.batch``) marks where a batch is built; ``take``
-  (behind ``profiles.inputs.batch_storage``) cuts each buffer from the batch's slot, a free one sized for
-  the largest batch so far (flagged busy in a small shared flags buffer), so a batch is usually one slot:
-  one slot's file descriptor to hand over (plus the flags'). The batch carries a ``BufferLease`` naming its slots.
+  (behind ``batch_storage``, the allocator the task encoder hands the family's ``collate_media``) cuts
+  each buffer from the batch's slot, a free one sized for the largest batch so far (flagged busy in a
+  small shared flags buffer), so a batch is usually one slot: one slot's file descriptor to hand over
+  (plus the flags'). The batch carries a ``BufferLease`` naming its slots.
 - Pickled in the worker (``BufferLease.pack``), the batch's tensors in slots travel as ``SlotView``
   references and each slot's storage once, through torch's own sharing.
 - Unpickled in the trainer process (``BufferLease.unpack``), the views are rebuilt over a private
@@ -366,3 +367,16 @@ def worker_pool() -> WorkerBufferPool | None:
     if _POOL is None or _POOL[0] != os.getpid():
         _POOL = (os.getpid(), WorkerBufferPool())
     return _POOL[1]
+
+
+def batch_storage(nbytes: int) -> tuple[torch.UntypedStorage, int]:
+    """``(storage, byte offset)``: ``nbytes`` for batch tensors, the loader's ``MediaInputOptions.allocate``.
+    In a DataLoader worker it is shared memory (as torch's own default collate does), so sending the batch
+    to the main process copies no bytes; there the buffers of one batch are cut from one reused slot
+    (``WorkerBufferPool.take``). Elsewhere an ordinary new storage. Every batch buffer of the loader is
+    allocated here."""
+    nbytes = max(int(nbytes), 1)
+    pool = worker_pool()
+    if pool is None:
+        return torch.UntypedStorage(nbytes), 0
+    return pool.take(nbytes)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..dataset.codec import view_npy, view_npz
 from ..dataset.contract import MediaItem, is_any_of
-from ..profiles.inputs import EncoderInputs, Payload
+from ..profiles.inputs import EncoderInputs, MediaInputOptions, Payload
 
 
 class MediaMismatchError(ValueError):
@@ -85,26 +85,11 @@ def _shape(payload: Payload) -> str:
 
 
 def row_media_inputs(
-    profile: EncoderInputs,
-    items: Sequence[MediaItem],
-    payloads: Sequence[Any],
-    *,
-    pixel_dtype: str = "float32",
-    deferred: bool = False,
-    compact: bool = False,
+    profile: EncoderInputs, items: Sequence[MediaItem], payloads: Sequence[Any], options: MediaInputOptions
 ) -> list[dict]:
-    """Per-item encoder inputs of one row, in placeholder order. ``deferred`` (profiles that support it):
-    pixel patches come as ``PendingRows`` that ``profile.collate_media`` builds into the batch tensor.
-    ``compact`` (profiles with ``pixel_repeats``): the keys it names hold one temporal slot per patch row."""
+    """Per-item encoder inputs of one row, in placeholder order, each built as ``options`` asks."""
     order = sorted(range(len(items)), key=lambda i: (items[i].sample_index, items[i].token_start))
-    kw: dict[str, Any] = {}
-    if pixel_dtype != "float32":  # keep the call plain for profiles written before the option existed
-        kw["pixel_dtype"] = pixel_dtype
-    if deferred and profile.supports_deferred_inputs:
-        kw["deferred"] = True
-    if compact and profile.pixel_repeats(pixel_dtype):
-        kw["compact"] = True
-    return [profile.media_inputs(items[i], payloads[i], **kw) for i in order]
+    return [profile.media_inputs(items[i], payloads[i], options) for i in order]
 
 
 def normalize_pixels(pixels: Any, mean: Any, std: Any) -> Any:

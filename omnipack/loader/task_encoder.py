@@ -22,9 +22,9 @@ from megatron.energon.errors import FatalSampleError
 from ..alignment import pad_to_multiple
 from ..dataset.contract import PackedRowArrays, row_contract_errors
 from ..profiles.base import ModelProfile, dataset_placeholder_ids
-from ..profiles.inputs import EncoderInputs, batch_storage, storage_view
+from ..profiles.inputs import EncoderInputs, MediaInputOptions, storage_view
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
-from .buffer_pool import ALIGN, BufferLease, unpin_small, worker_pool
+from .buffer_pool import ALIGN, BufferLease, batch_storage, unpin_small, worker_pool
 from .context_parallel import cp_partition_indices, slice_batch_for_cp
 from .media import (
     MediaMismatchError,
@@ -272,6 +272,11 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         self.pixel_repeats = (
             dict(profile.pixel_repeats(pixel_dtype)) if decode_media and self.pixel_mean is not None else {}
         )
+        # What every media_inputs / collate_media call gets. Deferred: pixel patches are built once, in
+        # batch(), straight into the batch tensor, which the workers' reused shared buffers hold.
+        self.media_options = MediaInputOptions(
+            pixel_dtype=pixel_dtype, deferred=True, compact=bool(self.pixel_repeats), allocate=batch_storage
+        )
 
     @classmethod
     def from_dataset(
@@ -366,15 +371,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             except MediaMismatchError as e:
                 raise FatalMediaMismatch(str(e)) from None
         if self.decode_media:
-            # Deferred: pixel patches are built once, in batch(), straight into the batch tensor.
-            sample.media_inputs = row_media_inputs(
-                self.profile,
-                items,
-                payloads,
-                pixel_dtype=self.pixel_dtype,
-                deferred=True,
-                compact=bool(self.pixel_repeats),
-            )
+            sample.media_inputs = row_media_inputs(self.profile, items, payloads, self.media_options)
             sample.media = None
         return sample
 
@@ -406,7 +403,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         if self.decode_media and self.profile is not None:
             per_item = [d for s in samples for d in (s.media_inputs or [])]
             if per_item:
-                media = self.profile.collate_media(per_item)
+                media = self.profile.collate_media(per_item, self.media_options)
                 unknown = set(media) - set(self.profile.batch_keys)
                 if unknown:
                     raise ValueError(

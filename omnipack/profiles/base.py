@@ -139,8 +139,40 @@ class ModelProfile(ABC):
     """The offline planner of a model family.
 
     A family module ``omnipack/profiles/<name>.py`` defines a subclass with ``name = "<name>"`` and its
-    trainer half ``inputs_class`` (an ``EncoderInputs`` subclass), and registers the planner as the module
-    attribute ``PROFILE``. Nothing else names the family.
+    trainer half ``inputs_class`` (an ``EncoderInputs`` subclass, whose members ``omnipack.profiles.inputs``
+    documents), and registers the planner as the module attribute ``PROFILE``. Nothing else names the
+    family. The interface, member by member ("must" = no default); ``tests/test_family_conformance.py``
+    checks every registered family against it:
+
+    Class attributes
+        ``name`` (must): the profile name, the module's name. ``inputs_class`` (must): the trainer half.
+        ``template_blocks`` (must): ``{kind: tokens}`` the chat template writes for one media item; its
+        keys are the kinds the family takes (``kinds``). ``turn_start`` / ``turn_end`` (default ChatML
+        ``<|im_start|>`` / ``<|im_end|>``): turn markers; ``turn_end`` is the last supervised token of an
+        assistant turn. ``expansion_tokens`` (default none): special tokens an expansion writes beyond the
+        template blocks. ``chat_template`` (default None: ChatML with ``template_blocks``): the demo
+        tokenizer's template when the family's turns are not ChatML.
+
+    Construction
+        ``__init__(**options)``: the family's options (``prepare --profile-option``); ValueError for a
+        bad one.
+
+    Per media item, in measure (prepare) and verify
+        ``plan(meta) -> MediaPlan`` (inherited): dispatches to ``plan_<kind>(meta)``, which the family must
+        define for every kind of ``template_blocks`` (default: ``MediaRejected``); it decides the stored
+        form (target size, frames, sample rate, views) and ``num_tokens``; ``MediaRejected`` with the
+        reason for an item it cannot take.
+        ``expand(plan) -> list[Segment]`` (abstract): the tokens that replace ``template_blocks[kind]``;
+        the placeholder segments' counts add up to ``plan.num_tokens``.
+        ``media_cost(plan, shapes) -> float`` and ``cost_shapes()`` (default: ValueError, no cost model):
+        encoder forward FLOPs for balanced packing.
+
+    Per sample
+        ``mrope_position_ids(input_ids, spans)`` (default None: 1-D positions): ``int32 [3, L]`` mRoPE ids.
+
+    Once per dataset
+        ``settings() -> dict`` (abstract): JSON-able settings recorded in ``omnipack.json``, everything
+        ``inputs_class.from_settings`` reads (the trainer half is rebuilt from them).
     """
 
     name: ClassVar[str]
@@ -214,10 +246,10 @@ class ModelProfile(ABC):
                 toks.append(tok)
         return toks
 
+    @abstractmethod
     def settings(self) -> dict[str, Any]:
         """JSON-able settings recorded in the dataset metadata; the trainer half is built from them, so
         they hold everything ``inputs_class.from_settings`` reads."""
-        return {}
 
     # ---- training cost model (packing.cost): new methods, used by balanced packing ----
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops
 from .base import MediaMeta, MediaPlan, MediaRejected, ModelProfile, Segment, read_preprocessor_config
-from .inputs import EncoderInputs, Payload, PendingRows, item_kind, payload_frames
+from .inputs import EncoderInputs, MediaInputOptions, Payload, PendingRows, item_kind, payload_frames
 
 BOI_TOKEN = "<start_of_image>"
 EOI_TOKEN = "<end_of_image>"
@@ -50,7 +50,6 @@ HALF = (0.5, 0.5, 0.5)
 PIL_BILINEAR = 2  # PILImageResampling.BILINEAR, the image processor's ``resample``
 # PIL's resampling filters by number (a preprocessor_config's ``resample``) -> the name a plan records.
 PIL_RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
-PIXEL_DTYPES = ("float32", "uint8")
 CROPS_INTRO = "Here is the original image "
 CROPS_OUTRO = " and here are some crops to help you see better "
 
@@ -204,7 +203,6 @@ class Gemma3Inputs(EncoderInputs):
     placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {"image": (IMAGE_TOKEN,)}
     batch_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
     pixel_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
-    supports_deferred_inputs = True
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
@@ -240,20 +238,16 @@ class Gemma3Inputs(EncoderInputs):
             is_image = is_image | (tokens == i)
         return {"token_type_ids": is_image.long()}
 
-    def media_inputs(
-        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32", deferred: bool = False
-    ) -> dict[str, Any]:
+    def media_inputs(self, item: Any, payload: Payload, options: MediaInputOptions) -> dict[str, Any]:
         """``pixel_values`` [V, 3, H, W]: float32 as the image processor gives them, or uint8 (the model input
-        is ``(x / 255 - mean[c]) / std[c]``, see ``pixel_normalization``)."""
+        is ``(x / 255 - mean[c]) / std[c]``, see ``pixel_normalization``); ``PendingRows`` when deferred."""
         if item_kind(item) != "image":
-            return super().media_inputs(item, payload, pixel_dtype=pixel_dtype)
-        if pixel_dtype not in PIXEL_DTYPES:
-            raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPES}, got {pixel_dtype!r}")
+            return super().media_inputs(item, payload, options)
         views = self.stored_views(payload)
-        dtype = np.dtype(np.float32 if pixel_dtype == "float32" else np.uint8)
+        dtype = np.dtype(np.float32 if options.pixel_dtype == "float32" else np.uint8)
         shape = (views.shape[0], 3, *self.size)
         fill = functools.partial(self._fill_pixels, views)
-        if deferred:
+        if options.deferred:
             return {"pixel_values": PendingRows(shape, dtype, fill)}
         out = np.empty(shape, dtype=dtype)
         fill(out)

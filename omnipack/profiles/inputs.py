@@ -5,11 +5,53 @@ preprocessor_config or tokenizer is needed at train time) and answers, per store
 it produces (checked against the row's placeholders), which encoder inputs it gives (numpy arrays named as
 the model's forward arguments) and how a micro-batch's items are collated into tensors. Its module imports
 only numpy (torch inside functions): a trainer install without transformers, PIL, PyAV or decord loads
-every family.
+every family. It imports nothing of ``omnipack.loader``: the loader hands its buffer allocator in
+(``MediaInputOptions.allocate``).
+
+The interface, member by member (a family subclasses ``EncoderInputs``; "must" = no default):
+
+Class attributes
+    ``name`` (must): the family's profile name, as its planner's ``name``.
+    ``placeholder_tokens`` (must): ``{kind: tokens}``, every token of a block of that kind that stands for
+    one encoder feature; the loader counts them against ``feature_count``. A key for each kind the planner
+    takes.
+    ``batch_keys`` (must): every encoder input a batch of this family can carry, named as the model's
+    forward arguments; ``collate_media`` may produce no other key (the loader checks).
+    ``pixel_keys`` (default none): the batch keys that hold pixels, uint8 with ``pixel_dtype="uint8"``.
+
+Construction
+    ``__init__(settings)``: reads what it needs from the recorded settings (a ``KeyError`` for a missing
+    one); call ``super().__init__(settings)``. ``from_settings(settings)`` (inherited) turns a missing
+    key into a ValueError that says to re-prepare.
+
+Per item, in a loader worker (``encode_sample``), with the row's media entry ``item`` (``MediaItem`` or its
+JSON dict) and its decoded ``payload`` (``omnipack.loader.media.decode_payload``)
+    ``feature_count(item, payload) -> int`` (abstract): the encoder features (= placeholder tokens) the
+        stored payload gives, computed from the stored data (not the recorded plan) so that a mismatch
+        shows up; ValueError for a payload the family cannot use.
+    ``media_inputs(item, payload, options) -> dict`` (abstract): the item's encoder inputs, numpy arrays
+        (or ``PendingRows`` where ``options.deferred``) keyed by ``batch_keys``. ``options`` is a
+        ``MediaInputOptions``, always passed; a family honours what it supports of it (see there) and
+        raises ValueError for a ``pixel_dtype`` it cannot give.
+
+Per micro-batch, in a loader worker (``batch``)
+    ``collate_media(per_item, options) -> dict`` (default: concatenate every key along dim 0 into one
+        tensor from ``options.allocate``, building ``PendingRows`` in place): the items' inputs, in
+        placeholder order across the micro-batch, as batch tensors.
+    ``token_inputs(tokens, placeholder_ids) -> dict`` (default none): per-token model inputs, element-wise
+        functions of the (possibly CP-sliced) ``[1, T]`` token tensor, e.g. Gemma 3's ``token_type_ids``.
+
+Once, when the loader is configured
+    ``pixel_normalization() -> (mean, std) | None`` (default None): per-channel statistics of the model's
+        pixel input ``(u8 / 255 - mean) / std``; a family with them can give uint8 pixels, normalized on the
+        device (the loader's default for it).
+    ``pixel_repeats(pixel_dtype) -> {key: r}`` (default none): pixel keys the family can give temporally
+        compact (one slot where the model input holds ``r`` identical ones) under ``options.compact``.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -25,16 +67,45 @@ OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 # A decoded media part: an array (image [H,W,3], video [T,H,W,3], audio [n]) or named arrays (npz).
 Payload = np.ndarray | Mapping[str, np.ndarray]
 
+# Pixel dtypes a loader may ask for: normalized float32 (the processor's values) or raw uint8.
+PIXEL_DTYPES = ("float32", "uint8")
 
-class EncoderInputs:
-    """Base class of a family's trainer half (see the module docstring).
+# ``allocate(nbytes) -> (torch.UntypedStorage, byte offset)``: where batch tensors are built.
+Allocator = Callable[[int], tuple[Any, int]]
 
-    A subclass sets ``name`` (the family's profile name), ``placeholder_tokens``, ``batch_keys`` (every
-    encoder input a batch of this family can carry, named as the model's forward arguments) and
-    ``pixel_keys`` (those that hold pixels, raw uint8 with ``pixel_dtype="uint8"``), reads what it needs
-    in ``__init__(settings)`` and implements ``feature_count`` and ``media_inputs``; ``collate_media`` has
-    a concatenating default.
+
+def private_storage(nbytes: int) -> tuple[Any, int]:
+    """The default ``Allocator``: a new private torch storage of ``nbytes`` (at least one byte)."""
+    import torch
+
+    return torch.UntypedStorage(max(int(nbytes), 1)), 0
+
+
+@dataclass(frozen=True)
+class MediaInputOptions:
+    """What the loader asks of ``media_inputs`` / ``collate_media``; one object, always passed.
+
+    ``pixel_dtype``: "float32" (normalized, the processor's values) or "uint8" (raw pixels in the same
+    layout, for families whose ``pixel_normalization`` is not None). ``deferred``: pixel inputs may come
+    as ``PendingRows`` that ``collate_media`` builds straight into the batch tensor (a family may always
+    give plain arrays). ``compact``: the keys ``pixel_repeats(pixel_dtype)`` names hold one temporal slot
+    per patch row. ``allocate``: storage for the batch tensors ``collate_media`` builds (the loader passes
+    its workers' shared, reused buffers; default: private memory); a tensor made otherwise (e.g. by
+    ``torch.from_numpy``) is copied into the loader's shared memory afterwards.
     """
+
+    pixel_dtype: str = "float32"
+    deferred: bool = False
+    compact: bool = False
+    allocate: Allocator = private_storage
+
+    def __post_init__(self) -> None:
+        if self.pixel_dtype not in PIXEL_DTYPES:
+            raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPES}, got {self.pixel_dtype!r}")
+
+
+class EncoderInputs(ABC):
+    """Base class of a family's trainer half; the module docstring documents every member."""
 
     name: ClassVar[str]
     # Placeholder tokens of a block of each kind (every token that stands for one encoder feature).
@@ -43,8 +114,6 @@ class EncoderInputs:
     batch_keys: ClassVar[tuple[str, ...]] = ()
     # The batch keys that hold pixels (uint8 on request, normalized on the device).
     pixel_keys: ClassVar[tuple[str, ...]] = ()
-    # Whether ``media_inputs`` takes ``deferred=True`` (pixel patches as ``PendingRows``).
-    supports_deferred_inputs: ClassVar[bool] = False
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         self.settings = dict(settings)
@@ -60,22 +129,19 @@ class EncoderInputs:
                 "needs; re-prepare the dataset with this omnipack version"
             ) from None
 
+    @abstractmethod
     def feature_count(self, item: Any, payload: Payload) -> int:
         """Encoder features (= placeholder tokens) the stored ``payload`` of ``item`` produces.
 
-        ``item`` is a row's media entry (``contract.MediaItem`` or its JSON dict); ``payload`` the decoded
-        part (see ``omnipack.loader.media.decode_payload``). Computed from the stored data, not from the
-        recorded plan, so a mismatch between what was written and what was planned shows up.
+        A family calls this base for a kind it does not take (it raises NotImplementedError naming it).
         """
         raise NotImplementedError(f"profile {self.name} has no feature count for {item_kind(item)} media")
 
-    def media_inputs(
-        self, item: Any, payload: Payload, *, pixel_dtype: str = "float32"
-    ) -> dict[str, np.ndarray]:
-        """One item's encoder inputs (numpy), keyed by the model forward argument names (``batch_keys``).
+    @abstractmethod
+    def media_inputs(self, item: Any, payload: Payload, options: MediaInputOptions) -> dict[str, Any]:
+        """One item's encoder inputs keyed by ``batch_keys``, built as ``options`` asks.
 
-        ``pixel_dtype="uint8"`` asks for un-normalized pixel patches (same layout) for trainers that
-        normalize on the GPU with :meth:`pixel_normalization`; families without it raise ValueError.
+        A family calls this base for a kind it does not take (it raises NotImplementedError naming it).
         """
         raise NotImplementedError(
             f"profile {self.name} cannot build encoder inputs for {item_kind(item)} media yet; "
@@ -88,9 +154,8 @@ class EncoderInputs:
 
     def token_inputs(self, tokens: Any, placeholder_ids: Mapping[str, Sequence[int]]) -> dict[str, Any]:
         """Per-token model inputs derived from the token ids (``tokens``: a ``[1, T]`` tensor, possibly a
-        CP rank's slice), e.g. Gemma 3's ``token_type_ids``; each must be an element-wise function of the
-        tokens, so that it is right on a CP slice. ``placeholder_ids``: the dataset's placeholder token
-        ids per media kind. Default: none."""
+        CP rank's slice); each must be an element-wise function of the tokens, so that it is right on a CP
+        slice. ``placeholder_ids``: the dataset's placeholder token ids per media kind. Default: none."""
         return {}
 
     def pixel_repeats(self, pixel_dtype: str) -> dict[str, int]:
@@ -100,22 +165,24 @@ class EncoderInputs:
         where the model's input holds ``r`` identical ones (``[N, C*r*P]``, channel-major), as a still
         image repeated to the temporal patch size is. Workers then build and ship half the bytes (r=2),
         and the consumer repeats the slot where the batch is used (``loader.media.expand_temporal``,
-        after normalizing on the device). ``media_inputs(..., compact=True)`` gives that layout.
+        after normalizing on the device). ``MediaInputOptions(compact=True)`` asks for that layout.
         Default: none.
         """
         return {}
 
-    def collate_media(self, per_item: list[dict[str, Any]]) -> dict[str, Any]:
+    def collate_media(self, per_item: list[dict[str, Any]], options: MediaInputOptions) -> dict[str, Any]:
         """Items' inputs (placeholder order across the micro-batch) -> batch tensors.
 
         Default: concatenate every key along dim 0 (patch rows, grid rows, per-item scalars) into one
-        tensor allocated for the batch (in shared memory inside a loader worker, so handing it to the
-        trainer process copies nothing); ``PendingRows`` are built straight into their slice of it.
+        tensor from ``options.allocate`` (in a loader worker, its shared buffers, so handing the batch to
+        the trainer process copies nothing); ``PendingRows`` are built straight into their slice of it.
         """
         keys: list[str] = []
         for d in per_item:
             keys += [k for k in d if k not in keys]
-        return {k: concat_into_batch_tensor([d[k] for d in per_item if k in d]) for k in keys}
+        return {
+            k: concat_into_batch_tensor([d[k] for d in per_item if k in d], options.allocate) for k in keys
+        }
 
 
 @dataclass(frozen=True)
@@ -128,23 +195,6 @@ class PendingRows:
     fill: Callable[[np.ndarray], Any]
 
 
-def batch_storage(nbytes: int) -> tuple[Any, int]:
-    """``(storage, byte offset)``: ``nbytes`` of a torch ``UntypedStorage`` for batch tensors. In a
-    DataLoader worker it is shared memory (as torch's own default collate does), so sending the batch to
-    the main process copies no bytes; there the buffers of one batch are cut from one reused slot
-    (``loader.buffer_pool``). Elsewhere an ordinary new storage. Every batch buffer of the loader is
-    allocated here."""
-    import torch
-
-    from ..loader.buffer_pool import worker_pool
-
-    nbytes = max(int(nbytes), 1)
-    pool = worker_pool()
-    if pool is None:
-        return torch.UntypedStorage(nbytes), 0
-    return pool.take(nbytes)
-
-
 def storage_view(storage: Any, offset: int, shape: tuple[int, ...], dtype: Any) -> Any:
     """A tensor of ``shape``/``dtype`` (numpy or torch dtype) over ``storage`` from byte ``offset`` (a
     multiple of the element size)."""
@@ -154,15 +204,16 @@ def storage_view(storage: Any, offset: int, shape: tuple[int, ...], dtype: Any) 
     return torch.empty(0, dtype=tdtype).set_(storage, offset // tdtype.itemsize, shape)
 
 
-def empty_batch_tensor(shape: tuple[int, ...], dtype: Any) -> Any:
-    """An uninitialised torch tensor for a batch, over its own ``batch_storage`` (shared memory in a worker)."""
+def empty_batch_tensor(shape: tuple[int, ...], dtype: Any, allocate: Allocator = private_storage) -> Any:
+    """An uninitialised torch tensor for a batch, over storage from ``allocate``."""
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    storage, offset = batch_storage(nbytes)
+    storage, offset = allocate(max(nbytes, 1))
     return storage_view(storage, offset, tuple(shape), dtype)
 
 
-def concat_into_batch_tensor(parts: list[Any]) -> Any:
-    """Arrays / ``PendingRows`` joined along dim 0 into one new batch tensor, each written once."""
+def concat_into_batch_tensor(parts: list[Any], allocate: Allocator = private_storage) -> Any:
+    """Arrays / ``PendingRows`` joined along dim 0 into one new batch tensor (storage from ``allocate``),
+    each written once."""
     first = parts[0]
     dtype = first.dtype
     tail = tuple(first.shape[1:])
@@ -170,7 +221,7 @@ def concat_into_batch_tensor(parts: list[Any]) -> Any:
         if p.dtype != dtype or tuple(p.shape[1:]) != tail:
             raise ValueError(f"cannot join inputs {dtype} {tail} and {p.dtype} {tuple(p.shape[1:])}")
     rows = sum(int(p.shape[0]) for p in parts)
-    out = empty_batch_tensor((rows, *tail), dtype)
+    out = empty_batch_tensor((rows, *tail), dtype, allocate)
     buf = out.numpy()
     at = 0
     for p in parts:

@@ -41,6 +41,7 @@ from .inputs import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
     EncoderInputs,
+    MediaInputOptions,
     Payload,
     audio_waveform,
     item_kind,
@@ -185,8 +186,9 @@ class NemotronOmniInputs(EncoderInputs):
             lut = self._lut_cache = normalize_lut(self.image_mean, self.image_std)
         return lut
 
-    def media_inputs(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
-        """One item's HF forward inputs (numpy), with a leading item axis the collate joins on.
+    def media_inputs(self, item: Any, payload: Payload, options: MediaInputOptions) -> dict[str, np.ndarray]:
+        """One item's HF forward inputs (numpy), with a leading item axis the collate joins on; float32
+        pixels only (no uint8 path: RADIO's inputs are built normalized), never deferred or compact.
 
         Image: ``pixel_values`` float32 [gh*gw, 3*16*16] (the stored image is already at the planned size,
         so this is the image processor's output without its resize) and ``image_grid_hw`` int64 [1, 2].
@@ -194,6 +196,8 @@ class NemotronOmniInputs(EncoderInputs):
         Audio: ``input_features`` float32 [1, n//160 + 1, num_mel_bins] and ``input_features_mask`` bool
         [1, n//160 + 1] from ``ParakeetFeatureExtractor`` on the clip alone.
         """
+        if options.pixel_dtype != "float32":
+            raise ValueError(f"profile {self.name} gives float32 pixels only, not {options.pixel_dtype}")
         kind = item_kind(item)
         if kind == "audio":
             feats, mask = parakeet_features(payload_audio(payload), self.num_mel_bins)
@@ -211,9 +215,9 @@ class NemotronOmniInputs(EncoderInputs):
             }
         if kind == "video":
             return {"pixel_values_videos": radio_tubelets(frames, self._lut(), self.temporal_patch)[None]}
-        return super().media_inputs(item, payload)
+        return super().media_inputs(item, payload, options)
 
-    def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+    def collate_media(self, per_item: list[dict[str, Any]], options: MediaInputOptions) -> dict[str, Any]:
         """Items' inputs (placeholder order) -> HF batch tensors.
 
         ``pixel_values`` [patches, 768] and ``image_grid_hw`` [n_images, 2] are concatenated. Videos become

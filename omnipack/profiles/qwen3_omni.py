@@ -26,7 +26,7 @@ from .base import (
     Segment,
     audio_samples_at,
 )
-from .inputs import Payload, audio_waveform, item_kind, payload_audio, payload_frames
+from .inputs import MediaInputOptions, Payload, audio_waveform, item_kind, payload_audio, payload_frames
 from .qwen_vl import HALF, VISION_BATCH_KEYS, QwenVLInputs, QwenVLProfile, VideoSettings, VisionSettings
 
 AUDIO_RATE = 16000
@@ -121,32 +121,19 @@ class Qwen3OmniInputs(QwenVLInputs):
             n += self.audio_feature_count(wave)  # audio-in-video: both kinds of placeholder in one block
         return n
 
-    def media_inputs(
-        self,
-        item: Any,
-        payload: Payload,
-        *,
-        pixel_dtype: str = "float32",
-        deferred: bool = False,
-        compact: bool = False,
-    ) -> dict[str, Any]:
+    def media_inputs(self, item: Any, payload: Payload, options: MediaInputOptions) -> dict[str, Any]:
         kind = item_kind(item)
         out: dict[str, Any] = {}
         if kind in ("image", "video"):
-            frames = payload_frames(payload)
-            out.update(
-                self.vision_inputs(
-                    kind, item, frames, pixel_dtype=pixel_dtype, deferred=deferred, compact=compact
-                )
-            )
+            out.update(self.vision_inputs(kind, item, payload_frames(payload), options))
         wave = payload_audio(payload) if kind == "audio" or isinstance(payload, Mapping) else None
         if wave is not None:
             out["input_features"] = whisper_features(wave)  # [128, L]; collate pads and masks
         if not out:
-            return super().media_inputs(item, payload, pixel_dtype=pixel_dtype)
+            return super().media_inputs(item, payload, options)
         return out
 
-    def collate_media(self, per_item: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+    def collate_media(self, per_item: list[dict[str, Any]], options: MediaInputOptions) -> dict[str, Any]:
         """Vision keys concatenated; mel features padded to the longest clip with a mask, as HF batches them.
 
         ``input_features`` [N, 128, Lmax], ``feature_attention_mask`` [N, Lmax] (int64, 1 = valid frame),
@@ -155,7 +142,8 @@ class Qwen3OmniInputs(QwenVLInputs):
         import torch
 
         feats = [d["input_features"] for d in per_item if "input_features" in d]
-        out = super().collate_media([{k: v for k, v in d.items() if k != "input_features"} for d in per_item])
+        vision = [{k: v for k, v in d.items() if k != "input_features"} for d in per_item]
+        out = super().collate_media(vision, options)
         if feats:
             lens = [f.shape[1] for f in feats]
             x = np.zeros((len(feats), feats[0].shape[0], max(lens)), dtype=np.float32)

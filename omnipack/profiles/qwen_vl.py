@@ -35,6 +35,7 @@ from .inputs import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
     EncoderInputs,
+    MediaInputOptions,
     Payload,
     PendingRows,
     item_info,
@@ -674,7 +675,6 @@ class QwenVLInputs(EncoderInputs):
     batch_keys: ClassVar[tuple[str, ...]] = VISION_BATCH_KEYS
     # Name of the per-video seconds-per-temporal-step input of the model forward (None: not an input).
     second_per_grid_key: ClassVar[str | None] = "second_per_grid_ts"
-    supports_deferred_inputs = True
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
@@ -712,21 +712,15 @@ class QwenVLInputs(EncoderInputs):
         return {"pixel_values": tps} if pixel_dtype == "uint8" and tps > 1 else {}
 
     def vision_inputs(
-        self,
-        kind: str,
-        item: Any,
-        frames: np.ndarray,
-        *,
-        pixel_dtype: str = "float32",
-        deferred: bool = False,
-        compact: bool = False,
+        self, kind: str, item: Any, frames: np.ndarray, options: MediaInputOptions
     ) -> dict[str, Any]:
-        """Patches and grid of stored frames; ``deferred``: patches as ``PendingRows`` that ``collate_media``
-        writes straight into the batch tensor (built once, never concatenated again). ``compact`` (with
-        uint8): image patches hold their temporal slot once (see ``pixel_repeats``)."""
+        """Patches and grid of stored frames; ``options.deferred``: patches as ``PendingRows`` that
+        ``collate_media`` writes straight into the batch tensor (built once, never concatenated again).
+        ``options.compact`` (with uint8): image patches hold their temporal slot once (``pixel_repeats``)."""
+        pixel_dtype, deferred = options.pixel_dtype, options.deferred
         s = self.image
         grid = np.asarray([self.stored_grid(frames)], dtype=np.int64)
-        if compact and kind == "image" and self.pixel_repeats(pixel_dtype):
+        if options.compact and kind == "image" and self.pixel_repeats(pixel_dtype):
             build_compact = functools.partial(qwen_image_patches_compact, frames, s.patch_size, s.merge_size)
             if deferred:
                 _, h, w, c = frames.shape
@@ -761,19 +755,9 @@ class QwenVLInputs(EncoderInputs):
         return out
 
 
-    def media_inputs(
-        self,
-        item: Any,
-        payload: Payload,
-        *,
-        pixel_dtype: str = "float32",
-        deferred: bool = False,
-        compact: bool = False,
-    ) -> dict[str, Any]:
+    def media_inputs(self, item: Any, payload: Payload, options: MediaInputOptions) -> dict[str, Any]:
         kind = item_kind(item)
         if kind not in ("image", "video"):
-            return super().media_inputs(item, payload, pixel_dtype=pixel_dtype)
-        return self.vision_inputs(
-            kind, item, payload_frames(payload), pixel_dtype=pixel_dtype, deferred=deferred, compact=compact
-        )
+            return super().media_inputs(item, payload, options)
+        return self.vision_inputs(kind, item, payload_frames(payload), options)
 
