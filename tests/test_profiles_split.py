@@ -27,7 +27,7 @@ from omnipack.profiles.base import ModelProfile
 from omnipack.profiles.inputs import EncoderInputs
 
 ROOT = Path(__file__).parents[1]
-FAMILIES = ["gemma3", "nemotron_omni", "qwen2_5_vl", "qwen3_omni", "qwen3_vl"]
+FAMILIES = ["gemma3", "nemotron_omni", "qwen2_5_vl", "qwen3_5", "qwen3_omni", "qwen3_vl"]
 
 
 def _payloads(name: str) -> list[tuple[dict, object]]:
@@ -138,6 +138,7 @@ def test_family_facts_live_in_the_profile():
         "gemma3": False,
         "nemotron_omni": False,
         "qwen2_5_vl": True,
+        "qwen3_5": True,
         "qwen3_omni": True,
         "qwen3_vl": True,
     }
