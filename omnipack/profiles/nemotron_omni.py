@@ -301,6 +301,7 @@ class NemotronOmniProfile(ModelProfile):
     """
 
     name = "nemotron_omni"
+    model_types = ("nemotron_h_omni",)
     family = "nemotron_omni"
     inputs_class = NemotronOmniInputs
     turn_end = "<|im_end|>"
