@@ -327,11 +327,11 @@ def _check_model_settings(d: dict[str, Any]) -> None:
         if not found.exists():
             raise FileNotFoundError(f"{key} {str(opts[key])!r} does not exist ({flag})")
         opts[key] = str(found)
-    from .profiles import PROFILES
-    from .profiles.checkpoint import choose_profile
+    from .profiles import PROFILES, get_profile
+    from .profiles.checkpoint import choose_profile, native_families_line
 
     # the profile the run will use: the model folder's, checked against --profile (a disagreement is an error)
-    choice, _ = choose_profile(d.get("profile"), Path(d.get("model") or tok), opts)
+    choice, choice_opts = choose_profile(d.get("profile"), Path(d.get("model") or tok), opts)
     cls = PROFILES.get(choice.name)
     if cls is not None:
         params = inspect.signature(cls).parameters
@@ -342,6 +342,16 @@ def _check_model_settings(d: dict[str, Any]) -> None:
                     f"unknown profile option(s) {', '.join(map(repr, unknown))} for profile {choice.name} "
                     f"(--profile-option); its options: {', '.join(sorted(params))}"
                 )
+        if choice_opts.get("model_dir") is not None and "model_dir" in params:
+            try:  # a model's processor that cannot be loaded: refused at start
+                get_profile(choice.name, **choice_opts)
+            except ValueError as e:
+                if choice.source != "fallback":
+                    raise
+                raise ValueError(
+                    f"model_type {choice.model_type!r} of {choice.model_dir} has no native profile (native: "
+                    f"{native_families_line()}), and the fallback {e}"
+                ) from None
 
 
 def _prepare_config(args: argparse.Namespace) -> Any:
@@ -429,6 +439,10 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
             f"{len(summary['shards'])} ({sum(s['num_bytes'] for s in summary['shards']) / 2**20:.1f} MiB)",
         ),
         *([("row cost", _row_cost_line(p["row_cost"]))] if p.get("row_cost") else []),
+        *(
+            (f"processor cache ({kind})", f"{c['processor_calls']} calls, {c['cache_hits']} hits ({c['hit_rate']:.1%})")
+            for kind, c in (summary.get("processor_cache") or {}).items()
+        ),
     ]
 
 

@@ -117,13 +117,18 @@ def test_a_disagreeing_profile_is_an_error(tmp_path, qwen3_vl_folder, small_corp
     assert "--profile gemma3 disagrees with the checkpoint" in capsys.readouterr().err
 
 
-def test_a_model_type_without_a_native_profile_is_refused(tmp_path, small_corpus, capsys):
+def test_a_model_type_without_a_native_profile_is_refused_when_its_processor_cannot_run(
+    tmp_path, small_corpus, capsys
+):
+    """No native family serves llava_onevision: the run falls back to the model's own processor (``hf``),
+    which this folder can not build (a Qwen2-VL image processor alone, no LLaVA-OneVision processor)."""
     folder = _model_folder(tmp_path / "llava", model_type="llava_onevision")
     assert main(_prepare(small_corpus, tmp_path / "ds", "--tokenizer", str(folder))) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "model_type 'llava_onevision'" in err and "has no native profile" in err
     assert "qwen3_vl (qwen3_vl, qwen3_vl_moe)" in err and "gemma3 (gemma3)" in err
+    assert "the fallback profile hf: " in err
 
 
 def test_a_bare_tokenizer_folder_keeps_the_default(tmp_path, demo_tokenizer, small_corpus, capsys):

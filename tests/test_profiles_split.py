@@ -58,14 +58,15 @@ def _encode(inputs: EncoderInputs, name: str) -> dict[str, np.ndarray]:
 
 
 def test_registry_resolves_names_to_their_modules():
-    assert available_profiles() == FAMILIES == sorted(PROFILES)
-    for name in FAMILIES:
+    # the native families, and the processor-backed profile (``hf``: the model's own processor)
+    assert available_profiles() == sorted([*FAMILIES, "hf"]) == sorted(PROFILES)
+    for name in [*FAMILIES, "hf"]:
         cls = profile_class(name)
         assert cls.name == name and cls.__module__ == f"omnipack.profiles.{name}"
         assert issubclass(cls.inputs_class, EncoderInputs) and cls.inputs_class.name == name
         assert set(cls().kinds) <= set(cls.inputs_class.placeholder_tokens)
     for bad in ("base", "inputs", "qwen_vl", "audio_features", "nope", "../x", "Qwen3_VL", ""):
-        with pytest.raises(ValueError, match="unknown profile .*available: gemma3, nemotron_omni, qwen2_5_vl"):
+        with pytest.raises(ValueError, match="unknown profile .*available: gemma3, hf, nemotron_omni, qwen2_5_vl"):
             get_profile(bad)
 
 
@@ -243,12 +244,13 @@ def test_planner_and_trainer_halves_are_separate_classes():
 
 
 def test_planner_half_imports_no_trainer_stack():
-    """Planning every family imports neither torch nor Energon / megatron (the trainer's heavy stack)."""
+    """Planning every native family imports neither torch nor Energon / megatron (the trainer's heavy stack);
+    the processor-backed profile (``hf``) runs the model's transformers processor by design."""
     code = (
         "import sys\n"
         "from omnipack.profiles import available_profiles, get_profile\n"
         "from omnipack.profiles.base import MediaMeta\n"
-        "for n in available_profiles():\n"
+        "for n in [n for n in available_profiles() if n != 'hf']:\n"
         "    p = get_profile(n)\n"
         "    p.plan(MediaMeta(kind='image', height=300, width=400)); p.settings()\n"
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'transformers'})\n"
