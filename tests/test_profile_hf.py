@@ -196,3 +196,30 @@ def test_a_processor_that_cannot_be_loaded_is_refused_at_start(tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "profile hf:" in err and str(folder) in err
     assert not (tmp_path / "ds").exists()
+
+
+def test_verify_and_the_loader_read_the_dataset(prepared):
+    """``omnipack verify`` re-measures with the recorded profile (the processor again) and finds every row as
+    written; the Energon loader, built from omnipack.json alone, hands out the packed rows."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    from omnipack.loader.task_encoder import OmnipackTaskEncoder
+
+    _, samples, out = prepared
+    assert main(["verify", str(out), "--workers", "1"]) == 0
+    te = OmnipackTaskEncoder.from_dataset(out, decode_media=False)
+    image_id = te.placeholder_ids["image"][0]
+    ds = get_val_dataset(
+        str(out),
+        split_part="train",
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+        batch_size=1,
+        task_encoder=te,
+    )
+    seen = []
+    for batch in get_loader(ds):
+        seen += batch.sample_ids[0]
+        media = batch.row_meta[0]["media"]
+        assert int((batch.tokens[0] == image_id).sum()) == sum(m["num_tokens"] for m in media) > 0
+        assert set(batch.media[0]) == {m["part"] for m in media}  # the stored payloads, handed over as they are
+    assert sorted(seen) == sorted(samples)
