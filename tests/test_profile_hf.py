@@ -1,8 +1,11 @@
-"""The processor-backed profile (``hf``): a model without a native family, its own processor deciding every
-count. An Idefics3 (SmolVLM) model folder is built from the transformers 5.24 classes (``Idefics3Config``,
-``Idefics3ImageProcessorPil``, ``Idefics3Processor`` over the demo vocabulary with Idefics3's added tokens),
-saved as a checkpoint is, and prepared without ``--profile``: the run falls back to ``hf``, says so, and every
-packed sample's token ids equal the processor's for that sample alone.
+"""The processor-backed profile (``hf``): models without a native family, their own processor deciding every
+count. Idefics3 (SmolVLM) and LLaVA model folders are built from the transformers 5.24 classes (config,
+the PIL image processor and the processor over the demo vocabulary with the model's added tokens), saved
+as a checkpoint is, and prepared without ``--profile``: the run falls back to ``hf``, says so, and every
+packed sample's token ids and labels equal the processor's for that sample alone.
+
+(LLaVA-OneVision and SmolVLM processors need a video processor, which transformers builds only with
+torchvision; the Idefics3 and LLaVA processors are image-only.)
 """
 
 from __future__ import annotations
@@ -55,6 +58,35 @@ def build_idefics3_model_dir(out: Path) -> Path:
     return out
 
 
+def build_llava_model_dir(out: Path) -> Path:
+    """LLaVA 1.5 layout: CLIP image processor (64 px, patch 16: 16 patches less the CLS-dropping default)."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+
+    build_demo_tokenizer(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    template = tok.chat_template.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
+    images = transformers.CLIPImageProcessorPil(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64})
+    transformers.LlavaProcessor(
+        image_processor=images, tokenizer=tok, patch_size=16, vision_feature_select_strategy="default",
+        chat_template=template,
+    ).save_pretrained(out)  # fmt: skip
+    config = transformers.LlavaConfig()
+    config.architectures = ["LlavaForConditionalGeneration"]
+    config.save_pretrained(out)
+    return out
+
+
+# family -> (folder builder, processor class, end of an assistant turn, supervised text of an answer)
+FAMILIES = {
+    "idefics3": (build_idefics3_model_dir, "Idefics3Processor", "<end_of_utterance>", " {}<end_of_utterance>"),
+    "llava": (build_llava_model_dir, "LlavaProcessor", "<|im_end|>", "{}<|im_end|>"),
+}
+
+
 def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]:
     rng = np.random.default_rng(1)
     media = root / "media"
@@ -80,9 +112,14 @@ def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]
     return manifest, media, samples
 
 
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_idefics3_model_dir(tmp_path_factory.mktemp("idefics3") / "model")
+def model_dir(tmp_path_factory, family) -> Path:
+    return FAMILIES[family][0](tmp_path_factory.mktemp(family) / "model")
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +135,14 @@ def prepared(tmp_path_factory, model_dir):
     return media, samples, out
 
 
-def test_a_model_type_without_a_native_profile_falls_back_to_its_processor(prepared, model_dir):
+def test_a_model_type_without_a_native_profile_falls_back_to_its_processor(prepared, model_dir, family):
     _, samples, out = prepared
     meta = json.loads((out / ".nv-meta" / "omnipack.json").read_text())
     rec = meta["profile"]
-    assert rec["name"] == "hf" and rec["source"] == "fallback" and rec["model_type"] == "idefics3"
-    assert rec["settings"]["processor_class"] == "Idefics3Processor"
+    assert rec["name"] == "hf" and rec["source"] == "fallback" and rec["model_type"] == family
+    assert rec["settings"]["processor_class"] == FAMILIES[family][1]
     assert rec["settings"]["placeholder_tokens"] == {"image": ["<image>"]}
-    assert rec["settings"]["turn_end"] == "<end_of_utterance>"
+    assert rec["settings"]["turn_end"] == FAMILIES[family][2]
     assert rec["processor_files"] == {
         kind: f"{model_dir / 'processor_config.json'}#image_processor" for kind in ["image"]
     }
@@ -116,7 +153,7 @@ def test_a_model_type_without_a_native_profile_falls_back_to_its_processor(prepa
     assert cache["processor_calls"] == len(set(used)) and cache["cache_hits"] == len(used) - len(set(used))
 
 
-def test_every_sample_equals_the_processor_alone(prepared, model_dir):
+def test_every_sample_equals_the_processor_alone(prepared, model_dir, family):
     from transformers import AutoProcessor
 
     from omnipack.dataset.codec import decode_row
@@ -124,7 +161,8 @@ def test_every_sample_equals_the_processor_alone(prepared, model_dir):
 
     media, samples, out = prepared
     proc = AutoProcessor.from_pretrained(str(model_dir))
-    end = proc.tokenizer.convert_tokens_to_ids("<end_of_utterance>")
+    turn_end, answer = FAMILIES[family][2:]
+    end = proc.tokenizer.convert_tokens_to_ids(turn_end)
     seen = []
     for parts in read_rows_from_tars(out).values():
         row, _ = decode_row(parts)
@@ -138,10 +176,10 @@ def test_every_sample_equals_the_processor_alone(prepared, model_dir):
             ids = row.tokens[row.cu_seqlens_padded[k] : row.cu_seqlens_padded[k] + (b - a)]
             assert ids.tolist() == list(hf["input_ids"][0]), sid
             labels = row.labels[row.cu_seqlens_padded[k] : row.cu_seqlens_padded[k] + (b - a)]
-            # supervised: each assistant answer through its <end_of_utterance> (labels are the next tokens)
+            # supervised: each assistant answer through its end of turn (labels are the next tokens)
             targets = labels[labels >= 0].tolist()
             answers = [p["text"] for m in messages if m["role"] == "assistant" for p in m["content"]]
-            assert proc.tokenizer.decode(targets) == "".join(f" {t}<end_of_utterance>" for t in answers), sid
+            assert proc.tokenizer.decode(targets) == "".join(answer.format(t) for t in answers), sid
             assert targets.count(end) == len(answers)
             seen.append(sid)
     assert sorted(seen) == sorted(samples)
@@ -176,7 +214,7 @@ def test_a_native_profile_that_disagrees_names_the_processor_profile(tmp_path, m
     ]  # fmt: skip
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert "--profile qwen2_5_vl disagrees with the checkpoint" in err and "model_type 'idefics3'" in err
+    assert "--profile qwen2_5_vl disagrees with the checkpoint" in err and "model_type '" in err
     assert "--profile hf" in err
 
 
