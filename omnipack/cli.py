@@ -513,7 +513,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     root = Path(args.output)
     src = root / "source"
     from .profiles import get_profile
+    from .profiles.checkpoint import PROCESSOR_PROFILE
 
+    if args.profile == PROCESSOR_PROFILE:
+        raise ValueError(
+            f"the demo builds no model folder, which profile {PROCESSOR_PROFILE} needs (the model's own processor): "
+            "prepare with --model MODEL_FOLDER instead, or give the demo a native profile"
+        )
     tok = build_demo_tokenizer(src / "tokenizer", profile=args.profile)
     profile = get_profile(args.profile)
     manifest, media = build_demo_corpus(src, num_samples=args.samples, kinds=profile.kinds)

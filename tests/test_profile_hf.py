@@ -261,3 +261,9 @@ def test_verify_and_the_loader_read_the_dataset(prepared):
         assert int((batch.tokens[0] == image_id).sum()) == sum(m["num_tokens"] for m in media) > 0
         assert set(batch.media[0]) == {m["part"] for m in media}  # the stored payloads, handed over as they are
     assert sorted(seen) == sorted(samples)
+
+
+def test_the_demo_refuses_the_processor_profile(tmp_path, capsys):
+    assert main(["demo", str(tmp_path / "demo"), "--profile", "hf", "--samples", "2"]) == 2
+    assert "needs (the model's own processor): prepare with --model" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()
