@@ -26,8 +26,22 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
             "found in the local Hugging Face cache (HF_HOME; never downloaded)"
         },
     ),
+    (
+        ("--model",),
+        {
+            "help": "model folder (or cached Hub id): its config.json model_type picks the profile and its processor "
+            "settings are read from it; also the tokenizer when --tokenizer is not given"
+        },
+    ),
     (("--output", "-o"), {"help": "dataset folder to create, or an object store URL (s3://bucket/prefix)"}),
-    (("--profile",), {"help": "model profile: the name of a family module in omnipack/profiles/, e.g. qwen2_5_vl, gemma3"}),
+    (
+        ("--profile",),
+        {
+            "help": "model profile: the name of a family module in omnipack/profiles/, e.g. qwen2_5_vl, gemma3 "
+            "(default: the one the model folder's config.json model_type names, else qwen2_5_vl; a profile given "
+            "must agree with that config.json)"
+        },
+    ),
     (
         ("--mrope",),
         {
@@ -293,6 +307,14 @@ def _check_model_settings(d: dict[str, Any]) -> None:
     if not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         raise ValueError(f"tokenizer folder {str(tok)!r} holds no tokenizer.json/tokenizer_config.json (--tokenizer)")
     d["tokenizer"] = str(tok)
+    if d.get("model"):
+        try:
+            model = resolve_model_dir(str(d["model"]))
+        except NotCached as e:
+            raise ValueError(f"model {str(d['model'])!r} {e} (--model)") from None
+        if not (model / "config.json").is_file():
+            raise ValueError(f"model folder {str(model)!r} holds no config.json (--model)")
+        d["model"] = str(model)
     opts = d.get("profile_options") or {}
     for key in ("preprocessor_config", "video_preprocessor_config"):
         if opts.get(key) is None:
@@ -305,18 +327,31 @@ def _check_model_settings(d: dict[str, Any]) -> None:
         if not found.exists():
             raise FileNotFoundError(f"{key} {str(opts[key])!r} does not exist ({flag})")
         opts[key] = str(found)
-    from .profiles import PROFILES
+    from .profiles import PROFILES, get_profile
+    from .profiles.checkpoint import choose_profile, native_families_line
 
-    cls = PROFILES.get(d.get("profile") or "qwen2_5_vl")
+    # the profile the run will use: the model folder's, checked against --profile (a disagreement is an error)
+    choice, choice_opts = choose_profile(d.get("profile"), Path(d.get("model") or tok), opts)
+    cls = PROFILES.get(choice.name)
     if cls is not None:
         params = inspect.signature(cls).parameters
         if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
             unknown = sorted(set(opts) - set(params))
             if unknown:
                 raise ValueError(
-                    f"unknown profile option(s) {', '.join(map(repr, unknown))} for profile {d.get('profile') or 'qwen2_5_vl'} "
+                    f"unknown profile option(s) {', '.join(map(repr, unknown))} for profile {choice.name} "
                     f"(--profile-option); its options: {', '.join(sorted(params))}"
                 )
+        if choice_opts.get("model_dir") is not None and "model_dir" in params:
+            try:  # a model's processor that cannot be loaded: refused at start
+                get_profile(choice.name, **choice_opts)
+            except ValueError as e:
+                if choice.source != "fallback":
+                    raise
+                raise ValueError(
+                    f"model_type {choice.model_type!r} of {choice.model_dir} has no native profile (native: "
+                    f"{native_families_line()}), and the fallback {e}"
+                ) from None
 
 
 def _prepare_config(args: argparse.Namespace) -> Any:
@@ -344,6 +379,8 @@ def _prepare_config(args: argparse.Namespace) -> Any:
         d["cost"] = _cost_overrides(dict(d.get("cost") or {}), args.cost_option)
     _input_settings(d, args)
     d.setdefault("media_root", None)  # embedded and absolute media references need no root
+    if d.get("model") and not d.get("tokenizer"):  # a model folder carries its tokenizer
+        d["tokenizer"] = d["model"]
     missing = [k for k in ("manifest", "tokenizer", "output") if not d.get(k)]
     if missing:
         raise ValueError(
@@ -402,6 +439,10 @@ def _summary_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
             f"{len(summary['shards'])} ({sum(s['num_bytes'] for s in summary['shards']) / 2**20:.1f} MiB)",
         ),
         *([("row cost", _row_cost_line(p["row_cost"]))] if p.get("row_cost") else []),
+        *(
+            (f"processor cache ({kind})", f"{c['processor_calls']} calls, {c['cache_hits']} hits ({c['hit_rate']:.1%})")
+            for kind, c in (summary.get("processor_cache") or {}).items()
+        ),
     ]
 
 
@@ -472,7 +513,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     root = Path(args.output)
     src = root / "source"
     from .profiles import get_profile
+    from .profiles.checkpoint import PROCESSOR_PROFILE
 
+    if args.profile == PROCESSOR_PROFILE:
+        raise ValueError(
+            f"the demo builds no model folder, which profile {PROCESSOR_PROFILE} needs (the model's own processor): "
+            "prepare with --model MODEL_FOLDER instead, or give the demo a native profile"
+        )
     tok = build_demo_tokenizer(src / "tokenizer", profile=args.profile)
     profile = get_profile(args.profile)
     manifest, media = build_demo_corpus(src, num_samples=args.samples, kinds=profile.kinds)

@@ -77,8 +77,11 @@ class PrepareConfig:
     media_root: str | None  # None: every media reference is embedded or absolute (no relative paths)
     tokenizer: str
     output: str
-    profile: str = "qwen2_5_vl"
+    # None: the profile the model folder's config.json names (``model``, else the tokenizer folder), else the
+    # default (qwen2_5_vl); set, it must agree with that config.json (profiles.checkpoint.choose_profile)
+    profile: str | None = None
     profile_options: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None  # the model folder (or cached Hub id) its config and processor settings come from
     # 3-D mRoPE position ids: None means what the profile's family needs (on for Qwen-VL / Qwen-Omni, whose
     # trainers take mRoPE ids; off for 1-D families), so prepare and demo agree
     mrope: bool | None = None
@@ -127,6 +130,15 @@ class PrepareConfig:
     allow_private_hosts: list[str] = field(default_factory=list)  # "host" or "host:port" allowed anyway
 
     def __post_init__(self) -> None:
+        from .profiles.checkpoint import choose_profile
+        from .text.hub_cache import NotCached, resolve_model_dir
+
+        try:  # a Hub id's cached snapshot; one not cached is reported where the tokenizer is loaded
+            model_dir = resolve_model_dir(self.model or self.tokenizer)
+        except NotCached:
+            model_dir = None
+        self.profile_choice, self.profile_options = choose_profile(self.profile, model_dir, self.profile_options)
+        self.profile = self.profile_choice.name
         if self.mrope is None:
             from .profiles import PROFILES
 
@@ -252,6 +264,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
                 "name": cfg.profile,
                 "options": dict(cfg.profile_options),
                 "settings": chat.profile.settings(),
+                **cfg.profile_choice.record(),  # where the choice and the processor settings came from
             },
             "tokenizer": {
                 "path": str(chat.tokenizer_dir),
@@ -479,6 +492,7 @@ def run_prepare(
             say(f"resuming the unfinished run in {out}", cfg.progress)
         say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
         spec = build_spec(cfg)
+        say(f"omnipack prepare: {cfg.profile_choice.describe(spec.summary['profile']['settings'])}")
         reuse = cfg.from_stage == "pack"
         if reuse and stage in (None, "pack"):
             _check_measure_reusable(spec.measure_dir, spec.summary["measure_key"])

@@ -2,7 +2,8 @@
 
 Adding a family is one new module: a ``ModelProfile`` subclass (the offline planner) with its
 ``EncoderInputs`` subclass (the trainer half) as ``inputs_class``, and ``PROFILE = <the planner>``.
-Nothing here lists the families, and resolving a name imports only that family's module.
+Nothing here lists the families, and resolving a name imports only that family's module. A family also declares
+the checkpoint ``model_type`` values it serves (``ModelProfile.model_types``): ``model_type_families``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ def available_profiles() -> list[str]:
     return sorted(names)
 
 
+def model_type_families() -> dict[str, list[str]]:
+    """``{model_type: [families that declare it]}``: each family module's ``model_types`` (the config.json
+    ``model_type`` values it serves), found by scanning the family modules; nothing here lists them."""
+    out: dict[str, list[str]] = {}
+    for name in available_profiles():
+        for model_type in profile_class(name).model_types:
+            out.setdefault(model_type, []).append(name)
+    return out
+
+
 class _Profiles(Mapping[str, type[ModelProfile]]):
     """``{name: planner class}`` of every family, discovered on first use."""
 
@@ -86,5 +97,6 @@ __all__ = [
     "available_profiles",
     "get_encoder_inputs",
     "get_profile",
+    "model_type_families",
     "profile_class",
 ]

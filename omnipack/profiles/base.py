@@ -190,6 +190,11 @@ class ModelProfile(ABC):
     # The family's own chat template when its turns are not ChatML (demo tokenizers are built with it; a
     # real checkpoint's tokenizer carries its own). None: the demo's ChatML template with ``template_blocks``.
     chat_template: ClassVar[str | None] = None
+    # The ``model_type`` values (a checkpoint's config.json) this family serves: a model folder picks it by them.
+    model_types: ClassVar[tuple[str, ...]] = ()
+    # True for a profile that runs a checkpoint's own HF processor (it needs a model folder to plan anything);
+    # False for a native family, whose rules are pure functions of media metadata.
+    processor_backed: ClassVar[bool] = False
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -326,13 +331,40 @@ def resampled_length(num_samples: int, src_rate: int, dst_rate: int) -> int:
     return int(np.ceil(num_samples * (float(dst_rate) / src_rate)))
 
 
-def read_preprocessor_config(path: str | Path | None) -> dict[str, Any]:
-    """A local ``preprocessor_config.json`` (file or model directory), or {}."""
+# Where transformers (5.x) finds a model folder's processor settings of each kind, in its order: the section of
+# ``processor_config.json`` (what ``save_pretrained`` writes since 5.0), else the kind's own file. (A video
+# processor without either would fall back to the image file; omnipack keeps the profile's video defaults then.)
+PROCESSOR_CONFIG = "processor_config.json"
+PROCESSOR_CONFIG_FILES = {
+    "image": ("image_processor", "preprocessor_config.json"),
+    "video": ("video_processor", "video_preprocessor_config.json"),
+    "audio": ("feature_extractor", "preprocessor_config.json"),
+}
+
+
+def processor_config_source(folder: str | Path, kind: str = "image") -> tuple[Path, str | None] | None:
+    """Where a model folder keeps its ``kind`` processor settings: (``processor_config.json``, its section),
+    (the kind's own json file, None), or None."""
+    section, name = PROCESSOR_CONFIG_FILES[kind]
+    nested = Path(folder) / PROCESSOR_CONFIG
+    if nested.is_file() and isinstance(json.loads(nested.read_text()).get(section), dict):
+        return nested, section
+    own = Path(folder) / name
+    return (own, None) if own.is_file() else None
+
+
+def read_preprocessor_config(path: str | Path | None, kind: str = "image") -> dict[str, Any]:
+    """A local preprocessor config: a json file, or a model folder's ``kind`` settings read where transformers
+    reads them (``processor_config_source``); {} when there are none."""
     if path is None:
         return {}
     p = Path(path)
     if p.is_dir():
-        p = p / "preprocessor_config.json"
+        found = processor_config_source(p, kind)
+        if found is None:
+            return {}
+        data = json.loads(found[0].read_text())
+        return data[found[1]] if found[1] else data
     if not p.exists():
         return {}
     return json.loads(p.read_text())

@@ -269,6 +269,7 @@ class Gemma3Profile(ModelProfile):
     """
 
     name = "gemma3"
+    model_types = ("gemma3",)
     family = "gemma3"
     inputs_class = Gemma3Inputs
     template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {"image": (BOI_TOKEN,)}

@@ -305,6 +305,7 @@ class NemotronOmniProfile(ModelProfile):
     """
 
     name = "nemotron_omni"
+    model_types = ("nemotron_h_omni",)
     family = "nemotron_omni"
     inputs_class = NemotronOmniInputs
     turn_end = "<|im_end|>"

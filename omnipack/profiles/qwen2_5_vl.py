@@ -18,6 +18,7 @@ class Qwen25VLInputs(QwenVLInputs):
 
 class Qwen25VLProfile(QwenVLProfile):
     name = "qwen2_5_vl"
+    model_types = ("qwen2_5_vl",)
     inputs_class = Qwen25VLInputs
     # Qwen2.5-VL's released preprocessor_config: patch 14, merge 2, min 56*56, max 12845056 pixels.
     default_image = VisionSettings(14, 2, 2, 3136, 12845056)

@@ -42,6 +42,7 @@ class Qwen35Inputs(QwenVLInputs):
 class Qwen35Profile(QwenVLProfile):
     name = "qwen3_5"
     inputs_class = Qwen35Inputs
+    model_types = ("qwen3_5", "qwen3_5_moe")
     # Images: Qwen3.5's released preprocessor_config: patch 16 (factor 32), 65536..16777216 pixels.
     default_image = VisionSettings(16, 2, 2, 65536, 16777216)
     default_mean = HALF

@@ -176,6 +176,7 @@ class Qwen3OmniProfile(QwenVLProfile):
     """
 
     name = "qwen3_omni"
+    model_types = ("qwen3_omni_moe",)
     family = "qwen3_omni"
     inputs_class = Qwen3OmniInputs
     default_image = VisionSettings(16, 2, 2, 3136, 12845056)

@@ -19,6 +19,7 @@ class Qwen3VLInputs(QwenVLInputs):
 
 class Qwen3VLProfile(QwenVLProfile):
     name = "qwen3_vl"
+    model_types = ("qwen3_vl", "qwen3_vl_moe")
     inputs_class = Qwen3VLInputs
     # Qwen3-VL: patch 16 (factor 32); size.shortest_edge / longest_edge in its preprocessor_config.
     default_image = VisionSettings(16, 2, 2, 65536, 16777216)

@@ -407,7 +407,7 @@ class QwenVLProfile(ModelProfile):
         if image.min_pixels > image.max_pixels:
             raise ValueError(f"min_pixels {image.min_pixels} > max_pixels {image.max_pixels}")
         self.image = image
-        vcfg = read_preprocessor_config(video_preprocessor_config) if video_preprocessor_config else {}
+        vcfg = read_preprocessor_config(video_preprocessor_config, "video")
         options = dict(
             fps=video_fps,
             min_frames=video_min_frames,

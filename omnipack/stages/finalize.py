@@ -132,6 +132,20 @@ def _remove_strays(spec: RunSpec, shards: list[ShardInfo]) -> None:
             tar.with_name(f"{tar.name}.idx").unlink(missing_ok=True)
 
 
+def processor_cache_summary(parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per media kind: the processor calls and cache hits of every measure part, and the hit rate."""
+    out: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for kind, counts in (part.get("processor_cache") or {}).items():
+            seen = out.setdefault(kind, {"processor_calls": 0, "cache_hits": 0})
+            for k in seen:
+                seen[k] += int(counts.get(k, 0))
+    for seen in out.values():
+        looked_up = seen["processor_calls"] + seen["cache_hits"]
+        seen["hit_rate"] = seen["cache_hits"] / looked_up if looked_up else 0.0
+    return out
+
+
 def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False) -> dict[str, Any]:
     """Write the dataset's metadata from the shard records; returns the run summary (``omnipack.json``)."""
     records = shard_records(spec, plan)
@@ -183,6 +197,8 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
         "shards": [asdict(s) for s in shards],
         "rejects_file": REJECTS_FILE,
     }
+    if any("processor_cache" in p for p in parts):  # a processor-backed profile: its calls and cache hits
+        summary["processor_cache"] = processor_cache_summary(parts)
     publish(rejects_tmp, spec.out / REJECTS_FILE)
     if not shards:
         if n_input == 0:

@@ -167,6 +167,8 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     make_dirs(spec.measure_dir)
     remove_partials(spec.measure_dir, f"part-{number:06d}.*")  # of this unit, by a killed run
     measurer = _measurer(spec.measure)
+    cache_stats = getattr(measurer.profile, "cache_stats", None)  # a processor-backed profile's cache
+    cache_before = cache_stats() if cache_stats else {}
     tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}
     samples: list[RawSample]
     with (
@@ -199,6 +201,11 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
         "rejected": bad.count,
         "files": outputs,
     }
+    if cache_stats:  # this part's processor calls and cache hits, per media kind (summed in omnipack.json)
+        record["processor_cache"] = {
+            kind: {k: n - cache_before.get(kind, {}).get(k, 0) for k, n in counts.items()}
+            for kind, counts in cache_stats().items()
+        }
     write_json_atomic(files["record"], record)
     return record
 
