@@ -27,7 +27,7 @@ from omnipack.profiles.base import ModelProfile
 from omnipack.profiles.inputs import EncoderInputs
 
 ROOT = Path(__file__).parents[1]
-FAMILIES = ["gemma3", "nemotron_omni", "qwen2_5_vl", "qwen3_omni", "qwen3_vl"]
+FAMILIES = ["gemma3", "gemma4", "nemotron_omni", "qwen2_5_vl", "qwen3_omni", "qwen3_vl"]
 
 
 def _payloads(name: str) -> list[tuple[dict, object]]:
@@ -36,6 +36,13 @@ def _payloads(name: str) -> list[tuple[dict, object]]:
     side = 64 if name.startswith("qwen3") or name == "nemotron_omni" else 56
     if name == "gemma3":  # stored as views of the processor's fixed size, images only
         return [({"kind": "image", "info": {}}, rng.integers(0, 256, (2, 896, 896, 3), np.uint8))]
+    if name == "gemma4":  # images at multiples of 48 (the processor's resize), and audio
+        t = np.arange(23456) / 16000
+        wave = (0.2 * np.sin(2 * np.pi * 330 * t) * 32767).astype(np.int16)
+        return [
+            ({"kind": "image", "info": {}}, rng.integers(0, 256, (96, 144, 3), np.uint8)),
+            ({"kind": "audio", "info": {}}, wave),
+        ]
     out: list[tuple[dict, object]] = [
         ({"kind": "image", "info": {}}, rng.integers(0, 256, (side, 2 * side, 3), np.uint8))
     ]
@@ -65,7 +72,7 @@ def test_registry_resolves_names_to_their_modules():
         assert issubclass(cls.inputs_class, EncoderInputs) and cls.inputs_class.name == name
         assert set(cls().kinds) <= set(cls.inputs_class.placeholder_tokens)
     for bad in ("base", "inputs", "qwen_vl", "audio_features", "nope", "../x", "Qwen3_VL", ""):
-        with pytest.raises(ValueError, match="unknown profile .*available: gemma3, nemotron_omni, qwen2_5_vl"):
+        with pytest.raises(ValueError, match="unknown profile .*available: gemma3, gemma4, nemotron_omni, qwen"):
             get_profile(bad)
 
 
@@ -136,6 +143,7 @@ def test_family_facts_live_in_the_profile():
     """What used to be chosen by profile name elsewhere (CLI mRoPE default, inspect's role marker)."""
     assert {n: profile_class(n).uses_mrope() for n in FAMILIES} == {
         "gemma3": False,
+        "gemma4": False,
         "nemotron_omni": False,
         "qwen2_5_vl": True,
         "qwen3_omni": True,
@@ -143,7 +151,8 @@ def test_family_facts_live_in_the_profile():
     }
     assert {n: profile_class(n).turn_start for n in FAMILIES} == {
         "gemma3": "<start_of_turn>",
-        **{n: "<|im_start|>" for n in FAMILIES if n != "gemma3"},
+        "gemma4": "<|turn>",
+        **{n: "<|im_start|>" for n in FAMILIES if n not in ("gemma3", "gemma4")},
     }
     keys = {n: profile_class(n).inputs_class.batch_keys for n in FAMILIES}
     assert "image_grid_hw" in keys["nemotron_omni"] and "image_grid_thw" not in keys["nemotron_omni"]

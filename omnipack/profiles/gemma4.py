@@ -47,7 +47,6 @@ from .base import (
     audio_samples_at,
     read_preprocessor_config,
 )
-from .gemma3 import PIL_RESAMPLE_NAMES
 from .inputs import (
     EncoderInputs,
     Payload,
@@ -74,6 +73,8 @@ POOLING_KERNEL_SIZE = 3
 MAX_SOFT_TOKENS = 280
 SUPPORTED_SOFT_TOKENS = (70, 140, 280, 560, 1120)  # the image processor refuses any other budget
 PIL_BICUBIC = 3  # PILImageResampling.BICUBIC, the image processor's ``resample``
+# PIL's resampling filters by number (a preprocessor_config's ``resample``) -> the name a plan records.
+PIL_RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 PIXEL_DTYPES = ("float32", "uint8")
 # mm_token_type_ids of the processor (``ProcessorMixin.create_mm_token_type_ids``): text 0.
 MM_TOKEN_TYPES = {"image": 1, "video": 2, "audio": 3}
