@@ -351,8 +351,10 @@ def test_profile_options_settings_and_rejects(tmp_path):
     prof = get_profile("gemma4")
     with pytest.raises(MediaRejected, match="size unknown"):
         prof.plan(MediaMeta(kind="image", width=0, height=10))
-    with pytest.raises(MediaRejected, match="does not support video"):
-        prof.plan(MediaMeta(kind="video", width=10, height=10, num_frames=2, fps=1.0))
+    with pytest.raises(MediaRejected, match="video has 31 frames, fewer than the 32 sampled"):
+        prof.plan(MediaMeta(kind="video", width=10, height=10, num_frames=31, fps=1.0))
+    with pytest.raises(MediaRejected, match="fps or frame count unknown"):
+        prof.plan(MediaMeta(kind="video", width=10, height=10, num_frames=40))
     with pytest.raises(MediaRejected, match="too short"):
         prof.plan(MediaMeta(kind="audio", num_samples=160, sample_rate=16000))
     inputs = prof.inputs()
@@ -364,8 +366,11 @@ def test_profile_options_settings_and_rejects(tmp_path):
         inputs.media_inputs({"kind": "image"}, np.zeros((48, 48, 3), np.uint8), pixel_dtype="float16")
     with pytest.raises(ValueError, match="lack 'image'"):
         type(inputs).from_settings({"audio": {}})
+    with pytest.raises(ValueError, match="stored video has 3 frames, expected 32"):
+        inputs.feature_count({"kind": "video"}, np.zeros((3, 48, 48, 3), np.uint8))
     toks = prof.special_tokens()
-    assert toks[0] == "<turn|>" and {"<|image|>", "<|image>", "<image|>", "<|audio|>", "<|turn>"} <= set(toks)
+    assert toks[0] == "<turn|>"
+    assert {"<|image|>", "<|image>", "<image|>", "<|audio|>", "<|video|>", "<|turn>"} <= set(toks)
     assert prof.turn_start == "<|turn>" and not prof.uses_mrope()
 
 
@@ -381,3 +386,86 @@ def test_deferred_inputs_fill_the_batch_tensor_like_the_direct_path():
         assert a["pixel_values"].shape == (2, 2520, 768) and str(a["pixel_values"].dtype) == f"torch.{dtype}"
         assert np.array_equal(a["pixel_values"].numpy(), b["pixel_values"].numpy())
         assert np.array_equal(a["image_position_ids"].numpy(), b["image_position_ids"].numpy())
+
+
+# (frames, fps, width, height): exactly 32 frames, more at a fractional-second step, over a minute long.
+VIDEOS = [(32, 8, 96, 64), (45, 10, 160, 90), (70, 1, 64, 112)]
+
+
+def _video_file(tmp: Path, k: int, n: int, fps: int, w: int, h: int) -> Path:
+    from omnipack.demo.media import write_video
+
+    path = tmp / f"v{k}.mp4"
+    write_video(path, n=n, fps=fps, w=w, h=h)
+    return path
+
+
+def test_video_plan_ids_and_types_match_the_processor(model_dir, processor, tmp_path):
+    """The video processor needs torchvision (absent here): its frame sampler, resize size, the processor's
+    own ``replace_video_token``, replacement and token types are checked, each as the processor runs them."""
+    import torch
+    from transformers.models.gemma4.image_processing_pil_gemma4 import get_aspect_ratio_preserving_size
+    from transformers.video_utils import VideoMetadata, default_sample_indices_fn
+
+    from omnipack.text.chat import ChatTokenizer
+
+    prof = get_profile("gemma4")
+    chat = ChatTokenizer(model_dir, prof)
+    tok = processor.tokenizer
+    for k, (n, fps, w, h) in enumerate(VIDEOS):
+        meta = probe(_video_file(tmp_path, k, n, fps, w, h), "video")
+        plan = prof.plan(meta)
+        hf_meta = VideoMetadata(total_num_frames=n, fps=float(fps), width=w, height=h)
+        indices = default_sample_indices_fn(hf_meta, num_frames=32)
+        assert list(plan.frame_indices) == indices.tolist()
+        th, tw = get_aspect_ratio_preserving_size(h, w, 16, 70 * 9, 3)
+        assert plan.target_hw == (th, tw) and plan.num_tokens == 32 * (th // 16) * (tw // 16) // 9
+        hf_meta.frames_indices = indices
+        replacement = processor.replace_video_token(
+            {"num_soft_tokens_per_video": [plan.num_tokens // 32], "video_metadata": [hf_meta]}, 0
+        )
+        messages = [
+            {"role": "user", "content": [{"type": "text", "text": "What happens?"}, {"type": "video"}]},
+            {"role": "assistant", "content": "A colour fades."},
+        ]
+        enc = chat.encode(messages, [plan])
+        text = tok.apply_chat_template(messages, tokenize=False)
+        expanded, _ = processor.get_text_with_replacements([text], videos_replacements=[replacement])
+        ids = tok(expanded, add_special_tokens=False)["input_ids"]
+        assert enc.input_ids.tolist() == ids[0], k
+        assert ("01:07 <|image>" in replacement) == (k == 2)  # minutes past the first
+        inputs = prof.inputs()
+        ids_by_kind = {"video": [tok.convert_tokens_to_ids("<|video|>")]}
+        types = inputs.token_inputs(torch.from_numpy(enc.input_ids.astype(np.int64))[None], ids_by_kind)
+        assert types["mm_token_type_ids"][0].tolist() == processor.create_mm_token_type_ids(ids)[0]
+        assert enc.spans[0].num_placeholders == plan.num_tokens
+
+
+def test_video_pixels_are_each_stored_frame_patchified_as_the_processor_does(tmp_path):
+    """Stored frames (sampled and resized at prepare time) -> ``pixel_values_videos``: each frame's patches
+    and positions as the Gemma 4 patchifier gives them at the video budget (70 soft tokens)."""
+    import torch
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    from omnipack.loader.media import normalize_pixels
+
+    prof = get_profile("gemma4")
+    inputs = prof.inputs()
+    patchifier = Gemma4ImageProcessorPil(max_soft_tokens=70, do_resize=False)
+    for k, (n, fps, w, h) in enumerate(VIDEOS):
+        src = _video_file(tmp_path, k, n, fps, w, h)
+        plan = prof.plan(probe(src, "video"))
+        item = {"kind": "video", "info": plan.to_json()}
+        stored = _stored(src, plan)
+        frames = stored["frames"]
+        assert frames.shape == (32, *plan.target_hw, 3)
+        assert inputs.feature_count(item, stored) == plan.num_tokens
+        got = inputs.collate_media([inputs.media_inputs(item, stored)])
+        want = patchifier(images=[Image.fromarray(f) for f in frames], return_tensors="np")
+        pixels = got["pixel_values_videos"].numpy()
+        assert np.array_equal(pixels.view(np.uint32), want["pixel_values"].view(np.uint32))
+        assert np.array_equal(got["video_position_ids"].numpy(), want["image_position_ids"])
+        assert got["num_frames_per_video"].tolist() == [32]
+        raw = inputs.media_inputs(item, stored, pixel_dtype="uint8")["pixel_values_videos"]
+        on_device = normalize_pixels(torch.from_numpy(raw), *inputs.pixel_normalization()).numpy()
+        assert np.array_equal(on_device.view(np.uint32), want["pixel_values"].view(np.uint32))

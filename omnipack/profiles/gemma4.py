@@ -17,14 +17,21 @@ The rules of transformers 5.24 ``Gemma4Processor`` with ``Gemma4ImageProcessor``
   ``ln(mel + 0.001)``, frames zeroed where their window passes the clip's end (``input_features_mask``);
   one audio soft token per 4 valid mel frames (the processor's two stride-2 steps over the mask). The
   template writes ``<|audio|>``; the processor replaces it with ``<|audio>`` + soft tokens + ``<audio|>``;
+- video: ``num_frames`` = 32 frames sampled uniformly (``arange(32) * T // 32``; the video processor refuses
+  videos with fewer frames), each resized like an image under a budget of 70 soft tokens (x / 255); the
+  template writes ``<|video|>``, the processor replaces it with one ``mm:ss <|image>`` + soft tokens x
+  ``<|video|>`` + ``<image|>`` per frame (frame index / fps, whole seconds), joined by spaces. Its resize is
+  torchvision's (antialiased bicubic on tensors); frames are stored resized with PIL bicubic, as every
+  family's video frames are here (``omnipack.media.video``);
 - turns are ``<|turn>{system|user|model}\\n ... <turn|>\\n``; text is trimmed; positions are plain 1-D;
   ``mm_token_type_ids`` (1 on image soft tokens, 2 on video, 3 on audio) is what the model's forward reads to
   attend each run of vision soft tokens bidirectionally (on its sliding-window layers).
 
 Stored payloads: the resized image, uint8 [H, W, 3] (PIL bicubic at prepare time, exactly the processor's
-resize), and the (truncated) 16 kHz waveform. The trainer half (:class:`Gemma4Inputs`) patchifies and
-rescales pixels and computes the log-mel features in numpy, the feature extractor's own operations in its
-order (bit-identical): no Pillow, transformers or resize at train time.
+resize), the sampled and resized video frames uint8 [32, H, W, 3], and the (truncated) 16 kHz waveform.
+The trainer half (:class:`Gemma4Inputs`) patchifies and rescales pixels and computes the log-mel features
+in numpy, the feature extractor's own operations in its order (bit-identical): no Pillow, transformers or
+resize at train time.
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ TURN_END = "<turn|>"
 PATCH_SIZE = 16
 POOLING_KERNEL_SIZE = 3
 MAX_SOFT_TOKENS = 280
+VIDEO_MAX_SOFT_TOKENS = 70  # the video processor's ``max_soft_tokens`` (per frame)
+VIDEO_NUM_FRAMES = 32  # the video processor's ``num_frames`` (``do_sample_frames`` is on)
 SUPPORTED_SOFT_TOKENS = (70, 140, 280, 560, 1120)  # the image processor refuses any other budget
 PIL_BICUBIC = 3  # PILImageResampling.BICUBIC, the image processor's ``resample``
 # PIL's resampling filters by number (a preprocessor_config's ``resample``) -> the name a plan records.
@@ -275,15 +284,19 @@ class Gemma4Inputs(EncoderInputs):
     name = "gemma4"
     placeholder_tokens: ClassVar[dict[str, tuple[str, ...]]] = {
         "image": (IMAGE_TOKEN,),
+        "video": (VIDEO_TOKEN,),
         "audio": (AUDIO_TOKEN,),
     }
     batch_keys: ClassVar[tuple[str, ...]] = (
         "pixel_values",
         "image_position_ids",
+        "pixel_values_videos",
+        "video_position_ids",
+        "num_frames_per_video",
         "input_features",
         "input_features_mask",
     )
-    pixel_keys: ClassVar[tuple[str, ...]] = ("pixel_values",)
+    pixel_keys: ClassVar[tuple[str, ...]] = ("pixel_values", "pixel_values_videos")
     supports_deferred_inputs = True
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
@@ -292,25 +305,32 @@ class Gemma4Inputs(EncoderInputs):
         self.patch_size = int(image["patch_size"])
         self.pooling = int(image["pooling_kernel_size"])
         self.max_patches = int(image["max_soft_tokens"]) * self.pooling**2
+        video = settings["video"]
+        self.video_max_patches = int(video["max_soft_tokens"]) * self.pooling**2
+        self.video_num_frames = int(video["num_frames"])
         self.image_mean = tuple(float(x) for x in image["normalize"]["mean"])
         self.image_std = tuple(float(x) for x in image["normalize"]["std"])
         self.audio = dict(settings["audio"])
 
     # ---- images ----
 
-    def stored_image(self, payload: Payload) -> np.ndarray:
-        """The stored image uint8 [H, W, 3]; its sides must be multiples of ``pooling * patch_size`` within
-        the patch budget (as the processor resizes it)."""
+    def stored_frames(self, payload: Payload, kind: str) -> np.ndarray:
+        """The stored frames uint8 [T, H, W, 3] (one for an image, ``num_frames`` for a video); their sides
+        must be multiples of ``pooling * patch_size`` within the patch budget (as the processor resizes)."""
         frames = payload_frames(payload)
-        if frames.shape[0] != 1:
-            raise ValueError(f"stored image has {frames.shape[0]} views, expected 1")
+        count = 1 if kind == "image" else self.video_num_frames
+        if frames.shape[0] != count:
+            raise ValueError(f"stored {kind} has {frames.shape[0]} frames, expected {count}")
         h, w = frames.shape[1:3]
         side = self.pooling * self.patch_size
-        if h % side or w % side or (h // self.patch_size) * (w // self.patch_size) > self.max_patches:
-            raise ValueError(
-                f"stored image is {h}x{w}: not a multiple of {side} within {self.max_patches} patches"
-            )
-        return frames[0]
+        budget = self.max_patches if kind == "image" else self.video_max_patches
+        if h % side or w % side or (h // self.patch_size) * (w // self.patch_size) > budget:
+            raise ValueError(f"stored {kind} is {h}x{w}: not a multiple of {side} within {budget} patches")
+        return frames
+
+    def stored_image(self, payload: Payload) -> np.ndarray:
+        """The stored image uint8 [H, W, 3] (see ``stored_frames``)."""
+        return self.stored_frames(payload, "image")[0]
 
     def pixel_normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
         """Mean 0 and std 1: the model input is ``x / 255`` (the processor does not normalize). The same for
@@ -321,26 +341,39 @@ class Gemma4Inputs(EncoderInputs):
             )
         return self.image_mean, self.image_std
 
-    def image_inputs(self, image: np.ndarray, *, pixel_dtype: str, deferred: bool) -> dict[str, Any]:
+    def vision_inputs(
+        self, frames: np.ndarray, kind: str, *, pixel_dtype: str, deferred: bool
+    ) -> dict[str, Any]:
+        """Patches of each frame, padded to the budget: ``pixel_values`` / ``image_position_ids`` of an image
+        ``[1, ...]``, ``pixel_values_videos`` / ``video_position_ids`` ``[T, ...]`` and
+        ``num_frames_per_video`` of a video."""
         if pixel_dtype not in PIXEL_DTYPES:
             raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPES}, got {pixel_dtype!r}")
         dtype = np.dtype(np.float32 if pixel_dtype == "float32" else np.uint8)
-        shape = (1, self.max_patches, self.patch_size**2 * 3)
-        fill = functools.partial(self._fill_pixels, image)
-        positions = patch_positions(image.shape[0], image.shape[1], self.patch_size, self.max_patches)[None]
-        if deferred:
-            return {"pixel_values": PendingRows(shape, dtype, fill), "image_position_ids": positions}
-        out = np.empty(shape, dtype=dtype)
-        fill(out)
-        return {"pixel_values": out, "image_position_ids": positions}
+        budget = self.max_patches if kind == "image" else self.video_max_patches
+        shape = (frames.shape[0], budget, self.patch_size**2 * 3)
+        fill = functools.partial(self._fill_pixels, frames)
+        pos = patch_positions(frames.shape[1], frames.shape[2], self.patch_size, budget)
+        positions = np.ascontiguousarray(np.broadcast_to(pos, (frames.shape[0], *pos.shape)))
+        pixels: Any = PendingRows(shape, dtype, fill)
+        if not deferred:
+            pixels = np.empty(shape, dtype=dtype)
+            fill(pixels)
+        if kind == "image":
+            return {"pixel_values": pixels, "image_position_ids": positions}
+        return {
+            "pixel_values_videos": pixels,
+            "video_position_ids": positions,
+            "num_frames_per_video": np.array([frames.shape[0]], dtype=np.int64),
+        }
 
-    def _fill_pixels(self, image: np.ndarray, out: np.ndarray) -> None:
-        rows = out.reshape(-1, out.shape[-1])
-        patchify(image, self.patch_size, rows)
-        if rows.dtype == np.float32:
-            n = (image.shape[0] // self.patch_size) * (image.shape[1] // self.patch_size)
-            real = rows[:n]
-            real /= np.float32(255.0)  # the processor's float64 x * (1/255), rounded to float32: same bits
+    def _fill_pixels(self, frames: np.ndarray, out: np.ndarray) -> None:
+        n = (frames.shape[1] // self.patch_size) * (frames.shape[2] // self.patch_size)
+        for frame, rows in zip(frames, out, strict=True):
+            patchify(frame, self.patch_size, rows)
+            if rows.dtype == np.float32:
+                real = rows[:n]
+                real /= np.float32(255.0)  # the processor's x * (1/255) (float64, then float32): same bits
 
     # ---- audio ----
 
@@ -359,10 +392,10 @@ class Gemma4Inputs(EncoderInputs):
 
     def feature_count(self, item: Any, payload: Payload) -> int:
         kind = item_kind(item)
-        if kind == "image":
-            image = self.stored_image(payload)
-            patches = (image.shape[0] // self.patch_size) * (image.shape[1] // self.patch_size)
-            return patches // self.pooling**2
+        if kind in ("image", "video"):
+            frames = self.stored_frames(payload, kind)
+            patches = (frames.shape[1] // self.patch_size) * (frames.shape[2] // self.patch_size)
+            return frames.shape[0] * (patches // self.pooling**2)
         if kind == "audio":
             wave = payload_audio(payload)
             if wave.shape[0] > int(self.audio["max_samples"]):
@@ -375,13 +408,14 @@ class Gemma4Inputs(EncoderInputs):
     def media_inputs(
         self, item: Any, payload: Payload, *, pixel_dtype: str = "float32", deferred: bool = False
     ) -> dict[str, Any]:
-        """Images: ``pixel_values`` float32 as the processor gives them, or uint8 (the model input is then
-        ``x / 255``, see ``pixel_normalization``), and ``image_position_ids``. Audio: ``input_features`` and
+        """Images and videos: ``vision_inputs``, pixels float32 as the processor gives them, or uint8 (the
+        model input is then ``x / 255``, see ``pixel_normalization``). Audio: ``input_features`` and
         ``input_features_mask`` of the clip alone, plus ``input_features_tail`` that ``collate_media`` uses
         (and drops) to pad a batch exactly as the feature extractor pads it."""
         kind = item_kind(item)
-        if kind == "image":
-            return self.image_inputs(self.stored_image(payload), pixel_dtype=pixel_dtype, deferred=deferred)
+        if kind in ("image", "video"):
+            frames = self.stored_frames(payload, kind)
+            return self.vision_inputs(frames, kind, pixel_dtype=pixel_dtype, deferred=deferred)
         if kind == "audio":
             feats, mask, tail = self.audio_features(payload_audio(payload))
             return {
@@ -392,11 +426,18 @@ class Gemma4Inputs(EncoderInputs):
         return super().media_inputs(item, payload, pixel_dtype=pixel_dtype)
 
     def collate_media(self, per_item: list[dict[str, Any]]) -> dict[str, Any]:
-        """Image inputs concatenated; audio clips padded to the longest one's frames: each clip's masked
-        frames beyond its own are what the feature extractor gives them in one call (the tail frames that
-        still read the clip's last samples, then silence: ``-0.0``, as ``log(0.001) * False`` is)."""
+        """Image and video inputs concatenated (videos along frames); audio clips padded to the longest one's
+        frames: each clip's masked frames beyond its own are what the feature extractor gives them in one
+        call (the tail frames that still read the clip's last samples, then silence: ``-0.0``, as
+        ``log(0.001) * False`` is)."""
         out: dict[str, Any] = {}
-        for key in ("pixel_values", "image_position_ids"):
+        for key in (
+            "pixel_values",
+            "image_position_ids",
+            "pixel_values_videos",
+            "video_position_ids",
+            "num_frames_per_video",
+        ):
             parts = [d[key] for d in per_item if key in d]
             if parts:
                 out[key] = concat_into_batch_tensor(parts)
@@ -435,20 +476,30 @@ class Gemma4Profile(ModelProfile):
     Options: ``preprocessor_config`` (local json or model dir: the image processor's ``patch_size``,
     ``max_soft_tokens``, ``pooling_kernel_size``, ``resample``, ``do_normalize`` / ``image_mean`` /
     ``image_std``), ``max_soft_tokens`` (a processor call's keyword: the image token budget, one of
-    70/140/280/560/1120).
+    70/140/280/560/1120), ``video_max_soft_tokens`` (the video processor's per-frame budget, 70) and
+    ``video_num_frames`` (its ``num_frames``, 32).
     """
 
     name = "gemma4"
     family = "gemma4"
     inputs_class = Gemma4Inputs
-    template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {"image": (IMAGE_TOKEN,), "audio": (AUDIO_TOKEN,)}
+    template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
+        "image": (IMAGE_TOKEN,),
+        "video": (VIDEO_TOKEN,),
+        "audio": (AUDIO_TOKEN,),
+    }
     turn_start: ClassVar[str] = TURN_START
     turn_end: ClassVar[str] = TURN_END
     expansion_tokens: ClassVar[tuple[str, ...]] = (BOI_TOKEN, EOI_TOKEN, BOA_TOKEN, EOA_TOKEN)
     chat_template: ClassVar[str | None] = CHAT_TEMPLATE
 
     def __init__(
-        self, *, preprocessor_config: str | Path | None = None, max_soft_tokens: int | None = None
+        self,
+        *,
+        preprocessor_config: str | Path | None = None,
+        max_soft_tokens: int | None = None,
+        video_max_soft_tokens: int = VIDEO_MAX_SOFT_TOKENS,
+        video_num_frames: int = VIDEO_NUM_FRAMES,
     ) -> None:
         cfg = read_preprocessor_config(preprocessor_config)
         self.patch_size = int(cfg.get("patch_size") or PATCH_SIZE)
@@ -458,6 +509,14 @@ class Gemma4Profile(ModelProfile):
             raise ValueError(
                 f"max_soft_tokens must be one of {SUPPORTED_SOFT_TOKENS}, got {self.max_soft_tokens}"
             )
+        self.video_max_soft_tokens = int(video_max_soft_tokens)
+        if self.video_max_soft_tokens not in SUPPORTED_SOFT_TOKENS:
+            raise ValueError(
+                f"video_max_soft_tokens must be one of {SUPPORTED_SOFT_TOKENS}, got {video_max_soft_tokens}"
+            )
+        if int(video_num_frames) <= 0:
+            raise ValueError(f"video_num_frames must be positive, got {video_num_frames}")
+        self.video_num_frames = int(video_num_frames)
         resample = int(cfg.get("resample") if cfg.get("resample") is not None else PIL_BICUBIC)
         if resample not in PIL_RESAMPLE_NAMES:
             raise ValueError(f"resample {resample} is not a PIL resampling filter")
@@ -493,6 +552,31 @@ class Gemma4Profile(ModelProfile):
             resample=PIL_RESAMPLE_NAMES[self.resample],
         )
 
+    def plan_video(self, meta: MediaMeta) -> MediaPlan:
+        """``video_num_frames`` frames sampled uniformly, each resized as an image under the video budget;
+        the block's timestamps are the frames' source times (index / fps)."""
+        if not meta.height or not meta.width:
+            raise MediaRejected("video frame size unknown or zero")
+        if not meta.fps or not meta.num_frames:
+            raise MediaRejected("video fps or frame count unknown or zero")
+        if meta.num_frames < self.video_num_frames:
+            raise MediaRejected(
+                f"video has {meta.num_frames} frames, fewer than the {self.video_num_frames} sampled"
+            )
+        max_patches = self.video_max_soft_tokens * self.pooling**2
+        th, tw = aspect_preserving_size(meta.height, meta.width, self.patch_size, max_patches, self.pooling)
+        patches = (th // self.patch_size) * (tw // self.patch_size)
+        indices = [k * meta.num_frames // self.video_num_frames for k in range(self.video_num_frames)]
+        per_frame = patches // self.pooling**2
+        return MediaPlan(
+            kind="video",
+            num_tokens=len(indices) * per_frame,
+            target_hw=(th, tw),
+            frame_indices=tuple(indices),
+            vision_patches=len(indices) * patches,
+            info={"tokens_per_frame": per_frame, "timestamps": [i / meta.fps for i in indices]},
+        )
+
     def plan_audio(self, meta: MediaMeta) -> MediaPlan:
         """The clip at 16 kHz, truncated to 30 s as the feature extractor truncates it."""
         n = audio_samples_at(meta, AUDIO_RATE)
@@ -511,6 +595,18 @@ class Gemma4Profile(ModelProfile):
         )
 
     def expand(self, plan: MediaPlan) -> list[Segment]:
+        if plan.kind == "video":  # "mm:ss <|image><|video|>...<image|>" per frame, joined by spaces
+            segs: list[Segment] = []
+            per_frame = int(plan.info["tokens_per_frame"])
+            for k, seconds in enumerate(plan.info["timestamps"]):
+                stamp = f"{int(seconds // 60):02d}:{int(seconds % 60):02d} "
+                segs += [
+                    Segment(text=(" " if k else "") + stamp),
+                    Segment(token=BOI_TOKEN),
+                    Segment(token=VIDEO_TOKEN, count=per_frame, placeholder=True),
+                    Segment(token=EOI_TOKEN),
+                ]
+            return segs
         if plan.kind == "image":
             begin, token, end = BOI_TOKEN, IMAGE_TOKEN, EOI_TOKEN
         elif plan.kind == "audio":
@@ -533,6 +629,7 @@ class Gemma4Profile(ModelProfile):
                 "resample": self.resample,
                 "normalize": {"mean": list(self.image_mean), "std": list(self.image_std)},
             },
+            "video": {"max_soft_tokens": self.video_max_soft_tokens, "num_frames": self.video_num_frames},
             "audio": {
                 "sampling_rate": AUDIO_RATE,
                 "num_mels": NUM_MELS,
