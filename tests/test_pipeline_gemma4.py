@@ -1,7 +1,9 @@
 """Gemma 4 end to end: ``omnipack prepare`` -> ``omnipack verify`` -> the Energon loader, every packed sample
 and every batch's encoder inputs checked against ``Gemma4Processor`` (built offline as in
-``tests/test_profiles_gemma4.py``), with images (PNG and JPEG) and audio (wav) sharing rows, and the same
-dataset loaded by a process that cannot import the prepare stack."""
+``tests/test_profiles_gemma4.py``), with images (PNG and JPEG), audio (wav) and video (mp4) sharing rows,
+and the same dataset loaded by a process that cannot import the prepare stack. The video processor needs
+torchvision (absent here): a video sample's expected ids come from the processor's own replacement of the
+sampled frames, its pixels from the Gemma 4 patchifier over those frames resized with PIL bicubic."""
 
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ ROOT = Path(__file__).parents[1]
 # (height, width) of the source images, and sample counts of the 16 kHz clips (one over 30 s: truncated).
 SIZES = [(300, 900), (480, 400), (700, 260), (64, 64), (20, 30)]
 CLIPS = [16000, 8001, 23456, 480000 + 3200]
+# (frames, fps, width, height) of the mp4 videos.
+VIDEOS = [(40, 10, 64, 48), (33, 8, 48, 80)]
 
 
 def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]:
@@ -40,6 +44,10 @@ def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]
         t = np.arange(num) / 16000
         wave = 0.3 * np.sin(2 * np.pi * (200 + 90 * k) * t) + 0.02 * rng.standard_normal(num)
         sf.write(media / f"clip{k}.wav", wave, 16000, subtype="PCM_16")
+    from omnipack.demo.media import write_video
+
+    for k, (num, fps, w, h) in enumerate(VIDEOS):
+        write_video(media / f"vid{k}.mp4", n=num, fps=fps, w=w, h=h)
     names = sorted(p.name for p in media.iterdir())
     images = [p for p in names if p.startswith("img")]
     clips = [p for p in names if p.startswith("clip")]
@@ -47,6 +55,8 @@ def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]
     for i in range(n):
         user: list[dict] = [{"type": "image", "image": images[(i + j) % len(images)]} for j in range(i % 3)]
         user += [{"type": "audio", "audio": clips[(i // 2) % len(clips)]} for _ in range((i + 1) % 2)]
+        if i % 4 == 3:  # video samples hold no other media (the processor call is rebuilt for them)
+            user = [{"type": "video", "video": f"vid{(i // 4) % len(VIDEOS)}.mp4"}]
         user.append({"type": "text", "text": f"Describe input {i}."})
         msgs = [
             {"role": "user", "content": user},
@@ -118,6 +128,38 @@ def _media(messages: list[dict], media: Path) -> tuple[list, list]:
     return images, audio
 
 
+def _video_expected(proc, text: str, path: Path) -> tuple[dict, np.ndarray]:
+    """What ``Gemma4Processor`` gives for a video-only sample, without its torchvision video processor: the
+    class's frame sampler over PyAV's decoded frames, each resized (PIL bicubic) to the processor's size and
+    patchified by the Gemma 4 patchifier at the video budget, and the processor's own replacement, ids and
+    token types."""
+    import av
+    from transformers.models.gemma4.image_processing_pil_gemma4 import (
+        Gemma4ImageProcessorPil,
+        get_aspect_ratio_preserving_size,
+    )
+    from transformers.video_utils import VideoMetadata, default_sample_indices_fn
+
+    with av.open(str(path)) as c:
+        fps = float(c.streams.video[0].average_rate)
+        frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+    meta = VideoMetadata(total_num_frames=len(frames), fps=fps)
+    meta.frames_indices = default_sample_indices_fn(meta, num_frames=32)
+    h, w = frames[0].shape[:2]
+    th, tw = get_aspect_ratio_preserving_size(h, w, 16, 70 * 9, 3)
+    sampled = [
+        Image.fromarray(frames[i]).resize((tw, th), Image.Resampling.BICUBIC) for i in meta.frames_indices
+    ]
+    pixels = Gemma4ImageProcessorPil(max_soft_tokens=70, do_resize=False)(images=sampled, return_tensors="np")
+    per_frame = (th // 16) * (tw // 16) // 9
+    inputs = {"num_soft_tokens_per_video": [per_frame], "video_metadata": [meta]}
+    replacement = proc.replace_video_token(inputs, 0)
+    expanded, _ = proc.get_text_with_replacements([text], videos_replacements=[replacement])
+    ids = proc.tokenizer(expanded, add_special_tokens=False)["input_ids"]
+    types = proc.create_mm_token_type_ids(ids)
+    return {"input_ids": np.asarray(ids), "mm_token_type_ids": np.asarray(types)}, pixels
+
+
 def test_loader_batches_equal_the_processor_sample_by_sample(prepared):
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
@@ -127,7 +169,8 @@ def test_loader_batches_equal_the_processor_sample_by_sample(prepared):
     proc = build_processor(model_dir)
     te = OmnipackTaskEncoder.from_dataset(out)
     tok = proc.tokenizer
-    assert te.placeholder_ids == {"image": [tok.image_token_id], "audio": [tok.audio_token_id]}
+    ids = {k: [tok.convert_tokens_to_ids(f"<|{k}|>")] for k in ("image", "video", "audio")}
+    assert te.placeholder_ids == ids
     assert te.pixel_dtype == "uint8"  # x / 255: mean 0, std 1 for every channel
     ds = get_val_dataset(
         str(out),
@@ -137,18 +180,27 @@ def test_loader_batches_equal_the_processor_sample_by_sample(prepared):
         task_encoder=te,
     )
     seen, kinds_seen, truncated_seen = [], set(), False
+    videos = {}
     for batch in get_loader(ds):
         tokens = batch.tokens[0].numpy()
         cu, cup = batch.cu_seqlens_q.numpy(), batch.cu_seqlens_q_padded.numpy()
-        row_images, row_audio = [], []
+        row_images, row_audio, row_video = [], [], []
         for k, sid in enumerate(batch.sample_ids[0]):
             messages = samples[sid]
             images, audio = _media(messages, media)
             text = tok.apply_chat_template(messages, tokenize=False)
-            hf = proc(
-                images=images or None, audio=audio or None, text=text, add_special_tokens=False,
-                return_tensors="np",
-            )  # fmt: skip
+            video = next((p["video"] for p in messages[0]["content"] if p["type"] == "video"), None)
+            if video is not None:
+                if video not in videos:
+                    videos[video] = _video_expected(proc, text, media / video)
+                hf, pixels = _video_expected(proc, text, media / video)[0], videos[video][1]
+                row_video.append(pixels)
+                kinds_seen.add("video")
+            else:
+                hf = proc(
+                    images=images or None, audio=audio or None, text=text, add_special_tokens=False,
+                    return_tensors="np",
+                )  # fmt: skip
             n = int(cu[k + 1] - cu[k])
             assert tokens[cup[k] : cup[k] + n].tolist() == hf["input_ids"][0].tolist(), sid
             types = batch.as_dict()["mm_token_type_ids"][0].numpy()
@@ -175,8 +227,17 @@ def test_loader_batches_equal_the_processor_sample_by_sample(prepared):
             assert np.array_equal(got["input_features_mask"].numpy(), want["input_features_mask"])
         else:
             assert "input_features" not in got
+        if row_video:  # the frames of the row's videos, in order, and each video's frame count
+            want_pixels = np.concatenate([p["pixel_values"] for p in row_video])
+            pixels = got["pixel_values_videos"].numpy()
+            assert np.array_equal(pixels.view(np.uint32), want_pixels.view(np.uint32))
+            want_pos = np.concatenate([p["image_position_ids"] for p in row_video])
+            assert np.array_equal(got["video_position_ids"].numpy(), want_pos)
+            assert got["num_frames_per_video"].tolist() == [32] * len(row_video)
+        else:
+            assert "pixel_values_videos" not in got
     assert sorted(seen) == sorted(samples)
-    assert kinds_seen == {"image", "audio"} and truncated_seen
+    assert kinds_seen == {"image", "audio", "video"} and truncated_seen
 
 
 def test_trainer_only_process_loads_the_same_batches(prepared):

@@ -36,11 +36,12 @@ def _payloads(name: str) -> list[tuple[dict, object]]:
     side = 64 if name.startswith("qwen3") or name == "nemotron_omni" else 56
     if name == "gemma3":  # stored as views of the processor's fixed size, images only
         return [({"kind": "image", "info": {}}, rng.integers(0, 256, (2, 896, 896, 3), np.uint8))]
-    if name == "gemma4":  # images at multiples of 48 (the processor's resize), and audio
+    if name == "gemma4":  # images and 32-frame videos at multiples of 48 (the processor's resize), and audio
         t = np.arange(23456) / 16000
         wave = (0.2 * np.sin(2 * np.pi * 330 * t) * 32767).astype(np.int16)
         return [
             ({"kind": "image", "info": {}}, rng.integers(0, 256, (96, 144, 3), np.uint8)),
+            ({"kind": "video", "info": {}}, rng.integers(0, 256, (32, 48, 96, 3), np.uint8)),
             ({"kind": "audio", "info": {}}, wave),
         ]
     out: list[tuple[dict, object]] = [
