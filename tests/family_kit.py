@@ -72,7 +72,8 @@ def reference(name: str) -> FamilyReference:
 
 
 def write_media(root: Path, kinds: tuple[str, ...]) -> dict[str, Path]:
-    """One small real file per kind: a noise PNG (300x400), a 2 s mp4 (96x128 at 10 fps), a 1.5 s wav."""
+    """One small real file per kind: a noise PNG (300x400), a 2 s mp4 (96x128 at 16 fps: 32 frames, the
+    fewest a family samples, Gemma 4), a 1.5 s wav."""
     from PIL import Image
 
     from omnipack.demo.media import sine, write_audio, write_video
@@ -84,7 +85,7 @@ def write_media(root: Path, kinds: tuple[str, ...]) -> dict[str, Path]:
         Image.fromarray(px).save(root / "image.png")
         out["image"] = root / "image.png"
     if "video" in kinds:
-        write_video(root / "video.mp4", n=20, fps=10, w=128, h=96)
+        write_video(root / "video.mp4", n=32, fps=16, w=128, h=96)
         out["video"] = root / "video.mp4"
     if "audio" in kinds:
         write_audio(root / "audio.wav", sine(24000, 16000), 16000)
@@ -146,7 +147,7 @@ def planned_payloads(name: str) -> list[tuple[dict, object]]:
     planner = get_profile(name)
     metas = {
         "image": MediaMeta(kind="image", height=120, width=200),
-        "video": MediaMeta(kind="video", height=64, width=64, num_frames=6, fps=2.0),
+        "video": MediaMeta(kind="video", height=64, width=64, num_frames=32, fps=16.0),
         "audio": MediaMeta(kind="audio", num_samples=23456, sample_rate=16000),
     }
     out: list[tuple[dict, object]] = []

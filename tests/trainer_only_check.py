@@ -55,6 +55,24 @@ def prepare(out: Path) -> None:
     (out / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True))
 
 
+# Clips of at least 32 frames, the most any family's processor requires (Gemma 4 samples 32 and refuses fewer).
+KIT_CLIPS = ((36, 12, 96, 64), (33, 11, 64, 64), (40, 8, 80, 48), (32, 16, 128, 96))
+
+
+def _seq_length(planner: Any, media: Path) -> int:
+    """SEQ_LENGTH, or the power of two that holds two of the corpus's largest media items (a family whose
+    videos are many tokens, e.g. Gemma 4's 32 sampled frames, still packs every sample)."""
+    from omnipack.media.probe import probe
+
+    largest = 0
+    for path in sorted(media.iterdir()):
+        kind = {".mp4": "video", ".wav": "audio", ".flac": "audio"}.get(path.suffix)
+        if kind in planner.kinds:
+            largest = max(largest, planner.plan(probe(path, kind)).num_tokens)
+    need = 2 * largest + 512
+    return max(SEQ_LENGTH, 1 << (need - 1).bit_length())
+
+
 def prepare_family(out: Path, name: str) -> dict[str, Any]:
     """Family ``name``'s demo dataset in ``OUT/<name>`` (images, video and audio where it takes them);
     returns the digests of the batches it loads into (``batch_digests``)."""
@@ -66,7 +84,7 @@ def prepare_family(out: Path, name: str) -> dict[str, Any]:
     cls = profile_class(name)
     root = out / f"{name}.src"
     tok = build_demo_tokenizer(root / "tokenizer", profile=name)
-    manifest, media = build_demo_corpus(root / "corpus", num_samples=12, kinds=cls().kinds)
+    manifest, media = build_demo_corpus(root / "corpus", num_samples=12, kinds=cls().kinds, clips=KIT_CLIPS)
     run_prepare(
         PrepareConfig(
             manifest=[str(manifest)],
@@ -74,7 +92,7 @@ def prepare_family(out: Path, name: str) -> dict[str, Any]:
             tokenizer=str(tok),
             output=str(out / name),
             profile=name,
-            seq_length=SEQ_LENGTH,
+            seq_length=_seq_length(cls(), media),
             cp=CP,
             shard_max_rows=3,
             mrope=cls.uses_mrope(),

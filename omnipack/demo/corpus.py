@@ -6,6 +6,7 @@ The broken samples show that bad input becomes a reject with a reason instead of
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -42,15 +43,19 @@ def _image(rng: np.random.Generator, path: Path, height: int, width: int) -> Non
     Image.fromarray(base.clip(0, 255).astype(np.uint8)).save(path)
 
 
-def _video_and_audio(rng: np.random.Generator, media: Path, kinds: tuple[str, ...]) -> dict[str, list[str]]:
+# The demo's clips, (frames, fps, width, height): odd frame counts and a one-frame clip, each with its own
+# audio track.
+DEMO_CLIPS: tuple[tuple[int, int, int, int], ...] = ((12, 6, 96, 64), (5, 5, 64, 64), (1, 1, 80, 48), (9, 3, 128, 96))
+
+
+def _video_and_audio(
+    rng: np.random.Generator, media: Path, kinds: tuple[str, ...], clips: Sequence[tuple[int, int, int, int]]
+) -> dict[str, list[str]]:
     from .media import sine, write_audio, write_video
 
     out: dict[str, list[str]] = {"video": [], "audio": []}
     if "video" in kinds:
-        # (frames, fps, width, height): odd frame counts and a one-frame clip, each with its own audio track
-        for i, (n, fps, w, h) in enumerate(
-            [(12, 6, 96, 64), (5, 5, 64, 64), (1, 1, 80, 48), (9, 3, 128, 96)]
-        ):
+        for i, (n, fps, w, h) in enumerate(clips):
             write_video(media / f"clip{i}.mp4", n=n, fps=fps, w=w, h=h, audio_rate=16000)
             out["video"].append(f"clip{i}.mp4")
     if "audio" in kinds:
@@ -63,12 +68,16 @@ def _video_and_audio(rng: np.random.Generator, media: Path, kinds: tuple[str, ..
 
 
 def build_demo_corpus(
-    root: Path, num_samples: int = 200, seed: int = 0, kinds: tuple[str, ...] = ("image",)
+    root: Path,
+    num_samples: int = 200,
+    seed: int = 0,
+    kinds: tuple[str, ...] = ("image",),
+    clips: Sequence[tuple[int, int, int, int]] = DEMO_CLIPS,
 ) -> tuple[Path, Path]:
     """Write ``root/media/*`` and ``root/manifest.jsonl``; returns (manifest, media_root).
 
     ``kinds`` selects the media the corpus uses (a profile's ``kinds``): images always, video and audio
-    when listed.
+    when listed; ``clips`` the videos' (frames, fps, width, height).
     """
     rng = np.random.default_rng(seed)
     media = root / "media"
@@ -77,7 +86,7 @@ def build_demo_corpus(
     for i, (h, w) in enumerate(sizes):
         _image(rng, media / f"img{i}.png", h, w)
     Image.fromarray(rng.integers(0, 255, (50, 80, 3), dtype=np.uint8)).save(media / "photo.jpg", quality=90)
-    av_media = _video_and_audio(rng, media, kinds)
+    av_media = _video_and_audio(rng, media, kinds, clips)
     lines = []
     for i in range(num_samples):
         kind = i % 4

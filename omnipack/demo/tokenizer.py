@@ -1,7 +1,9 @@
 """A tiny byte-level BPE tokenizer with every profile's special tokens and a ChatML chat template.
 
 It stands in for a model's tokenizer directory in the demo and the tests (nothing is downloaded):
-``AutoTokenizer.from_pretrained(dir)`` loads it exactly like a real checkpoint's tokenizer.
+``AutoTokenizer.from_pretrained(dir)`` loads it exactly like a real checkpoint's tokenizer. Its ids are
+stable: the vocabulary is trained with a fixed list of special tokens, and the tokens a profile added later
+brings get new ids after it, so registering a family renumbers no id (the demo's bytes are pinned).
 """
 
 from __future__ import annotations
@@ -11,13 +13,24 @@ from importlib import resources
 from pathlib import Path
 
 BASE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# The special tokens the BPE vocabulary is trained with, in order (they take its first ids, and the merges
+# follow them): every profile's when the demo's bytes were pinned. Never reorder or remove one; tokens of
+# profiles added since are appended after training (``build_demo_tokenizer``).
+TRAINED_SPECIAL_TOKENS = [
+    *BASE_SPECIAL_TOKENS,
+    "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>", "<start_of_turn>",
+    "<image>", "<video>", "<so_embedding>", "<img>", "</img>", "<so_start>", "<so_end>",
+    "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>",
+    "<|audio_start|>", "<|audio_pad|>", "<|audio_end|>",
+]  # fmt: skip
 
 
 def special_tokens() -> list[str]:
-    """The ChatML tokens plus every registered profile's special tokens."""
+    """The demo vocabulary's special tokens, in id order: ``TRAINED_SPECIAL_TOKENS``, then every registered
+    profile's others (in registry order)."""
     from ..profiles import PROFILES
 
-    toks = list(BASE_SPECIAL_TOKENS)
+    toks = list(TRAINED_SPECIAL_TOKENS)
     for cls in PROFILES.values():
         toks += [t for t in cls().special_tokens() if t not in toks]
     return toks
@@ -65,11 +78,12 @@ def build_demo_tokenizer(
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=special_tokens(),
+        special_tokens=TRAINED_SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(TRAINING_TEXT * 20 if training_text is None else training_text, trainer=trainer)
+    tok.add_special_tokens(special_tokens()[len(TRAINED_SPECIAL_TOKENS) :])  # new ids after the trained ones
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
