@@ -179,7 +179,7 @@ def input_summary(cfg: PrepareConfig) -> list[dict[str, Any]]:
 def build_spec(cfg: PrepareConfig) -> RunSpec:
     """The run's plain-data spec: derived stage settings, run facts, and the input's parts."""
     from .profiles import get_profile
-    from .profiles.base import placeholder_token_ids
+    from .profiles.hf_config import placeholder_token_ids
     from .text.chat import ChatTokenizer
 
     align = cfg.layout.alignment

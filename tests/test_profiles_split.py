@@ -247,7 +247,7 @@ def test_planner_half_imports_no_trainer_stack():
     code = (
         "import sys\n"
         "from omnipack.profiles import available_profiles, get_profile\n"
-        "from omnipack.profiles.base import MediaMeta\n"
+        "from omnipack.profiles import MediaMeta\n"
         "for n in available_profiles():\n"
         "    p = get_profile(n)\n"
         "    p.plan(MediaMeta(kind='image', height=300, width=400)); p.settings()\n"

@@ -21,7 +21,8 @@ from megatron.energon.errors import FatalSampleError
 
 from ..alignment import pad_to_multiple
 from ..dataset.contract import PackedRowArrays, row_contract_errors
-from ..profiles.base import ModelProfile, dataset_placeholder_ids
+from ..profiles.base import ModelProfile
+from ..profiles.hf_config import dataset_placeholder_ids
 from ..profiles.inputs import EncoderInputs, batch_storage, storage_view
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
 from .buffer_pool import ALIGN, BufferLease, unpin_small, worker_pool

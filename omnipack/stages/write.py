@@ -26,6 +26,7 @@ from ..dataset.shards import ShardWriter
 from ..manifest import ManifestError
 from ..measure import sample_arrays
 from ..media.errors import MediaError
+from ..media.probe import materialize
 from ..media.sources import resolve_source
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
@@ -54,8 +55,6 @@ class RowResult:
 
 def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> RowResult:
     """Materialise a row's media and assemble its arrays; pure function of its inputs."""
-    from ..media.probe import materialize
-
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
     rejects = []
@@ -66,7 +65,7 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
                 plan = MediaPlan.from_json(m["plan"])
                 ext, data = materialize(
                     resolve_source(m["ref"], cfg.media_root, cfg.media_allow_roots, cfg.remote),
-                    plan,
+                    plan.storage,
                     image_encoding=cfg.image_encoding,
                     compress_video=cfg.compress_video,
                 )
