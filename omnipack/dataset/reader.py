@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing as mp
 import os
 import queue
 import sys
@@ -365,8 +366,6 @@ def map_shards(
                 results[i] = fn(job)
                 bar.advance(task)
         else:
-            import multiprocessing as mp
-
             # spawn: the parent may hold threads (the progress bar), which fork does not copy safely.
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
                 futures = {pool.submit(fn, job): i for i, job in enumerate(jobs)}

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .media import sine, write_audio, write_video
+
 WORDS = [
     "red",
     "blue",
@@ -43,8 +45,6 @@ def _image(rng: np.random.Generator, path: Path, height: int, width: int) -> Non
 
 
 def _video_and_audio(rng: np.random.Generator, media: Path, kinds: tuple[str, ...]) -> dict[str, list[str]]:
-    from .media import sine, write_audio, write_video
-
     out: dict[str, list[str]] = {"video": [], "audio": []}
     if "video" in kinds:
         # (frames, fps, width, height): odd frame counts and a one-frame clip, each with its own audio track

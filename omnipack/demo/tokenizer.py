@@ -10,13 +10,13 @@ from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
+from ..profiles import PROFILES
+
 BASE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def special_tokens() -> list[str]:
     """The ChatML tokens plus every registered profile's special tokens."""
-    from ..profiles import PROFILES
-
     toks = list(BASE_SPECIAL_TOKENS)
     for cls in PROFILES.values():
         toks += [t for t in cls().special_tokens() if t not in toks]
@@ -36,8 +36,6 @@ TRAINING_TEXT = [
 
 def chat_template(profile: str = "qwen2_5_vl") -> str:
     """The demo template with media items rendered as ``profile``'s template blocks."""
-    from ..profiles import PROFILES
-
     if PROFILES[profile].chat_template is not None:  # the family's own turns (it writes its own blocks)
         return PROFILES[profile].chat_template
     blocks = PROFILES[profile].template_blocks

@@ -36,13 +36,13 @@ import tarfile
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from .access import StoreAccessError, access_error, error_chain
+from .access import CREDENTIALS_HINT, StoreAccessError, access_error, error_chain
 from .errors import MediaError
 from .remote import (
     DEFAULT_REMOTE,
@@ -469,3 +469,21 @@ def as_source(obj: MediaSource | str | os.PathLike | bytes | IO[bytes]) -> Media
         obj.seek(0)
         return MediaSource("<file>", "bytes", data=obj.read())
     raise TypeError(f"not a media source: {type(obj).__name__}")
+
+
+def probe_locations(locations: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
+    """One cheap request (``info``: a HEAD, then a one-key listing) to each remote location, as ``(what it is,
+    location)`` pairs; local and unset locations are skipped. Raises ``StoreAccessError`` naming the first
+    location whose store refuses this run's credentials; any other outcome (a missing prefix included) is
+    left to the run."""
+    for what, location in locations:
+        if location is None or not is_remote(location):
+            continue
+        url = str(location)
+        try:
+            fs, path = filesystem_for(url)
+            fs.info(path.rstrip("/"))
+        except Exception as e:  # noqa: BLE001 - only an access failure stops the run here
+            reason = access_error(e)
+            if reason is not None:
+                raise StoreAccessError(f"{what} {url}: {reason}; {CREDENTIALS_HINT}") from None

@@ -9,6 +9,7 @@ unit's record (shard info with checksums, rejects, counts) is written after its 
 from __future__ import annotations
 
 import json
+import mmap
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -106,8 +107,6 @@ class MeasuredSamples:
     """
 
     def __init__(self, arrow_path: Path, release_every: int = 64) -> None:
-        import mmap
-
         with open(arrow_path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         reader = pa.ipc.open_file(pa.py_buffer(self._map))
@@ -169,8 +168,6 @@ class MeasuredSamples:
 
     def release(self) -> None:
         """Drop the mapped pages from this process's resident set (they stay in the page cache)."""
-        import mmap
-
         self._since_release = 0
         if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED)
