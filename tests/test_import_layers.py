@@ -52,8 +52,6 @@ LAZY_ALLOWED = frozenset(
         "tqdm",  # progress bars, drawn only on a terminal
         "transformers",  # tokenizers and processors (the prepare extra)
         "upath",  # universal-pathlib over fsspec (the remote extra)
-        "xxhash",  # checksums of written files
-        "yaml",  # dataset.yaml and configs, read on demand
     }
 )
 
@@ -65,7 +63,7 @@ _CLI = (
     "omnipack.media.access", "omnipack.packing", "omnipack.packing.cost", "omnipack.pipeline",
     "omnipack.profiles", "omnipack.stages", "omnipack.stages.finalize", "omnipack.stages.lock",
     "omnipack.stages.pack", "omnipack.stages.storage", "omnipack.text", "omnipack.text.hub_cache",
-    "omnipack.tools",
+    "omnipack.tools", "yaml",
 )  # fmt: skip
 _VERIFY = (
     "omnipack.alignment", "omnipack.loader", "omnipack.loader.media", "omnipack.pipeline", "omnipack.profiles",
@@ -243,7 +241,7 @@ def violations(known: dict[str, Path]) -> dict[tuple[str, str, str], str]:
         edges.setdefault(imp.importer, set()).add(imp.target)
     for comp in find_cycles(edges):
         path = cycle_path(comp, edges)
-        found[(path[0], path[1], "cycle")] = " -> ".join(path)
+        found[(path[0], path[1], "cycle")] = " -> ".join(path) + f"; all of {', '.join(comp)} import each other"
     return found
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import yaml
 
 from .codec import decode_row, load_npy
 from .contract import META_PART, PackedRowArrays, part_name
@@ -95,8 +96,6 @@ class Dataset:
 
 def open_dataset(root: str | Path) -> Dataset:
     """The dataset's metadata; a missing omnipack.json is an error, other gaps are listed in problems."""
-    import yaml
-
     if "://" in str(root):
         raise ValueError(
             f"{root}: verify and inspect read a local copy of the dataset (they scan every shard); download "
