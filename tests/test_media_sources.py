@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -338,3 +341,15 @@ def test_remote_settings_reach_urls_without_a_media_root():
         assert resolve_source("http://127.0.0.1:9/a.jpg", root, (), remote).remote == remote
         member = resolve_source("http://127.0.0.1:9/s.tar#a.jpg", root, (), remote)
         assert member.container is not None and member.container.remote == remote
+
+
+@pytest.mark.parametrize("module", ["omnipack.media.sources", "omnipack.measure", "omnipack.stages.write"])
+def test_the_embedded_scheme_is_registered_by_the_input_layer(module):
+    """media imports nothing of the input layer: ``embedded:`` is registered by ``omnipack.inputs``, and every
+    module that resolves references (measure, write) has it in a fresh (worker) process."""
+    code = f"import {module}\nfrom omnipack.media.sources import _SCHEMES\nprint(sorted(_SCHEMES))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = [] if module == "omnipack.media.sources" else ["embedded:"]
+    assert out.stdout.strip() == str(want)
+
