@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from .base import Executor
 from .local import LocalExecutor
-from .ray import RayExecutor
 
 EXECUTORS = ("local", "ray")
 
@@ -14,6 +13,8 @@ def make_executor(name: str, workers: int = 1, ray_address: str | None = None) -
     if name == "local":
         return LocalExecutor(workers)
     if name == "ray":
+        from .ray import RayExecutor
+
         return RayExecutor(workers, ray_address)
     raise ValueError(f"executor must be one of {EXECUTORS}, got {name!r}")
 
