@@ -9,6 +9,7 @@ function or under ``TYPE_CHECKING``; importing ``omnipack.a.b`` from outside ``o
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -306,3 +307,16 @@ def test_a_bad_import_fails(tmp_path, added, kind):
         assert not new, new
     else:
         assert kind in {key[2] for key in new} and all(key[0].startswith("omnipack.media.") for key in new), new
+
+
+def test_the_prepare_entry_points_import_no_optional_extra():
+    """Importing the CLI and the prepare pipeline loads none of the optional extras and decoders (they are
+    imported where a run uses them), which the lazy imports the layering keeps are for."""
+    extras = ("ray", "matplotlib", "transformers", "tokenizers", "av", "decord", "soundfile", "soxr", "upath", "s3fs")
+    code = (
+        "import sys\nimport omnipack.cli, omnipack.pipeline\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({extras!r})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout
