@@ -21,11 +21,11 @@ import pyarrow.parquet as pq
 
 from .alignment import pad_to_multiple
 from .manifest import ManifestError, MediaRef, RawSample
-from .media.errors import MediaError
+from .media.errors import MediaError, MediaRejected
 from .media.probe import probe
 from .media.remote import DEFAULT_REMOTE, RemoteSettings
 from .media.sources import resolve_source
-from .profiles import MediaRejected, get_profile
+from .profiles import get_profile
 from .profiles.base import MediaPlan
 from .text.chat import ChatTokenizer, EncodedSample, SampleRejected
 

@@ -19,14 +19,17 @@ from . import __version__
 from .alignment import ParallelLayout, check_seq_length
 from .dataset.meta import DATASET_CONFIG, NV_META, OMNIPACK_META
 from .dataset.shards import SHARD_CHECKSUMS
+from .executors import make_executor
 from .inputs import InputSpec, data_files, select_inputs
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .measure import MeasureConfig
-from .media.access import probe_locations
 from .media.remote import RemoteSettings
-from .media.sources import media_root_key
+from .media.sources import media_root_key, probe_locations
 from .plan import PackConfig
+from .profiles import PROFILES, get_profile
+from .profiles.checkpoint import choose_profile
+from .profiles.hf_config import placeholder_token_ids
 from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
@@ -36,6 +39,8 @@ from .stages.records import digest, read_record, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
 from .stages.write import shard_key, shard_record_path, write_shard
+from .text.chat import ChatTokenizer
+from .text.hub_cache import NotCached, resolve_model_dir
 
 __all__ = [
     "MEASURE_KEY_FILE",
@@ -130,9 +135,6 @@ class PrepareConfig:
     allow_private_hosts: list[str] = field(default_factory=list)  # "host" or "host:port" allowed anyway
 
     def __post_init__(self) -> None:
-        from .profiles.checkpoint import choose_profile
-        from .text.hub_cache import NotCached, resolve_model_dir
-
         try:  # a Hub id's cached snapshot; one not cached is reported where the tokenizer is loaded
             model_dir = resolve_model_dir(self.model or self.tokenizer)
         except NotCached:
@@ -140,8 +142,6 @@ class PrepareConfig:
         self.profile_choice, self.profile_options = choose_profile(self.profile, model_dir, self.profile_options)
         self.profile = self.profile_choice.name
         if self.mrope is None:
-            from .profiles import PROFILES
-
             family = PROFILES.get(self.profile)
             self.mrope = bool(family is not None and family.uses_mrope())
 
@@ -190,10 +190,6 @@ def input_summary(cfg: PrepareConfig) -> list[dict[str, Any]]:
 
 def build_spec(cfg: PrepareConfig) -> RunSpec:
     """The run's plain-data spec: derived stage settings, run facts, and the input's parts."""
-    from .profiles import get_profile
-    from .profiles.base import placeholder_token_ids
-    from .text.chat import ChatTokenizer
-
     align = cfg.layout.alignment
     check_seq_length(cfg.seq_length, align)
     chat = ChatTokenizer(cfg.tokenizer, get_profile(cfg.profile, **cfg.profile_options))
@@ -504,8 +500,6 @@ def run_prepare(
 def _run_stages(
     cfg: PrepareConfig, spec: RunSpec, stage: str | None, rank: int, world_size: int, reuse: bool
 ) -> dict[str, Any]:
-    from .executors import make_executor
-
     with (
         make_executor(cfg.executor, cfg.workers, cfg.ray_address)
         if stage in (None, "measure", "write")

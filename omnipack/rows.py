@@ -62,7 +62,8 @@ def assemble_row(
             nxt = int(s.mrope_position_ids.max()) + 1 if n else 0
             mrope[:, a + n : a + p] = np.arange(nxt, nxt + p - n, dtype=np.int32)
         for plan, (start, end, ph_start, n_ph), part in s.media:
-            info = {k: v for k, v in plan.to_json().items() if k not in ("kind", "num_tokens", "grid_thw")}
+            # (``truncate`` is the writer's instruction; a family records it in its own ``info`` if at all)
+            info = {k: v for k, v in plan.to_json().items() if k not in ("kind", "num_tokens", "grid_thw", "truncate")}
             media.append(
                 MediaItem(
                     kind=plan.kind,

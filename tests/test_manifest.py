@@ -5,6 +5,7 @@ import json
 import pytest
 
 from omnipack.manifest import ManifestError, read_manifest, resolve_media, validate_record
+from omnipack.media.sources import SourceRefused
 
 ASSISTANT = {"role": "assistant", "content": "ok"}
 
@@ -76,7 +77,7 @@ def test_media_paths_cannot_escape_the_root(tmp_path):
     (tmp_path / "media").mkdir()
     assert resolve_media(tmp_path / "media", "a/b.png") == (tmp_path / "media" / "a" / "b.png").resolve()
     for ref in ("../x.png", "/etc/passwd", "a/../../x.png"):
-        with pytest.raises(ManifestError, match="escapes the media root"):
+        with pytest.raises(SourceRefused, match="escapes the media root"):
             resolve_media(tmp_path / "media", ref)
 
 
@@ -134,7 +135,7 @@ def test_invalid_utf8_line_is_rejected_and_reading_goes_on(tmp_path):
     ],
 )
 def test_fast_path_never_accepts_what_the_schema_rejects(record):
-    from omnipack.manifest import _plainly_valid, _validator
+    from omnipack.inputs.records import _plainly_valid, _validator
 
     assert not _plainly_valid(record)
     assert list(_validator().iter_errors(record))
@@ -144,7 +145,7 @@ def test_fast_path_agrees_with_the_schema_on_generated_records():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from omnipack.manifest import _plainly_valid, _validator
+    from omnipack.inputs.records import _plainly_valid, _validator
 
     scalar = st.one_of(
         st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=3)

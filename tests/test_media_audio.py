@@ -8,6 +8,7 @@ on the reference audio, and every sample count must be the reference's length.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -18,7 +19,8 @@ from omnipack.demo.media import sine, write_audio, write_video
 from omnipack.loader.media import decode_payload
 from omnipack.media.errors import MediaError
 from omnipack.media.probe import materialize, probe
-from omnipack.profiles import get_profile
+from omnipack.media.storage_plan import StoragePlan
+from omnipack.profiles import MediaPlan, get_profile
 from omnipack.profiles.inputs import MediaInputOptions
 
 PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
@@ -283,6 +285,13 @@ def test_nemotron_30s_cap_stores_the_reference_prefix(tmp_path):
     assert plan.info["truncated"] and plan.num_audio_samples == 30 * RATE < len(ref)
     stored = _stored(*materialize(p, plan))
     np.testing.assert_array_equal(stored, ref[: 30 * RATE])
+    # the writer decodes by the typed storage plan alone: its truncate flag, not the family's info
+    assert plan.storage == StoragePlan("audio", sample_rate=RATE, num_audio_samples=30 * RATE, truncate=True)
+    np.testing.assert_array_equal(_stored(*materialize(p, plan.storage)), stored)
+    with pytest.raises(MediaError, match="planned with 480000"):
+        materialize(p, dataclasses.replace(plan.storage, truncate=False))
+    # the row records the cap in the family's info as before (dataset bytes unchanged), not as "truncate"
+    assert "truncate" in plan.to_json() and MediaPlan.from_json(plan.to_json()) == plan
 
 
 def test_wav_exact_counts(tmp_path):

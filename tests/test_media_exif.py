@@ -8,8 +8,7 @@ from PIL import Image
 
 from omnipack.media.image import load_image
 from omnipack.media.probe import materialize, probe
-from omnipack.profiles import get_profile
-from omnipack.profiles.base import MediaMeta
+from omnipack.profiles import MediaMeta, get_profile
 
 PROFILES = ["qwen2_5_vl", "qwen3_vl", "qwen3_omni", "nemotron_omni"]
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from omnipack.manifest import ManifestError
 from omnipack.media import sources
 from omnipack.media.errors import MediaError
 from omnipack.media.image import load_image
 from omnipack.media.probe import materialize, probe
 from omnipack.media.remote import RemoteSettings
-from omnipack.media.sources import data_uri, filesystem_for, resolve_source
+from omnipack.media.sources import SourceRefused, data_uri, filesystem_for, resolve_source
 from omnipack.profiles import get_profile
 
 from .inputs_helpers import FileServer, S3Server, StallingServer, jpeg_bytes, write_tar
@@ -51,9 +53,9 @@ def test_relative_paths_stay_in_the_root_and_symlinks_out_need_an_allowed_root(t
     (root / "in.jpg").write_bytes(jpeg_bytes(2))
     assert resolve_source("in.jpg", root).location == str((root / "in.jpg").resolve())
     for ref in ("../elsewhere/x.jpg", "/etc/passwd", f"file://{outside / 'x.jpg'}"):
-        with pytest.raises(ManifestError, match="escapes the media root"):
+        with pytest.raises(SourceRefused, match="escapes the media root"):
             resolve_source(ref, root)
-    with pytest.raises(ManifestError, match="is a symlink to .*outside the media root.*--media-allow-root"):
+    with pytest.raises(SourceRefused, match="is a symlink to .*outside the media root.*--media-allow-root"):
         resolve_source("link.jpg", root)
     allowed = resolve_source("link.jpg", root, allow_roots=[str(outside)])
     assert probe(allowed, "image").width == 84
@@ -61,9 +63,9 @@ def test_relative_paths_stay_in_the_root_and_symlinks_out_need_an_allowed_root(t
     # a file:// media root is the same folder, with the same checks
     file_root = f"file://{root}"
     assert resolve_source("in.jpg", file_root).location == str((root / "in.jpg").resolve())
-    with pytest.raises(ManifestError, match="is a symlink to .*outside the media root"):
+    with pytest.raises(SourceRefused, match="is a symlink to .*outside the media root"):
         resolve_source("link.jpg", file_root)
-    with pytest.raises(ManifestError, match="escapes the media root"):
+    with pytest.raises(SourceRefused, match="escapes the media root"):
         resolve_source("../elsewhere/x.jpg", file_root)
 
 
@@ -113,7 +115,7 @@ def test_tar_shard_members(tmp_path):
     assert probe(src, "image").height == 56
     with pytest.raises(MediaError, match="no member '002.jpg' in tar shard shards/s0.tar"):
         probe(resolve_source("shards/s0.tar#002.jpg", tmp_path), "image")
-    with pytest.raises(ManifestError, match="escapes the media root"):
+    with pytest.raises(SourceRefused, match="escapes the media root"):
         resolve_source("../s0.tar#000.jpg", tmp_path)
 
 
@@ -278,7 +280,7 @@ def test_http_video_and_a_remote_media_root(tmp_path):
         src = resolve_source("v.mp4", server.url, remote=LOOPBACK)  # relative to a URL media root
         assert src.location == f"{server.url}/v.mp4"
         assert probe(src, "video") == local
-        with pytest.raises(ManifestError, match="escapes the media root"):
+        with pytest.raises(SourceRefused, match="escapes the media root"):
             resolve_source("../v.mp4", server.url + "/sub")
 
 
@@ -339,3 +341,15 @@ def test_remote_settings_reach_urls_without_a_media_root():
         assert resolve_source("http://127.0.0.1:9/a.jpg", root, (), remote).remote == remote
         member = resolve_source("http://127.0.0.1:9/s.tar#a.jpg", root, (), remote)
         assert member.container is not None and member.container.remote == remote
+
+
+@pytest.mark.parametrize("module", ["omnipack.media.sources", "omnipack.measure", "omnipack.stages.write"])
+def test_the_embedded_scheme_is_registered_by_the_input_layer(module):
+    """media imports nothing of the input layer: ``embedded:`` is registered by ``omnipack.inputs``, and every
+    module that resolves references (measure, write) has it in a fresh (worker) process."""
+    code = f"import {module}\nfrom omnipack.media.sources import _SCHEMES\nprint(sorted(_SCHEMES))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = [] if module == "omnipack.media.sources" else ["embedded:"]
+    assert out.stdout.strip() == str(want)
+

@@ -57,7 +57,7 @@ def test_audio_in_video_missing_track(tmp_path):
     p = tmp_path / "v.mp4"
     write_video(p, n=20, fps=10)
     meta = probe(p, "video")
-    from omnipack.profiles.base import MediaRejected
+    from omnipack.profiles import MediaRejected
 
     with pytest.raises(MediaRejected, match="no audio track"):
         get_profile("qwen3_omni", use_audio_in_video=True).plan(meta)

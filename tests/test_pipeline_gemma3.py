@@ -14,8 +14,7 @@ from PIL import Image
 
 from omnipack.cli import main
 from omnipack.loader.media import decode_payload
-from omnipack.profiles import get_profile
-from omnipack.profiles.base import MediaMeta
+from omnipack.profiles import MediaMeta, get_profile
 from tests.test_profiles_gemma3 import build_gemma_model_dir
 
 pytest.importorskip("megatron.energon")

@@ -21,8 +21,7 @@ from PIL import Image
 from omnipack.demo.tokenizer import TRAINING_TEXT
 from omnipack.loader.media import decode_payload
 from omnipack.media.probe import materialize
-from omnipack.profiles import get_profile
-from omnipack.profiles.base import MediaMeta, MediaPlan, MediaRejected
+from omnipack.profiles import MediaMeta, MediaPlan, MediaRejected, get_profile
 from omnipack.profiles.gemma3 import (
     CHAT_TEMPLATE,
     PanAndScan,

@@ -8,8 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from omnipack.profiles import get_profile
-from omnipack.profiles.base import MediaMeta, MediaRejected
+from omnipack.profiles import MediaMeta, MediaRejected, get_profile
 from omnipack.profiles.nemotron_omni import parakeet_tokens, patch_grid
 from tests.hf_oracles import import_hf
 

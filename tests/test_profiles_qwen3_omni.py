@@ -7,8 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from omnipack.profiles import get_profile
-from omnipack.profiles.base import MediaMeta, MediaRejected, MediaSpan
+from omnipack.profiles import MediaMeta, MediaRejected, MediaSpan, get_profile
 from omnipack.profiles.qwen3_omni import audio_output_length, mel_frames
 
 pytest.importorskip("transformers")

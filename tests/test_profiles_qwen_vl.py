@@ -8,8 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from omnipack.profiles import get_profile
-from omnipack.profiles.base import MediaMeta, MediaRejected, MediaSpan
+from omnipack.profiles import MediaMeta, MediaRejected, MediaSpan, get_profile
 from omnipack.profiles.qwen_vl import smart_resize, smart_resize_3d
 from tests.hf_oracles import import_hf
 

@@ -219,8 +219,7 @@ def test_planner_half_imports_no_trainer_stack():
     the processor-backed profile runs the model's transformers processor by design."""
     code = (
         "import sys\n"
-        "from omnipack.profiles import available_profiles, get_profile, profile_class\n"
-        "from omnipack.profiles.base import MediaMeta\n"
+        "from omnipack.profiles import MediaMeta, available_profiles, get_profile, profile_class\n"
         "for n in available_profiles():\n"
         "    if profile_class(n).processor_backed: continue\n"
         "    p = get_profile(n)\n"

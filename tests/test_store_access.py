@@ -13,9 +13,13 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
 from omnipack.cli import main  # noqa: E402
-from omnipack.media.access import StoreAccessError, access_error, probe_locations  # noqa: E402
+from omnipack.media.access import StoreAccessError, access_error  # noqa: E402
 from omnipack.media.remote import RemoteSettings  # noqa: E402
-from omnipack.media.sources import MediaSource, with_retries  # noqa: E402
+from omnipack.media.sources import (  # noqa: E402
+    MediaSource,
+    probe_locations,
+    with_retries,
+)
 from tests.s3_server import S3Server  # noqa: E402
 from tests.stage_outputs import cli_args, demo_config  # noqa: E402
 

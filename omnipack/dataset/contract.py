@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import xxhash
 
 IGNORE_INDEX = -100
 FORMAT_VERSION = 1
@@ -140,8 +141,6 @@ DIGEST_ALGORITHM = "xxh3_64"
 
 
 def _crc(chunks: list[bytes | memoryview]) -> str:
-    import xxhash
-
     h = xxhash.xxh3_64()
     for c in chunks:
         h.update(c)

@@ -11,11 +11,13 @@ declares a CrudeWebdataset, for task encoders that cook rows themselves (omnipac
 from __future__ import annotations
 
 import json
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .location import energon_location, is_remote_dataset
 from .shards import ShardInfo
 
 NV_META = ".nv-meta"
@@ -29,8 +31,6 @@ ROW_SAMPLE = {"__module__": "omnipack.loader.energon_dataset", "__class__": "Omn
 
 def _energon_version() -> str | None:
     try:
-        from importlib.metadata import version
-
         return version("megatron-energon")
     except Exception:
         return None
@@ -76,8 +76,6 @@ def read_omnipack_meta(root: Path | str) -> dict[str, Any]:
     """A dataset's ``omnipack.json``: from a folder, or from a remote dataset (``msc://PROFILE/path``, or a store
     URL such as ``s3://bucket/prefix``; see ``location``), read through Energon's own storage client, so the
     loader needs nothing more."""
-    from .location import energon_location, is_remote_dataset
-
     where = energon_location(root)
     if is_remote_dataset(where):
         from megatron.energon.epathlib import EPath

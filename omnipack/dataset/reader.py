@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing as mp
 import os
 import queue
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import yaml
 
 from .codec import decode_row, load_npy
 from .contract import META_PART, PackedRowArrays, part_name
@@ -94,8 +96,6 @@ class Dataset:
 
 def open_dataset(root: str | Path) -> Dataset:
     """The dataset's metadata; a missing omnipack.json is an error, other gaps are listed in problems."""
-    import yaml
-
     if "://" in str(root):
         raise ValueError(
             f"{root}: verify and inspect read a local copy of the dataset (they scan every shard); download "
@@ -365,8 +365,6 @@ def map_shards(
                 results[i] = fn(job)
                 bar.advance(task)
         else:
-            import multiprocessing as mp
-
             # spawn: the parent may hold threads (the progress bar), which fork does not copy safely.
             with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
                 futures = {pool.submit(fn, job): i for i, job in enumerate(jobs)}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 KEY_RE = re.compile(r"^[^./]+$")
 TMP_SUFFIX = ".partial"  # omnipack.stages.storage.PARTIAL_SUFFIX: a rerun removes those a kill left
@@ -54,8 +55,6 @@ def file_digests(path: Path, algorithms: tuple[str, ...] = ("sha256",)) -> dict[
 def new_hasher(algorithm: str) -> Any:
     """A streaming hasher with ``update``/``hexdigest``: ``xxh3_128`` or any hashlib algorithm."""
     if algorithm == "xxh3_128":
-        import xxhash
-
         return xxhash.xxh3_128()
     return hashlib.new(algorithm)
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from .media import sine, write_audio, write_video
+
 WORDS = [
     "red",
     "blue",
@@ -51,8 +53,6 @@ DEMO_CLIPS: tuple[tuple[int, int, int, int], ...] = ((12, 6, 96, 64), (5, 5, 64,
 def _video_and_audio(
     rng: np.random.Generator, media: Path, kinds: tuple[str, ...], clips: Sequence[tuple[int, int, int, int]]
 ) -> dict[str, list[str]]:
-    from .media import sine, write_audio, write_video
-
     out: dict[str, list[str]] = {"video": [], "audio": []}
     if "video" in kinds:
         for i, (n, fps, w, h) in enumerate(clips):

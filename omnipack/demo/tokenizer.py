@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
+from ..profiles import PROFILES
+
 BASE_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # The special tokens the BPE vocabulary is trained with, in order (they take its first ids, and the merges
 # follow them): every profile's when the demo's bytes were pinned. Never reorder or remove one; tokens of
@@ -28,8 +30,6 @@ TRAINED_SPECIAL_TOKENS = [
 def special_tokens() -> list[str]:
     """The demo vocabulary's special tokens, in id order: ``TRAINED_SPECIAL_TOKENS``, then every registered
     profile's others (in registry order)."""
-    from ..profiles import PROFILES
-
     toks = list(TRAINED_SPECIAL_TOKENS)
     for cls in PROFILES.values():
         toks += [t for t in cls().special_tokens() if t not in toks]
@@ -49,8 +49,6 @@ TRAINING_TEXT = [
 
 def chat_template(profile: str = "qwen2_5_vl") -> str:
     """The demo template with media items rendered as ``profile``'s template blocks."""
-    from ..profiles import PROFILES
-
     if PROFILES[profile].chat_template is not None:  # the family's own turns (it writes its own blocks)
         return PROFILES[profile].chat_template
     blocks = PROFILES[profile].template_blocks

@@ -9,10 +9,22 @@ the input is never read far ahead of the output, so memory stays flat on large i
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from itertools import islice
 from typing import Any, TypeVar
 
+from ..progress import attach_queue
+from ..stages.storage import staging_dir
 from .base import Executor, UnitFn
 
 T = TypeVar("T")
@@ -27,15 +39,7 @@ def exit_with_parent(parent_pid: int) -> None:
     memory (a tokenizer, mapped tables: hundreds of MB each) for as long as it waits for work that never
     comes. On Linux the kernel kills it (``PR_SET_PDEATHSIG``); elsewhere, and should the signal be missed, a
     thread sees the parent gone (the worker is re-parented) within ``PARENT_POLL_S``."""
-    import os
-    import signal
-    import sys
-    import threading
-    import time
-
     if sys.platform.startswith("linux"):
-        import ctypes
-
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
@@ -79,11 +83,7 @@ def map_ordered(
     if workers <= 1:
         yield from map(make_fn(context), items)
         return
-    import multiprocessing as mp
-
     # spawn, not fork: tokenizers' thread pools and fork do not mix
-    import os
-
     initargs = (make_fn, context, os.getpid())
     with mp.get_context("spawn").Pool(workers, initializer=_init, initargs=initargs) as pool:
         it = iter(items)
@@ -98,8 +98,6 @@ def _spec_from(path: str) -> Any:
     """The spec pickled at ``path``, loaded once per worker process (not once per unit)."""
     global _SPEC
     if _SPEC is None or _SPEC[0] != path:
-        import pickle
-
         with open(path, "rb") as f:
             _SPEC = (path, pickle.load(f))
     return _SPEC[1]
@@ -113,10 +111,6 @@ def _worker_init(progress_queue: Any, parent_pid: int) -> None:
     """A pool worker leaves Ctrl-C to the parent (which stops the pool and says how to resume: a worker
     handling it too would print its own traceback), reports its progress counts to the parent, and ends
     when the parent dies."""
-    import signal
-
-    from ..progress import attach_queue
-
     exit_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     attach_queue(progress_queue)
@@ -137,8 +131,6 @@ class LocalExecutor(Executor):
 
     @staticmethod
     def _new_queue() -> Any:
-        import multiprocessing as mp
-
         return mp.get_context("spawn").Queue()
 
     def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
@@ -147,14 +139,10 @@ class LocalExecutor(Executor):
                 yield fn(spec, unit)
             return
         if self._pool is None:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-
             # spawn, not fork: tokenizers' thread pools and fork do not mix
             context = mp.get_context("spawn")
             if self.progress_queue is None:  # closed before: a new run of units
                 self.progress_queue = self._new_queue()
-            import os
 
             self._pool = ProcessPoolExecutor(
                 self.workers,
@@ -165,12 +153,6 @@ class LocalExecutor(Executor):
         # The spec (with every input part: megabytes for a large input) goes to each worker once, through a
         # file; a unit carries only its number. Pickled per unit it would cost O(units x parts). The file is
         # in this process's staging folder: if the run is killed (kill -9), the next run removes it.
-        import os
-        import pickle
-        import tempfile
-
-        from ..stages.storage import staging_dir
-
         fd, spec_path = tempfile.mkstemp(prefix="omnipack-spec-", suffix=".pkl", dir=staging_dir())
         try:
             with os.fdopen(fd, "wb") as f:

@@ -24,9 +24,10 @@ from typing import IO, Any
 
 import xxhash
 
-
-class InputError(ValueError):
-    """An input path or setting can not be used at all (not a per-record problem)."""
+from ..media.access import CREDENTIALS_HINT, StoreAccessError, access_error
+from ..media.sources import is_remote, local_location
+from .records import InputError
+from .splits import find_splits
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,6 @@ INPUT_BLOCK_BYTES = 1 << 20
 def input_path(location: str | os.PathLike) -> Any:
     """An input file or folder as a path object: a ``Path`` for a local one (``file://`` URLs included), a
     ``UPath`` (universal-pathlib over fsspec) for a URL on a store or server."""
-    from ..media.sources import is_remote, local_location
-
     if isinstance(location, Path):
         return location
     if not is_remote(location):
@@ -110,9 +109,6 @@ def cut_short(path: Any, offset: int | None, why: str, from_end: int = 0) -> Inp
 def raise_store_refusal(e: BaseException, path: Any) -> None:
     """Raise ``e`` as the store's refusal (credentials, permission) when it is one, so that reading a remote
     input is never reported as a cut-short file for it."""
-    from ..media.access import CREDENTIALS_HINT, StoreAccessError, access_error
-    from ..media.sources import is_remote
-
     if not is_remote(str(path)):  # a local file's PermissionError is the file's own
         return
     reason = access_error(e)
@@ -173,8 +169,6 @@ class Reader:
 
     def splits(self, path: Path) -> dict[str, list[Path]] | None:
         """The splits of a folder input (``{split: data files}``; ``{}`` when it names none), None for a file."""
-        from .splits import find_splits
-
         return find_splits(path, self.data_files(path)) if path.is_dir() else None
 
     def check_end(self, file: Path) -> None:

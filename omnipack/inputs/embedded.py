@@ -13,9 +13,11 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from ..media.errors import MediaError
-from ..media.sources import EMBEDDED_PREFIX
+from ..media.sources import register_scheme
+from . import arrow, parquet
 from .base import input_key, input_path
 
+EMBEDDED_PREFIX = "embedded:"
 _FEATURE_KEYS = frozenset(("bytes", "path"))
 
 
@@ -35,8 +37,6 @@ def parse_pointer(ref: str) -> tuple[str, str]:
 
 def read_embedded(file: str, pointer: str) -> bytes:
     """The bytes an ``embedded:`` pointer names, read back from its Parquet or Arrow input file."""
-    from . import arrow, parquet
-
     index_s, _, rest = pointer.partition("/")
     keys = [unquote(k) for k in rest.split("/")] if rest else []
     if not keys:
@@ -52,6 +52,10 @@ def read_embedded(file: str, pointer: str) -> bytes:
     if not isinstance(value, bytes):
         raise MediaError(f"embedded media {file}#{pointer} holds {type(value).__name__}, not bytes")
     return value
+
+
+# the media resolver reads these references back through this module (media never imports the input layer)
+register_scheme(EMBEDDED_PREFIX, parse_pointer, read_embedded)
 
 
 def replace_embedded(value: Any, file: Path, index: int, binary: bool, keys: tuple[Any, ...] = ()) -> Any:

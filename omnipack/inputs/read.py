@@ -1,7 +1,7 @@
 """Input paths -> omnipack samples: pick the reader per path, read records in order (or a record range, so a
 run can split its input into parts), map fields, turn media bytes into references, apply the layout.
 
-Every record comes back as exactly one :class:`~omnipack.manifest.RawSample`, an unusable one with its reason,
+Every record comes back as exactly one :class:`~omnipack.inputs.records.RawSample`, an unusable one with its reason,
 so ``input records = packed + rejected`` holds per input file."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from ..media.errors import MediaError
-from ..media.sources import EMBEDDED_PREFIX
 from .base import (
     ALIASES,
     LAYOUTS,
@@ -26,9 +25,10 @@ from .base import (
     input_key,
     input_path,
 )
-from .embedded import parse_pointer, replace_embedded
+from .embedded import EMBEDDED_PREFIX, parse_pointer, replace_embedded
 from .jsonl import DEFAULT_MAX_RECORD_BYTES
 from .markers import ROLES, ConvertError
+from .records import ManifestError, RawSample, validate_record
 from .splits import SplitChoice, choose_split
 from .tool_use import normalize_tool_use
 
@@ -161,8 +161,6 @@ def _rename_turn(turn: dict[str, Any], turn_keys: Mapping[str, str], roles: Mapp
 def to_sample_record(rec: Any, spec: InputSpec) -> dict[str, Any]:
     """A raw record (media bytes already replaced by references) as an omnipack record; raises
     ``ManifestError`` with the reason when it has no usable shape."""
-    from ..manifest import ManifestError
-
     if not isinstance(rec, dict):
         raise ManifestError(f"record is a {type(rec).__name__}, not an object")
     if spec.fields or spec.roles:
@@ -203,12 +201,10 @@ def read_samples(
     stop: int | None = None,
     start_index: int = 0,
     ledger: list[dict[str, Any]] | None = None,
-) -> Iterator[Any]:
+) -> Iterator[RawSample]:
     """RawSamples of input records ``[start, stop)`` (positions over all files in order), indexed from
     ``start_index + start``. Invalid records come back with ``error`` set (never dropped). ``ledger``, when
     given, gets ``{"file", "path", "first_index", "records"}`` per data file read, for per-file accounting."""
-    from ..manifest import ManifestError, RawSample, validate_record
-
     spec = spec or InputSpec()
     offset = 0  # position of the current file's first record over all files
     seen: set[str] = set()
@@ -235,8 +231,7 @@ def read_samples(
         for src in reader.records(df.path, df.label, lo, hi, spec.max_record_bytes):
             last = src.record_index
             entry["records"] += 1
-            yield _sample(src, df, reader, spec, start_index + offset + src.record_index, seen,
-                          RawSample, ManifestError, validate_record)  # fmt: skip
+            yield _sample(src, df, reader, spec, start_index + offset + src.record_index, seen)
         offset += n if n is not None else last + 1  # not counted: read from its first record on
 
 
@@ -252,20 +247,19 @@ def split_parts(paths: list[str | Path], spec: InputSpec, part_records: int) -> 
     return parts
 
 
-def read_part(part: InputPart, spec: InputSpec) -> Iterator[Any]:
+def read_part(part: InputPart, spec: InputSpec) -> Iterator[RawSample]:
     """RawSamples of one part, indexed from 0 within the part; duplicate ids are found within the part (the
     pack stage finds those across parts)."""
-    from ..manifest import ManifestError, RawSample, validate_record
-
     reader = READERS[part.format]
     df = DataFile(input_path(part.path), part.file_label)
     seen: set[str] = set()
     for k, src in enumerate(reader.part_records(part, spec.max_record_bytes)):
-        yield _sample(src, df, reader, spec, k, seen, RawSample, ManifestError, validate_record)
+        yield _sample(src, df, reader, spec, k, seen)
 
 
-def _sample(src: SourceRecord, df: DataFile, reader: Reader, spec: InputSpec, index: int, seen: set[str],
-            RawSample: Any, ManifestError: Any, validate_record: Any) -> Any:  # fmt: skip
+def _sample(
+    src: SourceRecord, df: DataFile, reader: Reader, spec: InputSpec, index: int, seen: set[str]
+) -> RawSample:
     default_id = src.where  # the stable id of a record without one: file:line (JSONL) or file#record
     common = {"source_file": df.label, "record_index": src.record_index, "size": src.size}
     if src.error is not None:
@@ -281,7 +275,7 @@ def _sample(src: SourceRecord, df: DataFile, reader: Reader, spec: InputSpec, in
         sid = str(rec["id"]) if isinstance(rec["id"], str | int) else default_id
         validate_record(rec)
         sample = RawSample(index, sid, src.where, rec, **common)
-        _check_embedded_refs(sample, df.path, ManifestError)
+        _check_embedded_refs(sample, df.path)
         if sid in seen:
             raise ManifestError(f"duplicate sample id {sid!r}")
         seen.add(sid)
@@ -290,7 +284,7 @@ def _sample(src: SourceRecord, df: DataFile, reader: Reader, spec: InputSpec, in
         return RawSample(index, sid, src.where, None, str(e), **common)
 
 
-def _check_embedded_refs(sample: Any, data_file: Path, error: Any) -> None:
+def _check_embedded_refs(sample: RawSample, data_file: Path) -> None:
     """``embedded:`` references are the pointers a Parquet/Arrow reader writes into its own records; one
     that names another file was written in the input, and would read any local table past the media root's
     checks."""
@@ -302,9 +296,9 @@ def _check_embedded_refs(sample: Any, data_file: Path, error: Any) -> None:
         try:
             file, _ = parse_pointer(ref.path)
         except MediaError as e:
-            raise error(str(e)) from None
+            raise ManifestError(str(e)) from None
         if file != own:
-            raise error(
+            raise ManifestError(
                 f"media reference {ref.path[:120]!r}: `embedded:` references are omnipack's pointers to bytes "
                 "inside the record's own Parquet/Arrow input and may not be written in a record"
             )

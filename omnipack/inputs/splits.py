@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import InputError
+from .records import InputError
 
 DEFAULT_SPLIT = "train"
 # canonical split -> the keywords that name it in file and folder names, in the Hub's order

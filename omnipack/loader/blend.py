@@ -19,6 +19,7 @@ from typing import Any
 from ..dataset.location import energon_location, is_remote_dataset
 from ..dataset.meta import read_omnipack_meta
 from .compat import DatasetAlignmentError, check_dataset_alignment
+from .task_encoder import OmnipackTaskEncoder
 
 # The encoder options that describe the trainer's parallel layout (``OmnipackTaskEncoder.from_dataset``).
 LAYOUT_DEFAULTS: dict[str, Any] = {"tp": 1, "cp": 1, "sequence_parallel": False, "fp8": "none"}
@@ -177,8 +178,6 @@ def task_encoder_for(path: str | Path, *, split_part: str = "train", **encoder_o
     sequence_parallel, fp8); the encoder is configured from the first leaf, and its per-row contract check
     uses the alignment all leaves satisfy.
     """
-    from .task_encoder import OmnipackTaskEncoder
-
     leaves = dataset_leaves(path, split_part)
     layout = {k: encoder_options.get(k, v) for k, v in LAYOUT_DEFAULTS.items()}
     align = check_leaves(leaves, **layout)

@@ -21,10 +21,14 @@ from megatron.energon.errors import FatalSampleError
 
 from ..alignment import pad_to_multiple
 from ..dataset.contract import PackedRowArrays, row_contract_errors
-from ..profiles.base import ModelProfile, dataset_placeholder_ids
+from ..dataset.meta import read_omnipack_meta
+from ..profiles import get_encoder_inputs
+from ..profiles.base import ModelProfile
+from ..profiles.hf_config import dataset_placeholder_ids
 from ..profiles.inputs import EncoderInputs, MediaInputOptions, storage_view
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
 from .buffer_pool import ALIGN, BufferLease, batch_storage, unpin_small, worker_pool
+from .compat import check_dataset_alignment
 from .context_parallel import cp_partition_indices, slice_batch_for_cp
 from .media import (
     MediaMismatchError,
@@ -303,10 +307,6 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         ``check_rows``: the per-row contract check; ``reuse_buffers``: workers reuse shared memory (see the
         class).
         """
-        from ..dataset.meta import read_omnipack_meta
-        from ..profiles import get_encoder_inputs
-        from .compat import check_dataset_alignment
-
         meta = read_omnipack_meta(path)  # a folder, or msc://PROFILE/path as Energon opens it
         check_dataset_alignment(
             int(meta["align"]),

@@ -1,12 +1,11 @@
 """Authentication and permission failures of stores (S3 and other fsspec filesystems).
 
 They are told apart from transient failures so that nothing retries them (a missing credential stays missing),
-and a run probes every remote location it will use before any work (``probe_locations``): a run without
-credentials, with unknown keys or without permission stops at once with one line naming the location."""
+and a run probes every remote location it will use before any work (``sources.probe_locations``): a run
+without credentials, with unknown keys or without permission stops at once with one line naming the location."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 from .errors import MediaError
@@ -76,23 +75,3 @@ def access_error(e: BaseException) -> str | None:
     if any(isinstance(x, PermissionError) for x in chain):
         return f"access refused ({type(e).__name__}: {e})"
     return None
-
-
-def probe_locations(locations: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
-    """One cheap request (``info``: a HEAD, then a one-key listing) to each remote location, as ``(what it is,
-    location)`` pairs; local and unset locations are skipped. Raises ``StoreAccessError`` naming the first
-    location whose store refuses this run's credentials; any other outcome (a missing prefix included) is
-    left to the run."""
-    from .sources import filesystem_for, is_remote
-
-    for what, location in locations:
-        if location is None or not is_remote(location):
-            continue
-        url = str(location)
-        try:
-            fs, path = filesystem_for(url)
-            fs.info(path.rstrip("/"))
-        except Exception as e:  # noqa: BLE001 - only an access failure stops the run here
-            reason = access_error(e)
-            if reason is not None:
-                raise StoreAccessError(f"{what} {url}: {reason}; {CREDENTIALS_HINT}") from None

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..profiles.base import INT16_SCALE, MediaMeta
-from ..profiles.base import resampled_length as _resampled_length
-from .errors import MediaError
+from .audio_storage import INT16_SCALE
+from .errors import MediaError, MediaRejected
+from .meta import MediaMeta
 
 AUDIO_RATE = 16000  # every supported profile's encoder consumes 16 kHz mono
 AUDIO_ENCODING = "npy"  # mono [N] .npy: int16 when that is exact, else float32 (see storage_array)
@@ -53,10 +53,27 @@ _READ_BLOCK = 1 << 16
 
 
 def resampled_length(num_samples: int, src_rate: int, dst_rate: int = AUDIO_RATE) -> int:
-    """Samples after resampling a whole clip (see :func:`omnipack.profiles.base.resampled_length`)."""
+    """Samples after resampling a whole clip: ``ceil(n * (dst / src))`` in float64, exactly as
+    ``librosa.resample(fix=True)`` computes it (the reference loader's length).
+
+    The stored waveform has exactly this many samples, so it also defines token counts.
+    """
     if src_rate <= 0:
         raise MediaError(f"audio sample rate is {src_rate}")
-    return _resampled_length(num_samples, src_rate, dst_rate)
+    if src_rate == dst_rate:
+        return num_samples
+    return int(np.ceil(num_samples * (float(dst_rate) / src_rate)))
+
+
+def audio_samples_at(meta: MediaMeta, rate: int) -> int:
+    """The probed clip's sample count after resampling to ``rate``; rejects unusable audio."""
+    if not meta.sample_rate:
+        raise MediaRejected("audio sample rate unknown or zero")
+    if not meta.num_samples or meta.num_samples <= 0:
+        raise MediaRejected("zero-length audio")
+    if meta.sample_rate < 0:
+        raise MediaRejected(f"audio sample rate is {meta.sample_rate}")
+    return resampled_length(meta.num_samples, meta.sample_rate, rate)
 
 
 # ---- decoders: soundfile (the reference's own) and FFmpeg via PyAV (containers libsndfile cannot read) ----

@@ -10,8 +10,8 @@ from typing import IO
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..profiles.base import MediaMeta
 from .errors import MediaError
+from .meta import MediaMeta
 
 # Resampling the model's image processor uses (Qwen: bicubic); the trainer never resizes again.
 RESAMPLE = Image.Resampling.BICUBIC

@@ -12,9 +12,13 @@ import io
 import os
 from typing import IO
 
-from ..profiles.base import MediaMeta, MediaPlan
+from .audio import AUDIO_RATE, encode_audio, load_audio, probe_audio
 from .errors import MediaError
+from .image import encode_image, load_image, probe_image
+from .meta import MediaMeta
 from .sources import MediaSource, as_source
+from .storage_plan import HasStoragePlan, StoragePlan, storage_of
+from .video import materialize_video, probe_video
 
 SourceLike = MediaSource | str | os.PathLike | bytes | IO[bytes]
 
@@ -35,8 +39,6 @@ def probe(source: SourceLike, kind: str) -> MediaMeta:
     src = as_source(source)
     _check_present(src, kind)
     if kind == "image":
-        from .image import probe_image
-
         with src.open() as f:
             return probe_image(f)
     if kind not in ("video", "audio"):
@@ -45,18 +47,19 @@ def probe(source: SourceLike, kind: str) -> MediaMeta:
         if path.stat().st_size == 0:
             raise MediaError(f"empty {kind} file")
         if kind == "video":
-            from .video import probe_video
-
             return probe_video(path)
-        from .audio import probe_audio
-
         return probe_audio(path)
 
 
 def materialize(
-    source: SourceLike, plan: MediaPlan, *, image_encoding: str = "npy", compress_video: bool = False
+    source: SourceLike,
+    plan: StoragePlan | HasStoragePlan,
+    *,
+    image_encoding: str = "npy",
+    compress_video: bool = False,
 ) -> tuple[str, bytes]:
-    """Decode ``source`` exactly as ``plan`` says and return (extension, bytes) for the shard.
+    """Decode ``source`` exactly as ``plan`` (a :class:`StoragePlan`, or a profile's plan carrying one) says
+    and return (extension, bytes) for the shard.
 
     image: npy (default) or png uint8 RGB [H,W,3] (npy [V,H,W,3] when the plan has ``image_views``); video: npz (stored by default, deflated with ``compress_video``)
     with ``frames`` uint8 [T,H,W,3] (plus ``audio`` when the plan interleaves the video's own audio);
@@ -64,22 +67,17 @@ def materialize(
     (``omnipack.media.audio.storage_array``).
     """
     src = as_source(source)
+    plan = storage_of(plan)
     if plan.kind == "image":
-        from .image import encode_image, load_image
-
         # the whole object is decoded: fetched in one (retried) read rather than in probe-sized ranges
         with src.open() if src.kind == "file" else io.BytesIO(src.read_bytes()) as f:
             pixels = load_image(f, plan.target_hw, views=plan.image_views, resample=plan.resample)
         # png holds one picture: views are always npy
         return encode_image(pixels, image_encoding if pixels.ndim == 3 else "npy")
     if plan.kind == "video":
-        from .video import materialize_video
-
         with src.local_path() as path:
             return materialize_video(path, plan, compress=compress_video)
     if plan.kind == "audio":
-        from .audio import AUDIO_RATE, encode_audio, load_audio
-
         if not plan.num_audio_samples:
             raise MediaError("audio plan has no sample count")
         with src.local_path() as path:
@@ -87,7 +85,7 @@ def materialize(
                 path,
                 plan.num_audio_samples,
                 plan.sample_rate or AUDIO_RATE,
-                truncate=bool(plan.info.get("truncated")),  # a profile's length cap (Nemotron's 30 s)
+                truncate=plan.truncate,  # a profile's length cap (Nemotron's 30 s)
             )
         return encode_audio(wave)
     raise MediaError(f"unsupported media kind {plan.kind!r}")

@@ -13,7 +13,9 @@ A reference (the string in a record's ``image``/``video``/``audio`` part) is one
   the input readers turn into such data URIs, or into ``embedded:`` pointers for binary Parquet/Arrow columns);
 - ``shards/part-000.tar#000123.jpg``: the member ``000123.jpg`` of a (webdataset) tar shard, the shard being
   any of the above path or URL forms; the shard's header index is read once per process and the member is
-  read with one ranged read.
+  read with one ranged read;
+- ``<scheme>:...``: a scheme another layer registers with :func:`register_scheme` (the input readers'
+  ``embedded:`` pointers to bytes inside a Parquet/Arrow input), read back by that layer's reader.
 
 :func:`resolve_source` gives a :class:`MediaSource`; the measure stage probes it and the write stage resolves
 the same reference again to materialise it. Remote opens and fetches retry with exponential backoff within
@@ -34,13 +36,13 @@ import tarfile
 import tempfile
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
-from .access import StoreAccessError, access_error, error_chain
+from .access import CREDENTIALS_HINT, StoreAccessError, access_error, error_chain
 from .errors import MediaError
 from .remote import (
     DEFAULT_REMOTE,
@@ -54,7 +56,6 @@ from .remote import (
 ALLOW_ROOT_OPTION = "--media-allow-root"
 URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 TAR_MEMBER_RE = re.compile(r"^(?P<shard>.+?\.tar)#(?P<member>[^#]+)$")
-EMBEDDED_PREFIX = "embedded:"
 
 # Remote fetches: attempts and the first backoff delay (doubled after each failure).
 FETCH_ATTEMPTS = 4
@@ -67,7 +68,27 @@ T = TypeVar("T")
 
 
 class SourceRefused(MediaError):
-    """A reference points where the run may not read (outside the media root and the allowed roots)."""
+    """A reference points where the run may not read (outside the media root and the allowed roots), or is
+    relative with no media root to resolve it against."""
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """A reference form another layer owns: ``parse(ref)`` gives (location, member) without touching storage,
+    ``read(location, member)`` the bytes."""
+
+    prefix: str
+    parse: Callable[[str], tuple[str, str]]
+    read: Callable[[str, str], bytes]
+
+
+_SCHEMES: dict[str, Scheme] = {}
+
+
+def register_scheme(prefix: str, parse: Callable[[str], tuple[str, str]], read: Callable[[str, str], bytes]) -> None:
+    """Resolve references starting with ``prefix`` (e.g. ``"embedded:"``) by ``parse`` and read them by
+    ``read``; their sources have ``kind == prefix`` without the colon."""
+    _SCHEMES[prefix] = Scheme(prefix, parse, read)
 
 
 def is_url(ref: str) -> bool:
@@ -182,8 +203,8 @@ class MediaSource:
     """One media object: a local file, a URL, inline bytes, a tar member, or bytes inside an input record."""
 
     ref: str  # the reference as the record wrote it (for reasons)
-    kind: str  # "file" | "url" | "bytes" | "tar" | "embedded"
-    location: str = ""  # file path or URL (of the shard, for "tar"; of the input file, for "embedded")
+    kind: str  # "file" | "url" | "bytes" | "tar", or a registered scheme's name ("embedded")
+    location: str = ""  # file path or URL (of the shard, for "tar"; what a registered scheme parsed)
     member: str = ""  # tar member name, or the pointer inside an input record
     data: bytes | None = None  # inline bytes ("bytes")
     container: MediaSource | None = None  # the tar shard ("tar")
@@ -258,10 +279,9 @@ class MediaSource:
             assert self.container is not None
             offset, size = _tar_member(self.container, self.member)
             return _read_range(self.container, offset, size)
-        if self.kind == "embedded":
-            from ..inputs.embedded import read_embedded
-
-            return read_embedded(self.location, self.member)
+        scheme = _SCHEMES.get(f"{self.kind}:")
+        if scheme is not None:
+            return scheme.read(self.location, self.member)
         raise MediaError(f"unknown media source kind {self.kind!r}")
 
     @contextlib.contextmanager
@@ -377,18 +397,16 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
 def _local_source(ref: str, path: Path, root: Path, allow_roots: Sequence[str]) -> MediaSource:
     """``path`` (already joined to the root) if it stays inside the root or an allowed root, lexically and
     after following symlinks."""
-    from ..manifest import ManifestError
-
     extra = [Path(os.path.normpath(Path(a).absolute())) for a in allow_roots]
     lexical_roots = [Path(os.path.normpath(root.absolute())), *extra]
     lexical = Path(os.path.normpath(path.absolute()))
     if not _inside(lexical, lexical_roots):
-        raise ManifestError(
+        raise SourceRefused(
             f"media path escapes the media root: {ref!r} (allow another folder with {ALLOW_ROOT_OPTION})"
         )
     real = lexical.resolve()
     if not _inside(real, [root.resolve(), *(Path(a).resolve() for a in allow_roots)]):
-        raise ManifestError(
+        raise SourceRefused(
             f"media path {ref!r} is a symlink to {real}, outside the media root; "
             f"allow that folder with {ALLOW_ROOT_OPTION}"
         )
@@ -404,17 +422,15 @@ def resolve_source(
     """The :class:`MediaSource` a record's media reference names (see the module docstring for the forms);
     ``remote`` says how a URL is fetched (by default: private addresses refused).
 
-    Raises ``ManifestError`` for a reference that leaves the media root (or is relative when there is no media
-    root), ``MediaError`` for one that can not be used at all; neither touches the storage (probing does)."""
-    from ..manifest import ManifestError
-
+    Raises :class:`SourceRefused` for a reference that leaves the media root (or is relative when there is no
+    media root), ``MediaError`` for one that can not be used at all; neither touches the storage (probing
+    does)."""
     if ref.startswith("data:"):
         return MediaSource(ref[:40] + ("..." if len(ref) > 40 else ""), "bytes", data=decode_data_uri(ref))
-    if ref.startswith(EMBEDDED_PREFIX):
-        from ..inputs.embedded import parse_pointer
-
-        file, pointer = parse_pointer(ref)
-        return MediaSource(ref, "embedded", file, pointer)
+    for scheme in _SCHEMES.values():
+        if ref.startswith(scheme.prefix):
+            location, member = scheme.parse(ref)
+            return MediaSource(ref, scheme.prefix.rstrip(":"), location, member)
     tar = TAR_MEMBER_RE.match(ref)
     if tar:
         shard = resolve_source(tar["shard"], media_root, allow_roots, remote)
@@ -424,9 +440,9 @@ def resolve_source(
             return MediaSource(ref, "url", ref, remote=remote)
         local = Path(local_location(ref))
         if not local.is_absolute():
-            raise ManifestError(f"relative media path {ref!r} needs --media-root (none given)")
+            raise SourceRefused(f"relative media path {ref!r} needs --media-root (none given)")
         if not allow_roots:
-            raise ManifestError(f"local media file {ref!r} needs --media-root or {ALLOW_ROOT_OPTION}")
+            raise SourceRefused(f"local media file {ref!r} needs --media-root or {ALLOW_ROOT_OPTION}")
         return _local_source(ref, local, Path(allow_roots[0]), allow_roots)
     root = local_location(media_root)  # a file:// root is a folder: its symlink checks apply
     if is_url(ref):
@@ -436,7 +452,7 @@ def resolve_source(
     if is_remote(root):  # a remote media root: join, refusing paths that climb out of it
         joined = posixpath.normpath(posixpath.join("/", ref)).lstrip("/")
         if ref.startswith("/") or joined.startswith("..") or posixpath.normpath(ref).startswith(".."):
-            raise ManifestError(f"media path escapes the media root: {ref!r}")
+            raise SourceRefused(f"media path escapes the media root: {ref!r}")
         return MediaSource(ref, "url", root.rstrip("/") + "/" + joined, remote=remote)
     return _local_source(ref, Path(root) / ref, Path(root), allow_roots)
 
@@ -453,3 +469,21 @@ def as_source(obj: MediaSource | str | os.PathLike | bytes | IO[bytes]) -> Media
         obj.seek(0)
         return MediaSource("<file>", "bytes", data=obj.read())
     raise TypeError(f"not a media source: {type(obj).__name__}")
+
+
+def probe_locations(locations: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
+    """One cheap request (``info``: a HEAD, then a one-key listing) to each remote location, as ``(what it is,
+    location)`` pairs; local and unset locations are skipped. Raises ``StoreAccessError`` naming the first
+    location whose store refuses this run's credentials; any other outcome (a missing prefix included) is
+    left to the run."""
+    for what, location in locations:
+        if location is None or not is_remote(location):
+            continue
+        url = str(location)
+        try:
+            fs, path = filesystem_for(url)
+            fs.info(path.rstrip("/"))
+        except Exception as e:  # noqa: BLE001 - only an access failure stops the run here
+            reason = access_error(e)
+            if reason is not None:
+                raise StoreAccessError(f"{what} {url}: {reason}; {CREDENTIALS_HINT}") from None

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..profiles.base import MediaMeta, MediaPlan
 from .audio import (
     AUDIO_RATE,
     has_audio_track,
@@ -31,6 +30,8 @@ from .audio import (
     storage_array,
 )
 from .errors import MediaError
+from .meta import MediaMeta
+from .storage_plan import StoragePlan
 
 VIDEO_ENCODING = "npz"
 RESAMPLE = Image.Resampling.BICUBIC  # as for images; the trainer never resizes again
@@ -154,13 +155,13 @@ def encode_video(
     return VIDEO_ENCODING, buf.getvalue()
 
 
-def materialize_video(path: Path, plan: MediaPlan, *, compress: bool = True) -> tuple[str, bytes]:
+def materialize_video(path: Path, plan: StoragePlan, *, compress: bool = True) -> tuple[str, bytes]:
     """Frames (and, when the plan interleaves it, the video's own audio track) as the model consumes them."""
     if plan.frame_indices is None:
         raise MediaError("video plan has no frame indices")
     frames = load_frames(path, plan.frame_indices, plan.target_hw)
     audio = None
-    if plan.audio_num_tokens and plan.num_audio_samples:
+    if plan.num_audio_samples:
         if not has_audio_track(path):
             raise MediaError("use_audio_in_video requested but the video has no audio track")
         audio = load_audio(path, plan.num_audio_samples, plan.sample_rate or AUDIO_RATE, container=True)

@@ -14,7 +14,9 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .base import MediaMeta, MediaPlan, MediaRejected, MediaSpan, ModelProfile, Segment
+from ..media.errors import MediaRejected
+from ..media.meta import MediaMeta
+from .base import MediaPlan, MediaSpan, ModelProfile, Segment
 from .inputs import EncoderInputs
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")

@@ -16,46 +16,16 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-import numpy as np
-
+from ..media.audio_storage import STORED_AUDIO_DTYPES  # noqa: F401  (tools/verify.py's import, until it moves)
+from ..media.errors import MediaRejected
+from ..media.meta import MediaMeta
+from ..media.storage_plan import StoragePlan
 from ..packing.cost import CostModel, TransformerShape, build_cost_model
-
-if TYPE_CHECKING:
-    from .inputs import EncoderInputs
-
-MEDIA_KINDS = ("image", "video", "audio")
-
-
-class MediaRejected(ValueError):
-    """The media item cannot be used with this profile; the message is the reject reason."""
-
-
-@dataclass(frozen=True)
-class MediaMeta:
-    """Cheaply probed facts about one media file (no full decode)."""
-
-    kind: str
-    width: int | None = None
-    height: int | None = None
-    num_frames: int | None = None  # video
-    fps: float | None = None  # video
-    num_samples: int | None = None  # audio, at ``sample_rate``
-    sample_rate: int | None = None  # audio
-    has_audio: bool = False  # video with an audio track
-    audio_num_samples: int | None = None  # the video's audio track, at the profile's rate
-
-    @property
-    def duration(self) -> float | None:
-        if self.kind == "audio" and self.num_samples is not None and self.sample_rate:
-            return self.num_samples / self.sample_rate
-        if self.kind == "video" and self.num_frames is not None and self.fps:
-            return self.num_frames / self.fps
-        return None
+from .hf_config import dataset_placeholder_ids  # noqa: F401  (tools/verify.py's import, until it moves)
+from .inputs import EncoderInputs
 
 
 @dataclass(frozen=True)
@@ -84,9 +54,26 @@ class MediaPlan:
     image_views: tuple[tuple[int, int, int, int], ...] | None = None
     # The resize filter, a PIL resampling name ("bilinear", ...); None: ``omnipack.media.image.RESAMPLE``.
     resample: str | None = None
+    # Audio longer than ``num_audio_samples`` is cut to it (a profile's length cap, e.g. Nemotron's 30 s).
+    truncate: bool = False
 
     # Optional storage fields, left out of the JSON when unset (plans without them record what they did).
-    _OPTIONAL: ClassVar[tuple[str, ...]] = ("image_views", "resample")
+    _OPTIONAL: ClassVar[dict[str, Any]] = {"image_views": None, "resample": None, "truncate": False}
+
+    @property
+    def storage(self) -> StoragePlan:
+        """What the writer decodes and stores for this item (the media decoders' typed input)."""
+        return StoragePlan(
+            kind=self.kind,
+            target_hw=self.target_hw,
+            frame_indices=self.frame_indices,
+            sample_rate=self.sample_rate,
+            # a video stores its own audio track only when its block interleaves that audio
+            num_audio_samples=self.num_audio_samples if self.kind != "video" or self.audio_num_tokens else None,
+            image_views=self.image_views,
+            resample=self.resample,
+            truncate=self.truncate,
+        )
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -95,7 +82,7 @@ class MediaPlan:
         return {
             k: (list(v) if isinstance(v, tuple) else v)
             for k, v in d.items()
-            if not (k in self._OPTIONAL and v is None)
+            if not (k in self._OPTIONAL and v == self._OPTIONAL[k])
         }
 
     @classmethod
@@ -269,102 +256,3 @@ class ModelProfile(ABC):
     def cost_model(self, overrides: dict[str, Any] | None = None) -> CostModel:
         """The profile's cost model with a config's ``cost`` overrides applied."""
         return build_cost_model(self.cost_shapes(), overrides)
-
-
-def dataset_placeholder_ids(
-    meta: Mapping[str, Any], profile: ModelProfile | EncoderInputs, tokenizer_path: str | None = None
-) -> tuple[dict[str, list[int]] | None, str]:
-    """A dataset's placeholder token ids per kind and where they came from: recorded in omnipack.json,
-    else (or when ``tokenizer_path`` is given) from the tokenizer; None when neither is available."""
-    tok = meta.get("tokenizer") or {}
-    if tok.get("placeholder_token_ids") and tokenizer_path is None:
-        return {k: [int(i) for i in v] for k, v in tok["placeholder_token_ids"].items()}, "omnipack.json"
-    path = tokenizer_path or tok.get("path")
-    if not path or not Path(path).exists():
-        return None, f"not recorded in omnipack.json and no tokenizer at {path!r}"
-    from transformers import AutoTokenizer
-
-    return placeholder_token_ids(profile, AutoTokenizer.from_pretrained(path)), f"tokenizer {path}"
-
-
-def placeholder_token_ids(profile: ModelProfile | EncoderInputs, tokenizer: Any) -> dict[str, list[int]]:
-    """{kind: token ids} of ``profile.placeholder_tokens`` under an HF ``tokenizer``."""
-    out = {}
-    for kind, toks in profile.placeholder_tokens.items():
-        ids = [tokenizer.convert_tokens_to_ids(t) for t in toks]
-        if any(i is None or i == tokenizer.unk_token_id for i in ids):
-            raise ValueError(f"tokenizer lacks a {kind} placeholder token of {toks}")
-        out[kind] = [int(i) for i in ids]
-    return out
-
-
-# How audio payloads are loaded and stored (``omnipack.media.audio``); recorded in profile settings so a
-# dataset says which rule its audio follows (datasets without it stored int16 scaled by 32767).
-AUDIO_LOADING = (
-    "librosa.load reference: soundfile decode (FFmpeg via PyAV where libsndfile cannot read), float32 channel "
-    "mean, soxr_hq, decoded length; stored int16 k (= k / 32768) when exact, else float32"
-)
-INT16_SCALE = 32768.0  # libsndfile's int16 <-> float scale: the writer's and the reader's, both ways
-# The dtypes an audio payload may have (int16 where that is exact, else float32).
-STORED_AUDIO_DTYPES = (np.dtype(np.int16), np.dtype(np.float32))
-
-
-def audio_samples_at(meta: MediaMeta, rate: int) -> int:
-    """The probed clip's sample count after resampling to ``rate``; rejects unusable audio."""
-    if not meta.sample_rate:
-        raise MediaRejected("audio sample rate unknown or zero")
-    if not meta.num_samples or meta.num_samples <= 0:
-        raise MediaRejected("zero-length audio")
-    return resampled_length(meta.num_samples, meta.sample_rate, rate)
-
-
-def resampled_length(num_samples: int, src_rate: int, dst_rate: int) -> int:
-    """Samples after resampling a whole clip: ``ceil(n * (dst / src))`` in float64, exactly as
-    ``librosa.resample(fix=True)`` computes it (the reference loader's length).
-
-    The stored waveform has exactly this many samples, so it also defines token counts.
-    """
-    if src_rate <= 0:
-        raise MediaRejected(f"audio sample rate is {src_rate}")
-    if src_rate == dst_rate:
-        return num_samples
-    return int(np.ceil(num_samples * (float(dst_rate) / src_rate)))
-
-
-# Where transformers (5.x) finds a model folder's processor settings of each kind, in its order: the section of
-# ``processor_config.json`` (what ``save_pretrained`` writes since 5.0), else the kind's own file. (A video
-# processor without either would fall back to the image file; omnipack keeps the profile's video defaults then.)
-PROCESSOR_CONFIG = "processor_config.json"
-PROCESSOR_CONFIG_FILES = {
-    "image": ("image_processor", "preprocessor_config.json"),
-    "video": ("video_processor", "video_preprocessor_config.json"),
-    "audio": ("feature_extractor", "preprocessor_config.json"),
-}
-
-
-def processor_config_source(folder: str | Path, kind: str = "image") -> tuple[Path, str | None] | None:
-    """Where a model folder keeps its ``kind`` processor settings: (``processor_config.json``, its section),
-    (the kind's own json file, None), or None."""
-    section, name = PROCESSOR_CONFIG_FILES[kind]
-    nested = Path(folder) / PROCESSOR_CONFIG
-    if nested.is_file() and isinstance(json.loads(nested.read_text()).get(section), dict):
-        return nested, section
-    own = Path(folder) / name
-    return (own, None) if own.is_file() else None
-
-
-def read_preprocessor_config(path: str | Path | None, kind: str = "image") -> dict[str, Any]:
-    """A local preprocessor config: a json file, or a model folder's ``kind`` settings read where transformers
-    reads them (``processor_config_source``); {} when there are none."""
-    if path is None:
-        return {}
-    p = Path(path)
-    if p.is_dir():
-        found = processor_config_source(p, kind)
-        if found is None:
-            return {}
-        data = json.loads(found[0].read_text())
-        return data[found[1]] if found[1] else data
-    if not p.exists():
-        return {}
-    return json.loads(p.read_text())

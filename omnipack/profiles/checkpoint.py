@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import PROCESSOR_CONFIG_FILES, ModelProfile, processor_config_source
+from . import available_profiles, model_type_families, profile_class
+from .base import ModelProfile
+from .hf_config import PROCESSOR_CONFIG_FILES, processor_config_source
 
 DEFAULT_PROFILE = "qwen2_5_vl"
 # The processor-backed profile: the model's own processor decides (for a model type without a native family).
@@ -110,8 +112,6 @@ def choose_profile(
     ``options``: the profile options given (they win over the folder's). Raises ``ValueError`` with one line
     when the explicit profile disagrees with the checkpoint.
     """
-    from . import model_type_families, profile_class
-
     folder = Path(model_dir) if model_dir is not None and Path(model_dir).is_dir() else None
     checkpoint = Checkpoint.read(folder) if folder is not None else None
     opts = dict(options)
@@ -190,8 +190,6 @@ def _settings_file(path: str | Path, kind: str) -> str:
 
 def native_families_line() -> str:
     """The native families and the model types each serves, for messages."""
-    from . import available_profiles, profile_class
-
     return ", ".join(
         f"{name} ({', '.join(profile_class(name).model_types)})"
         for name in available_profiles()

@@ -33,8 +33,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..media.errors import MediaRejected
+from ..media.meta import MediaMeta
 from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops
-from .base import MediaMeta, MediaPlan, MediaRejected, ModelProfile, Segment, read_preprocessor_config
+from .base import MediaPlan, ModelProfile, Segment
+from .hf_config import read_preprocessor_config
 from .inputs import EncoderInputs, MediaInputOptions, Payload, PendingRows, item_kind, payload_frames
 
 BOI_TOKEN = "<start_of_image>"

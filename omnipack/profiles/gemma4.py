@@ -44,16 +44,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import (
-    AUDIO_LOADING,
-    MediaMeta,
-    MediaPlan,
-    MediaRejected,
-    ModelProfile,
-    Segment,
-    audio_samples_at,
-    read_preprocessor_config,
-)
+from ..media.audio import audio_samples_at
+from ..media.audio_storage import AUDIO_LOADING
+from ..media.errors import MediaRejected
+from ..media.meta import MediaMeta
+from .base import MediaPlan, ModelProfile, Segment
+from .hf_config import read_preprocessor_config
 from .inputs import (
     EncoderInputs,
     MediaInputOptions,

@@ -22,7 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import MediaMeta, MediaPlan, MediaRejected, ModelProfile, Segment
+from ..media.errors import MediaRejected
+from ..media.meta import MediaMeta
+from .base import MediaPlan, ModelProfile, Segment
 from .inputs import EncoderInputs, MediaInputOptions
 
 # A sentinel assistant answer: what the template writes right after it ends the turn.

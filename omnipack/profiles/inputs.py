@@ -58,7 +58,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .base import INT16_SCALE, STORED_AUDIO_DTYPES
+from ..media.audio_storage import INT16_SCALE, STORED_AUDIO_DTYPES
 
 # The OpenAI CLIP pixel statistics, the default normalisation of several vision towers.
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

@@ -25,18 +25,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..media.audio import audio_samples_at
+from ..media.audio_storage import AUDIO_LOADING
+from ..media.errors import MediaRejected
+from ..media.meta import MediaMeta
 from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops
 from .audio_features import parakeet_log_mel
-from .base import (
-    AUDIO_LOADING,
-    MediaMeta,
-    MediaPlan,
-    MediaRejected,
-    ModelProfile,
-    Segment,
-    audio_samples_at,
-    read_preprocessor_config,
-)
+from .base import MediaPlan, ModelProfile, Segment
+from .hf_config import read_preprocessor_config
 from .inputs import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
@@ -445,7 +441,8 @@ class NemotronOmniProfile(ModelProfile):
             sample_rate=AUDIO_RATE,
             num_audio_samples=n,
             audio_frames=n // HOP_LENGTH,
-            info={"truncated": truncated},
+            truncate=truncated,
+            info={"truncated": truncated},  # the row's record of it (the dataset's media info)
         )
 
     # ---- expansion ----

@@ -15,17 +15,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..media.audio import audio_samples_at
+from ..media.audio_storage import AUDIO_LOADING
+from ..media.errors import MediaRejected
+from ..media.meta import MediaMeta
 from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops, tiled_sizes
 from .audio_features import whisper_log_mel
-from .base import (
-    AUDIO_LOADING,
-    MediaMeta,
-    MediaPlan,
-    MediaRejected,
-    MediaSpan,
-    Segment,
-    audio_samples_at,
-)
+from .base import MediaPlan, MediaSpan, Segment
 from .inputs import MediaInputOptions, Payload, audio_waveform, item_kind, payload_audio, payload_frames
 from .qwen_vl import HALF, VISION_BATCH_KEYS, QwenVLInputs, QwenVLProfile, VideoSettings, VisionSettings
 

@@ -21,16 +21,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..media.errors import MediaRejected
+from ..media.meta import MediaMeta
 from ..packing.cost import TransformerShape, windowed_pairs
-from .base import (
-    MediaMeta,
-    MediaPlan,
-    MediaRejected,
-    MediaSpan,
-    ModelProfile,
-    Segment,
-    read_preprocessor_config,
-)
+from .base import MediaPlan, MediaSpan, ModelProfile, Segment
+from .hf_config import read_preprocessor_config
 from .inputs import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,

@@ -9,6 +9,7 @@ unit's record (shard info with checksums, rejects, counts) is written after its 
 from __future__ import annotations
 
 import json
+import mmap
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +27,7 @@ from ..dataset.shards import ShardWriter
 from ..manifest import ManifestError
 from ..measure import sample_arrays
 from ..media.errors import MediaError
+from ..media.probe import materialize
 from ..media.sources import resolve_source
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
@@ -54,8 +56,6 @@ class RowResult:
 
 def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> RowResult:
     """Materialise a row's media and assemble its arrays; pure function of its inputs."""
-    from ..media.probe import materialize
-
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
     rejects = []
@@ -66,7 +66,7 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
                 plan = MediaPlan.from_json(m["plan"])
                 ext, data = materialize(
                     resolve_source(m["ref"], cfg.media_root, cfg.media_allow_roots, cfg.remote),
-                    plan,
+                    plan.storage,
                     image_encoding=cfg.image_encoding,
                     compress_video=cfg.compress_video,
                 )
@@ -107,8 +107,6 @@ class MeasuredSamples:
     """
 
     def __init__(self, arrow_path: Path, release_every: int = 64) -> None:
-        import mmap
-
         with open(arrow_path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         reader = pa.ipc.open_file(pa.py_buffer(self._map))
@@ -170,8 +168,6 @@ class MeasuredSamples:
 
     def release(self) -> None:
         """Drop the mapped pages from this process's resident set (they stay in the page cache)."""
-        import mmap
-
         self._since_release = 0
         if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED)

@@ -9,6 +9,7 @@ generation prompt carries a special token (text can not forge it), else by rende
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..dataset.contract import IGNORE_INDEX
 from ..profiles.base import MediaPlan, MediaSpan, ModelProfile
+from .hub_cache import NotCached, resolve_model_dir
 from .token_starts import TokenByteStarts
 
 TOKENIZE_BATCH_CHARS = 1 << 22  # characters tokenized in one call
@@ -113,8 +115,6 @@ class ChatTokenizer:
     def __init__(self, tokenizer_dir: str | Path, profile: ModelProfile, *, mrope: bool = False) -> None:
         from transformers import AutoTokenizer
 
-        from .hub_cache import NotCached, resolve_model_dir
-
         try:  # a Hub id from the local cache, never downloaded
             tokenizer_dir = resolve_model_dir(tokenizer_dir)
         except NotCached as e:
@@ -195,9 +195,6 @@ class ChatTokenizer:
 
     def fingerprint(self) -> str:
         """A stable hash of the vocabulary, special tokens and chat template."""
-        import hashlib
-        import json
-
         h = hashlib.sha256()
         h.update(json.dumps(sorted(self.tokenizer.get_vocab().items())).encode())
         h.update(json.dumps(self.tokenizer.all_special_tokens).encode())

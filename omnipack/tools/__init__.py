@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from . import convert, inspect, verify
+
 
 def register_tools(sub: argparse._SubParsersAction) -> None:
-    from . import convert, inspect, verify
-
     convert.register(sub)
     inspect.register(sub)
     verify.register(sub)

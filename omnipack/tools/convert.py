@@ -9,6 +9,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..inputs import READERS
+from ..inputs.jsonl import first_byte
 from ..inputs.markers import ConvertError
 from ..inputs.sharegpt import sharegpt_record
 from ..inputs.tool_use import normalize_tool_use
@@ -29,9 +31,6 @@ def convert_record(rec: Any, index: int) -> dict[str, Any]:
 def read_llava(path: Path) -> Iterator[Any]:
     """A JSON array file or a JSONL file of LLaVA records, streamed; an unreadable record comes back as a
     ``ConvertError`` in its place, so it is recorded rather than ending the run."""
-    from ..inputs import READERS
-    from ..inputs.jsonl import first_byte
-
     reader = READERS["json" if first_byte(path) == b"[" else "jsonl"]
     for rec in reader.records(path, path.name):
         yield rec.record if rec.error is None else ConvertError(f"{rec.where}: {rec.error}")

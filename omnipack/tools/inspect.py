@@ -27,6 +27,9 @@ from ..dataset.reader import (
     read_row,
     summarize_shard,
 )
+from ..packing.cost import describe_row_cost
+from ..profiles import profile_class
+from .plot import MissingMatplotlib, plot_dataset, require_matplotlib
 
 KINDS = ("image", "video", "audio")
 
@@ -172,8 +175,6 @@ def _text_segments(
 
 def _turn_start(ds: Dataset) -> str | None:
     """The dataset profile's start-of-turn marker (``ModelProfile.turn_start``); None for an unknown profile."""
-    from ..profiles import profile_class
-
     try:
         return profile_class((ds.meta.get("profile") or {}).get("name", "")).turn_start
     except ValueError:
@@ -294,8 +295,6 @@ def print_summary(s: dict[str, Any]) -> None:
         ("shards", f"{len(s['shards'])}, {s['total_bytes'] / 2**20:.1f} MiB"),
     ]
     if s.get("row_cost"):
-        from ..packing.cost import describe_row_cost
-
         rows.append(("row cost", describe_row_cost(s["row_cost"])))
     for k, v in rows:
         t.add_row(k, str(v))
@@ -397,7 +396,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     ds = open_dataset(args.dataset)
     progress = False if args.json else args.progress
     if args.plot:  # fail before the scan, not after it
-        from .plot import MissingMatplotlib, require_matplotlib
 
         try:
             require_matplotlib()
@@ -422,8 +420,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if not args.json:
             print_summary(s)
     if args.plot:
-        from .plot import MissingMatplotlib, plot_dataset
-
         try:
             plot_dataset(
                 rows,
