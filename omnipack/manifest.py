@@ -11,10 +11,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .errors import SampleReject
 from .inputs.jsonl import DEFAULT_MAX_RECORD_BYTES
 
 
-class ManifestError(ValueError):
+class ManifestError(SampleReject):
     """A manifest line is invalid; the message is the reject reason."""
 
 

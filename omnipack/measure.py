@@ -20,14 +20,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .alignment import pad_to_multiple
-from .manifest import ManifestError, MediaRef, RawSample
-from .media.errors import MediaError
+from .errors import SampleReject, sample_failed
+from .manifest import MediaRef, RawSample
 from .media.probe import probe
 from .media.remote import DEFAULT_REMOTE, RemoteSettings
 from .media.sources import resolve_source
-from .profiles import MediaRejected, get_profile
+from .profiles import get_profile
 from .profiles.base import MediaPlan
-from .text.chat import ChatTokenizer, EncodedSample, SampleRejected
+from .text.chat import ChatTokenizer, EncodedSample
 
 SAMPLES_SCHEMA = pa.schema(
     [
@@ -105,8 +105,10 @@ class Measurer:
     def measure_many(
         self, raws: list[RawSample], on_probed: Callable[[int], None] | None = None
     ) -> list[tuple[str, dict[str, Any]]]:
-        """``self(raw)`` for each of ``raws``, their texts tokenized in one batch. ``on_probed(1)`` is called
-        as each sample's media are probed (the per-sample part of the work: progress by sample)."""
+        """Each of ``raws`` measured, their texts tokenized in one batch: a record, or a reject for a data
+        problem (a ``SampleReject``); any other error is a bug and raises ``StageError`` naming the sample.
+        ``on_probed(1)`` is called as each sample's media are probed (the per-sample part of the work:
+        progress by sample)."""
         results: list[tuple[str, dict[str, Any]] | None] = [None] * len(raws)
         ready: list[tuple[int, list[MediaRef], list[MediaPlan]]] = []
         for k, raw in enumerate(raws):
@@ -124,30 +126,29 @@ class Measurer:
                         plans.append(self.profile.plan(meta))
                     ready.append((k, refs, plans))
                 except Exception as e:
-                    results[k] = self._failure(raw, e)
+                    results[k] = self._reject(raw, e)
             if on_probed is not None:
                 on_probed(1)
         encoded = self.chat.encode_many(
             [(raws[k].messages, plans, raws[k].tools) for k, _, plans in ready], self.config.max_tokens
         )
         for (k, refs, _), enc in zip(ready, encoded, strict=True):
-            results[k] = (
-                self._failure(raws[k], enc)
-                if isinstance(enc, Exception)
-                else ("sample", self._record(raws[k], refs, enc))
-            )
+            if isinstance(enc, Exception):
+                results[k] = self._reject(raws[k], enc)
+                continue
+            try:
+                results[k] = "sample", self._record(raws[k], refs, enc)
+            except Exception as e:
+                raise sample_failed("measure", raws[k].sample_id, raws[k].source, e) from e
         return results  # type: ignore[return-value]
 
     @staticmethod
-    def _failure(raw: RawSample, e: Exception) -> tuple[str, dict[str, Any]]:
-        if isinstance(e, ManifestError | MediaError | MediaRejected | SampleRejected):
-            return "reject", reject(raw, "measure", str(e))
-        if isinstance(
-            e, AssertionError
-        ):  # a broken invariant of omnipack itself: stop, don't reject the corpus
-            raise e
-        # an unexpected failure is recorded, never silently dropped
-        return "reject", reject(raw, "measure", f"unexpected {type(e).__name__}: {e}")
+    def _reject(raw: RawSample, e: Exception) -> tuple[str, dict[str, Any]]:
+        """A data problem's reject; anything else is a bug, raised naming the sample (never a reject: a
+        broken profile must not quietly drop a share of the corpus)."""
+        if not isinstance(e, SampleReject):
+            raise sample_failed("measure", raw.sample_id, raw.source, e) from e
+        return "reject", reject(raw, e.stage or "measure", e.reason)
 
     def _record(self, raw: RawSample, refs: list[MediaRef], enc: EncodedSample) -> dict[str, Any]:
         tokens_by_kind = {"image": 0, "video": 0, "audio": 0}

@@ -1,2 +1,5 @@
-class MediaError(ValueError):
+from ..errors import SampleReject
+
+
+class MediaError(SampleReject):
     """A media file cannot be read or used; the message is the reject reason."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..errors import SampleReject
 from ..packing.cost import CostModel, TransformerShape, build_cost_model
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 MEDIA_KINDS = ("image", "video", "audio")
 
 
-class MediaRejected(ValueError):
+class MediaRejected(SampleReject):
     """The media item cannot be used with this profile; the message is the reject reason."""
 
 

@@ -23,9 +23,8 @@ from .. import progress
 from ..dataset.codec import encode_row
 from ..dataset.contract import row_invariant_errors
 from ..dataset.shards import ShardWriter
-from ..manifest import ManifestError
+from ..errors import SampleReject, sample_failed
 from ..measure import sample_arrays
-from ..media.errors import MediaError
 from ..media.sources import resolve_source
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
@@ -73,17 +72,19 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
                 part = f"media.{len(payloads) + len(sample_payloads)}.{ext}"
                 sample_payloads[part] = data
                 media.append((plan, tuple(m["span"]), part))
-        except (MediaError, ManifestError) as e:
+        except SampleReject as e:
             rejects.append(
                 {
                     "sample_index": rec["sample_index"],
                     "sample_id": rec["sample_id"],
                     "source": rec["source"],
-                    "stage": "write",
-                    "reason": str(e),
+                    "stage": e.stage or "write",
+                    "reason": e.reason,
                 }
             )
             continue
+        except Exception as e:
+            raise sample_failed("write", rec["sample_id"], rec["source"], e) from e
         ids, labels, mrope = sample_arrays(rec)
         seqs.append(SequenceInput(rec["sample_id"], ids, labels, media, mrope))
         payloads.update(sample_payloads)
