@@ -418,12 +418,13 @@ def _print_summary(summary: dict[str, Any], out: str) -> None:
 def _report_rejects(output: str, summary: dict[str, Any], top: int = 5) -> Any:
     """Print where the rejects are and their most common reasons; returns (their ``RejectSummary``, the
     rejects file's path)."""
+    from .errors import Reject
     from .inputs.accounting import RejectSummary
     from .stages.storage import output_path
 
     path = output_path(output) / summary["rejects_file"]  # a folder or an object store
     with path.open() as f:
-        rejects = RejectSummary.of(map(json.loads, f))
+        rejects = RejectSummary.of(Reject.from_json(json.loads(line)) for line in f)
     if not rejects.count:
         print(f"rejects: none ({path})", file=sys.stderr)
         return rejects, path

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .alignment import pad_to_multiple
-from .errors import SampleReject, sample_failed
+from .errors import Reject, SampleReject, sample_failed
 from .manifest import MediaRef, RawSample
 from .media.probe import probe
 from .media.remote import DEFAULT_REMOTE, RemoteSettings
@@ -57,7 +57,7 @@ SAMPLES_SCHEMA = pa.schema(
 # instead of eight per token.
 TOKEN_COLUMNS = ("input_ids", "labels", "mrope_position_ids")
 SAMPLES_PARQUET_SCHEMA = pa.schema([f for f in SAMPLES_SCHEMA if f.name not in TOKEN_COLUMNS])
-REJECTS_SCHEMA = pa.schema(
+REJECTS_SCHEMA = pa.schema(  # a part's rejects: the fields of ``Reject``
     [
         ("sample_index", pa.int64()),
         ("sample_id", pa.string()),
@@ -83,16 +83,6 @@ class MeasureConfig:
     remote: RemoteSettings = DEFAULT_REMOTE  # how media URLs are fetched (timeouts, private addresses)
 
 
-def reject(raw: RawSample, stage: str, reason: str) -> dict[str, Any]:
-    return {
-        "sample_index": raw.index,
-        "sample_id": raw.sample_id,
-        "source": raw.source,
-        "stage": stage,
-        "reason": reason,
-    }
-
-
 class Measurer:
     """Per-process measuring context: the profile and the tokenizer, loaded once."""
 
@@ -104,16 +94,16 @@ class Measurer:
 
     def measure_many(
         self, raws: list[RawSample], on_probed: Callable[[int], None] | None = None
-    ) -> list[tuple[str, dict[str, Any]]]:
+    ) -> list[tuple[str, dict[str, Any]] | tuple[str, Reject]]:
         """Each of ``raws`` measured, their texts tokenized in one batch: a record, or a reject for a data
         problem (a ``SampleReject``); any other error is a bug and raises ``StageError`` naming the sample.
         ``on_probed(1)`` is called as each sample's media are probed (the per-sample part of the work:
         progress by sample)."""
-        results: list[tuple[str, dict[str, Any]] | None] = [None] * len(raws)
+        results: list[tuple[str, dict[str, Any]] | tuple[str, Reject] | None] = [None] * len(raws)
         ready: list[tuple[int, list[MediaRef], list[MediaPlan]]] = []
         for k, raw in enumerate(raws):
             if raw.error is not None:
-                results[k] = "reject", reject(raw, "read", raw.error)
+                results[k] = "reject", Reject(raw.index, raw.sample_id, raw.source, "read", raw.error)
             else:
                 try:
                     refs = raw.media_refs()
@@ -143,12 +133,12 @@ class Measurer:
         return results  # type: ignore[return-value]
 
     @staticmethod
-    def _reject(raw: RawSample, e: Exception) -> tuple[str, dict[str, Any]]:
+    def _reject(raw: RawSample, e: Exception) -> tuple[str, Reject]:
         """A data problem's reject; anything else is a bug, raised naming the sample (never a reject: a
         broken profile must not quietly drop a share of the corpus)."""
         if not isinstance(e, SampleReject):
             raise sample_failed("measure", raw.sample_id, raw.source, e) from e
-        return "reject", reject(raw, e.stage or "measure", e.reason)
+        return "reject", Reject.of(raw.index, raw.sample_id, raw.source, "measure", e)
 
     def _record(self, raw: RawSample, refs: list[MediaRef], enc: EncodedSample) -> dict[str, Any]:
         tokens_by_kind = {"image": 0, "video": 0, "audio": 0}

@@ -169,3 +169,15 @@ def test_a_template_refusing_a_conversation_is_a_reject(tmp_path, demo_tokenizer
         {"sample_index": 3, "sample_id": "s3", "source": "m.jsonl:4", "stage": "measure",
          "reason": "the chat template refused the conversation: no refusals here"}
     ]  # fmt: skip
+
+
+def test_a_reject_round_trips_through_its_rejects_jsonl_line():
+    from omnipack.errors import Reject
+
+    line = '{"sample_index": 205, "sample_id": "bad-long", "source": "manifest.jsonl:206", "stage": "pack", ' \
+        '"reason": "over-length: 20027 tokens"}'
+    r = Reject.from_json(json.loads(line))
+    assert r == Reject(205, "bad-long", "manifest.jsonl:206", "pack", "over-length: 20027 tokens")
+    assert json.dumps(r.to_json()) == line  # the same bytes: keys in the file's order
+    assert Reject.of(3, "s3", "m.jsonl:4", "write", MediaError("unreadable image")).stage == "write"
+    assert Reject.of(3, "s3", "m.jsonl:4", "write", SampleReject("dup", stage="read")).stage == "read"

@@ -23,7 +23,7 @@ from .. import progress
 from ..dataset.codec import encode_row
 from ..dataset.contract import row_invariant_errors
 from ..dataset.shards import ShardWriter
-from ..errors import SampleReject, sample_failed
+from ..errors import Reject, SampleReject, sample_failed
 from ..measure import sample_arrays
 from ..media.sources import resolve_source
 from ..profiles.base import MediaPlan
@@ -46,7 +46,7 @@ from .storage import is_local, local_file, make_dirs, publish, read_parquet, rem
 class RowResult:
     key: str
     parts: dict[str, bytes] | None  # None when every sample of the row was rejected
-    rejects: list[dict[str, Any]]
+    rejects: list[Reject]
     num_samples: int
     real_tokens: int
 
@@ -57,7 +57,7 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
 
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
-    rejects = []
+    rejects: list[Reject] = []
     for rec in records:
         media, sample_payloads = [], {}
         try:
@@ -73,15 +73,7 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
                 sample_payloads[part] = data
                 media.append((plan, tuple(m["span"]), part))
         except SampleReject as e:
-            rejects.append(
-                {
-                    "sample_index": rec["sample_index"],
-                    "sample_id": rec["sample_id"],
-                    "source": rec["source"],
-                    "stage": e.stage or "write",
-                    "reason": e.reason,
-                }
-            )
+            rejects.append(Reject.of(rec["sample_index"], rec["sample_id"], rec["source"], "write", e))
             continue
         except Exception as e:
             raise sample_failed("write", rec["sample_id"], rec["source"], e) from e
@@ -306,7 +298,7 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
         checksums=spec.write.shard_checksums,
         first_number=shard["index"],
     )
-    rejects: list[dict[str, Any]] = []
+    rejects: list[Reject] = []
     rows_written = samples_written = real_tokens = 0
 
     def build(r: int) -> RowResult:
@@ -345,7 +337,7 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
         "stamps": {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))}
         if tar
         else None,
-        "rejects": rejects,
+        "rejects": [r.to_json() for r in rejects],
         "rows_written": rows_written,
         "samples_written": samples_written,
         "real_tokens": real_tokens,
