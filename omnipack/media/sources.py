@@ -66,10 +66,6 @@ _TAR_INDEX_CACHE = 16
 T = TypeVar("T")
 
 
-class SourceRefused(MediaError):
-    """A reference points where the run may not read (outside the media root and the allowed roots)."""
-
-
 def is_url(ref: str) -> bool:
     """Any ``scheme://`` reference, ``file://`` included."""
     return bool(URL_RE.match(ref))

@@ -301,7 +301,6 @@ class NemotronOmniProfile(ModelProfile):
     """
 
     name = "nemotron_omni"
-    family = "nemotron_omni"
     inputs_class = NemotronOmniInputs
     turn_end = "<|im_end|>"
     template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {
