@@ -4,7 +4,7 @@ facade over the importers of :mod:`omnipack.inputs` (JSONL, JSON arrays, Parquet
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -35,7 +35,6 @@ class RawSample:
     record: dict[str, Any] | None  # the omnipack record; None when the input record could not be used
     error: str | None = None
     size: int = 0  # bytes of the input record (lets stages bound the work they take on at once)
-    source_file: str = ""  # the input data file's label (see omnipack.inputs.read.data_files)
     record_index: int = -1  # 0-based position of the record in that file
 
     @property
@@ -140,33 +139,17 @@ def validate_record(record: Any) -> None:
         raise ManifestError("assistant-only conversation: no user turn to answer")
 
 
-DEFAULT_MAX_LINE_BYTES = DEFAULT_MAX_RECORD_BYTES
-
-
 def default_max_line_bytes(seq_length: int) -> int:
     """The longest manifest line read for rows of ``seq_length`` tokens: far above what such a row can
     hold (a token is a few characters; JSON escapes take at most 12 bytes a character), so only lines
     that can not be a sample of this length are refused, and a worker's memory has a fixed cap."""
-    return max(DEFAULT_MAX_LINE_BYTES, 256 * seq_length)
-
-
-def count_lines(paths: list[Path]) -> int:
-    """Number of lines in the manifests (a cheap upper bound on their samples, for a progress bar)."""
-    n = 0
-    for path in paths:
-        with open(path, "rb") as f:
-            last = b"\n"
-            while chunk := f.read(1 << 24):
-                n += chunk.count(b"\n")
-                last = chunk[-1:]
-            n += last != b"\n"
-    return n
+    return max(DEFAULT_MAX_RECORD_BYTES, 256 * seq_length)
 
 
 def read_manifest(
     paths: list[Path | str],
     start_index: int = 0,
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    max_line_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     *,
     start: int = 0,
     stop: int | None = None,
@@ -191,11 +174,3 @@ def read_manifest(
         input_format, input_layout, dict(input_fields or {}), max_line_bytes, split, dict(input_roles or {})
     )
     return read_samples(list(paths), spec, start, stop, start_index, ledger)  # local paths or URLs
-
-
-def resolve_media(root: Path, ref: str, allow_roots: Sequence[str] = ()) -> Path:
-    """The local media file for a path ``ref``, refusing paths that escape the media root (lexically, or
-    through a symlink to a folder outside it and outside ``allow_roots``)."""
-    from .media.sources import _local_source
-
-    return Path(_local_source(ref, Path(root) / ref, Path(root), allow_roots).location)

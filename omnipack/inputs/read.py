@@ -267,7 +267,7 @@ def read_part(part: InputPart, spec: InputSpec) -> Iterator[Any]:
 def _sample(src: SourceRecord, df: DataFile, reader: Reader, spec: InputSpec, index: int, seen: set[str],
             RawSample: Any, ManifestError: Any, validate_record: Any) -> Any:  # fmt: skip
     default_id = src.where  # the stable id of a record without one: file:line (JSONL) or file#record
-    common = {"source_file": df.label, "record_index": src.record_index, "size": src.size}
+    common = {"record_index": src.record_index, "size": src.size}
     if src.error is not None:
         return RawSample(index, default_id, src.where, None, src.error, **common)
     rec = src.record
