@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -91,18 +90,26 @@ def test_a_profile_bug_on_one_sample_fails_the_run_naming_it(tmp_path, demo_toke
     assert not (tmp_path / "out" / ".nv-meta").exists()  # no dataset that looks whole
 
 
-def test_the_command_line_shows_the_bug_s_traceback(tmp_path, demo_tokenizer):
+def test_the_command_line_shows_the_bug_s_traceback_from_a_pool_worker(tmp_path, demo_tokenizer):
+    """``omnipack prepare`` on two worker processes (each imports the broken profile: a ``sitecustomize``):
+    exit 1 with the worker's traceback of the TypeError, then the StageError naming the sample."""
+    import os
+
     manifest, media = _corpus(tmp_path / "in")
-    script = tmp_path / "run.py"
-    argv = _argv(manifest, media, demo_tokenizer, tmp_path / "out")
-    script.write_text(
-        textwrap.dedent(BROKEN_PLAN)
-        + f"import sys\nfrom omnipack.cli import main\nsys.exit(main({argv!r}))\n"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BROKEN_PLAN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    argv = _argv(manifest, media, demo_tokenizer, tmp_path / "out", "--workers", "2", "--part-lines", "20")
+    res = subprocess.run(
+        [sys.executable, "-m", "omnipack", *argv], capture_output=True, text=True, timeout=300, env=env
     )
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    assert res.returncode not in (0, 2, 3), res.stderr
-    assert "Traceback" in res.stderr and "TypeError: unsupported operand" in res.stderr
-    assert "StageError: measure: sample 'odd' (m.jsonl:38) failed with TypeError" in res.stderr
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" in res.stderr and 'sitecustomize.py", line' in res.stderr  # where the bug is
+    assert "TypeError: unsupported operand" in res.stderr
+    assert res.stderr.rstrip().splitlines()[-1].startswith(
+        "omnipack.errors.StageError: measure: sample 'odd' (m.jsonl:38) failed with TypeError"
+    )
 
 
 def test_a_value_error_bug_in_a_stage_is_not_a_usage_error(tmp_path, demo_tokenizer, monkeypatch):
