@@ -3,11 +3,33 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
 import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from . import __version__
+from .demo.corpus import build_demo_corpus
+from .demo.tokenizer import build_demo_tokenizer
+from .errors import Reject
+from .inputs.accounting import RejectSummary, TooManyRejects, check_reject_fraction
+from .inputs.llama_factory import dataset_info_settings
+from .media.access import CREDENTIALS_HINT, access_error
+from .packing.cost import describe_row_cost
+from .pipeline import NothingPacked, PrepareConfig, run_prepare
+from .profiles import PROFILES, get_profile
+from .profiles.checkpoint import PROCESSOR_PROFILE, choose_profile, native_families_line
+from .stages.finalize import WriteIncomplete
+from .stages.lock import OutputLocked, Terminated
+from .stages.pack import MeasureIncomplete
+from .stages.storage import output_path
+from .text.hub_cache import NotCached, resolve_model_dir
+from .tools import register_tools
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by Ctrl-C
 
@@ -215,12 +237,7 @@ PROFILE_FLAGS: list[tuple[str, dict[str, Any]]] = [
 
 def _load_config_file(path: str) -> dict[str, Any]:
     text = Path(path).read_text()
-    if path.endswith((".yaml", ".yml")):
-        import yaml
-
-        data = yaml.safe_load(text) or {}
-    else:
-        data = json.loads(text)
+    data = (yaml.safe_load(text) or {}) if path.endswith((".yaml", ".yml")) else json.loads(text)
     if not isinstance(data, dict):
         raise ValueError(f"config {path} must hold a mapping of settings, not a {type(data).__name__}")
     return data
@@ -280,8 +297,6 @@ def _input_settings(d: dict[str, Any], args: argparse.Namespace) -> None:
 def _dataset_info_settings(d: dict[str, Any]) -> None:
     """The settings of a LLaMA-Factory dataset_info.json entry, under the ones given explicitly (an input
     field or role given is kept over the entry's, a --manifest over its file_name)."""
-    from .inputs.llama_factory import dataset_info_settings
-
     lf = dataset_info_settings(d.pop("dataset_info"), d.pop("dataset_name", None))
     for key in ("manifest", "media_root", "input_layout"):
         if not d.get(key) or (key == "input_layout" and d[key] == "auto"):
@@ -293,10 +308,6 @@ def _dataset_info_settings(d: dict[str, Any]) -> None:
 def _check_model_settings(d: dict[str, Any]) -> None:
     """One-line errors naming the setting for a tokenizer path, a profile option or a preprocessor config
     that can not be used (instead of a traceback, or a silent fallback to defaults)."""
-    import inspect
-
-    from .text.hub_cache import NotCached, resolve_model_dir
-
     name = str(d["tokenizer"])
     try:  # a Hub id (ORG/NAME[@REVISION]) is its snapshot in the local cache
         tok = resolve_model_dir(name)
@@ -327,8 +338,6 @@ def _check_model_settings(d: dict[str, Any]) -> None:
         if not found.exists():
             raise FileNotFoundError(f"{key} {str(opts[key])!r} does not exist ({flag})")
         opts[key] = str(found)
-    from .profiles import PROFILES, get_profile
-    from .profiles.checkpoint import choose_profile, native_families_line
 
     # the profile the run will use: the model folder's, checked against --profile (a disagreement is an error)
     choice, choice_opts = choose_profile(d.get("profile"), Path(d.get("model") or tok), opts)
@@ -355,8 +364,6 @@ def _check_model_settings(d: dict[str, Any]) -> None:
 
 
 def _prepare_config(args: argparse.Namespace) -> Any:
-    from .pipeline import PrepareConfig
-
     d: dict[str, Any] = _load_config_file(args.config) if args.config else {}
     for flags, _ in PREPARE_FLAGS:
         key = flags[0].lstrip("-").replace("-", "_")
@@ -391,8 +398,6 @@ def _prepare_config(args: argparse.Namespace) -> Any:
 
 
 def _row_cost_line(row_cost: dict[str, Any]) -> str:
-    from .packing.cost import describe_row_cost
-
     return describe_row_cost(row_cost)
 
 
@@ -459,12 +464,9 @@ def _print_summary(summary: dict[str, Any], out: str) -> None:
 def _report_rejects(output: str, summary: dict[str, Any], top: int = 5) -> Any:
     """Print where the rejects are and their most common reasons; returns (their ``RejectSummary``, the
     rejects file's path)."""
-    from .inputs.accounting import RejectSummary
-    from .stages.storage import output_path
-
     path = output_path(output) / summary["rejects_file"]  # a folder or an object store
     with path.open() as f:
-        rejects = RejectSummary.of(map(json.loads, f))
+        rejects = RejectSummary.of(Reject.from_json(json.loads(line)) for line in f)
     if not rejects.count:
         print(f"rejects: none ({path})", file=sys.stderr)
         return rejects, path
@@ -476,11 +478,6 @@ def _report_rejects(output: str, summary: dict[str, Any], top: int = 5) -> Any:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from .pipeline import NothingPacked, run_prepare
-    from .stages.finalize import WriteIncomplete
-    from .stages.lock import OutputLocked
-    from .stages.pack import MeasureIncomplete
-
     cfg = _prepare_config(args)
     try:
         summary = run_prepare(cfg, stage=args.stage, rank=args.rank, world_size=args.world_size)
@@ -494,7 +491,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         print(f"omnipack prepare: {json.dumps(summary)}", file=sys.stderr)
         return 0
     _print_summary(summary, cfg.output)
-    from .inputs.accounting import TooManyRejects, check_reject_fraction
 
     rejects, path = _report_rejects(cfg.output, summary)
     try:
@@ -506,14 +502,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo.corpus import build_demo_corpus
-    from .demo.tokenizer import build_demo_tokenizer
-    from .pipeline import PrepareConfig, run_prepare
-
     root = Path(args.output)
     src = root / "source"
-    from .profiles import get_profile
-    from .profiles.checkpoint import PROCESSOR_PROFILE
 
     if args.profile == PROCESSOR_PROFILE:
         raise ValueError(
@@ -545,10 +535,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _config_default(dest: str) -> Any:
     """The prepare config's default for a flag's setting (None when the flag is no config field)."""
-    import dataclasses
-
-    from .pipeline import PrepareConfig
-
     field = next((f for f in dataclasses.fields(PrepareConfig) if f.name == dest), None)
     if field is None:
         return None
@@ -597,7 +583,6 @@ def build_parser() -> argparse.ArgumentParser:
         prog="omnipack",
         description="Prepare multimodal training data offline into packed Megatron-Energon THD datasets.",
     )
-    from . import __version__
 
     p.add_argument("--version", action="version", version=f"omnipack {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -641,7 +626,6 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--shard-max-rows", type=int, default=16, help="roll shards over at this many rows")
     pd.set_defaults(func=cmd_demo)
 
-    from .tools import register_tools
 
     register_tools(sub)
     return p
@@ -655,8 +639,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"omnipack {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        from .stages.lock import Terminated
-
         if isinstance(e, Terminated):  # a scheduler's SIGTERM (preemption, scancel): the lease is released
             print(f"\nomnipack {args.command}: terminated (SIGTERM); rerun the same command to resume",
                   file=sys.stderr)
@@ -666,8 +648,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nomnipack {args.command}: interrupted{resume}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as e:
-        from .media.access import CREDENTIALS_HINT, access_error
-
         reason = access_error(e)  # a store refusing the credentials mid-run: one line, not a traceback
         if reason is None:
             raise

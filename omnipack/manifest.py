@@ -4,56 +4,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .inputs import InputSpec, read_samples
 from .inputs.jsonl import DEFAULT_MAX_RECORD_BYTES
 from .inputs.records import ManifestError, MediaRef, RawSample, load_schema, validate_record
-from .media.sources import _local_source
 
 __all__ = [
-    "DEFAULT_MAX_LINE_BYTES",
     "ManifestError",
     "MediaRef",
     "RawSample",
-    "count_lines",
     "default_max_line_bytes",
     "load_schema",
     "read_manifest",
-    "resolve_media",
     "validate_record",
 ]
-
-
-DEFAULT_MAX_LINE_BYTES = DEFAULT_MAX_RECORD_BYTES
 
 
 def default_max_line_bytes(seq_length: int) -> int:
     """The longest manifest line read for rows of ``seq_length`` tokens: far above what such a row can
     hold (a token is a few characters; JSON escapes take at most 12 bytes a character), so only lines
     that can not be a sample of this length are refused, and a worker's memory has a fixed cap."""
-    return max(DEFAULT_MAX_LINE_BYTES, 256 * seq_length)
-
-
-def count_lines(paths: list[Path]) -> int:
-    """Number of lines in the manifests (a cheap upper bound on their samples, for a progress bar)."""
-    n = 0
-    for path in paths:
-        with open(path, "rb") as f:
-            last = b"\n"
-            while chunk := f.read(1 << 24):
-                n += chunk.count(b"\n")
-                last = chunk[-1:]
-            n += last != b"\n"
-    return n
+    return max(DEFAULT_MAX_RECORD_BYTES, 256 * seq_length)
 
 
 def read_manifest(
     paths: list[Path | str],
     start_index: int = 0,
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    max_line_bytes: int = DEFAULT_MAX_RECORD_BYTES,
     *,
     start: int = 0,
     stop: int | None = None,
@@ -77,8 +57,3 @@ def read_manifest(
     )
     return read_samples(list(paths), spec, start, stop, start_index, ledger)  # local paths or URLs
 
-
-def resolve_media(root: Path, ref: str, allow_roots: Sequence[str] = ()) -> Path:
-    """The local media file for a path ``ref``, refusing paths that escape the media root (lexically, or
-    through a symlink to a folder outside it and outside ``allow_roots``)."""
-    return Path(_local_source(ref, Path(root) / ref, Path(root), allow_roots).location)

@@ -20,14 +20,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .alignment import pad_to_multiple
-from .manifest import ManifestError, MediaRef, RawSample
-from .media.errors import MediaError, MediaRejected
+from .errors import Reject, SampleReject, sample_failed
+from .manifest import MediaRef, RawSample
 from .media.probe import probe
 from .media.remote import DEFAULT_REMOTE, RemoteSettings
 from .media.sources import resolve_source
 from .profiles import get_profile
 from .profiles.base import MediaPlan
-from .text.chat import ChatTokenizer, EncodedSample, SampleRejected
+from .text.chat import ChatTokenizer, EncodedSample
 
 SAMPLES_SCHEMA = pa.schema(
     [
@@ -57,7 +57,7 @@ SAMPLES_SCHEMA = pa.schema(
 # instead of eight per token.
 TOKEN_COLUMNS = ("input_ids", "labels", "mrope_position_ids")
 SAMPLES_PARQUET_SCHEMA = pa.schema([f for f in SAMPLES_SCHEMA if f.name not in TOKEN_COLUMNS])
-REJECTS_SCHEMA = pa.schema(
+REJECTS_SCHEMA = pa.schema(  # a part's rejects: the fields of ``Reject``
     [
         ("sample_index", pa.int64()),
         ("sample_id", pa.string()),
@@ -83,16 +83,6 @@ class MeasureConfig:
     remote: RemoteSettings = DEFAULT_REMOTE  # how media URLs are fetched (timeouts, private addresses)
 
 
-def reject(raw: RawSample, stage: str, reason: str) -> dict[str, Any]:
-    return {
-        "sample_index": raw.index,
-        "sample_id": raw.sample_id,
-        "source": raw.source,
-        "stage": stage,
-        "reason": reason,
-    }
-
-
 class Measurer:
     """Per-process measuring context: the profile and the tokenizer, loaded once."""
 
@@ -104,14 +94,16 @@ class Measurer:
 
     def measure_many(
         self, raws: list[RawSample], on_probed: Callable[[int], None] | None = None
-    ) -> list[tuple[str, dict[str, Any]]]:
-        """``self(raw)`` for each of ``raws``, their texts tokenized in one batch. ``on_probed(1)`` is called
-        as each sample's media are probed (the per-sample part of the work: progress by sample)."""
-        results: list[tuple[str, dict[str, Any]] | None] = [None] * len(raws)
+    ) -> list[tuple[str, dict[str, Any]] | tuple[str, Reject]]:
+        """Each of ``raws`` measured, their texts tokenized in one batch: a record, or a reject for a data
+        problem (a ``SampleReject``); any other error is a bug and raises ``StageError`` naming the sample.
+        ``on_probed(1)`` is called as each sample's media are probed (the per-sample part of the work:
+        progress by sample)."""
+        results: list[tuple[str, dict[str, Any]] | tuple[str, Reject] | None] = [None] * len(raws)
         ready: list[tuple[int, list[MediaRef], list[MediaPlan]]] = []
         for k, raw in enumerate(raws):
             if raw.error is not None:
-                results[k] = "reject", reject(raw, "read", raw.error)
+                results[k] = "reject", Reject(raw.index, raw.sample_id, raw.source, "read", raw.error)
             else:
                 try:
                     refs = raw.media_refs()
@@ -124,30 +116,29 @@ class Measurer:
                         plans.append(self.profile.plan(meta))
                     ready.append((k, refs, plans))
                 except Exception as e:
-                    results[k] = self._failure(raw, e)
+                    results[k] = self._reject(raw, e)
             if on_probed is not None:
                 on_probed(1)
         encoded = self.chat.encode_many(
             [(raws[k].messages, plans, raws[k].tools) for k, _, plans in ready], self.config.max_tokens
         )
         for (k, refs, _), enc in zip(ready, encoded, strict=True):
-            results[k] = (
-                self._failure(raws[k], enc)
-                if isinstance(enc, Exception)
-                else ("sample", self._record(raws[k], refs, enc))
-            )
+            if isinstance(enc, Exception):
+                results[k] = self._reject(raws[k], enc)
+                continue
+            try:
+                results[k] = "sample", self._record(raws[k], refs, enc)
+            except Exception as e:
+                raise sample_failed("measure", raws[k].sample_id, raws[k].source, e) from e
         return results  # type: ignore[return-value]
 
     @staticmethod
-    def _failure(raw: RawSample, e: Exception) -> tuple[str, dict[str, Any]]:
-        if isinstance(e, ManifestError | MediaError | MediaRejected | SampleRejected):
-            return "reject", reject(raw, "measure", str(e))
-        if isinstance(
-            e, AssertionError
-        ):  # a broken invariant of omnipack itself: stop, don't reject the corpus
-            raise e
-        # an unexpected failure is recorded, never silently dropped
-        return "reject", reject(raw, "measure", f"unexpected {type(e).__name__}: {e}")
+    def _reject(raw: RawSample, e: Exception) -> tuple[str, Reject]:
+        """A data problem's reject; anything else is a bug, raised naming the sample (never a reject: a
+        broken profile must not quietly drop a share of the corpus)."""
+        if not isinstance(e, SampleReject):
+            raise sample_failed("measure", raw.sample_id, raw.source, e) from e
+        return "reject", Reject.of(raw.index, raw.sample_id, raw.source, "measure", e)
 
     def _record(self, raw: RawSample, refs: list[MediaRef], enc: EncodedSample) -> dict[str, Any]:
         tokens_by_kind = {"image": 0, "video": 0, "audio": 0}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from . import __version__
 from .alignment import ParallelLayout, check_seq_length
 from .dataset.meta import DATASET_CONFIG, NV_META, OMNIPACK_META
 from .dataset.shards import SHARD_CHECKSUMS
+from .errors import StageError
 from .executors import make_executor
 from .inputs import InputSpec, data_files, select_inputs
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
@@ -31,10 +33,10 @@ from .profiles import PROFILES, get_profile
 from .profiles.checkpoint import choose_profile
 from .profiles.hf_config import placeholder_token_ids
 from .progress import StageProgress, say
-from .stages.finalize import NothingPacked, finalize, remove_meta
-from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
+from .stages.finalize import NothingPacked, WriteIncomplete, finalize, remove_meta
+from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock, OutputLocked
 from .stages.measure import PART_LINES, PARTS_FILE, load_parts, measure_part, part_files, part_key, parts_key
-from .stages.pack import MEASURE_KEY_FILE, run_pack_stage
+from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
 from .stages.records import digest, read_record, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
@@ -373,6 +375,23 @@ def _lock_name(stage: str | None, rank: int, world_size: int) -> str:
     return f"{stage}-{rank}-of-{world_size}" if stage in ("measure", "write") else stage
 
 
+# How a run stops on purpose inside a stage (the command line says each in one line); any other error there
+# is a bug.
+RUN_STOPS = (StageError, MeasureIncomplete, WriteIncomplete, NothingPacked, OutputLocked)
+
+
+@contextlib.contextmanager
+def stage_work(stage: str) -> Iterator[None]:
+    """A stage's work: an error other than a run's stops is raised as ``StageError`` from it, so a bug (a
+    ``ValueError`` too) fails the run with its traceback instead of reading as a usage error."""
+    try:
+        yield
+    except RUN_STOPS:
+        raise
+    except Exception as e:
+        raise StageError(f"{stage} stage failed with {type(e).__name__}: {e}") from e
+
+
 def _run_units(executor: Any, fn: Any, spec: RunSpec, units: list[int], bar: StageProgress) -> list:
     """``fn`` over ``units`` on the executor, the stage's bar moved by the units' own counts as they go and
     by each unit's whole count as it finishes (in the order units finish); the records in unit order."""
@@ -508,12 +527,14 @@ def _run_stages(
         if stage in (None, "measure") and not reuse:
             units = [p.number for p in spec.parts][rank::world_size]
             bar = _measure_progress(spec, units, executor, cfg.progress)
-            done = _run_units(executor, measure_part, spec, units, bar)
+            with stage_work("measure"):
+                done = _run_units(executor, measure_part, spec, units, bar)
             if stage:
                 return {"stage": stage, "parts": len(done), "measured": sum(r["measured"] for r in done)}
         if stage in (None, "pack"):
             say("pack: planning rows from the measured lengths", cfg.progress)
-            plan = run_pack_stage(spec, reuse_measure=reuse)
+            with stage_work("pack"):
+                plan = run_pack_stage(spec, reuse_measure=reuse)
             if plan.get("kept"):
                 say(f"resuming: the plan of the earlier run is current: kept ({plan['num_rows']:,} rows)")
             if stage:
@@ -524,8 +545,10 @@ def _run_stages(
         if stage in (None, "write"):
             units = [s["number"] for s in plan["shards"]][rank::world_size]
             bar = _write_progress(spec, plan, units, executor, cfg.progress)
-            done = _run_units(executor, write_shard, spec, units, bar)
+            with stage_work("write"):
+                done = _run_units(executor, write_shard, spec, units, bar)
             if stage:
                 return {"stage": stage, "shards": len(done), "rows": sum(r["rows_written"] for r in done)}
         say("finalize: metadata and rejects", cfg.progress)
-        return finalize(spec, plan, reuse_measure=reuse)
+        with stage_work("finalize"):
+            return finalize(spec, plan, reuse_measure=reuse)

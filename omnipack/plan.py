@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from . import packing
 from .alignment import check_seq_length, pad_to_multiple
+from .errors import Reject
 from .packing.balance import balance_costs
 from .packing.cost import CostModel, cost_stats, media_encoder_flops, row_costs
 from .packing.plan import build_plan
@@ -55,7 +56,7 @@ class PackConfig:
 class PackResult:
     row_ptr: np.ndarray  # int64 [R+1]
     sample_index: np.ndarray  # int64 [n_packed], samples grouped by row (input indices)
-    rejects: list[dict[str, Any]]
+    rejects: list[Reject]  # named (sample_id, source) only when the table has the name columns
     stats: dict[str, Any]
 
     @property
@@ -123,13 +124,13 @@ def run_pack(
             c = next(c for c, m in over_budget.items() if m[i])
             reason = f"{c} {table.column(c)[i].as_py()} exceeds the per-row budget {budget_cols[c]}"
         rejects.append(
-            {
-                "sample_index": indices[i].as_py(),
-                "sample_id": ids[i].as_py() if named else None,
-                "source": sources[i].as_py() if named else None,
-                "stage": "pack",
-                "reason": reason,
-            }
+            Reject(
+                indices[i].as_py(),
+                ids[i].as_py() if named else None,
+                sources[i].as_py() if named else None,
+                "pack",
+                reason,
+            )
         )
     keep = np.flatnonzero(~bad)
     sample_index = indices.to_numpy()

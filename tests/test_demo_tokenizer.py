@@ -22,7 +22,6 @@ class ToyInputs(EncoderInputs):
 
 class ToyProfile(ModelProfile):
     name = "toy_tokens"
-    family = "toy_tokens"
     inputs_class = ToyInputs
     template_blocks = {"image": ("<toy_image_token>",)}
     turn_end = "<toy_turn_end>"

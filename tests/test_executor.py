@@ -1,33 +1,8 @@
-"""The stage executor: same results in input order inline and on a pool, without reading far ahead."""
+"""The stage executor: the same results in unit order inline and on a pool; workers end with their parent."""
 
 from __future__ import annotations
 
-from omnipack.executors.local import LocalExecutor, map_ordered
-
-
-def _scaler(factor: int):
-    return lambda x: x * factor
-
-
-def test_pool_and_inline_give_the_same_ordered_results():
-    items = list(range(200))
-    inline = list(map_ordered(_scaler, 3, items))
-    pooled = list(map_ordered(_scaler, 3, items, workers=2, window=16, chunksize=4))
-    assert inline == pooled == [3 * x for x in items]
-
-
-def test_input_is_read_in_bounded_windows():
-    consumed = []
-
-    def source():
-        for i in range(100):
-            consumed.append(i)
-            yield i
-
-    results = map_ordered(_scaler, 1, source(), workers=2, window=10, chunksize=2)
-    assert next(results) == 0
-    assert len(consumed) <= 10  # only the first window was handed to the pool
-    assert list(results) == list(range(1, 100))
+from omnipack.executors.local import LocalExecutor
 
 
 def _unit(spec, unit):
@@ -122,7 +97,7 @@ def test_a_killed_runs_spec_file_is_removed_by_the_next_run(tmp_path):
 
 ORPHANS = """
 import os, sys, time
-from omnipack.executors.local import LocalExecutor, map_ordered
+from omnipack.executors.local import LocalExecutor
 
 
 def pid_of_worker(spec, unit):
@@ -130,20 +105,9 @@ def pid_of_worker(spec, unit):
     return os.getpid()
 
 
-def pid_of(item):
-    time.sleep(0.2)
-    return os.getpid()
-
-
-def make_pid_of(context):
-    return pid_of
-
-
 if __name__ == "__main__":
     executor = LocalExecutor(2)
     pids = set(executor.map(pid_of_worker, None, list(range(6))))
-    ordered = map_ordered(make_pid_of, None, range(100), workers=2, window=4, chunksize=1)
-    pids |= {next(ordered) for _ in range(6)}  # the generator stays open: its pool stays up
     print(" ".join(map(str, sorted(pids))), flush=True)
     time.sleep(300)
 """
@@ -166,7 +130,7 @@ def test_pool_workers_exit_when_their_parent_is_killed(tmp_path):
     finally:
         parent.kill()
         parent.wait()
-    assert len(workers) == 4, workers  # two of the executor's pool, two of map_ordered's
+    assert len(workers) == 2, workers  # the executor's pool
 
     def alive(pid: int) -> bool:
         try:

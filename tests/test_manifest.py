@@ -4,8 +4,7 @@ import json
 
 import pytest
 
-from omnipack.manifest import ManifestError, read_manifest, resolve_media, validate_record
-from omnipack.media.sources import SourceRefused
+from omnipack.manifest import ManifestError, read_manifest, validate_record
 
 ASSISTANT = {"role": "assistant", "content": "ok"}
 
@@ -73,14 +72,6 @@ def test_reader_keeps_every_line_and_flags_duplicates_and_bad_json(tmp_path):
     assert "duplicate sample id 'x'" in samples[2].error
 
 
-def test_media_paths_cannot_escape_the_root(tmp_path):
-    (tmp_path / "media").mkdir()
-    assert resolve_media(tmp_path / "media", "a/b.png") == (tmp_path / "media" / "a" / "b.png").resolve()
-    for ref in ("../x.png", "/etc/passwd", "a/../../x.png"):
-        with pytest.raises(SourceRefused, match="escapes the media root"):
-            resolve_media(tmp_path / "media", ref)
-
-
 def test_byte_order_mark_and_crlf_are_tolerated(tmp_path):
     p = tmp_path / "m.jsonl"
     line = json.dumps({"id": "x", "messages": [{"role": "user", "content": "q"}, ASSISTANT]})
@@ -90,8 +81,6 @@ def test_byte_order_mark_and_crlf_are_tolerated(tmp_path):
 
 
 def test_overlong_line_is_rejected_unread_and_reading_goes_on(tmp_path):
-    from omnipack.manifest import count_lines
-
     p = tmp_path / "m.jsonl"
     good = {"id": "a", "messages": [{"role": "user", "content": "q"}, ASSISTANT]}
     huge = {"id": "b", "messages": [{"role": "user", "content": "x" * 3_000_000}, ASSISTANT]}
@@ -109,7 +98,6 @@ def test_overlong_line_is_rejected_unread_and_reading_goes_on(tmp_path):
     # a line exactly at the cap is read
     exact = list(read_manifest([p], max_line_bytes=len(lines[1])))
     assert exact[1].error is None and exact[1].sample_id == "b"
-    assert count_lines([p]) == 3
 
 
 def test_invalid_utf8_line_is_rejected_and_reading_goes_on(tmp_path):

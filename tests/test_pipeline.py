@@ -172,13 +172,13 @@ def test_energon_lint_info_and_preview_pass(dataset):
     root, _ = dataset
     energon = [sys.executable, "-m", "megatron.energon.cli.main"]
     for cmd in (
-        ["lint", "--dataset-config", "dataset_typed.yaml", str(root)],
-        ["info", "--dataset-config", "dataset_typed.yaml", str(root)],
+        ["lint", str(root)],  # dataset.yaml, as every Energon tool and loader reads it by default
+        ["info", str(root)],
     ):
         res = subprocess.run(energon + cmd, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stdout + res.stderr
     preview = subprocess.run(
-        [*energon, "preview", "--dataset-config", "dataset_typed.yaml", str(root)],
+        [*energon, "preview", str(root)],
         input="n\n",
         capture_output=True,
         text=True,

@@ -75,7 +75,6 @@ def test_a_new_family_is_one_module(tmp_path, monkeypatch):
 
             class ToyProfile(ModelProfile):
                 name = "toy_family"
-                family = "toy_family"
                 inputs_class = ToyInputs
                 turn_start = "<start_of_turn>"
                 template_blocks = {"image": ("<img>",)}

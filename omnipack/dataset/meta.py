@@ -3,9 +3,9 @@
 Energon rejects unknown keys in ``.info.json``, so omnipack's metadata lives in ``.nv-meta/omnipack.json``.
 ``dataset.yaml`` (what stock ``energon info|lint|preview`` and the loaders read by default) names omnipack's
 typed factory, ``omnipack.loader.energon_dataset.OmnipackWebdataset``, which decodes each row with
-omnipack's codec into a sample the omnipack task encoder loads and ``energon preview`` prints readably;
-``dataset_typed.yaml`` is the same config under the name older instructions used. ``dataset_crude.yaml``
-declares a CrudeWebdataset, for task encoders that cook rows themselves (omnipack's cooker does).
+omnipack's codec into a sample the omnipack task encoder loads and ``energon preview`` prints readably.
+``dataset_crude.yaml`` declares a CrudeWebdataset, for task encoders that cook rows themselves (omnipack's
+cooker does).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from .shards import ShardInfo
 NV_META = ".nv-meta"
 OMNIPACK_META = "omnipack.json"
 DATASET_CONFIG = "dataset.yaml"
-TYPED_CONFIG = "dataset_typed.yaml"
 CRUDE_CONFIG = "dataset_crude.yaml"
 ROW_FACTORY = {"__module__": "omnipack.loader.energon_dataset", "__class__": "OmnipackWebdataset"}
 ROW_SAMPLE = {"__module__": "omnipack.loader.energon_dataset", "__class__": "OmnipackRow"}
@@ -62,7 +61,6 @@ def write_dataset_configs(root: Path) -> None:
     meta = Path(root) / NV_META
     typed = yaml.safe_dump({**ROW_FACTORY, "sample_type": ROW_SAMPLE}, sort_keys=False)
     (meta / DATASET_CONFIG).write_text(typed)
-    (meta / TYPED_CONFIG).write_text(typed)
     (meta / CRUDE_CONFIG).write_text("__module__: megatron.energon\n__class__: CrudeWebdataset\n")
 
 

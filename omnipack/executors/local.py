@@ -2,9 +2,6 @@
 
 ``LocalExecutor.map`` runs a stage's unit function over its units (parts, shards) on spawned processes;
 each process keeps what it loads (a tokenizer, the mapped measure tables) for all the units it runs.
-``map_ordered`` runs a per-item function within one unit of work: the function is built once per process from plain data (``make_fn(context)``), so heavy state such as a
-tokenizer is loaded once per worker and never pickled. Items are handed to the pool in bounded windows:
-the input is never read far ahead of the output, so memory stays flat on large inputs.
 """
 
 from __future__ import annotations
@@ -18,19 +15,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from itertools import islice
-from typing import Any, TypeVar
+from typing import Any
 
 from ..progress import attach_queue
 from ..stages.storage import staging_dir
 from .base import Executor, UnitFn
 
-T = TypeVar("T")
-R = TypeVar("R")
-
-_FN: Callable[[Any], Any] | None = None  # this worker's function, built by the pool initializer
 PARENT_POLL_S = 1.0  # how often a worker looks whether its parent is still there (where no signal says so)
 
 
@@ -54,41 +46,6 @@ def exit_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="omnipack-parent-watch", daemon=True).start()
-
-
-def _init(make_fn: Callable[[Any], Callable[[Any], Any]], context: Any, parent_pid: int) -> None:
-    global _FN
-    exit_with_parent(parent_pid)
-    _FN = make_fn(context)
-
-
-def _call(item: Any) -> Any:
-    assert _FN is not None
-    return _FN(item)
-
-
-def map_ordered(
-    make_fn: Callable[[Any], Callable[[T], R]],
-    context: Any,
-    items: Iterable[T],
-    *,
-    workers: int = 1,
-    window: int = 1024,
-    chunksize: int = 8,
-) -> Iterator[R]:
-    """``make_fn(context)(item)`` for every item, results in input order.
-
-    ``make_fn`` must be a module-level callable (it crosses to spawned workers); ``context`` plain data.
-    """
-    if workers <= 1:
-        yield from map(make_fn(context), items)
-        return
-    # spawn, not fork: tokenizers' thread pools and fork do not mix
-    initargs = (make_fn, context, os.getpid())
-    with mp.get_context("spawn").Pool(workers, initializer=_init, initargs=initargs) as pool:
-        it = iter(items)
-        while chunk := list(islice(it, window)):
-            yield from pool.imap(_call, chunk, chunksize=chunksize)
 
 
 _SPEC: tuple[str, Any] | None = None  # (file, spec): the spec this worker loaded last

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import Reject
+
 DEFAULT_MAX_REJECT_FRACTION = 0.05
 EXIT_TOO_MANY_REJECTS = 3
 
@@ -81,14 +83,14 @@ class RejectSummary:
     example: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, rejects: Iterable[dict[str, Any]]) -> RejectSummary:
+    def of(cls, rejects: Iterable[Reject]) -> RejectSummary:
         out = cls()
         for r in rejects:
             out.count += 1
-            out.by_stage[r["stage"]] += 1
-            kind = reason_kind(r["reason"])
+            out.by_stage[r.stage] += 1
+            kind = reason_kind(r.reason)
             out.kinds[kind] += 1
-            out.example.setdefault(kind, str(r["reason"])[:200])
+            out.example.setdefault(kind, str(r.reason)[:200])
         return out
 
     def top(self, n: int = 5) -> list[tuple[int, str]]:
@@ -97,7 +99,7 @@ class RejectSummary:
 
 
 def check_reject_fraction(
-    num_input: int, rejects: Iterable[dict[str, Any]], max_fraction: float, rejects_file: str
+    num_input: int, rejects: Iterable[Reject] | RejectSummary, max_fraction: float, rejects_file: str
 ) -> None:
     """Raise :class:`TooManyRejects` with a summary when more than ``max_fraction`` of the input was rejected
     (``rejects``: the run's reject records, streamed, or their :class:`RejectSummary`)."""

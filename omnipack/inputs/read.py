@@ -261,7 +261,7 @@ def _sample(
     src: SourceRecord, df: DataFile, reader: Reader, spec: InputSpec, index: int, seen: set[str]
 ) -> RawSample:
     default_id = src.where  # the stable id of a record without one: file:line (JSONL) or file#record
-    common = {"source_file": df.label, "record_index": src.record_index, "size": src.size}
+    common = {"record_index": src.record_index, "size": src.size}
     if src.error is not None:
         return RawSample(index, default_id, src.where, None, src.error, **common)
     rec = src.record

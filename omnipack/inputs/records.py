@@ -12,12 +12,14 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from ..errors import SampleReject
+
 
 class InputError(ValueError):
     """An input path or setting can not be used at all (not a per-record problem)."""
 
 
-class ManifestError(ValueError):
+class ManifestError(SampleReject):
     """A manifest line is invalid; the message is the reject reason."""
 
 
@@ -37,7 +39,6 @@ class RawSample:
     record: dict[str, Any] | None  # the omnipack record; None when the input record could not be used
     error: str | None = None
     size: int = 0  # bytes of the input record (lets stages bound the work they take on at once)
-    source_file: str = ""  # the input data file's label (see omnipack.inputs.read.data_files)
     record_index: int = -1  # 0-based position of the record in that file
 
     @property

@@ -1,6 +1,9 @@
-class MediaError(ValueError):
+from ..errors import SampleReject
+
+
+class MediaError(SampleReject):
     """A media file cannot be read or used; the message is the reject reason."""
 
 
-class MediaRejected(ValueError):
+class MediaRejected(SampleReject):
     """The media item cannot be used with this profile; the message is the reject reason."""

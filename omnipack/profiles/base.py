@@ -163,7 +163,6 @@ class ModelProfile(ABC):
     """
 
     name: ClassVar[str]
-    family: ClassVar[str]
     # The trainer half: rebuilt from ``settings()`` (as recorded in omnipack.json) by the loader.
     inputs_class: ClassVar[type[EncoderInputs]]
     # Text the chat template emits for one media item of each kind (a run of special tokens).

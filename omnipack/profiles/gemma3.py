@@ -273,7 +273,6 @@ class Gemma3Profile(ModelProfile):
 
     name = "gemma3"
     model_types = ("gemma3",)
-    family = "gemma3"
     inputs_class = Gemma3Inputs
     template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {"image": (BOI_TOKEN,)}
     turn_start: ClassVar[str] = START_OF_TURN

@@ -470,7 +470,6 @@ class Gemma4Profile(ModelProfile):
     """
 
     name = "gemma4"
-    family = "gemma4"
     inputs_class = Gemma4Inputs
     model_types = ("gemma4",)
     template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {

@@ -59,7 +59,6 @@ class HFProfile(ModelProfile):
     """
 
     name = "hf"
-    family = "hf"
     inputs_class = HFInputs
     processor_backed = True
     template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {}  # per model: the processor's tokens

@@ -302,7 +302,6 @@ class NemotronOmniProfile(ModelProfile):
 
     name = "nemotron_omni"
     model_types = ("nemotron_h_omni",)
-    family = "nemotron_omni"
     inputs_class = NemotronOmniInputs
     turn_end = "<|im_end|>"
     template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {

@@ -173,7 +173,6 @@ class Qwen3OmniProfile(QwenVLProfile):
 
     name = "qwen3_omni"
     model_types = ("qwen3_omni_moe",)
-    family = "qwen3_omni"
     inputs_class = Qwen3OmniInputs
     default_image = VisionSettings(16, 2, 2, 3136, 12845056)
     # Qwen2VLVideoProcessor's class defaults (sampled at 2 fps, as qwen-vl-utils does) ...

@@ -350,7 +350,6 @@ class QwenVLProfile(ModelProfile):
     defaults and its ``video_preprocessor_config`` (but not over options given here).
     """
 
-    family = "qwen_vl"
     default_image: ClassVar[VisionSettings]
     default_video: ClassVar[VideoSettings]
     video_sampler: ClassVar[str] = "qwen2"  # "qwen2" | "qwen3"

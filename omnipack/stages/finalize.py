@@ -14,7 +14,7 @@ import shutil
 from array import array
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 
 from ..dataset.meta import DATASET_CONFIG, NV_META, write_energon_meta, write_omnipack_meta
 from ..dataset.shards import ShardInfo
+from ..errors import Reject
 from ..inputs import InputPart
 from ..inputs.accounting import per_file_counts
 from .measure import part_offsets, read_measured
@@ -62,31 +63,32 @@ def shard_records(spec: RunSpec, plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 def iter_rejects(
     spec: RunSpec, plan: dict[str, Any], shards: list[dict[str, Any]], parts: list[dict[str, Any]]
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[Reject]:
     """Rejects of every stage with global sample indices, in input order, streamed: the measure rejects are
     read one part at a time (a corpus may hold millions of them), merged with the pack and write stages'."""
     superseded = set(plan["superseded_rejects"])  # replaced by the pack stage's duplicate-id rejects
     offsets = part_offsets(parts)
 
-    def measured() -> Iterator[dict[str, Any]]:
+    def measured() -> Iterator[Reject]:
         for rec, offset in zip(parts, offsets[:-1], strict=True):
             table = read_measured(spec.measure_dir, [rec], REJECT_COLUMNS, rejects=True)
             for batch in table.to_batches(max_chunksize=1024):  # as Python objects a few at a time
                 for r in batch.to_pylist():
                     r["sample_index"] += int(offset)
                     if r["sample_index"] not in superseded:
-                        yield r
+                        yield Reject.from_json(r)
 
-    later = sorted(plan["rejects"] + [r for rec in shards for r in rec["rejects"]], key=_index)
+    recorded = plan["rejects"] + [r for rec in shards for r in rec["rejects"]]
+    later = sorted(map(Reject.from_json, recorded), key=_index)
     # the order of one stable sort of (measure rejects, pack rejects, write rejects) by sample index
     return heapq.merge(measured(), later, key=_index)
 
 
-REJECT_COLUMNS = ["sample_index", "sample_id", "source", "stage", "reason"]
+REJECT_COLUMNS = [f.name for f in fields(Reject)]
 
 
-def _index(r: dict[str, Any]) -> int:
-    return r["sample_index"]
+def _index(r: Reject) -> int:
+    return r.sample_index
 
 
 def write_rejects(
@@ -100,9 +102,9 @@ def write_rejects(
     tmp = staging_file(spec.out / REJECTS_FILE)
     with open(tmp, "w") as f:
         for r in iter_rejects(spec, plan, shards, parts):
-            f.write(json.dumps(r) + "\n")
-            by_stage[r["stage"]] += 1
-            indices.append(r["sample_index"])
+            f.write(json.dumps(r.to_json()) + "\n")
+            by_stage[r.stage] += 1
+            indices.append(r.sample_index)
     return tmp, np.frombuffer(indices, dtype=np.int64) if indices else np.zeros(0, np.int64), dict(by_stage)
 
 
@@ -117,7 +119,9 @@ def by_input_file(
         for rec, first in zip(parts, offsets[:-1], strict=True)
     ]
     placed = read_parquet(spec.plan_table, columns=["sample_index"]).column("sample_index").to_numpy()
-    write_rejected = np.asarray([r["sample_index"] for s in shards for r in s["rejects"]], dtype=np.int64)
+    write_rejected = np.asarray(
+        [Reject.from_json(r).sample_index for s in shards for r in s["rejects"]], dtype=np.int64
+    )
     packed = placed[~np.isin(placed, write_rejected)]
     return per_file_counts(ledger, rejected, packed)
 

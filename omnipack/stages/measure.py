@@ -181,7 +181,10 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
             read_part(part, spec.inputs or InputSpec(max_record_bytes=spec.max_line_bytes))
         ):
             for kind, rec in measurer.measure_many(samples, lambda n: progress.advance("measure", number, n)):
-                (good if kind == "sample" else bad).add(rec)
+                if kind == "sample":
+                    good.add(rec)
+                else:
+                    bad.add(rec.to_json())
     pa.default_memory_pool().release_unused()
     outputs = {
         files[name].name: {"bytes": tmp[name].stat().st_size, "xxh3": file_xxh3(tmp[name])}

@@ -8,6 +8,7 @@ the plan's rows into shards by their estimated size, so each shard is a write un
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ..errors import Reject
 from ..plan import PACK_COLUMNS, PackResult, run_pack, write_plan
 from .measure import part_files, part_key, part_offsets, read_measured
 from .records import crash_point, digest, read_record, write_json_atomic
@@ -62,7 +64,7 @@ def _any_record(path: Path) -> dict[str, Any] | None:
 
 def _duplicates(
     spec: RunSpec, records: list[dict[str, Any]], measured_index: np.ndarray
-) -> tuple[np.ndarray, list, list]:
+) -> tuple[np.ndarray, list[Reject], list[int]]:
     """Ids seen in an earlier part: (mask of measured samples to drop, their rejects, indices of measure
     rejects they replace). An id is claimed by every record that passed the manifest checks: measured
     samples and measure-stage rejects. Every claim after an id's first is a duplicate, as the reader says
@@ -87,7 +89,8 @@ def _duplicates(
     drop_index = [int(index[k]) for k in order[later] if k < n_measured]
     drop[order[later][order[later] < n_measured]] = True
     names = _names(spec, records, drop_index)
-    dup_rejects, superseded = [], []
+    dup_rejects: list[Reject] = []
+    superseded: list[int] = []
     for k in order[later].tolist():
         if k < n_measured:
             sid, source = names[int(index[k])]
@@ -95,15 +98,7 @@ def _duplicates(
             j = k - n_measured
             sid, source = claimed.column("sample_id")[j].as_py(), claimed.column("source")[j].as_py()
             superseded.append(int(index[k]))
-        dup_rejects.append(
-            {
-                "sample_index": int(index[k]),
-                "sample_id": sid,
-                "source": source,
-                "stage": "read",
-                "reason": f"duplicate sample id {sid!r}",
-            }
-        )
+        dup_rejects.append(Reject(int(index[k]), sid, source, "read", f"duplicate sample id {sid!r}"))
     return drop, dup_rejects, superseded
 
 
@@ -204,9 +199,9 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, A
         return read_measured(spec.measure_dir, records, ["media_json"]).column("media_json").filter(keep_mask)
 
     plan = run_pack(table.select([c for c in PACK_COLUMNS if c in NUMERIC_COLUMNS]), spec.pack, media_json)
-    names = _names(spec, records, [r["sample_index"] for r in plan.rejects])
-    for r in plan.rejects:
-        r["sample_id"], r["source"] = names[r["sample_index"]]
+    names = _names(spec, records, [r.sample_index for r in plan.rejects])
+    pack_rejects = [replace(r, sample_id=names[r.sample_index][0], source=names[r.sample_index][1])
+                    for r in plan.rejects]  # fmt: skip
     pos = np.searchsorted(table.column("sample_index").to_numpy(), plan.sample_index)
     sample_bytes = table.column("media_bytes").to_numpy()[pos]
     per_token = ROW_TOKEN_BYTES + (MROPE_TOKEN_BYTES if spec.measure.mrope else 0)
@@ -234,10 +229,11 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, A
         "key": key,
         "input": n_input,
         "measured": table.num_rows,  # less the duplicates dropped: as if the input were read as one part
-        "dropped_duplicates": sorted({r["sample_index"] for r in dup_rejects} - set(superseded)),
+        "dropped_duplicates": sorted({r.sample_index for r in dup_rejects} - set(superseded)),
         "parts": [r["number"] for r in records],
         "offsets": offsets.tolist(),
-        "rejects": plan.rejects + dup_rejects,
+        "rejects": [r.to_json() for r in pack_rejects + dup_rejects],
+        # measure rejects (by sample index) that the duplicate-id rejects replace
         "superseded_rejects": superseded,
         "stats": plan.stats,
         "num_rows": plan.num_rows,

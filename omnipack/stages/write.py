@@ -24,9 +24,8 @@ from .. import progress
 from ..dataset.codec import encode_row
 from ..dataset.contract import row_invariant_errors
 from ..dataset.shards import ShardWriter
-from ..manifest import ManifestError
+from ..errors import Reject, SampleReject, sample_failed
 from ..measure import sample_arrays
-from ..media.errors import MediaError
 from ..media.probe import materialize
 from ..media.sources import resolve_source
 from ..profiles.base import MediaPlan
@@ -49,7 +48,7 @@ from .storage import is_local, local_file, make_dirs, publish, read_parquet, rem
 class RowResult:
     key: str
     parts: dict[str, bytes] | None  # None when every sample of the row was rejected
-    rejects: list[dict[str, Any]]
+    rejects: list[Reject]
     num_samples: int
     real_tokens: int
 
@@ -58,7 +57,7 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
     """Materialise a row's media and assemble its arrays; pure function of its inputs."""
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
-    rejects = []
+    rejects: list[Reject] = []
     for rec in records:
         media, sample_payloads = [], {}
         try:
@@ -73,17 +72,11 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
                 part = f"media.{len(payloads) + len(sample_payloads)}.{ext}"
                 sample_payloads[part] = data
                 media.append((plan, tuple(m["span"]), part))
-        except (MediaError, ManifestError) as e:
-            rejects.append(
-                {
-                    "sample_index": rec["sample_index"],
-                    "sample_id": rec["sample_id"],
-                    "source": rec["source"],
-                    "stage": "write",
-                    "reason": str(e),
-                }
-            )
+        except SampleReject as e:
+            rejects.append(Reject.of(rec["sample_index"], rec["sample_id"], rec["source"], "write", e))
             continue
+        except Exception as e:
+            raise sample_failed("write", rec["sample_id"], rec["source"], e) from e
         ids, labels, mrope = sample_arrays(rec)
         seqs.append(SequenceInput(rec["sample_id"], ids, labels, media, mrope))
         payloads.update(sample_payloads)
@@ -301,7 +294,7 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
         checksums=spec.write.shard_checksums,
         first_number=shard["index"],
     )
-    rejects: list[dict[str, Any]] = []
+    rejects: list[Reject] = []
     rows_written = samples_written = real_tokens = 0
 
     def build(r: int) -> RowResult:
@@ -340,7 +333,7 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
         "stamps": {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))}
         if tar
         else None,
-        "rejects": rejects,
+        "rejects": [r.to_json() for r in rejects],
         "rows_written": rows_written,
         "samples_written": samples_written,
         "real_tokens": real_tokens,

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from jinja2 import TemplateError
 
 from ..dataset.contract import IGNORE_INDEX
+from ..errors import SampleReject
 from ..profiles.base import MediaPlan, MediaSpan, ModelProfile
 from .hub_cache import NotCached, resolve_model_dir
 from .token_starts import TokenByteStarts
@@ -26,7 +28,7 @@ from .token_starts import TokenByteStarts
 TOKENIZE_BATCH_CHARS = 1 << 22  # characters tokenized in one call
 
 
-class SampleRejected(ValueError):
+class SampleRejected(SampleReject):
     """The sample cannot be encoded; the message is the reject reason."""
 
 
@@ -453,7 +455,7 @@ class ChatTokenizer:
     ) -> list[EncodedSample | Exception]:
         """``encode`` for many (messages, plans) or (messages, plans, tools) at once, tokenized in one call
         (the tokenizer's batch path, as fast as its own batch encode); a sample that fails gets its
-        exception in its place."""
+        exception in its place (``SampleRejected`` for a data problem, any other for a bug)."""
         results: list[EncodedSample | Exception | None] = [None] * len(samples)
         texts, pending = [], []
         for k, (messages, plans, *rest) in enumerate(samples):
@@ -463,20 +465,19 @@ class ChatTokenizer:
                 if tools is not None or any(len(m) > 2 or m["role"] == "tool" for m in messages):
                     self._check_tool_use(messages, tools)
                 msgs = template_messages(messages)
-                full = self.render(msgs, tools=tools)
+                try:
+                    full = self.render(msgs, tools=tools)
+                except TemplateError as e:  # the template's raise_exception(): it refuses this conversation
+                    raise SampleRejected(f"the chat template refused the conversation: {e}") from None
                 if max_tokens is not None and self.max_chars_per_token is not None:
                     self._check_length(full, plans, max_tokens)
                 pending.append((k, self.supervised_char_spans(msgs, full, tools), plans))
                 texts.append(full)
-            except AssertionError:
-                raise
             except Exception as e:
                 results[k] = e
         for enc, full, (k, char_spans, plans) in zip(self._tokenize_many(texts), texts, pending, strict=True):
             try:
                 results[k] = self._finish(enc, char_spans, plans, full)
-            except AssertionError:
-                raise
             except Exception as e:
                 results[k] = e
         return results  # type: ignore[return-value]
