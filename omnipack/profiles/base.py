@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..packing.cost import CostModel, TransformerShape, build_cost_model
+from .cost import CostModel, TransformerShape, build_cost_model
 
 if TYPE_CHECKING:
     from .inputs import EncoderInputs
@@ -219,7 +219,7 @@ class ModelProfile(ABC):
         they hold everything ``inputs_class.from_settings`` reads."""
         return {}
 
-    # ---- training cost model (packing.cost): new methods, used by balanced packing ----
+    # ---- training cost model (profiles.cost): new methods, used by balanced packing ----
 
     def cost_shapes(self) -> dict[str, TransformerShape]:
         """Default shapes of the LM (``"lm"``) and each media encoder (``"vision"``, ``"audio"``)."""

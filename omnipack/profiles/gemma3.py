@@ -33,8 +33,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops
 from .base import MediaMeta, MediaPlan, MediaRejected, ModelProfile, Segment, read_preprocessor_config
+from .cost import TransformerShape, blocks_pairs, encoder_flops
 from .inputs import EncoderInputs, Payload, PendingRows, item_kind, payload_frames
 
 BOI_TOKEN = "<start_of_image>"
@@ -357,7 +357,7 @@ class Gemma3Profile(ModelProfile):
             "normalize": {"mean": list(self.image_mean), "std": list(self.image_std)},
         }
 
-    # ---- training cost model (packing.cost) ----
+    # ---- training cost model (profiles.cost) ----
 
     def cost_shapes(self) -> dict[str, TransformerShape]:
         """Gemma 3 4B: LM hidden 2560, 34 layers, 8/4 heads of 256, GeGLU 10240 (sliding-window layers are

@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops
 from .audio_features import parakeet_log_mel
 from .base import (
     AUDIO_LOADING,
@@ -37,6 +36,7 @@ from .base import (
     audio_samples_at,
     read_preprocessor_config,
 )
+from .cost import TransformerShape, blocks_pairs, encoder_flops
 from .inputs import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
@@ -507,7 +507,7 @@ class NemotronOmniProfile(ModelProfile):
             "mel": "parakeet, one clip per call (n // 160 valid frames + 1 zeroed boundary frame)",
         }
 
-    # ---- training cost model (packing.cost): new methods ----
+    # ---- training cost model (profiles.cost): new methods ----
 
     def cost_shapes(self) -> dict[str, TransformerShape]:
         """Approximate published shapes: LM a Nemotron-H hybrid like Nemotron-Nano-12B-v2 (hidden 5120,

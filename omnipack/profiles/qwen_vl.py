@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..packing.cost import TransformerShape, windowed_pairs
 from .base import (
     MediaMeta,
     MediaPlan,
@@ -31,6 +30,7 @@ from .base import (
     Segment,
     read_preprocessor_config,
 )
+from .cost import TransformerShape, windowed_pairs
 from .inputs import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
@@ -623,7 +623,7 @@ class QwenVLProfile(ModelProfile):
             "normalize": {"mean": list(self.image_mean), "std": list(self.image_std)},
         }
 
-    # ---- training cost model (packing.cost): new methods ----
+    # ---- training cost model (profiles.cost): new methods ----
 
     # Vision attention layout: every layer attends over a whole frame unless ``vision_window_layers``
     # of them attend in windows of ``vision_window_px`` pixels (Qwen2.5-VL); ``vision_mergers`` counts
