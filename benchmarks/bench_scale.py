@@ -196,7 +196,7 @@ def _cost_model() -> Any:
 
 
 def synthetic_parts(n: int, folder: str) -> None:
-    """Measured parts of ``n`` synthetic samples (length and cost columns, realistic id and source strings)."""
+    """Measured parts of ``n`` synthetic samples (length and cost columns, realistic ids and sources)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -232,7 +232,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         pack=PackConfig(
             align=align,
             cost_model=None if cost_model is None else cost_model.describe(),
-            **{f.name: getattr(cfg, f.name) for f in fields(PackConfig) if f.name not in ("align", "cost_model")},
+            **{f.name: getattr(cfg, f.name) for f in fields(PackConfig) if f.name not in DERIVED_PACK_FIELDS},
         ),
         layout=ShardLayout(
             int(cfg.shard_size_mb * (1 << 20)), cfg.shard_max_rows, cfg.val_fraction, cfg.seed
@@ -270,6 +270,10 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             "inputs": input_summary(cfg),
         },
     )
+
+
+# PackConfig fields the run derives rather than takes from the same-named prepare setting
+DERIVED_PACK_FIELDS = ("align", "cost_model")
 
 
 def _cost_model(cfg: PrepareConfig, profile: Any) -> Any:

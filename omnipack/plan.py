@@ -161,7 +161,9 @@ def _dp_sizes(value: tuple[int, ...] | list[int] | int) -> list[int]:
 def _sample_costs(table: pa.Table) -> np.ndarray:
     """Every sample's modeled cost (float64); the column must be there, with a value for each sample."""
     if COST_COLUMN not in table.column_names:
-        raise ValueError(f"a cost model needs the samples' {COST_COLUMN} column (written by the measure stage)")
+        raise ValueError(
+            f"a cost model needs the samples' {COST_COLUMN} column (written by the measure stage)"
+        )
     column = table.column(COST_COLUMN)
     if column.null_count:
         raise ValueError(f"{column.null_count} samples have no {COST_COLUMN}: measured without a cost model")

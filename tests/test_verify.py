@@ -843,7 +843,9 @@ def test_prepare_shard_sha256_records_a_digest_that_verify_sha256_checks(tmp_pat
     assert set(fails) == {"checksums"} and f"{shards[0]['path']}: sha256" in fails["checksums"][0]
 
 
-def test_ledger_bytes_do_not_depend_on_how_the_entries_come(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ledger_bytes_do_not_depend_on_how_the_entries_come(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Finalize writes the ledger part by part: the file must be the same for any split of the input."""
     import pyarrow as pa
 

@@ -45,8 +45,9 @@ class LedgerWriter:
 
     def write(self, table: pa.Table) -> None:
         """Append ``table``'s entries; a column it lacks is null (placed samples have no stage, say)."""
+        n = table.num_rows
         columns = [
-            table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+            table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(n, f.type)
             for f in LEDGER_SCHEMA
         ]
         self._pending.append(pa.Table.from_arrays(columns, schema=LEDGER_SCHEMA))

@@ -155,7 +155,9 @@ def write_ledger(
             local = names.column("sample_index").to_numpy()
             at = np.minimum(np.searchsorted(local, index[lo:hi] - first), max(len(local) - 1, 0))
             if len(at) and not np.array_equal(local[at], index[lo:hi] - first):
-                raise AssertionError(f"accounting: part {rec['number']} lacks measured samples the plan placed")
+                raise AssertionError(
+                    f"accounting: part {rec['number']} lacks measured samples the plan placed"
+                )
             packed = pa.table(
                 {
                     "sample_index": index[lo:hi],
@@ -187,7 +189,10 @@ def _ledger_gap(got: np.ndarray, first: int, end: int) -> str:
     more than once."""
     counts = np.bincount(got - first, minlength=end - first) if len(got) else np.zeros(end - first, np.int64)
     lost, twice = np.flatnonzero(counts == 0) + first, np.flatnonzero(counts > 1) + first
-    return f"samples neither packed nor rejected {lost[:5].tolist()}, placed or rejected twice {twice[:5].tolist()}"
+    return (
+        f"samples neither packed nor rejected {lost[:5].tolist()}, "
+        f"placed or rejected twice {twice[:5].tolist()}"
+    )
 
 
 def _remove_strays(spec: RunSpec, shards: list[ShardInfo]) -> None:

@@ -24,7 +24,7 @@ from .spec import RunSpec, ShardLayout
 from .storage import make_dirs, publish, read_parquet, staging_file
 
 NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
-MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (read by verify)
+MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (for --from-stage pack)
 LAYOUT_SCHEMA = pa.schema([("row", pa.int32()), ("shard", pa.int32())])
 # Bytes per token position in a row's arrays (tokens, labels, positions, masks, boundaries), plus mRoPE's
 # 3 x int32: the part of a row's shard size that does not come from its media.
@@ -71,9 +71,9 @@ def check_costs(spec: RunSpec, records: list[dict[str, Any]]) -> None:
     if stale:
         shown = ", ".join(map(str, stale[:10])) + (" ..." if len(stale) > 10 else "")
         raise ValueError(
-            f"the sample costs of {len(stale)} of {len(records)} measured parts (parts {shown}) were computed "
-            "with another cost model (profile or cost settings changed since they were measured): re-measure "
-            "instead (run without --from-stage pack)"
+            f"the sample costs of {len(stale)} of {len(records)} measured parts (parts {shown}) were "
+            "computed with another cost model (profile or cost settings changed since they were measured): "
+            "re-measure instead (run without --from-stage pack)"
         )
 
 

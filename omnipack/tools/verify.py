@@ -523,30 +523,16 @@ def _accounting(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> No
     counts = ds.meta.get("counts") or {}
     rejects = ds.rejects()
     rows_seen = [r for rep in reports for r in rep.rows_seen]
-    packed = sum(len(r.sample_ids) for r in rows_seen)
-    n_in, n_packed, n_rej = counts.get("input"), counts.get("packed"), counts.get("rejected")
-    if n_in is not None and n_packed is not None and n_rej is not None and n_in != n_packed + n_rej:
-        res.failures.append(f"omnipack.json: input {n_in} != packed {n_packed} + rejected {n_rej}")
-    if n_packed is not None and packed != n_packed:
-        res.failures.append(f"{packed} samples in the shards, omnipack.json says {n_packed} packed")
-    rows = sum(r.rows for r in reports)
-    if counts.get("rows") is not None and rows != counts["rows"]:
-        res.failures.append(f"{rows} rows in the shards, omnipack.json says {counts['rows']}")
-    if n_rej is not None and len(rejects) != n_rej:
-        res.failures.append(f"{len(rejects)} lines in rejects.jsonl, omnipack.json says {n_rej} rejected")
-    by_stage = dict(Counter(r.get("stage") for r in rejects))
-    if counts.get("rejected_by_stage") is not None and by_stage != counts["rejected_by_stage"]:
-        res.failures.append(
-            f"rejects.jsonl by stage {by_stage} != omnipack.json {counts['rejected_by_stage']}"
-        )
-
+    _check_counts(res, counts, reports, rejects)
+    n_in = counts.get("input")
     ledger = _ledger(ds, res)
     if ledger is None:  # ids alone: a sample id is packed at most once (the pack stage rejects repeats)
         by_id: dict[str, list[str]] = {}
         for r in rows_seen:
             for sid in r.sample_ids:
                 by_id.setdefault(sid, []).append(r.where)
-        res.failures += [f"sample {s} packed twice: {w[0]} and {w[1]}" for s, w in by_id.items() if len(w) > 1]
+        twice = [(s, w) for s, w in by_id.items() if len(w) > 1]
+        res.failures += [f"sample {s} packed twice: {w[0]} and {w[1]}" for s, w in twice]
         return
     entries = ledger.to_pylist()
     _check_entries(res, entries, counts)
@@ -581,6 +567,28 @@ def _accounting(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> No
             res.failures.append(f"reject without a sample_index: {rej}")
     _check_rejects(res, entries, rejects)
     _close_ledger(res, n_in, packed_at, rejected, id_of, where_packed, rejects, row_of)
+
+
+def _check_counts(
+    res: CheckResult, counts: dict[str, Any], reports: list[ShardReport], rejects: list[dict[str, Any]]
+) -> None:
+    """omnipack.json's counts against themselves, the shards and rejects.jsonl."""
+    packed = sum(len(r.sample_ids) for rep in reports for r in rep.rows_seen)
+    n_in, n_packed, n_rej = counts.get("input"), counts.get("packed"), counts.get("rejected")
+    if n_in is not None and n_packed is not None and n_rej is not None and n_in != n_packed + n_rej:
+        res.failures.append(f"omnipack.json: input {n_in} != packed {n_packed} + rejected {n_rej}")
+    if n_packed is not None and packed != n_packed:
+        res.failures.append(f"{packed} samples in the shards, omnipack.json says {n_packed} packed")
+    rows = sum(r.rows for r in reports)
+    if counts.get("rows") is not None and rows != counts["rows"]:
+        res.failures.append(f"{rows} rows in the shards, omnipack.json says {counts['rows']}")
+    if n_rej is not None and len(rejects) != n_rej:
+        res.failures.append(f"{len(rejects)} lines in rejects.jsonl, omnipack.json says {n_rej} rejected")
+    by_stage = dict(Counter(r.get("stage") for r in rejects))
+    if counts.get("rejected_by_stage") is not None and by_stage != counts["rejected_by_stage"]:
+        res.failures.append(
+            f"rejects.jsonl by stage {by_stage} != omnipack.json {counts['rejected_by_stage']}"
+        )
 
 
 def _check_entries(res: CheckResult, entries: list[dict[str, Any]], counts: dict[str, Any]) -> None:
@@ -653,7 +661,7 @@ def _close_ledger(
         sid = id_of.get(idx, rejected_id.get(idx, "?"))
         if p + j == 0:
             placed = row_of.get(idx)
-            where = "" if placed is None else f" (the accounting ledger puts it in the row with key {placed:09d})"
+            where = "" if placed is None else f" (the accounting ledger puts it in row key {placed:09d})"
             res.failures.append(f"sample index {idx} ({sid}) is neither packed nor rejected{where}")
         elif p and j:
             res.failures.append(
