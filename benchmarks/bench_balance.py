@@ -4,7 +4,7 @@
     python benchmarks/bench_balance.py --quick   # 20k-sample mixes, 200k timing
 
 Each mix draws seeded synthetic samples with real media plans (grids, audio frames) of a profile, costs
-them with that profile's default cost model (LM attention + encoders, ``packing.cost``) and packs them
+them with that profile's default cost model (LM attention + encoders, ``profiles.cost``) and packs them
 with omnipack balanced, omnipack unbalanced and the peers of ``peers.py`` (Energon knapsack buffer of 20,
 TRL-style BFD per 1000-sample chunk). Rows go to ranks in a seeded random order (a DP sampler's view),
 one row per rank per step; straggler overhead = mean over steps of (max rank cost / mean rank cost) - 1.

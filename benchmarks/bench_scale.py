@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -185,8 +186,17 @@ def dataset_bytes(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 
+def _cost_model() -> Any:
+    """The cost model the synthetic samples are costed with (``PACK_PROFILE``, default qwen2_5_vl; empty:
+    none), as the measure stage would have costed them."""
+    from omnipack.profiles import get_profile
+
+    name = os.environ.get("PACK_PROFILE", "qwen2_5_vl")
+    return get_profile(name).cost_model({}) if name else None
+
+
 def synthetic_parts(n: int, folder: str) -> None:
-    """Measured parts of ``n`` synthetic samples (length columns, realistic id and source strings)."""
+    """Measured parts of ``n`` synthetic samples (length and cost columns, realistic ids and sources)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -197,6 +207,7 @@ def synthetic_parts(n: int, folder: str) -> None:
     measure_dir = Path(folder) / "stages" / "measure"
     measure_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
+    model = _cost_model()
     per_part = 100_000
     for k in range(-(-n // per_part)):
         m = min(per_part, n - k * per_part)
@@ -214,6 +225,8 @@ def synthetic_parts(n: int, folder: str) -> None:
             media_bytes=pa.array(np.zeros(m, np.int64)),
             media_json=pa.array(["[]"] * m),
         )
+        if model is not None:
+            cols.update(encoder_flops=pa.array(np.zeros(m)), sample_cost=pa.array(model.sample_costs(tokens)))
         files = part_files(measure_dir, k)
         pq.write_table(pa.table(cols, schema=SAMPLES_PARQUET_SCHEMA), files["samples"])
         pq.write_table(
@@ -230,7 +243,15 @@ def synthetic_parts(n: int, folder: str) -> None:
         )
         write_json_atomic(
             files["record"],
-            {"key": "synthetic", "number": k, "records": m, "measured": m, "rejected": 0, "files": {}},
+            {
+                "key": "synthetic",
+                "number": k,
+                "records": m,
+                "measured": m,
+                "rejected": 0,
+                "files": {},
+                "cost_model": None if model is None else model.describe(),
+            },
         )
 
 
@@ -245,6 +266,7 @@ def pack_memory_child(n: int, folder: str) -> None:
     from omnipack.stages.spec import RunSpec, ShardLayout, WriteSettings
 
     out, per_part = Path(folder), 100_000
+    model = _cost_model()
     parts = [
         InputPart(k, f"train-{k:05d}.jsonl", 0, 1, min(per_part, n - k * per_part), "")
         for k in range(-(-n // per_part))
@@ -255,7 +277,7 @@ def pack_memory_child(n: int, folder: str) -> None:
         measure=MeasureConfig("qwen2_5_vl", "", ""),
         max_line_bytes=1 << 24,
         part_lines=per_part,
-        pack=PackConfig(seq_length=8192, profile=os.environ.get("PACK_PROFILE", "qwen2_5_vl") or None),
+        pack=PackConfig(seq_length=8192, cost_model=None if model is None else model.describe()),
         layout=ShardLayout(),
         write=WriteSettings("", 8192, 1, 0),
         parts=tuple(parts),
@@ -263,10 +285,6 @@ def pack_memory_child(n: int, folder: str) -> None:
     )
     import gc
 
-    from omnipack.profiles import get_profile
-
-    if spec.pack.profile:  # the profile's code is loaded once per process: not a per-sample cost
-        get_profile(spec.pack.profile).cost_model({})
     gc.collect()
     pa.default_memory_pool().release_unused()
     base = _rss_mb()

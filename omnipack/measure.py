@@ -27,6 +27,7 @@ from .media.remote import DEFAULT_REMOTE, RemoteSettings
 from .media.sources import resolve_source
 from .profiles import get_profile
 from .profiles.base import MediaPlan
+from .profiles.cost import media_encoder_flops
 from .text.chat import ChatTokenizer, EncodedSample
 
 SAMPLES_SCHEMA = pa.schema(
@@ -46,6 +47,10 @@ SAMPLES_SCHEMA = pa.schema(
         ("vision_patches", pa.int64()),
         ("audio_frames", pa.int64()),
         ("media_bytes", pa.int64()),  # estimated shard bytes of the sample's media (shards are cut by it)
+        # modeled training cost (profiles.cost), null when the profile has no cost model: forward FLOPs of
+        # the sample's media encoders, and its whole per-sample cost (what balanced packing evens out)
+        ("encoder_flops", pa.float64()),
+        ("sample_cost", pa.float64()),
         ("media_json", pa.string()),
         ("input_ids", pa.list_(pa.int32())),
         ("labels", pa.list_(pa.int32())),
@@ -81,6 +86,8 @@ class MeasureConfig:
     max_tokens: int | None = None  # the row length: longer samples may be rejected before tokenizing
     media_allow_roots: tuple[str, ...] = ()  # folders outside the media root that symlinks may point into
     remote: RemoteSettings = DEFAULT_REMOTE  # how media URLs are fetched (timeouts, private addresses)
+    # the config's cost-model overrides (profiles.cost); None: no cost columns (the profile has no model)
+    cost: dict[str, Any] | None = None
 
 
 class Measurer:
@@ -91,6 +98,7 @@ class Measurer:
         self.config = config
         self.profile = get_profile(config.profile, **config.profile_options)
         self.chat = ChatTokenizer(config.tokenizer, self.profile, mrope=config.mrope)
+        self.cost_model = None if config.cost is None else self.profile.cost_model(config.cost)
 
     def measure_many(
         self, raws: list[RawSample], on_probed: Callable[[int], None] | None = None
@@ -154,12 +162,17 @@ class Measurer:
                 }
             )
         n = enc.num_tokens
+        padded = pad_to_multiple(n, self.config.align)
+        flops = cost = None
+        if self.cost_model is not None:
+            flops = media_encoder_flops(self.profile, self.cost_model.shapes, [s.plan for s in enc.spans])
+            cost = self.cost_model.sample_cost(padded, flops)
         return {
             "sample_index": raw.index,
             "sample_id": raw.sample_id,
             "source": raw.source,
             "num_tokens": n,
-            "padded_length": pad_to_multiple(n, self.config.align),
+            "padded_length": padded,
             "num_images": sum(r.kind == "image" for r in refs),
             "num_videos": sum(r.kind == "video" for r in refs),
             "num_audios": sum(r.kind == "audio" for r in refs),
@@ -170,6 +183,8 @@ class Measurer:
             "vision_patches": sum(s.plan.vision_patches for s in enc.spans),
             "audio_frames": sum(s.plan.audio_frames for s in enc.spans),
             "media_bytes": sum(media_bytes_estimate(s.plan) for s in enc.spans),
+            "encoder_flops": flops,
+            "sample_cost": cost,
             "media_json": json.dumps(media),
             "input_ids": enc.input_ids,
             "labels": enc.labels,

@@ -102,7 +102,7 @@ class PrepareConfig:
     shuffle: bool = True
     window: int | None = None
     balance: bool = False
-    cost: dict[str, Any] = field(default_factory=dict)  # cost-model overrides (packing.cost)
+    cost: dict[str, Any] = field(default_factory=dict)  # cost-model overrides (profiles.cost)
     data_parallel: list[int] | int = field(default_factory=lambda: [8, 64])  # straggler estimate DP sizes
     max_samples_per_row: int | None = None
     max_media_per_row: int | None = None
@@ -195,6 +195,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     align = cfg.layout.alignment
     check_seq_length(cfg.seq_length, align)
     chat = ChatTokenizer(cfg.tokenizer, get_profile(cfg.profile, **cfg.profile_options))
+    cost_model = _cost_model(cfg, chat.profile)
     pad_id = chat.tokenizer.pad_token_id
     if pad_id is None:
         pad_id = chat.tokenizer.eos_token_id
@@ -233,12 +234,15 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             max_tokens=cfg.seq_length,
             media_allow_roots=tuple(cfg.media_allow_roots),
             remote=cfg.remote,
+            cost=None if cost_model is None else dict(cfg.cost),
         ),
         max_line_bytes=max_line_bytes,
         part_lines=cfg.part_lines,
-        # The pack settings are the same-named fields of the prepare config.
+        # The pack settings are the same-named fields of the prepare config, and the cost model's numbers.
         pack=PackConfig(
-            align=align, **{f.name: getattr(cfg, f.name) for f in fields(PackConfig) if f.name != "align"}
+            align=align,
+            cost_model=None if cost_model is None else cost_model.describe(),
+            **{f.name: getattr(cfg, f.name) for f in fields(PackConfig) if f.name not in DERIVED_PACK_FIELDS},
         ),
         layout=ShardLayout(
             int(cfg.shard_size_mb * (1 << 20)), cfg.shard_max_rows, cfg.val_fraction, cfg.seed
@@ -277,6 +281,21 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             "inputs": input_summary(cfg),
         },
     )
+
+
+# PackConfig fields the run derives rather than takes from the same-named prepare setting
+DERIVED_PACK_FIELDS = ("align", "cost_model")
+
+
+def _cost_model(cfg: PrepareConfig, profile: Any) -> Any:
+    """The profile's cost model with the config's ``cost`` overrides (``profiles.cost.CostModel``); None
+    when the profile has none, unless balancing or cost settings ask for one (an error then)."""
+    try:
+        return profile.cost_model(cfg.cost)
+    except ValueError:
+        if cfg.balance or cfg.cost:
+            raise
+        return None
 
 
 def _output_state(cfg: PrepareConfig, stage: str | None) -> str:

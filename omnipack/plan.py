@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,8 @@ from . import packing
 from .alignment import check_seq_length, pad_to_multiple
 from .errors import Reject
 from .packing.balance import balance_costs
-from .packing.cost import CostModel, cost_stats, media_encoder_flops, row_costs
+from .packing.cost import cost_stats, row_constant, row_costs
 from .packing.plan import build_plan
-from .profiles import get_profile
 
 PLAN_SCHEMA = pa.schema([("row", pa.int32()), ("sample_index", pa.int64())])
 PACK_COLUMNS = [
@@ -29,6 +27,7 @@ PACK_COLUMNS = [
     "vision_patches",
     "audio_frames",
 ]
+COST_COLUMN = "sample_cost"  # each sample's modeled training cost, written by the measure stage
 
 
 @dataclass(frozen=True)
@@ -44,11 +43,10 @@ class PackConfig:
     max_media_per_row: int | None = None
     max_vision_patches_per_row: int | None = None
     max_audio_frames_per_row: int | None = None
-    # Cost model (packing.cost): the profile supplies shapes and encoder costs; ``cost`` overrides them.
-    # With a profile, ``balance`` evens out modeled row cost (LM attention + encoders), else sum of len².
-    profile: str | None = None
-    profile_options: dict[str, Any] = field(default_factory=dict)
-    cost: dict[str, Any] = field(default_factory=dict)
+    # The cost model (profiles.cost) the samples' ``sample_cost`` column was computed with, as recorded
+    # (``CostModel.describe()``): with it ``balance`` evens out modeled row cost (LM attention + encoders)
+    # and the stats give every row's cost; without it ``balance`` evens out the rows' sum of len².
+    cost_model: dict[str, Any] | None = None
     data_parallel: tuple[int, ...] | list[int] | int = (8, 64)  # DP sizes of the straggler estimate
 
 
@@ -81,22 +79,16 @@ def _constraints(table: pa.Table, keep: np.ndarray, cfg: PackConfig) -> Any:
     return packing.PackConstraints(max_samples_per_row=cfg.max_samples_per_row, resources=resources)
 
 
-def run_pack(
-    samples: Path | pa.Table, cfg: PackConfig, media_json: Callable[[], pa.ChunkedArray] | None = None
-) -> PackResult:
+def run_pack(samples: Path | pa.Table, cfg: PackConfig) -> PackResult:
     """Plan rows for every measured sample; over-length samples and budget violators become rejects.
 
-    ``samples``: the measure table (a Parquet file) or its ``PACK_COLUMNS``; ``media_json`` gives that
-    table's ``media_json`` column when the cost model needs it (read from the file by default)."""
+    ``samples``: the measure table (a Parquet file) or its ``PACK_COLUMNS``, and ``COST_COLUMN`` when
+    ``cfg.cost_model`` is set. Only numbers: the costs were modeled when the samples were measured."""
     check_seq_length(cfg.seq_length, cfg.align)
     if isinstance(samples, pa.Table):
         table = samples
     else:
-        table = pq.read_table(samples, columns=PACK_COLUMNS)
-        path = samples
-
-        def media_json() -> pa.ChunkedArray:
-            return pq.read_table(path, columns=["media_json"]).column("media_json")
+        table = pq.read_table(samples, columns=PACK_COLUMNS + ([COST_COLUMN] if cfg.cost_model else []))
     n_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
     padded = pad_to_multiple(n_tokens, cfg.align)
     too_long = padded > cfg.seq_length
@@ -137,16 +129,10 @@ def run_pack(
     if len(keep) == 0:
         return PackResult(np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), rejects, {"rows": 0})
     constraints = _constraints(table, keep, cfg)
-    profile, model = _cost_model(cfg)
-    sample_cost = None
-    if model is not None:  # encoder FLOPs of the kept samples only (rejects are never placed)
-        if media_json is None:
-            raise ValueError("a cost model needs the samples' media_json column")
-        media = media_json().take(keep)
-        flops = media_encoder_flops(profile, model, media.to_pylist())
-        sample_cost = model.sample_costs(padded[keep], flops)
+    # the kept samples' modeled costs (rejects are never placed)
+    sample_cost = None if cfg.cost_model is None else _sample_costs(table)[keep]
     if cfg.balance and sample_cost is not None:
-        plan = _pack_cost_balanced(padded[keep], sample_cost, constraints, model, cfg)
+        plan = _pack_cost_balanced(padded[keep], sample_cost, constraints, cfg)
     else:
         plan = packing.pack(
             padded[keep],
@@ -160,8 +146,9 @@ def run_pack(
         )
     stats = packing.packing_stats(n_tokens[keep], padded[keep], plan, cfg.seq_length)
     if sample_cost is not None:
-        costs = row_costs(plan.row_of, plan.num_rows, sample_cost, model.row_constant(cfg.seq_length))
-        stats["row_cost"] = cost_stats(costs, model, _dp_sizes(cfg.data_parallel))
+        constant = row_constant(cfg.cost_model, cfg.seq_length)
+        costs = row_costs(plan.row_of, plan.num_rows, sample_cost, constant)
+        stats["row_cost"] = cost_stats(costs, cfg.cost_model, _dp_sizes(cfg.data_parallel))
     return PackResult(plan.row_ptr.astype(np.int64), sample_index[keep][plan.members], rejects, stats)
 
 
@@ -172,28 +159,22 @@ def _dp_sizes(value: tuple[int, ...] | list[int] | int) -> list[int]:
     return sizes
 
 
-def _cost_model(cfg: PackConfig) -> tuple[Any, CostModel | None]:
-    """The profile and its cost model; (None, None) without a profile, (profile, None) when it has no cost
-    model. Asking to balance with a profile that has no cost model, or giving cost overrides without a
-    profile, is an error."""
-    if cfg.profile is None:
-        if cfg.cost:
-            raise ValueError("cost settings need a profile (its shapes are the defaults they override)")
-        return None, None
-    profile = get_profile(cfg.profile, **cfg.profile_options)
-    try:
-        return profile, profile.cost_model(cfg.cost)
-    except ValueError:
-        if cfg.balance or cfg.cost:
-            raise
-        return profile, None
+def _sample_costs(table: pa.Table) -> np.ndarray:
+    """Every sample's modeled cost (float64); the column must be there, with a value for each sample."""
+    if COST_COLUMN not in table.column_names:
+        raise ValueError(
+            f"a cost model needs the samples' {COST_COLUMN} column (written by the measure stage)"
+        )
+    column = table.column(COST_COLUMN)
+    if column.null_count:
+        raise ValueError(f"{column.null_count} samples have no {COST_COLUMN}: measured without a cost model")
+    return column.to_numpy().astype(np.float64, copy=False)
 
 
 def _pack_cost_balanced(
     lengths: np.ndarray,
     sample_cost: np.ndarray,
     constraints: Any,
-    model: CostModel,
     cfg: PackConfig,
 ) -> packing.PackPlan:
     """The dense plan, then rows of near-equal modeled cost with at most +0.2% rows (per window when
@@ -224,7 +205,7 @@ def _pack_cost_balanced(
             part_rows,
             constraints=sub,
             max_rows=part_rows + part_rows // 500,
-            row_constant=model.row_constant(cfg.seq_length),
+            row_constant=row_constant(cfg.cost_model, cfg.seq_length),
         )
         row_of[start:stop] = balanced + num_rows
         num_rows += rows

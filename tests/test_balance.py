@@ -11,16 +11,12 @@ import pytest
 
 from omnipack.packing import PackConstraints, pack
 from omnipack.packing.balance import balance_costs
-from omnipack.packing.cost import (
-    TransformerShape,
-    build_cost_model,
-    row_costs,
-    straggler_overhead,
-    windowed_pairs,
-)
+from omnipack.packing.cost import row_costs, straggler_overhead
 from omnipack.plan import PackConfig, run_pack
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaPlan
+from omnipack.profiles.cost import TransformerShape, build_cost_model, media_encoder_flops, windowed_pairs
+from omnipack.stages.pack import MeasureIncomplete
 
 # ---- cost model ---------------------------------------------------------------------------------------
 
@@ -231,14 +227,18 @@ def test_balanced_plan_is_deterministic():
 # ---- run_pack balance path ----------------------------------------------------------------------------
 
 
-def _measure_table(path, n: int, seed: int) -> None:
-    """A samples.parquet with the columns run_pack reads: text samples and Qwen2.5-VL images."""
+def _measure_table(path, n: int, seed: int, cost: dict | None = None, align: int = 1) -> dict:
+    """A samples.parquet with the columns run_pack reads: text samples and Qwen2.5-VL images, each costed
+    as the measure stage does (``sample_cost`` of its length aligned to ``align``, with the ``cost``
+    overrides); returns the cost model's record."""
     rng = np.random.default_rng(seed)
     profile = get_profile("qwen2_5_vl")
+    model = profile.cost_model(cost)
     rows = []
     for i in range(n):
         text = int(rng.integers(20, 600))
         media = []
+        plans = []
         patches = 0
         for _ in range(int(rng.integers(0, 3))):
             gh, gw = (int(x) * 2 for x in rng.integers(4, 30, 2))
@@ -246,6 +246,7 @@ def _measure_table(path, n: int, seed: int) -> None:
                 kind="image", num_tokens=gh * gw // 4, grid_thw=(1, gh, gw), vision_patches=gh * gw
             )
             media.append({"kind": "image", "plan": plan.to_json()})
+            plans.append(plan)
             text += plan.num_tokens
             patches += gh * gw
         rows.append(
@@ -258,16 +259,19 @@ def _measure_table(path, n: int, seed: int) -> None:
                 "vision_patches": patches,
                 "audio_frames": 0,
                 "media_json": json.dumps(media),
+                "sample_cost": model.sample_cost(
+                    -(-text // align) * align, media_encoder_flops(profile, model.shapes, plans)
+                ),
             }
         )
-    del profile
     pq.write_table(pa.Table.from_pylist(rows), path)
+    return model.describe()
 
 
 def test_run_pack_balances_modeled_cost_and_reports_every_row(tmp_path):
     path = tmp_path / "samples.parquet"
-    _measure_table(path, 3000, 3)
-    base = dict(seq_length=4096, align=8, profile="qwen2_5_vl", data_parallel=[8, 64])
+    model = _measure_table(path, 3000, 3, align=8)
+    base = dict(seq_length=4096, align=8, cost_model=model, data_parallel=[8, 64])
     plain = run_pack(path, PackConfig(**base))
     balanced = run_pack(path, PackConfig(**base, balance=True))
     again = run_pack(path, PackConfig(**base, balance=True))
@@ -281,32 +285,41 @@ def test_run_pack_balances_modeled_cost_and_reports_every_row(tmp_path):
     assert rc["cv"] < rc0["cv"] / 3
     assert rc["straggler_overhead"]["64"] < rc0["straggler_overhead"]["64"]
     assert balanced.stats["algorithm"].endswith("+balance(cost)")
-    # per_row is in plan order: recompute it from the plan and the model
-    model = get_profile("qwen2_5_vl").cost_model()
-    assert rc["model"]["lm_flops_per_token"] == pytest.approx(model.lm_token)
+    assert rc["model"] == model  # the model the costs were computed with, as recorded
+    # per_row is in plan order: recompute it from the plan, the samples' costs and the row constant
+    costs = pq.read_table(path, columns=["sample_cost"]).column(0).to_numpy()
+    constant = model["lm_flops_per_token"] * 4096
+    rows = np.repeat(np.arange(balanced.num_rows), np.diff(balanced.row_ptr))
+    expected = row_costs(rows, balanced.num_rows, costs[balanced.sample_index], constant)
+    assert rc["per_row"] == pytest.approx(expected.tolist(), rel=1e-5)
     assert rc["mean"] == pytest.approx(np.mean(rc["per_row"]), rel=1e-5)
 
 
 def test_run_pack_cost_settings(tmp_path):
     path = tmp_path / "samples.parquet"
-    _measure_table(path, 200, 4)
-    deeper = run_pack(path, PackConfig(seq_length=4096, profile="qwen2_5_vl", cost={"lm": {"layers": 56}}))
+    model = _measure_table(path, 200, 4, cost={"lm": {"layers": 56}})
+    deeper = run_pack(path, PackConfig(seq_length=4096, cost_model=model))
     assert deeper.stats["row_cost"]["model"]["shapes"]["lm"]["layers"] == 56
-    with pytest.raises(ValueError, match="need a profile"):
-        run_pack(path, PackConfig(seq_length=4096, cost={"lm": {"layers": 56}}))
+    table = pq.read_table(path)
+    with pytest.raises(ValueError, match="sample_cost column"):
+        run_pack(table.drop_columns(["sample_cost"]), PackConfig(seq_length=4096, cost_model=model))
+    no_cost = table.set_column(
+        table.schema.get_field_index("sample_cost"), "sample_cost", pa.nulls(table.num_rows, pa.float64())
+    )
+    with pytest.raises(ValueError, match="measured without a cost model"):
+        run_pack(no_cost, PackConfig(seq_length=4096, cost_model=model))
     with pytest.raises(ValueError, match="data_parallel"):
-        run_pack(path, PackConfig(seq_length=4096, profile="qwen2_5_vl", data_parallel=0))
-    # without a profile: the attention-only balance and no row_cost stats
+        run_pack(path, PackConfig(seq_length=4096, cost_model=model, data_parallel=0))
+    # without a cost model: the attention-only balance and no row_cost stats
     legacy = run_pack(path, PackConfig(seq_length=4096, balance=True))
     assert "row_cost" not in legacy.stats
 
 
 def test_run_pack_balanced_windows_keep_rows_inside_windows(tmp_path):
     path = tmp_path / "samples.parquet"
-    _measure_table(path, 1200, 5)
-    res = run_pack(
-        path, PackConfig(seq_length=4096, profile="qwen2_5_vl", balance=True, window=400, shuffle=False)
-    )
+    model = _measure_table(path, 1200, 5)
+    cfg = PackConfig(seq_length=4096, cost_model=model, balance=True, window=400, shuffle=False)
+    res = run_pack(path, cfg)
     for r in range(res.num_rows):
         members = res.row(r)
         assert len({int(i) // 400 for i in members}) == 1
@@ -362,3 +375,68 @@ def test_prepare_balanced_records_row_costs_and_inspect_shows_them(tmp_path, cap
     png = tmp_path / "rows.png"
     assert main(["inspect", str(out), "--plot", str(png), "--json", "-j", "1"]) == 0
     assert png.stat().st_size > 0
+
+
+def test_cost_is_modeled_at_measure_and_a_repack_refuses_stale_costs(tmp_path):
+    """The measure stage writes each sample's cost with the config's ``cost`` overrides and records the
+    model; a repack from the measure tables (``--from-stage pack``) under other cost settings is refused
+    (its costs would be stale), a fresh run measures them again."""
+    from omnipack.demo.corpus import build_demo_corpus
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+    from omnipack.pipeline import PrepareConfig, run_prepare
+
+    src = tmp_path / "source"
+    tok = build_demo_tokenizer(src / "tokenizer")
+    manifest, media = build_demo_corpus(src, num_samples=16)
+    out = tmp_path / "dataset"
+
+    def prepare(**kw):
+        cfg = PrepareConfig(
+            manifest=[str(manifest)],
+            media_root=str(media),
+            tokenizer=str(tok),
+            output=str(out),
+            balance=True,
+            data_parallel=[2],
+            progress=False,
+            **kw,
+        )
+        return run_prepare(cfg)
+
+    first = prepare(seq_length=2048, cost={"lm": {"layers": 4}})
+    part = out / "stages" / "measure" / "part-000000.parquet"
+    table = pq.read_table(part, columns=["num_media", "padded_length", "encoder_flops", "sample_cost"])
+    model = get_profile("qwen2_5_vl").cost_model({"lm": {"layers": 4}})
+    assert table.column("sample_cost").null_count == 0
+    with_media = table.column("num_media").to_numpy() > 0
+    flops = table.column("encoder_flops").to_numpy()
+    assert with_media.any() and (flops[with_media] > 0).all() and (flops[~with_media] == 0).all()
+    expected = model.sample_costs(table.column("padded_length").to_numpy(), flops)
+    assert np.array_equal(table.column("sample_cost").to_numpy(), expected)
+    assert first["packing"]["row_cost"]["model"] == model.describe()
+
+    measured_at = part.stat().st_mtime_ns
+    second = prepare(seq_length=1024, cost={"lm": {"layers": 4}}, from_stage="pack")
+    assert part.stat().st_mtime_ns == measured_at  # the same costs: repacked from the measure tables
+    assert second["packing"]["row_cost"]["model"] == model.describe()
+    with pytest.raises(MeasureIncomplete, match="another cost model"):
+        prepare(seq_length=1024, cost={"lm": {"layers": 8}}, from_stage="pack")
+    third = prepare(seq_length=1024, cost={"lm": {"layers": 8}}, overwrite=True)
+    assert third["packing"]["row_cost"]["model"]["shapes"]["lm"]["layers"] == 8
+    deeper = get_profile("qwen2_5_vl").cost_model({"lm": {"layers": 8}})
+    costs = pq.read_table(part, columns=["padded_length", "encoder_flops", "sample_cost"]).to_pydict()
+    expected = deeper.sample_costs(np.asarray(costs["padded_length"]), np.asarray(costs["encoder_flops"]))
+    assert np.array_equal(np.asarray(costs["sample_cost"]), expected)
+
+
+def test_planning_imports_no_profile():
+    """Packing plans from numbers: the planner and the packing package import no model profile."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, omnipack.plan, omnipack.packing, omnipack.packing.cost\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('omnipack.profiles', 'transformers')))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

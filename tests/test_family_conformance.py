@@ -108,7 +108,7 @@ def test_every_row_keeps_the_packed_row_contract(prepared, family):
     from omnipack.dataset.codec import decode_row
     from omnipack.dataset.contract import row_contract_errors
     from omnipack.dataset.meta import read_omnipack_meta
-    from omnipack.profiles.base import dataset_placeholder_ids
+    from omnipack.profiles.hf_config import dataset_placeholder_ids
     from tests.test_pipeline import read_rows_from_tars
 
     meta = read_omnipack_meta(prepared / family)

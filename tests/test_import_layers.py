@@ -62,25 +62,9 @@ OPTIONAL_MODULES = {
     "omnipack.executors.ray": "ray",  # --executor ray only
 }
 
-# Known violations that work in flight removes, as (importer, imported, kind); the integrator deletes each
-# group once its work has landed. The test fails on an entry that no longer occurs, so this set only shrinks.
-_VERIFY = (
-    "omnipack.alignment", "omnipack.loader", "omnipack.loader.media", "omnipack.pipeline", "omnipack.profiles",
-    "omnipack.profiles.base", "omnipack.stages", "omnipack.stages.measure",
-)  # fmt: skip
-KNOWN_PENDING: frozenset[tuple[str, str, str]] = frozenset(
-    {
-        # The cost formulas move out of packing/ next to the profiles (the pack stage gets integers only):
-        # that removes packing.cost -> profiles.base and with it the cycle
-        # {loader.buffer_pool, packing.cost, profiles.base, profiles.inputs}.
-        ("omnipack.packing.cost", "omnipack.profiles.base", "direction"),
-        ("omnipack.packing.cost", "omnipack.profiles.base", "function"),
-        ("omnipack.packing.cost", "omnipack.profiles", "direction"),
-        ("omnipack.packing.cost", "omnipack.profiles", "function"),
-        # verify is being rewritten to read only the dataset (its imports of the producer's stages go).
-        *(("omnipack.tools.verify", m, "function") for m in _VERIFY),
-    }
-)
+# Known violations that work in flight removes, as (importer, imported, kind): none left. The test fails on an
+# entry that no longer occurs, so this set only shrinks.
+KNOWN_PENDING: frozenset[tuple[str, str, str]] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,7 @@ def test_duplicated_sample(ds: Path) -> None:
     # the counts, and the row once (by the ledger, naming its samples; not again by id)
     counts, rows, (msg,) = fails["accounting"][:1], fails["accounting"][1:2], fails["accounting"][2:]
     assert "samples in the shards" in counts[0] and "rows in the shards" in rows[0]
-    assert "key 999999999 is not a row of the pack plan" in msg and "samples demo-" in msg
+    assert "key 999999999 is not a row of the accounting ledger" in msg and "samples demo-" in msg
 
 
 def test_removed_shard(ds: Path) -> None:
@@ -515,8 +515,7 @@ def test_mrope_ids_shifted(ds: Path) -> None:
     assert any("mrope_position_ids at row position" in m and SHARD in m for m in fails["row-contract"])
 
 
-@pytest.mark.parametrize("measure_record_too", [False, True])
-def test_dropped_row_with_every_count_fixed(ds: Path, measure_record_too: bool) -> None:
+def test_dropped_row_with_every_count_fixed(ds: Path) -> None:
     dropped, dropped_key = [], []
 
     def drop(rows):
@@ -533,14 +532,11 @@ def test_dropped_row_with_every_count_fixed(ds: Path, measure_record_too: bool) 
         c["rows_by_split"]["train"] -= 1
 
     edit_json(ds / ".nv-meta" / "omnipack.json", fix)
-    if measure_record_too:
-        edit_json(
-            ds / "stages" / "measure" / "measure.json", lambda d: d.__setitem__("input", d["input"] - k)
-        )
     fails = failing(ds)
     assert set(fails) == {"accounting"}
     msgs = fails["accounting"]
-    assert any("measure stage read" in m for m in msgs) != measure_record_too
+    # the ledger still has every input sample: the dropped ones lie beyond the edited input count
+    assert any("lie outside the input count" in m for m in msgs)
     lost = [m for m in msgs if "neither packed nor rejected" in m]
     assert len(lost) == k and all(f"key {dropped_key[0]}" in m for m in lost)
     assert any(f"({dropped[0]})" in m for m in lost)
@@ -734,13 +730,86 @@ def test_image_payload_checked_against_its_plan_in_any_format(fmt: str) -> None:
         _payload_errors(profile, item, item.part, b"garbage")
 
 
-def test_without_stage_tables_counts_still_checked_and_the_gap_is_said(ds: Path) -> None:
+def test_a_copy_without_the_run_folder_verifies_fully(ds: Path, tmp_path: Path) -> None:
+    """verify reads only the dataset: a copy without ``stages/`` passes every check, the accounting ledger
+    included (nothing noted as unchecked)."""
     import shutil
 
-    shutil.rmtree(ds / "stages")
+    copy = tmp_path / "copy"
+    shutil.copytree(ds, copy, ignore=shutil.ignore_patterns("stages"))
+    assert not (copy / "stages").exists() and (copy / ".nv-meta" / "accounting.parquet").is_file()
+    results = {r.name: r for r in run_verify(copy)}
+    assert all(r.status == "pass" for r in results.values()), {n: r.failures for n, r in results.items()}
+    assert results["accounting"].notes == []
+
+
+def _edit_ledger(root: Path, edit) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from omnipack.dataset.accounting import LEDGER_SCHEMA
+
+    path = root / ".nv-meta" / "accounting.parquet"
+    entries = pq.read_table(path).to_pylist()
+    pq.write_table(pa.Table.from_pylist(edit(entries), schema=LEDGER_SCHEMA), path)
+
+
+def _swap_rows(entries):
+    a, b = (e for e in entries if e["row"] is not None and e["position"] == 0 and e["row"] in (0, 1))
+    a["row"], b["row"] = b["row"], a["row"]
+    return entries
+
+
+def _reason_changed(entries):
+    next(e for e in entries if e["stage"] is not None)["reason"] = "edited"
+    return entries
+
+
+def _entry_removed(entries):
+    return [e for e in entries if e["row"] != 0 or e["position"] != 0]
+
+
+def _both_placed_and_rejected(entries):
+    e = next(e for e in entries if e["row"] is not None)
+    e["stage"], e["reason"] = "write", "edited"
+    return entries
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (_swap_rows, "the accounting ledger puts sample indices"),
+        (_reason_changed, "rejects.jsonl says"),
+        (_entry_removed, "neither packed nor rejected"),
+        (_both_placed_and_rejected, "not either placed (row, position) or rejected"),
+        ("missing", "accounting.parquet: missing"),
+        ("garbage", "accounting.parquet: unreadable"),
+    ],
+)
+def test_a_damaged_ledger_fails_the_accounting_check(ds: Path, tmp_path: Path, damage, message: str) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(ds, copy, ignore=shutil.ignore_patterns("stages"))
+    path = copy / ".nv-meta" / "accounting.parquet"
+    if damage == "missing":
+        path.unlink()
+    elif damage == "garbage":
+        path.write_bytes(path.read_bytes()[:100])
+    else:
+        _edit_ledger(copy, damage)
+    fails = failing(copy)
+    assert set(fails) == {"accounting"}
+    assert any(message in m for m in fails["accounting"]), fails["accounting"]
+
+
+def test_without_a_ledger_counts_still_checked_and_the_gap_is_said(ds: Path) -> None:
+    """A dataset made before the ledger was published: counts and ids are checked, the gap is noted."""
+    (ds / ".nv-meta" / "accounting.parquet").unlink()
+    edit_json(ds / ".nv-meta" / "omnipack.json", lambda d: d.pop("accounting_file"))
     results = {r.name: r for r in run_verify(ds)}
     assert all(r.status == "pass" for r in results.values())
-    assert any("ledger is incomplete" in n for n in results["accounting"].notes)
+    assert any("no accounting ledger" in n for n in results["accounting"].notes)
     edit_json(ds / ".nv-meta" / "omnipack.json", lambda d: d["counts"].__setitem__("packed", 1))
     assert "accounting" in failing(ds)
 
@@ -772,3 +841,35 @@ def test_prepare_shard_sha256_records_a_digest_that_verify_sha256_checks(tmp_pat
     path.write_bytes(bytes(data))
     fails = {r.name: r.failures for r in run_verify(ds, sha256=True, payloads=False) if r.failures}
     assert set(fails) == {"checksums"} and f"{shards[0]['path']}: sha256" in fails["checksums"][0]
+
+
+def test_ledger_bytes_do_not_depend_on_how_the_entries_come(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finalize writes the ledger part by part: the file must be the same for any split of the input."""
+    import pyarrow as pa
+
+    from omnipack.dataset import accounting
+
+    monkeypatch.setattr(accounting, "ROW_GROUP", 7)
+    entries = pa.table(
+        {
+            "sample_index": list(range(30)),
+            "sample_id": [f"s{i}" for i in range(30)],
+            "source": ["in.jsonl"] * 30,
+            "row": [i // 4 for i in range(30)],
+            "position": [i % 4 for i in range(30)],
+        }
+    )
+    files = []
+    for cuts in ([30], [3, 11, 16], [1] * 30, [7, 7, 16]):
+        path = tmp_path / f"ledger-{len(files)}.parquet"
+        writer = accounting.LedgerWriter(path)
+        start = 0
+        for n in cuts:
+            writer.write(entries.slice(start, n))
+            start += n
+        writer.close()
+        files.append(path.read_bytes())
+        assert accounting.read_ledger(path).column("sample_index").to_pylist() == list(range(30))
+    assert all(f == files[0] for f in files)

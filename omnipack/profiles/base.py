@@ -19,12 +19,10 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from ..media.audio_storage import STORED_AUDIO_DTYPES  # noqa: F401  (tools/verify.py's import, until it moves)
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
 from ..media.storage_plan import StoragePlan
-from ..packing.cost import CostModel, TransformerShape, build_cost_model
-from .hf_config import dataset_placeholder_ids  # noqa: F401  (tools/verify.py's import, until it moves)
+from .cost import CostModel, TransformerShape, build_cost_model
 from .inputs import EncoderInputs
 
 
@@ -242,7 +240,7 @@ class ModelProfile(ABC):
         """JSON-able settings recorded in the dataset metadata; the trainer half is built from them, so
         they hold everything ``inputs_class.from_settings`` reads."""
 
-    # ---- training cost model (packing.cost): new methods, used by balanced packing ----
+    # ---- training cost model (profiles.cost): new methods, used by balanced packing ----
 
     def cost_shapes(self) -> dict[str, TransformerShape]:
         """Default shapes of the LM (``"lm"``) and each media encoder (``"vision"``, ``"audio"``)."""

@@ -35,8 +35,8 @@ import numpy as np
 
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
-from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops
 from .base import MediaPlan, ModelProfile, Segment
+from .cost import TransformerShape, blocks_pairs, encoder_flops
 from .hf_config import read_preprocessor_config
 from .inputs import EncoderInputs, MediaInputOptions, Payload, PendingRows, item_kind, payload_frames
 
@@ -354,7 +354,7 @@ class Gemma3Profile(ModelProfile):
             "normalize": {"mean": list(self.image_mean), "std": list(self.image_std)},
         }
 
-    # ---- training cost model (packing.cost) ----
+    # ---- training cost model (profiles.cost) ----
 
     def cost_shapes(self) -> dict[str, TransformerShape]:
         """Gemma 3 4B: LM hidden 2560, 34 layers, 8/4 heads of 256, GeGLU 10240 (sliding-window layers are

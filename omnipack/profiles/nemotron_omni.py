@@ -29,9 +29,9 @@ from ..media.audio import audio_samples_at
 from ..media.audio_storage import AUDIO_LOADING
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
-from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops
 from .audio_features import parakeet_log_mel
 from .base import MediaPlan, ModelProfile, Segment
+from .cost import TransformerShape, blocks_pairs, encoder_flops
 from .hf_config import read_preprocessor_config
 from .inputs import (
     OPENAI_CLIP_MEAN,
@@ -508,7 +508,7 @@ class NemotronOmniProfile(ModelProfile):
             "mel": "parakeet, one clip per call (n // 160 valid frames + 1 zeroed boundary frame)",
         }
 
-    # ---- training cost model (packing.cost): new methods ----
+    # ---- training cost model (profiles.cost): new methods ----
 
     def cost_shapes(self) -> dict[str, TransformerShape]:
         """Approximate published shapes: LM a Nemotron-H hybrid like Nemotron-Nano-12B-v2 (hidden 5120,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..packing.cost import TransformerShape
+from .cost import TransformerShape
 from .qwen_vl import VISION_BATCH_KEYS, QwenVLInputs, QwenVLProfile, VideoSettings, VisionSettings
 
 
@@ -26,7 +26,7 @@ class Qwen25VLProfile(QwenVLProfile):
     default_video = VideoSettings(2.0, 4, 768, 128 * 28 * 28, 28 * 28 * 768, False, 128000)
     video_sampler = "qwen2"
 
-    # ---- training cost model (packing.cost): new methods ----
+    # ---- training cost model (profiles.cost): new methods ----
 
     vision_window_layers: ClassVar[int] = 28  # 32 layers, full attention only at 7, 15, 23, 31
 

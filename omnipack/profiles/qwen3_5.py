@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..packing.cost import TransformerShape
 from .base import MediaPlan
+from .cost import TransformerShape
 from .qwen_vl import HALF, VISION_BATCH_KEYS, QwenVLInputs, QwenVLProfile, VideoSettings, VisionSettings
 
 # Qwen3.5's released video_preprocessor_config.json: size.shortest_edge / longest_edge (pixels, all frames).
@@ -57,7 +57,7 @@ class Qwen35Profile(QwenVLProfile):
     def video_time_interval(self, plan: MediaPlan) -> float:
         return 1.0  # every frame group is its own t=1 block
 
-    # ---- training cost model (packing.cost) ----
+    # ---- training cost model (profiles.cost) ----
 
     vision_mergers: ClassVar[int] = 1  # the final merger only (no deepstack)
     # One full-attention layer in every ``full_attention_interval`` layers; the others are Gated DeltaNet.

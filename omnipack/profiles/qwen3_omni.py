@@ -19,9 +19,9 @@ from ..media.audio import audio_samples_at
 from ..media.audio_storage import AUDIO_LOADING
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
-from ..packing.cost import TransformerShape, blocks_pairs, encoder_flops, tiled_sizes
 from .audio_features import whisper_log_mel
 from .base import MediaPlan, MediaSpan, Segment
+from .cost import TransformerShape, blocks_pairs, encoder_flops, tiled_sizes
 from .inputs import MediaInputOptions, Payload, audio_waveform, item_kind, payload_audio, payload_frames
 from .qwen_vl import HALF, VISION_BATCH_KEYS, QwenVLInputs, QwenVLProfile, VideoSettings, VisionSettings
 
@@ -388,7 +388,7 @@ class Qwen3OmniProfile(QwenVLProfile):
         )
         return d
 
-    # ---- training cost model (packing.cost): new methods ----
+    # ---- training cost model (profiles.cost): new methods ----
 
     vision_mergers: ClassVar[int] = 4  # the final merger and 3 deepstack mergers
     audio_conv_channels: ClassVar[int] = 480  # the audio tower's downsample_hidden_size

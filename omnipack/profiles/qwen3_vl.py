@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ..packing.cost import TransformerShape
 from .base import MediaPlan
+from .cost import TransformerShape
 from .qwen_vl import HALF, VISION_BATCH_KEYS, QwenVLInputs, QwenVLProfile, VideoSettings, VisionSettings
 
 
@@ -33,7 +33,7 @@ class Qwen3VLProfile(QwenVLProfile):
     def video_time_interval(self, plan: MediaPlan) -> float:
         return 1.0  # every frame group is its own t=1 block
 
-    # ---- training cost model (packing.cost): new methods ----
+    # ---- training cost model (profiles.cost): new methods ----
 
     vision_mergers: ClassVar[int] = 4  # the final merger and 3 deepstack mergers (layers 8, 16, 24)
 

@@ -23,8 +23,8 @@ import numpy as np
 
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
-from ..packing.cost import TransformerShape, windowed_pairs
 from .base import MediaPlan, MediaSpan, ModelProfile, Segment
+from .cost import TransformerShape, windowed_pairs
 from .hf_config import read_preprocessor_config
 from .inputs import (
     OPENAI_CLIP_MEAN,
@@ -618,7 +618,7 @@ class QwenVLProfile(ModelProfile):
             "normalize": {"mean": list(self.image_mean), "std": list(self.image_std)},
         }
 
-    # ---- training cost model (packing.cost): new methods ----
+    # ---- training cost model (profiles.cost): new methods ----
 
     # Vision attention layout: every layer attends over a whole frame unless ``vision_window_layers``
     # of them attend in windows of ``vision_window_px`` pixels (Qwen2.5-VL); ``vision_mergers`` counts

@@ -1,4 +1,5 @@
-"""Finalize stage: the shard records -> ``rejects.jsonl``, ``.nv-meta/`` and ``omnipack.json``, written last.
+"""Finalize stage: the shard records -> ``rejects.jsonl``, ``.nv-meta/`` (with ``omnipack.json`` and the
+accounting ledger, ``omnipack.dataset.accounting``), written last.
 
 Energon and ``omnipack verify`` know a dataset by its ``.nv-meta`` folder; it is built beside the output
 and renamed into place as the very last step, so an unfinished or crashed run never looks like a dataset.
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
+from ..dataset.accounting import ACCOUNTING_FILE, LedgerWriter
 from ..dataset.meta import DATASET_CONFIG, NV_META, write_energon_meta, write_omnipack_meta
 from ..dataset.shards import ShardInfo
 from ..errors import Reject
@@ -126,6 +129,76 @@ def by_input_file(
     return per_file_counts(ledger, rejected, packed)
 
 
+def write_ledger(
+    spec: RunSpec, plan: dict[str, Any], shards: list[dict[str, Any]], parts: list[dict[str, Any]]
+) -> Path:
+    """The accounting ledger in a local staging file (to go into ``.nv-meta``): every input sample's row and
+    position, or its reject, one part's index range at a time (a corpus's names are never all held)."""
+    placed = read_parquet(spec.plan_table, columns=["row", "sample_index"])
+    index, row = placed.column("sample_index").to_numpy(), placed.column("row").to_numpy()
+    write_rejected = np.asarray([r["sample_index"] for s in shards for r in s["rejects"]], dtype=np.int64)
+    kept = ~np.isin(index, write_rejected)
+    # position among the written samples of its row: the plan lists each row's samples in row order
+    before = np.cumsum(kept) - kept
+    position = before - before[np.searchsorted(row, row, side="left")]
+    order = np.argsort(index[kept], kind="stable")
+    index, row, position = index[kept][order], row[kept][order], position[kept][order]
+    offsets = part_offsets(parts)
+    rejects = iter_rejects(spec, plan, shards, parts)
+    pending = next(rejects, None)
+    tmp = staging_file(spec.stages / ACCOUNTING_FILE)
+    ledger = LedgerWriter(tmp)
+    try:
+        for rec, first, end in zip(parts, offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+            left_out = []
+            while pending is not None and pending.sample_index < end:
+                left_out.append(pending.to_json())
+                pending = next(rejects, None)
+            lo, hi = np.searchsorted(index, [first, end])
+            names = read_measured(spec.measure_dir, [rec], ["sample_index", "sample_id", "source"])
+            local = names.column("sample_index").to_numpy()
+            at = np.minimum(np.searchsorted(local, index[lo:hi] - first), max(len(local) - 1, 0))
+            if len(at) and not np.array_equal(local[at], index[lo:hi] - first):
+                raise AssertionError(
+                    f"accounting: part {rec['number']} lacks measured samples the plan placed"
+                )
+            packed = pa.table(
+                {
+                    "sample_index": index[lo:hi],
+                    "sample_id": names.column("sample_id").take(at),
+                    "source": names.column("source").take(at),
+                    "row": row[lo:hi],
+                    "position": position[lo:hi].astype(np.int32),
+                }
+            )
+            table = pa.concat_tables(
+                [packed, pa.Table.from_pylist(left_out, schema=_REJECT_SCHEMA)], promote_options="default"
+            ).sort_by("sample_index")
+            got = table.column("sample_index").to_numpy()
+            if not np.array_equal(got, np.arange(first, end)):
+                raise AssertionError(f"accounting: part {rec['number']} {_ledger_gap(got, first, end)}")
+            ledger.write(table)
+    finally:
+        ledger.close()
+    return tmp
+
+
+_REJECT_SCHEMA = pa.schema(
+    [(n, pa.int64() if n == "sample_index" else pa.string()) for n in ["sample_index", *REJECT_COLUMNS[1:]]]
+)
+
+
+def _ledger_gap(got: np.ndarray, first: int, end: int) -> str:
+    """What is wrong with a part's ledger indices: some input samples neither placed nor rejected, or some
+    more than once."""
+    counts = np.bincount(got - first, minlength=end - first) if len(got) else np.zeros(end - first, np.int64)
+    lost, twice = np.flatnonzero(counts == 0) + first, np.flatnonzero(counts > 1) + first
+    return (
+        f"samples neither packed nor rejected {lost[:5].tolist()}, "
+        f"placed or rejected twice {twice[:5].tolist()}"
+    )
+
+
 def _remove_strays(spec: RunSpec, shards: list[ShardInfo]) -> None:
     """Shard files of an earlier plan (a resumed run whose settings changed) would read as part of the
     dataset: only the recorded shards stay."""
@@ -200,6 +273,7 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
         },
         "shards": [asdict(s) for s in shards],
         "rejects_file": REJECTS_FILE,
+        "accounting_file": f"{NV_META}/{ACCOUNTING_FILE}",  # where each input sample went (row or reject)
     }
     if any("processor_cache" in p for p in parts):  # a processor-backed profile: its calls and cache hits
         summary["processor_cache"] = processor_cache_summary(parts)
@@ -213,28 +287,31 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
             f"nothing could be packed: all {n_input} samples were rejected (see {spec.out / REJECTS_FILE})"
         )
     _remove_strays(spec, shards)
+    ledger = write_ledger(spec, plan, records, parts)
     if is_local(spec.out):
         staging = spec.stages / "finalize"
         shutil.rmtree(staging, ignore_errors=True)
         write_energon_meta(staging, shards)
         write_omnipack_meta(staging, summary)
+        os.replace(ledger, staging / NV_META / ACCOUNTING_FILE)
         crash_point("finalize", 0)
         shutil.rmtree(spec.out / NV_META, ignore_errors=True)
         os.replace(staging / NV_META, spec.out / NV_META)  # the dataset appears here, whole
         staging.rmdir()
     else:
-        _upload_meta(spec, shards, summary)
+        _upload_meta(spec, shards, summary, ledger)
     crash_point("finalize", "done")  # whole, but its lock not yet released
     return summary
 
 
-def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: dict[str, Any]) -> None:
+def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: dict[str, Any], ledger: Path) -> None:
     """An object store has no folder rename: the metadata files go up one by one, ``dataset.yaml`` (what
     Energon opens a dataset by) last, so the dataset appears only once every other file is in place."""
     staging = staging_file(spec.out / NV_META).with_suffix(".d")
     shutil.rmtree(staging, ignore_errors=True)
     write_energon_meta(staging, shards)
     write_omnipack_meta(staging, summary)
+    shutil.move(ledger, staging / NV_META / ACCOUNTING_FILE)
     remove_meta(spec.out)
     files = sorted((staging / NV_META).iterdir(), key=lambda p: (p.name == DATASET_CONFIG, p.name))
     for i, local in enumerate(files):

@@ -203,6 +203,8 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
         "measured": good.count,
         "rejected": bad.count,
         "files": outputs,
+        # what the samples' cost columns were computed with (the pack stage checks it is its own model)
+        "cost_model": None if measurer.cost_model is None else measurer.cost_model.describe(),
     }
     if cache_stats:  # this part's processor calls and cache hits, per media kind (summed in omnipack.json)
         record["processor_cache"] = {

@@ -3,6 +3,7 @@
 Reads only the parts' length columns (a few bytes a sample), makes their record indices global, finds ids
 that repeat across parts (within a part the reader finds them), plans rows (``omnipack.plan``), and cuts
 the plan's rows into shards by their estimated size, so each shard is a write unit known before writing.
+Modeled costs come as numbers too (the measure stage's ``sample_cost`` column): no profile is built here.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import Reject
-from ..plan import PACK_COLUMNS, PackResult, run_pack, write_plan
+from ..plan import COST_COLUMN, PACK_COLUMNS, PackResult, run_pack, write_plan
 from .measure import part_files, part_key, part_offsets, read_measured
 from .records import crash_point, digest, read_record, write_json_atomic
 from .spec import RunSpec, ShardLayout
 from .storage import make_dirs, publish, read_parquet, staging_file
 
 NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
-MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (read by verify)
+MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (for --from-stage pack)
 LAYOUT_SCHEMA = pa.schema([("row", pa.int32()), ("shard", pa.int32())])
 # Bytes per token position in a row's arrays (tokens, labels, positions, masks, boundaries), plus mRoPE's
 # 3 x int32: the part of a row's shard size that does not come from its media.
@@ -60,6 +61,22 @@ def _any_record(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+def check_costs(spec: RunSpec, records: list[dict[str, Any]]) -> None:
+    """The parts' cost columns were computed with this run's cost model: a run from the pack stage on
+    reuses parts measured before, perhaps under other ``cost`` settings (their costs would be stale)."""
+    if spec.pack.cost_model is None:
+        return
+    want = json.loads(json.dumps(spec.pack.cost_model))
+    stale = [r["number"] for r in records if r.get("cost_model") != want]
+    if stale:
+        shown = ", ".join(map(str, stale[:10])) + (" ..." if len(stale) > 10 else "")
+        raise MeasureIncomplete(
+            f"the sample costs of {len(stale)} of {len(records)} measured parts (parts {shown}) were "
+            "computed with another cost model (profile or cost settings changed since they were measured): "
+            "re-measure instead (run without --from-stage pack)"
+        )
 
 
 def _duplicates(
@@ -183,22 +200,21 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, A
     record (with ``kept`` when reused). ``reuse_measure``: take the parts as measured before even if
     measure settings changed (the caller checked they still fit, for ``--from-stage pack``)."""
     records = part_records(spec, check_keys=not reuse_measure)
+    check_costs(spec, records)
     key = pack_key(spec, records)
     record = read_record(spec.plan_record, key)
     if record is not None and spec.plan_table.is_file() and spec.layout_table.is_file():
         return {**record, "kept": True}  # (not recorded: says to the caller that nothing was planned)
     offsets = part_offsets(records)
     # numbers only: the names (ids, sources) of a large corpus are read when needed, not held
-    table = read_measured(spec.measure_dir, records, NUMERIC_COLUMNS)
+    costs = [COST_COLUMN] if spec.pack.cost_model is not None else []
+    table = read_measured(spec.measure_dir, records, NUMERIC_COLUMNS + costs)
     drop, dup_rejects, superseded = _duplicates(spec, records, table.column("sample_index").to_numpy())
     keep_mask = pa.array(~drop)
     table = table.filter(keep_mask)
     pa.default_memory_pool().release_unused()
 
-    def media_json() -> pa.ChunkedArray:
-        return read_measured(spec.measure_dir, records, ["media_json"]).column("media_json").filter(keep_mask)
-
-    plan = run_pack(table.select([c for c in PACK_COLUMNS if c in NUMERIC_COLUMNS]), spec.pack, media_json)
+    plan = run_pack(table.select([c for c in PACK_COLUMNS if c in NUMERIC_COLUMNS] + costs), spec.pack)
     names = _names(spec, records, [r.sample_index for r in plan.rejects])
     pack_rejects = [replace(r, sample_id=names[r.sample_index][0], source=names[r.sample_index][1])
                     for r in plan.rejects]  # fmt: skip

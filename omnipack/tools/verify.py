@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ..alignment import ParallelLayout
+from ..dataset.accounting import read_ledger
 from ..dataset.contract import (
     BOUNDARY_PARTS,
     DIGEST_ALGORITHM,
@@ -36,7 +38,11 @@ from ..dataset.contract import (
 )
 from ..dataset.payload_header import Header, HeaderError, payload_header, shaped_like
 from ..dataset.reader import Dataset, ShardReader, default_workers, map_shards, open_dataset, read_index
-from ..profiles.base import STORED_AUDIO_DTYPES
+from ..loader.media import decode_payload
+from ..media.audio_storage import STORED_AUDIO_DTYPES
+from ..profiles import get_profile
+from ..profiles.base import MediaPlan, MediaSpan
+from ..profiles.hf_config import dataset_placeholder_ids
 
 # (name, what it proves), in report order.
 CHECKS: list[tuple[str, str]] = [
@@ -64,8 +70,8 @@ CHECKS: list[tuple[str, str]] = [
     ),
     (
         "accounting",
-        "every input sample index is packed or rejected exactly once (ledger from the measure table, the "
-        "pack plan and rejects.jsonl); counts agree with the measure stage's input count",
+        "every input sample index is packed or rejected exactly once, where the dataset's accounting ledger "
+        "(.nv-meta/accounting.parquet) says: its row and position, or its reject as in rejects.jsonl",
     ),
 ]
 CHECK_NAMES = [c for c, _ in CHECKS]
@@ -135,15 +141,11 @@ def _describe(job: ShardJob, local: int, key: str, sample_ids: list[str]) -> str
 
 
 def _plan_of(m: MediaItem) -> Any:
-    from ..profiles.base import MediaPlan
-
     return MediaPlan.from_json({"kind": m.kind, "num_tokens": m.num_tokens, "grid_thw": m.grid_thw, **m.info})
 
 
 def _mrope_errors(profile: Any, row: Any) -> list[str]:
     """mRoPE ids recomputed from each sample's tokens and media plans, and the gap rule of the writer."""
-    from ..profiles.base import MediaSpan
-
     stored = row.mrope_position_ids
     cu, cup = row.cu_seqlens.astype(np.int64), row.cu_seqlens_padded.astype(np.int64)
     errs = []
@@ -216,7 +218,6 @@ def _payload_errors(profile: Any, m: MediaItem, part: str, data: bytes) -> list[
     """A payload's exact stored shapes against its plan, and the features those shapes give."""
     header = payload_header(part, data)
     if header is None:  # no header reader for this format: decode it
-        from ..loader.media import decode_payload
 
         decoded = decode_payload(part, data)
         items = decoded.items() if isinstance(decoded, dict) else [("", decoded)]
@@ -363,8 +364,6 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
 
 @functools.cache
 def _profile(spec: str) -> Any:
-    from ..profiles import get_profile
-
     d = json.loads(spec)
     return get_profile(d["name"], **d.get("options", {}))
 
@@ -445,9 +444,6 @@ def _merge_sizes(ds: Dataset) -> dict[str, int]:
 def placeholder_ids_for(ds: Dataset, tokenizer: str | None = None) -> tuple[dict[str, list[int]] | None, str]:
     """Placeholder token ids per kind and where they came from: omnipack.json, else the tokenizer."""
     try:
-        from ..profiles import get_profile
-        from ..profiles.base import dataset_placeholder_ids
-
         profile = ds.meta.get("profile") or {}
         ids, source = dataset_placeholder_ids(
             ds.meta, get_profile(profile.get("name", ""), **(profile.get("options") or {})), tokenizer
@@ -458,8 +454,6 @@ def placeholder_ids_for(ds: Dataset, tokenizer: str | None = None) -> tuple[dict
 
 
 def _dataset_checks(ds: Dataset, results: dict[str, CheckResult]) -> None:
-    from ..alignment import ParallelLayout
-
     md = results["metadata"]
     md.failures += ds.problems
     for key in ("seq_length", "align", "shards", "counts"):
@@ -499,40 +493,79 @@ def _dataset_checks(ds: Dataset, results: dict[str, CheckResult]) -> None:
         sf.failures.append(f"tar files not named by any metadata: {stray}")
 
 
-def _stage_tables(ds: Dataset) -> tuple[Any, Any, dict[str, Any] | None, list[str]]:
-    """The measure table (sample_index, sample_id), the pack plan (row, sample_index) and the measure
-    stage's record, each None when absent, plus notes on what is missing."""
-    import pyarrow.parquet as pq
-
-    from ..pipeline import MEASURE_KEY_FILE, STAGES_DIR
-    from ..stages.measure import read_run_measured
-
-    stages = ds.root / STAGES_DIR
-    notes, out = [], [read_run_measured(stages, ["sample_index", "sample_id"])]
-    if out[0] is None:
-        notes.append(f"no {STAGES_DIR}/plan.json and measured parts: the sample ledger is incomplete")
-    path = stages / "plan.parquet"
-    if path.exists():
-        out.append(pq.read_table(path, columns=["row", "sample_index"]))
-    else:
-        out.append(None)
-        notes.append(f"no {path.relative_to(ds.root)}: the sample ledger is incomplete")
-    record_path = stages / "measure" / MEASURE_KEY_FILE
-    record = json.loads(record_path.read_text()) if record_path.exists() else None
-    if record is None:
-        notes.append(f"no {record_path.relative_to(ds.root)}: the measured input count is not compared")
-    return out[0], out[1], record, notes
+def _ledger(ds: Dataset, res: CheckResult) -> Any:
+    """The dataset's accounting ledger (``omnipack.dataset.accounting``), None when it has none (a dataset
+    made before it was published: noted) or it cannot be read (a failure)."""
+    name = ds.meta.get("accounting_file")
+    if name is None:
+        res.notes.append("no accounting ledger (a dataset made before it was published): only counts checked")
+        return None
+    try:
+        return read_ledger(ds.root / name)
+    except FileNotFoundError:
+        res.failures.append(f"{name}: missing (omnipack.json names it)")
+    except ValueError as e:
+        res.failures.append(f"{name}: {e}")
+    return None
 
 
 def _accounting(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> None:
-    """Counts, then a ledger of sample indices: every input index 0..N-1 is packed or rejected once.
-
-    A row's samples are known by index from the pack plan (its key is the plan row), less the samples the
-    write stage rejected; the measure table gives each index its id, so duplicate ids stay apart."""
+    """Counts, then the ledger: every input index 0..N-1 is packed or rejected once, where the dataset's
+    accounting ledger says (its row and position, or its reject as in rejects.jsonl)."""
     counts = ds.meta.get("counts") or {}
     rejects = ds.rejects()
     rows_seen = [r for rep in reports for r in rep.rows_seen]
-    packed = sum(len(r.sample_ids) for r in rows_seen)
+    _check_counts(res, counts, reports, rejects)
+    n_in = counts.get("input")
+    ledger = _ledger(ds, res)
+    if ledger is None:  # ids alone: a sample id is packed at most once (the pack stage rejects repeats)
+        by_id: dict[str, list[str]] = {}
+        for r in rows_seen:
+            for sid in r.sample_ids:
+                by_id.setdefault(sid, []).append(r.where)
+        twice = [(s, w) for s, w in by_id.items() if len(w) > 1]
+        res.failures += [f"sample {s} packed twice: {w[0]} and {w[1]}" for s, w in twice]
+        return
+    entries = ledger.to_pylist()
+    _check_entries(res, entries, counts)
+    id_of = {e["sample_index"]: e["sample_id"] for e in entries}
+    row_of = {e["sample_index"]: e["row"] for e in entries if e["row"] is not None}
+    members: dict[int, list[tuple[int, int]]] = {}
+    for e in entries:
+        if e["row"] is not None:
+            members.setdefault(e["row"], []).append((e["position"], e["sample_index"]))
+    packed_at: Counter[int] = Counter()
+    where_packed: dict[int, str] = {}
+    for r in rows_seen:
+        placed = members.get(int(r.key)) if r.key.isdigit() else None
+        if placed is None:
+            res.failures.append(f"{r.where}: key {r.key} is not a row of the accounting ledger")
+            continue
+        expected = [i for _, i in sorted(placed)]
+        if [id_of[i] for i in expected] != r.sample_ids:
+            res.failures.append(
+                f"{r.where}: the accounting ledger puts sample indices {expected} "
+                f"(ids {[id_of[i] for i in expected]}) in this row"
+            )
+            continue
+        packed_at.update(expected)
+        where_packed.update((i, r.where) for i in expected)
+    rejected: list[int] = []
+    for rej in rejects:
+        idx = rej.get("sample_index")
+        if isinstance(idx, int):
+            rejected.append(idx)
+        else:
+            res.failures.append(f"reject without a sample_index: {rej}")
+    _check_rejects(res, entries, rejects)
+    _close_ledger(res, n_in, packed_at, rejected, id_of, where_packed, rejects, row_of)
+
+
+def _check_counts(
+    res: CheckResult, counts: dict[str, Any], reports: list[ShardReport], rejects: list[dict[str, Any]]
+) -> None:
+    """omnipack.json's counts against themselves, the shards and rejects.jsonl."""
+    packed = sum(len(r.sample_ids) for rep in reports for r in rep.rows_seen)
     n_in, n_packed, n_rej = counts.get("input"), counts.get("packed"), counts.get("rejected")
     if n_in is not None and n_packed is not None and n_rej is not None and n_in != n_packed + n_rej:
         res.failures.append(f"omnipack.json: input {n_in} != packed {n_packed} + rejected {n_rej}")
@@ -549,92 +582,59 @@ def _accounting(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> No
             f"rejects.jsonl by stage {by_stage} != omnipack.json {counts['rejected_by_stage']}"
         )
 
-    measured, plan, record, notes = _stage_tables(ds)
-    res.notes += notes
-    if record is not None and n_in is not None and record.get("input") != n_in:
+
+def _check_entries(res: CheckResult, entries: list[dict[str, Any]], counts: dict[str, Any]) -> None:
+    """Each ledger entry is placed (row and position) or rejected (stage and reason), never both or
+    neither; its measured samples (placed, or rejected by the pack or write stage) match the count."""
+    bad = [
+        e["sample_index"]
+        for e in entries
+        if (e["row"] is None) == (e["stage"] is None)
+        or (e["row"] is None) != (e["position"] is None)
+        or (e["stage"] is None) != (e["reason"] is None)
+    ]
+    if bad:
         res.failures.append(
-            f"the measure stage read {record.get('input')} input samples (stages/measure/measure.json), "
-            f"omnipack.json says {n_in}"
+            f"{len(bad)} accounting ledger entries are not either placed (row, position) or rejected "
+            f"(stage, reason): sample indices {bad[:5]}"
         )
-    if (
-        measured is not None
-        and counts.get("measured") is not None
-        and measured.num_rows != counts["measured"]
-    ):
+    measured = sum(e["row"] is not None or e["stage"] in ("pack", "write") for e in entries)
+    if counts.get("measured") is not None and measured != counts["measured"]:
         res.failures.append(
-            f"measure table has {measured.num_rows} samples, omnipack.json says {counts['measured']}"
+            f"the accounting ledger places or packs-then-rejects {measured} measured samples, "
+            f"omnipack.json says {counts['measured']} measured"
         )
 
-    # A sample id may appear more than once in the input: an id is packed twice only beyond that. With
-    # the plan, the index ledger below finds a repeat more precisely (by index), so it reports it alone.
-    ledger_follows = measured is not None and plan is not None
-    input_ids = Counter(measured.column("sample_id").to_pylist()) if measured is not None else None
-    by_id: dict[str, list[str]] = {}
-    for r in rows_seen:
-        for sid in r.sample_ids:
-            by_id.setdefault(sid, []).append(r.where)
-    for sid, wheres in by_id.items():
-        allowed = 1 if input_ids is None else input_ids.get(sid, 0)
-        if input_ids is not None and allowed == 0:
-            res.failures.append(f"sample {sid} in {wheres[0]} is not in the measure table")
-        elif len(wheres) > allowed and not ledger_follows:
-            res.failures.append(f"sample {sid} packed twice: {wheres[0]} and {wheres[1]}")
 
-    if measured is None or plan is None:
-        return
-    id_of = dict(
-        zip(
-            measured.column("sample_index").to_pylist(), measured.column("sample_id").to_pylist(), strict=True
+def _check_rejects(res: CheckResult, entries: list[dict[str, Any]], rejects: list[dict[str, Any]]) -> None:
+    """rejects.jsonl and the ledger's rejects agree: the same samples, ids, stages and reasons."""
+    keys = ("sample_id", "stage", "reason")
+    ledger = {e["sample_index"]: tuple(e[k] for k in keys) for e in entries if e["stage"] is not None}
+    lines = {r.get("sample_index"): tuple(r.get(k) for k in keys) for r in rejects}
+    differ = [i for i in ledger.keys() | lines.keys() if ledger.get(i) != lines.get(i)]
+    differ.sort(key=lambda i: (not isinstance(i, int), i if isinstance(i, int) else 0))
+    for i in differ[:MAX_SHOWN]:
+        res.failures.append(
+            f"sample index {i}: rejects.jsonl says {lines.get(i, 'nothing')}, "
+            f"the accounting ledger {ledger.get(i, 'nothing')} (id, stage, reason)"
         )
-    )
-    plan_rows: dict[int, list[int]] = {}
-    for row, idx in zip(plan.column("row").to_pylist(), plan.column("sample_index").to_pylist(), strict=True):
-        plan_rows.setdefault(int(row), []).append(int(idx))
-    write_rejected = {r.get("sample_index") for r in rejects if r.get("stage") == "write"}
-    ledger: Counter[int] = Counter()
-    where_packed: dict[int, str] = {}
-    for r in rows_seen:
-        planned = plan_rows.get(int(r.key)) if r.key.isdigit() else None
-        if planned is None:
-            res.failures.append(f"{r.where}: key {r.key} is not a row of the pack plan (stages/plan.parquet)")
-            continue
-        expected = [i for i in planned if i not in write_rejected]
-        if [id_of.get(i) for i in expected] != r.sample_ids:
-            res.failures.append(
-                f"{r.where}: the pack plan puts sample indices {expected} "
-                f"(ids {[id_of.get(i) for i in expected]}) in this row"
-            )
-            continue
-        ledger.update(expected)
-        where_packed.update((i, r.where) for i in expected)
-    rejected: list[int] = []
-    for rej in rejects:
-        idx = rej.get("sample_index")
-        if isinstance(idx, int):
-            rejected.append(idx)
-        else:
-            res.failures.append(f"reject without a sample_index: {rej}")
-    plan_row_of = {i: r for r, idxs in plan_rows.items() for i in idxs}
-    _close_ledger(res, n_in, record, ledger, rejected, id_of, where_packed, rejects, plan_row_of)
+    if len(differ) > MAX_SHOWN:
+        res.failures.append(f"… {len(differ) - MAX_SHOWN} more rejects where the two disagree")
 
 
 def _close_ledger(
     res: CheckResult,
     n_in: int | None,
-    record: dict[str, Any] | None,
     ledger: Counter[int],
     rejected: list[int],
     id_of: dict[int, str],
     where_packed: dict[int, str],
     rejects: list[dict[str, Any]],
-    plan_row_of: dict[int, int],
+    row_of: dict[int, int],
 ) -> None:
     """Every input index 0..N-1 must be packed or rejected exactly once."""
     indices = list(ledger) + rejected + list(id_of)
-    n = max(
-        [x for x in (n_in, (record or {}).get("input")) if isinstance(x, int)]
-        + [max(indices, default=-1) + 1]
-    )
+    n = max(([n_in] if isinstance(n_in, int) else []) + [max(indices, default=-1) + 1])
     beyond = sorted({i for i in indices if i >= (n_in if n_in is not None else n) or i < 0})
     if beyond:
         res.failures.append(
@@ -652,8 +652,8 @@ def _close_ledger(
         p, j = int(packed[idx]), int(rej[idx])
         sid = id_of.get(idx, rejected_id.get(idx, "?"))
         if p + j == 0:
-            planned = plan_row_of.get(idx)
-            where = "" if planned is None else f" (the pack plan put it in the row with key {planned:09d})"
+            placed = row_of.get(idx)
+            where = "" if placed is None else f" (the accounting ledger puts it in row key {placed:09d})"
             res.failures.append(f"sample index {idx} ({sid}) is neither packed nor rejected{where}")
         elif p and j:
             res.failures.append(
