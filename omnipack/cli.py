@@ -287,10 +287,19 @@ def _check_model_settings(d: dict[str, Any]) -> None:
     try:  # a Hub id (ORG/NAME[@REVISION]) is its snapshot in the local cache
         tok = resolve_model_dir(name)
     except NotCached as e:
-        raise ValueError(f"tokenizer {name!r} {e} (--tokenizer)") from None
-    if not tok.is_dir():
+        tok, missing = None, ValueError(f"tokenizer {name!r} {e} (--tokenizer)")
+    shipped = None
+    if (tok is None or not tok.is_dir()) and d.get("output"):
+        from .stages.model_files import shipped_for_output
+
+        shipped = shipped_for_output(str(d["output"]), name)  # a node without the folder: the run's copy
+    if shipped is not None:
+        tok = Path(shipped.name)  # checked where it was shipped from; this node reads the copy
+    elif tok is None:
+        raise missing
+    elif not tok.is_dir():
         raise ValueError(f"tokenizer {name!r} is not a local tokenizer folder nor a Hub model id (--tokenizer)")
-    if not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+    elif not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         raise ValueError(f"tokenizer folder {str(tok)!r} holds no tokenizer.json/tokenizer_config.json (--tokenizer)")
     d["tokenizer"] = str(tok)
     opts = d.get("profile_options") or {}

@@ -9,6 +9,7 @@ from typing import Any
 from ..measure import MeasureConfig
 from ..media.remote import DEFAULT_REMOTE, RemoteSettings
 from ..plan import PackConfig
+from .model_files import ShippedModel
 from .storage import output_path
 
 STAGES_DIR = "stages"
@@ -54,6 +55,7 @@ class RunSpec:
     parts: tuple[Any, ...] = ()  # InputPart, filled in once the input is split
     summary: dict[str, Any] = field(default_factory=dict)  # run facts for omnipack.json (profile, tokenizer)
     inputs: Any = None  # omnipack.inputs.InputSpec: how the parts are read (None: omnipack JSONL defaults)
+    model: ShippedModel | None = None  # the tokenizer's copy in the output, for nodes without its folder
 
     @property
     def out(self) -> Path:

@@ -1,0 +1,235 @@
+"""The tokenizer folder shipped with a run, so a node needs nothing but omnipack installed.
+
+A run names its tokenizer by a local folder (or a Hub id, resolved to a cached snapshot) that exists where
+the run starts, not necessarily on the other nodes. Wherever the folder exists, the run copies its small
+files (tokenizer.json, tokenizer_config.json, the chat template, special tokens, processor and model
+configs; never weights) into the output next to the run's stages, ``stages/model/DIGEST/``, DIGEST being
+a digest of the files' names and contents, and records them in ``stages/model/model.json``. A node where
+the folder does not exist (or holds other files than the run's) reads the tokenizer from that copy, through
+a local cache folder keyed by the digest (``OMNIPACK_CACHE_DIR``, else ``XDG_CACHE_HOME/omnipack``, else
+``~/.cache/omnipack``) whose files are checked against the recorded checksums before use.
+
+The run still names the tokenizer by the folder it was started with (the measure settings, omnipack.json's
+``tokenizer.path``), so where it was read from changes no key and no byte. A changed tokenizer is a
+different run: its fingerprint is in the measure key (``stages.measure.part_key``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import xxhash
+
+from ..measure import MeasureConfig
+from ..progress import say
+from .records import digest, write_json_atomic
+from .storage import AnyPath, make_dirs, output_path, publish, staging_file
+
+MODEL_DIR = "model"  # under the run's stages folder
+MODEL_RECORD = "model.json"
+# Model weights: a run reads only the tokenizer and configs, and weights are gigabytes.
+WEIGHT_SUFFIXES = (
+    ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz",
+)  # fmt: skip
+MAX_FILE_BYTES = 256 << 20  # larger files are not tokenizer files: not shipped (said so)
+
+
+@dataclass(frozen=True)
+class ShippedModel:
+    """A tokenizer folder's copy in the output store: plain data, so it travels in the run spec."""
+
+    name: str  # the folder the run names (the driver's path; a Hub id's cached snapshot)
+    location: str  # the copy's folder in the output: stages/model/DIGEST
+    digest: str
+    files: tuple[tuple[str, int, str], ...]  # (file name, bytes, xxh3-128)
+
+
+def _file_xxh3(path: Path) -> str:
+    h = xxhash.xxh3_128()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def folder_files(folder: Path) -> tuple[list[tuple[str, int, str]], list[str]]:
+    """The files of ``folder`` a run ships, as (name, bytes, xxh3-128) in name order, and what it leaves out
+    (weights, large files, sub-folders) with why."""
+    files, left_out = [], []
+    for path in sorted(folder.iterdir()):
+        if not path.is_file():  # follows links: a Hub snapshot's files are links to its blobs
+            left_out.append(f"{path.name}/ (a folder)")
+            continue
+        size = path.stat().st_size
+        if path.name.endswith(WEIGHT_SUFFIXES):
+            left_out.append(f"{path.name} (weights)")
+        elif size > MAX_FILE_BYTES:
+            left_out.append(f"{path.name} ({size / 2**20:,.0f} MiB, over {MAX_FILE_BYTES >> 20} MiB)")
+        else:
+            files.append((path.name, size, _file_xxh3(path)))
+    return files, left_out
+
+
+def files_digest(files: list[tuple[str, int, str]] | tuple[tuple[str, int, str], ...]) -> str:
+    return digest([list(f) for f in files])[:16]
+
+
+def ship(folder: Path, name: str, stages: AnyPath, progress: bool = True) -> ShippedModel:
+    """Copy ``folder``'s small files into ``stages/model/DIGEST/`` (unless that copy is already recorded)
+    and record it in ``stages/model/model.json``; returns the copy."""
+    files, left_out = folder_files(folder)
+    if not any(f[0] in ("tokenizer.json", "tokenizer_config.json", "vocab.json") for f in files):
+        raise ValueError(f"tokenizer folder {str(folder)!r} holds no tokenizer.json/tokenizer_config.json")
+    key = files_digest(files)
+    root = stages / MODEL_DIR
+    shipped = ShippedModel(name, str(root / key), key, tuple(files))
+    if read_shipped(stages) == shipped:
+        return shipped
+    make_dirs(root / key)
+    for file, _, _ in files:
+        tmp = staging_file(root / key / file)
+        shutil.copyfile(folder / file, tmp)
+        publish(tmp, root / key / file)
+    if left_out:
+        say(f"tokenizer {name}: not shipped with the run (not read to tokenize): {', '.join(left_out)}",
+            progress)
+    # last: a record names a whole copy
+    write_json_atomic(root / MODEL_RECORD, {"name": name, "digest": key, "files": [list(f) for f in files]})
+    return shipped
+
+
+def read_shipped(stages: AnyPath) -> ShippedModel | None:
+    """The run's shipped tokenizer as recorded under ``stages``; None when there is none."""
+    try:
+        record = json.loads((stages / MODEL_DIR / MODEL_RECORD).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    files = tuple((str(n), int(b), str(x)) for n, b, x in record["files"])
+    return ShippedModel(record["name"], str(stages / MODEL_DIR / record["digest"]), record["digest"], files)
+
+
+def names_match(name: str, shipped: ShippedModel) -> bool:
+    """Whether the tokenizer a node is given (a folder, or a Hub id) is the shipped one: the same folder, or
+    the Hub id whose cached snapshot the driver read (``.../models--ORG--NAME/snapshots/COMMIT``)."""
+    if os.path.expanduser(name) == shipped.name:
+        return True
+    repo = name.partition("@")[0]
+    snapshot = Path(shipped.name)
+    return "/" in repo and snapshot.parent.name == "snapshots" and (
+        snapshot.parent.parent.name == "models--" + repo.replace("/", "--")
+    )
+
+
+def cache_dir() -> Path:
+    """This machine's folder for tokenizer copies read from runs' outputs."""
+    root = os.environ.get("OMNIPACK_CACHE_DIR")
+    if root:
+        return Path(root).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "omnipack"
+
+
+def _holds(folder: Path, files: tuple[tuple[str, int, str], ...]) -> bool:
+    """Whether ``folder`` holds ``files`` with their recorded sizes and checksums."""
+    try:
+        return all(
+            (folder / n).stat().st_size == b and _file_xxh3(folder / n) == x for n, b, x in files
+        )
+    except OSError:
+        return False
+
+
+def materialise(shipped: ShippedModel) -> Path:
+    """A local folder with the shipped files: in this machine's cache, downloaded once per digest, checked
+    against the recorded checksums."""
+    folder = cache_dir() / "model" / shipped.digest
+    if _holds(folder, shipped.files):
+        return folder
+    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    source = output_path(shipped.location)
+    for name, _, _ in shipped.files:
+        with (source / name).open("rb") as src, (tmp / name).open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 22)
+    if not _holds(tmp, shipped.files):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ValueError(
+            f"the tokenizer copy in {shipped.location} does not match its record (sizes or checksums): "
+            "rerun a stage where the tokenizer folder exists to ship it again"
+        )
+    shutil.rmtree(folder, ignore_errors=True)  # a damaged earlier copy
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process put it there first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def local_folder(shipped: ShippedModel) -> Path:
+    """The folder to read the run's tokenizer from on this machine: the named one when it holds the shipped
+    files, else the local copy of them."""
+    named = Path(shipped.name)
+    if named.is_dir() and _holds(named, shipped.files):
+        return named
+    return materialise(shipped)
+
+
+@dataclass(frozen=True)
+class RunTokenizer:
+    name: str  # what the run records (the folder the run was started with)
+    folder: Path  # where this machine reads it
+    shipped: ShippedModel
+
+
+def run_tokenizer(name: str, stages: AnyPath, progress: bool = True) -> RunTokenizer:
+    """The run's tokenizer on this machine: the named folder (a Hub id's cached snapshot), shipped to the
+    output (``ship``), or where it does not exist here, the copy an earlier stage shipped."""
+    from ..text.hub_cache import NotCached, resolve_model_dir
+
+    why = "is not a folder on this machine"
+    try:
+        folder = resolve_model_dir(name)
+    except NotCached as e:
+        folder, why = None, str(e)
+    if folder is not None and folder.is_dir():
+        return RunTokenizer(str(folder), folder, ship(folder, str(folder), stages, progress))
+    shipped = read_shipped(stages)
+    if shipped is not None and names_match(name, shipped):
+        say(f"tokenizer {name}: not on this machine, read from the run's copy {shipped.location}", progress)
+        return RunTokenizer(shipped.name, materialise(shipped), shipped)
+    record = stages / MODEL_DIR / MODEL_RECORD
+    other = f" (it holds {shipped.name!r})" if shipped is not None else ""
+    raise ValueError(
+        f"tokenizer {name!r} {why}, and the run's output holds no shipped copy of it ({record}{other}): "
+        "run a stage where the tokenizer folder exists first (the whole run, or the measure stage's rank 0), "
+        "which ships it with the run, or give a tokenizer folder on this machine"
+    )
+
+
+def local_measure_config(config: MeasureConfig, shipped: ShippedModel | None) -> MeasureConfig:
+    """``config`` reading its tokenizer from this machine's folder of the run's shipped tokenizer (the same
+    config where the named folder holds it)."""
+    if shipped is None:
+        return config
+    folder = _LOCAL.get(shipped)
+    if folder is None:
+        folder = _LOCAL[shipped] = str(local_folder(shipped))
+    return config if folder == config.tokenizer else replace(config, tokenizer=folder)
+
+
+_LOCAL: dict[ShippedModel, str] = {}  # per process: each folder checked once
+
+
+def shipped_for_output(output: str, name: str) -> ShippedModel | None:
+    """The tokenizer a run in ``output`` shipped, when it is the one named ``name``."""
+    from .spec import STAGES_DIR
+
+    shipped = read_shipped(output_path(output) / STAGES_DIR)
+    return shipped if shipped is not None and names_match(name, shipped) else None
+
+
+__all__ = ["ShippedModel", "local_measure_config", "run_tokenizer", "shipped_for_output"]
