@@ -187,7 +187,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     check_seq_length(cfg.seq_length, align)
     out = output_path(cfg.output)
     # the tokenizer folder, shipped with the run; or where it is not on this node, the copy shipped before
-    tokenizer = run_tokenizer(cfg.tokenizer, out / STAGES_DIR, cfg.progress)
+    tokenizer = run_tokenizer(cfg.tokenizer, out / STAGES_DIR)
     chat = ChatTokenizer(tokenizer.folder, get_profile(cfg.profile, **cfg.profile_options))
     pad_id = chat.tokenizer.pad_token_id
     if pad_id is None:

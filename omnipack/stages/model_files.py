@@ -5,9 +5,10 @@ the run starts, not necessarily on the other nodes. Wherever the folder exists, 
 files (tokenizer.json, tokenizer_config.json, the chat template, special tokens, processor and model
 configs; never weights) into the output next to the run's stages, ``stages/model/DIGEST/``, DIGEST being
 a digest of the files' names and contents, and records them in ``stages/model/model.json``. A node where
-the folder does not exist (or holds other files than the run's) reads the tokenizer from that copy, through
-a local cache folder keyed by the digest (``OMNIPACK_CACHE_DIR``, else ``XDG_CACHE_HOME/omnipack``, else
-``~/.cache/omnipack``) whose files are checked against the recorded checksums before use.
+the folder does not exist reads the tokenizer from that copy (``run_tokenizer``), and every measure worker
+reads the copy its spec names (``local_measure_config``), through a local cache folder keyed by the digest
+(``OMNIPACK_CACHE_DIR``, else ``XDG_CACHE_HOME/omnipack``, else ``~/.cache/omnipack``) whose files are
+checked against the recorded checksums.
 
 The run still names the tokenizer by the folder it was started with (the measure settings, omnipack.json's
 ``tokenizer.path``), so where it was read from changes no key and no byte. A changed tokenizer is a
@@ -16,6 +17,7 @@ different run: its fingerprint is in the measure key (``stages.measure.part_key`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -27,7 +29,7 @@ import xxhash
 from ..measure import MeasureConfig
 from ..progress import say
 from .records import digest, write_json_atomic
-from .storage import AnyPath, make_dirs, output_path, publish, staging_file
+from .storage import AnyPath, make_dirs, output_path, publish, staging_dir, staging_file
 
 MODEL_DIR = "model"  # under the run's stages folder
 MODEL_RECORD = "model.json"
@@ -78,7 +80,7 @@ def files_digest(files: list[tuple[str, int, str]] | tuple[tuple[str, int, str],
     return digest([list(f) for f in files])[:16]
 
 
-def ship(folder: Path, name: str, stages: AnyPath, progress: bool = True) -> ShippedModel:
+def ship(folder: Path, name: str, stages: AnyPath) -> ShippedModel:
     """Copy ``folder``'s small files into ``stages/model/DIGEST/`` (unless that copy is already recorded)
     and record it in ``stages/model/model.json``; returns the copy."""
     files, left_out = folder_files(folder)
@@ -95,8 +97,7 @@ def ship(folder: Path, name: str, stages: AnyPath, progress: bool = True) -> Shi
         shutil.copyfile(folder / file, tmp)
         publish(tmp, root / key / file)
     if left_out:
-        say(f"tokenizer {name}: not shipped with the run (not read to tokenize): {', '.join(left_out)}",
-            progress)
+        say(f"tokenizer {name}: not shipped with the run (not read to tokenize): {', '.join(left_out)}")
     # last: a record names a whole copy
     write_json_atomic(root / MODEL_RECORD, {"name": name, "digest": key, "files": [list(f) for f in files]})
     return shipped
@@ -143,14 +144,20 @@ def _holds(folder: Path, files: tuple[tuple[str, int, str], ...]) -> bool:
 
 
 def materialise(shipped: ShippedModel) -> Path:
-    """A local folder with the shipped files: in this machine's cache, downloaded once per digest, checked
-    against the recorded checksums."""
-    folder = cache_dir() / "model" / shipped.digest
+    """A local folder with the shipped files: in this machine's cache (this process's staging folder where
+    the cache can not be written), downloaded once per digest, checked against the recorded checksums."""
+    root = cache_dir() / "model"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        root = staging_dir() / "model"
+        root.mkdir(parents=True, exist_ok=True)
+    folder = root / shipped.digest
     if _holds(folder, shipped.files):
         return folder
     tmp = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp.mkdir()
     source = output_path(shipped.location)
     for name, _, _ in shipped.files:
         with (source / name).open("rb") as src, (tmp / name).open("wb") as dst:
@@ -161,21 +168,18 @@ def materialise(shipped: ShippedModel) -> Path:
             f"the tokenizer copy in {shipped.location} does not match its record (sizes or checksums): "
             "rerun a stage where the tokenizer folder exists to ship it again"
         )
-    shutil.rmtree(folder, ignore_errors=True)  # a damaged earlier copy
+    if folder.exists() and not _holds(folder, shipped.files):  # damaged: moved aside whole, then removed
+        stale = folder.with_name(f"{folder.name}.{os.getpid()}.stale")
+        with contextlib.suppress(OSError):
+            os.replace(folder, stale)
+        shutil.rmtree(stale, ignore_errors=True)
     try:
         os.replace(tmp, folder)
-    except OSError:  # another process put it there first
+    except OSError:  # another process put a copy there first
         shutil.rmtree(tmp, ignore_errors=True)
+        if not _holds(folder, shipped.files):
+            raise
     return folder
-
-
-def local_folder(shipped: ShippedModel) -> Path:
-    """The folder to read the run's tokenizer from on this machine: the named one when it holds the shipped
-    files, else the local copy of them."""
-    named = Path(shipped.name)
-    if named.is_dir() and _holds(named, shipped.files):
-        return named
-    return materialise(shipped)
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ class RunTokenizer:
     shipped: ShippedModel
 
 
-def run_tokenizer(name: str, stages: AnyPath, progress: bool = True) -> RunTokenizer:
+def run_tokenizer(name: str, stages: AnyPath) -> RunTokenizer:
     """The run's tokenizer on this machine: the named folder (a Hub id's cached snapshot), shipped to the
     output (``ship``), or where it does not exist here, the copy an earlier stage shipped."""
     from ..text.hub_cache import NotCached, resolve_model_dir
@@ -196,10 +200,10 @@ def run_tokenizer(name: str, stages: AnyPath, progress: bool = True) -> RunToken
     except NotCached as e:
         folder, why = None, str(e)
     if folder is not None and folder.is_dir():
-        return RunTokenizer(str(folder), folder, ship(folder, str(folder), stages, progress))
+        return RunTokenizer(str(folder), folder, ship(folder, str(folder), stages))
     shipped = read_shipped(stages)
     if shipped is not None and names_match(name, shipped):
-        say(f"tokenizer {name}: not on this machine, read from the run's copy {shipped.location}", progress)
+        say(f"tokenizer {name}: not on this machine, read from the run's copy {shipped.location}")
         return RunTokenizer(shipped.name, materialise(shipped), shipped)
     record = stages / MODEL_DIR / MODEL_RECORD
     other = f" (it holds {shipped.name!r})" if shipped is not None else ""
@@ -211,17 +215,21 @@ def run_tokenizer(name: str, stages: AnyPath, progress: bool = True) -> RunToken
 
 
 def local_measure_config(config: MeasureConfig, shipped: ShippedModel | None) -> MeasureConfig:
-    """``config`` reading its tokenizer from this machine's folder of the run's shipped tokenizer (the same
-    config where the named folder holds it)."""
+    """``config`` reading its tokenizer from this machine's copy of the run's shipped files, on every node
+    (the driver's too): a worker reads exactly the files its spec names, even where the folder at the named
+    path is missing or was edited since, and a worker's cached tokenizer (``stages.measure._measurer``,
+    keyed by the config) is keyed by content."""
     if shipped is None:
         return config
-    folder = _LOCAL.get(shipped)
-    if folder is None:
-        folder = _LOCAL[shipped] = str(local_folder(shipped))
-    return config if folder == config.tokenizer else replace(config, tokenizer=folder)
+    key = (str(cache_dir()), shipped.digest)
+    folder = _LOCAL.get(key)
+    if folder is None or not os.path.isdir(folder):
+        folder = _LOCAL[key] = str(materialise(shipped))
+    return replace(config, tokenizer=folder)
 
 
-_LOCAL: dict[ShippedModel, str] = {}  # per process: each folder checked once
+# per process: (cache, digest) -> the checked copy (a cache's copies are never edited, only removed)
+_LOCAL: dict[tuple[str, str], str] = {}
 
 
 def shipped_for_output(output: str, name: str) -> ShippedModel | None:
