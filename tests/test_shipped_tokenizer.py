@@ -198,3 +198,13 @@ def test_a_changed_tokenizer_is_a_new_copy_and_workers_read_the_runs_own(tmp_pat
     assert {p.name: p.read_bytes() for p in Path(edited.tokenizer).iterdir()} == {
         p.name: p.read_bytes() for p in tok.iterdir()
     }
+
+
+def test_a_hub_id_names_the_snapshot_it_was_resolved_to():
+    from omnipack.stages.model_files import ShippedModel, names_match
+
+    shipped = ShippedModel("/cache/hub/models--org--tiny-vl/snapshots/abc123", "s3://b/stages/model/d", "d", ())
+    assert names_match("org/tiny-vl", shipped) and names_match("org/tiny-vl@abc123", shipped)
+    assert names_match("/cache/hub/models--org--tiny-vl/snapshots/abc123", shipped)
+    assert not names_match("org/other", shipped) and not names_match("tiny-vl", shipped)
+    assert not names_match("org/tiny-vl", replace(shipped, name="/models/org/tiny-vl"))
