@@ -311,7 +311,7 @@ def _check_model_settings(d: dict[str, Any]) -> None:
             found = resolve_model_dir(str(opts[key]))
         except NotCached as e:
             raise FileNotFoundError(f"{key} {str(opts[key])!r} {e} ({flag})") from None
-        if not found.exists():
+        if not found.exists() and not _shipped_option(d.get("output"), key, str(found)):
             raise FileNotFoundError(f"{key} {str(opts[key])!r} does not exist ({flag})")
         opts[key] = str(found)
     from .profiles import PROFILES
@@ -326,6 +326,13 @@ def _check_model_settings(d: dict[str, Any]) -> None:
                     f"unknown profile option(s) {', '.join(map(repr, unknown))} for profile {d.get('profile') or 'qwen2_5_vl'} "
                     f"(--profile-option); its options: {', '.join(sorted(params))}"
                 )
+
+
+def _shipped_option(output: str | None, key: str, name: str) -> bool:
+    """Whether the run in ``output`` shipped the preprocessor config ``name`` (a node without it)."""
+    from .stages.model_files import shipped_option
+
+    return bool(output) and shipped_option(str(output), key, name)
 
 
 def _prepare_config(args: argparse.Namespace) -> Any:

@@ -31,7 +31,7 @@ from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock
 from .stages.measure import PART_LINES, PARTS_FILE, load_parts, measure_part, part_files, part_key, parts_key
-from .stages.model_files import run_tokenizer
+from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, run_pack_stage
 from .stages.records import digest, read_record, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
@@ -188,7 +188,8 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     out = output_path(cfg.output)
     # the tokenizer folder, shipped with the run; or where it is not on this node, the copy shipped before
     tokenizer = run_tokenizer(cfg.tokenizer, out / STAGES_DIR)
-    chat = ChatTokenizer(tokenizer.folder, get_profile(cfg.profile, **cfg.profile_options))
+    options, shipped_options = run_profile_options(cfg.profile_options, out / STAGES_DIR)  # likewise
+    chat = ChatTokenizer(tokenizer.folder, get_profile(cfg.profile, **options))
     pad_id = chat.tokenizer.pad_token_id
     if pad_id is None:
         pad_id = chat.tokenizer.eos_token_id
@@ -250,6 +251,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         inputs=inputs,
         parts=tuple(parts),
         model=tokenizer.shipped,
+        model_options=shipped_options,
         summary={
             "omnipack_version": __version__,
             "profile": {

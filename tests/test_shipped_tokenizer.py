@@ -208,3 +208,35 @@ def test_a_hub_id_names_the_snapshot_it_was_resolved_to():
     assert names_match("/cache/hub/models--org--tiny-vl/snapshots/abc123", shipped)
     assert not names_match("org/other", shipped) and not names_match("tiny-vl", shipped)
     assert not names_match("org/tiny-vl", replace(shipped, name="/models/org/tiny-vl"))
+
+
+def test_a_preprocessor_config_travels_with_the_run(tmp_path, demo_tokenizer, demo_corpus, monkeypatch):
+    """A ``preprocessor_config`` profile option (here one that halves the pixel budget, so it changes the
+    dataset) on the first node only: the ranks without it read the run's copy and the dataset is the one
+    node's; without a copy, a clear error instead of the profile's defaults."""
+    from tests.stage_outputs import dataset_bytes
+
+    monkeypatch.setenv("OMNIPACK_CACHE_DIR", str(tmp_path / "cache"))
+    config = tmp_path / "node-a" / "preprocessor_config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"min_pixels": 3136, "max_pixels": 64 * 28 * 28}))
+    options = {"profile_options": {"preprocessor_config": str(config)}}
+    whole = tmp_path / "whole"
+    run_prepare(demo_config(whole, demo_tokenizer, demo_corpus, **options))
+    plain = tmp_path / "plain"
+    run_prepare(demo_config(plain, demo_tokenizer, demo_corpus))
+    assert dataset_bytes(whole) != dataset_bytes(plain)  # the option matters
+
+    out = tmp_path / "two"
+    cfg = demo_config(out, demo_tokenizer, demo_corpus, **options)
+    run_prepare(cfg, stage="measure", rank=0, world_size=2)
+    config.rename(config.with_name("moved.json"))
+    from omnipack.stages import measure as measure_stage
+
+    measure_stage._MEASURERS.clear()  # another node: no profile loaded while the file was there
+    run_prepare(cfg, stage="measure", rank=1, world_size=2)
+    for stage in ("pack", "write", "finalize"):
+        run_prepare(cfg, stage=stage)
+    assert dataset_bytes(out) == dataset_bytes(whole)
+    with pytest.raises(FileNotFoundError, match="profile option preprocessor_config .* holds no shipped copy"):
+        run_prepare(demo_config(tmp_path / "none", demo_tokenizer, demo_corpus, **options), stage="measure")

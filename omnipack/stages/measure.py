@@ -167,7 +167,7 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
         return record
     make_dirs(spec.measure_dir)
     remove_partials(spec.measure_dir, f"part-{number:06d}.*")  # of this unit, by a killed run
-    measurer = _measurer(local_measure_config(spec.measure, spec.model))  # where this node has the tokenizer
+    measurer = _measurer(local_measure_config(spec.measure, spec.model, spec.model_options))  # shipped files
     tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}
     samples: list[RawSample]
     with (

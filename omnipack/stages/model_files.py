@@ -23,6 +23,7 @@ import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
@@ -86,31 +87,89 @@ def ship(folder: Path, name: str, stages: AnyPath) -> ShippedModel:
     files, left_out = folder_files(folder)
     if not any(f[0] in ("tokenizer.json", "tokenizer_config.json", "vocab.json") for f in files):
         raise ValueError(f"tokenizer folder {str(folder)!r} holds no tokenizer.json/tokenizer_config.json")
-    key = files_digest(files)
-    root = stages / MODEL_DIR
-    shipped = ShippedModel(name, str(root / key), key, tuple(files))
+    shipped = _copy(folder, name, files, stages)
     if read_shipped(stages) == shipped:
         return shipped
-    make_dirs(root / key)
-    for file, _, _ in files:
-        tmp = staging_file(root / key / file)
-        shutil.copyfile(folder / file, tmp)
-        publish(tmp, root / key / file)
     if left_out:
         say(f"tokenizer {name}: not shipped with the run (not read to tokenize): {', '.join(left_out)}")
     # last: a record names a whole copy
-    write_json_atomic(root / MODEL_RECORD, {"name": name, "digest": key, "files": [list(f) for f in files]})
+    write_json_atomic(stages / MODEL_DIR / MODEL_RECORD, _record(shipped))
     return shipped
+
+
+def _copy(folder: Path, name: str, files: list[tuple[str, int, str]], stages: AnyPath) -> ShippedModel:
+    """``files`` of ``folder`` in ``stages/model/DIGEST/`` (uploaded unless they are there as recorded)."""
+    key = files_digest(files)
+    root = stages / MODEL_DIR / key
+    shipped = ShippedModel(name, str(root), key, tuple(files))
+    if all((root / f).exists() and (root / f).stat().st_size == b for f, b, _ in files):
+        return shipped  # a copy is put whole (one PUT, or a rename) or not at all
+    make_dirs(root)
+    for file, _, _ in files:
+        tmp = staging_file(root / file)
+        shutil.copyfile(folder / file, tmp)
+        publish(tmp, root / file)
+    return shipped
+
+
+def _record(shipped: ShippedModel) -> dict[str, Any]:
+    return {"name": shipped.name, "digest": shipped.digest, "files": [list(f) for f in shipped.files]}
+
+
+def _shipped(record: dict[str, Any], stages: AnyPath) -> ShippedModel:
+    files = tuple((str(n), int(b), str(x)) for n, b, x in record["files"])
+    return ShippedModel(record["name"], str(stages / MODEL_DIR / record["digest"]), record["digest"], files)
+
+
+# Profile options naming a local preprocessor config (a file, or a model folder's preprocessor_config.json):
+# shipped like the tokenizer, so every node's profile reads the same settings.
+PATH_OPTIONS = ("preprocessor_config", "video_preprocessor_config")
+OPTIONS_RECORD = "profile_options.json"
+
+
+def run_profile_options(
+    options: dict[str, Any], stages: AnyPath
+) -> tuple[dict[str, Any], tuple[tuple[str, ShippedModel], ...]]:
+    """``options`` with each preprocessor config path (``PATH_OPTIONS``) made a file on this machine, and
+    those files' copies in the output: shipped where the path exists, read from the copy where it does not."""
+    try:
+        recorded = json.loads((stages / MODEL_DIR / OPTIONS_RECORD).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        recorded = {}
+    local, shipped = dict(options), []
+    for key in PATH_OPTIONS:
+        if options.get(key) is None:
+            continue
+        name = str(options[key])
+        path = Path(name).expanduser()
+        file = path / "preprocessor_config.json" if path.is_dir() else path
+        if file.is_file():
+            copy = _copy(file.parent, name, [(file.name, file.stat().st_size, _file_xxh3(file))], stages)
+        elif not path.exists() and (recorded.get(key) or {}).get("name") == name:
+            copy = _shipped(recorded[key], stages)
+            say(f"{key} {name}: not on this machine, read from the run's copy {copy.location}")
+        elif path.exists():
+            continue  # a model folder without a preprocessor_config.json: the profile's defaults, everywhere
+        else:
+            raise FileNotFoundError(
+                f"profile option {key} {name!r} is not on this machine, and the run's output holds no "
+                f"shipped copy of it ({stages / MODEL_DIR / OPTIONS_RECORD}): run a stage where it exists "
+                "first"
+            )
+        local[key] = str(materialise(copy) / copy.files[0][0])
+        shipped.append((key, copy))
+    mine = {key: _record(copy) for key, copy in shipped}
+    if mine and any(recorded.get(k) != v for k, v in mine.items()):
+        write_json_atomic(stages / MODEL_DIR / OPTIONS_RECORD, {**recorded, **mine})
+    return local, tuple(shipped)
 
 
 def read_shipped(stages: AnyPath) -> ShippedModel | None:
     """The run's shipped tokenizer as recorded under ``stages``; None when there is none."""
     try:
-        record = json.loads((stages / MODEL_DIR / MODEL_RECORD).read_text())
+        return _shipped(json.loads((stages / MODEL_DIR / MODEL_RECORD).read_text()), stages)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    files = tuple((str(n), int(b), str(x)) for n, b, x in record["files"])
-    return ShippedModel(record["name"], str(stages / MODEL_DIR / record["digest"]), record["digest"], files)
 
 
 def names_match(name: str, shipped: ShippedModel) -> bool:
@@ -214,18 +273,27 @@ def run_tokenizer(name: str, stages: AnyPath) -> RunTokenizer:
     )
 
 
-def local_measure_config(config: MeasureConfig, shipped: ShippedModel | None) -> MeasureConfig:
-    """``config`` reading its tokenizer from this machine's copy of the run's shipped files, on every node
-    (the driver's too): a worker reads exactly the files its spec names, even where the folder at the named
-    path is missing or was edited since, and a worker's cached tokenizer (``stages.measure._measurer``,
-    keyed by the config) is keyed by content."""
+def local_measure_config(
+    config: MeasureConfig, shipped: ShippedModel | None, options: tuple[tuple[str, ShippedModel], ...] = ()
+) -> MeasureConfig:
+    """``config`` reading its tokenizer (and the preprocessor configs its profile options name) from this
+    machine's copy of the run's shipped files, on every node (the driver's too): a worker reads exactly the
+    files its spec names, even where the folder at the named path is missing or was edited since, and a
+    worker's cached tokenizer (``stages.measure._measurer``, keyed by the config) is keyed by content."""
     if shipped is None:
         return config
+    profile_options = dict(config.profile_options)
+    for key, copy in options:
+        profile_options[key] = os.path.join(_local(copy), copy.files[0][0])
+    return replace(config, tokenizer=_local(shipped), profile_options=profile_options)
+
+
+def _local(shipped: ShippedModel) -> str:
     key = (str(cache_dir()), shipped.digest)
     folder = _LOCAL.get(key)
     if folder is None or not os.path.isdir(folder):
         folder = _LOCAL[key] = str(materialise(shipped))
-    return replace(config, tokenizer=folder)
+    return folder
 
 
 # per process: (cache, digest) -> the checked copy (a cache's copies are never edited, only removed)
@@ -240,4 +308,18 @@ def shipped_for_output(output: str, name: str) -> ShippedModel | None:
     return shipped if shipped is not None and names_match(name, shipped) else None
 
 
-__all__ = ["ShippedModel", "local_measure_config", "run_tokenizer", "shipped_for_output"]
+def shipped_option(output: str, key: str, name: str) -> bool:
+    """Whether a run in ``output`` shipped the preprocessor config profile option ``key`` names ``name``."""
+    from .spec import STAGES_DIR
+
+    try:
+        recorded = json.loads((output_path(output) / STAGES_DIR / MODEL_DIR / OPTIONS_RECORD).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    return (recorded.get(key) or {}).get("name") == name
+
+
+__all__ = [
+    "ShippedModel", "local_measure_config", "run_profile_options", "run_tokenizer", "shipped_for_output",
+    "shipped_option",
+]  # fmt: skip

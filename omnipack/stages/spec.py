@@ -56,6 +56,7 @@ class RunSpec:
     summary: dict[str, Any] = field(default_factory=dict)  # run facts for omnipack.json (profile, tokenizer)
     inputs: Any = None  # omnipack.inputs.InputSpec: how the parts are read (None: omnipack JSONL defaults)
     model: ShippedModel | None = None  # the tokenizer's copy in the output, for nodes without its folder
+    model_options: tuple[tuple[str, ShippedModel], ...] = ()  # profile option -> its preprocessor config
 
     @property
     def out(self) -> Path:
