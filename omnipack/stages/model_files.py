@@ -224,8 +224,8 @@ def materialise(shipped: ShippedModel) -> Path:
     if not _holds(tmp, shipped.files):
         shutil.rmtree(tmp, ignore_errors=True)
         raise ValueError(
-            f"the tokenizer copy in {shipped.location} does not match its record (sizes or checksums): "
-            "rerun a stage where the tokenizer folder exists to ship it again"
+            f"the run's copy of {shipped.name} in {shipped.location} does not match its record (sizes or "
+            "checksums): rerun a stage where that exists to ship it again"
         )
     if folder.exists() and not _holds(folder, shipped.files):  # damaged: moved aside whole, then removed
         stale = folder.with_name(f"{folder.name}.{os.getpid()}.stale")
