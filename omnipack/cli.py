@@ -26,6 +26,7 @@ from .profiles import PROFILES, get_profile
 from .profiles.checkpoint import PROCESSOR_PROFILE, choose_profile, native_families_line
 from .stages.finalize import WriteIncomplete
 from .stages.lock import OutputLocked, Terminated
+from .stages.model_files import shipped_for_output, shipped_option
 from .stages.pack import MeasureIncomplete
 from .stages.storage import output_path
 from .text.hub_cache import NotCached, resolve_model_dir
@@ -312,10 +313,17 @@ def _check_model_settings(d: dict[str, Any]) -> None:
     try:  # a Hub id (ORG/NAME[@REVISION]) is its snapshot in the local cache
         tok = resolve_model_dir(name)
     except NotCached as e:
-        raise ValueError(f"tokenizer {name!r} {e} (--tokenizer)") from None
-    if not tok.is_dir():
+        tok, missing = None, ValueError(f"tokenizer {name!r} {e} (--tokenizer)")
+    shipped = None
+    if (tok is None or not tok.is_dir()) and d.get("output"):
+        shipped = shipped_for_output(str(d["output"]), name)  # a node without the folder: the run's copy
+    if shipped is not None:
+        tok = Path(shipped.name)  # checked where it was shipped from; this node reads the copy
+    elif tok is None:
+        raise missing
+    elif not tok.is_dir():
         raise ValueError(f"tokenizer {name!r} is not a local tokenizer folder nor a Hub model id (--tokenizer)")
-    if not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+    elif not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
         raise ValueError(f"tokenizer folder {str(tok)!r} holds no tokenizer.json/tokenizer_config.json (--tokenizer)")
     d["tokenizer"] = str(tok)
     if d.get("model"):
@@ -335,7 +343,7 @@ def _check_model_settings(d: dict[str, Any]) -> None:
             found = resolve_model_dir(str(opts[key]))
         except NotCached as e:
             raise FileNotFoundError(f"{key} {str(opts[key])!r} {e} ({flag})") from None
-        if not found.exists():
+        if not found.exists() and not _shipped_option(d.get("output"), key, str(found)):
             raise FileNotFoundError(f"{key} {str(opts[key])!r} does not exist ({flag})")
         opts[key] = str(found)
 
@@ -361,6 +369,11 @@ def _check_model_settings(d: dict[str, Any]) -> None:
                     f"model_type {choice.model_type!r} of {choice.model_dir} has no native profile (native: "
                     f"{native_families_line()}), and the fallback {e}"
                 ) from None
+
+
+def _shipped_option(output: str | None, key: str, name: str) -> bool:
+    """Whether the run in ``output`` shipped the preprocessor config ``name`` (a node without it)."""
+    return bool(output) and shipped_option(str(output), key, name)
 
 
 def _prepare_config(args: argparse.Namespace) -> Any:

@@ -36,6 +36,7 @@ from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, WriteIncomplete, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock, OutputLocked
 from .stages.measure import PART_LINES, PARTS_FILE, load_parts, measure_part, part_files, part_key, parts_key
+from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
 from .stages.records import digest, read_record, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
@@ -194,14 +195,17 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     """The run's plain-data spec: derived stage settings, run facts, and the input's parts."""
     align = cfg.layout.alignment
     check_seq_length(cfg.seq_length, align)
-    chat = ChatTokenizer(cfg.tokenizer, get_profile(cfg.profile, **cfg.profile_options))
+    out = output_path(cfg.output)
+    # the tokenizer folder, shipped with the run; or where it is not on this node, the copy shipped before
+    tokenizer = run_tokenizer(cfg.tokenizer, out / STAGES_DIR)
+    options, shipped_options = run_profile_options(cfg.profile_options, out / STAGES_DIR)  # likewise
+    chat = ChatTokenizer(tokenizer.folder, get_profile(cfg.profile, **options))
     cost_model = _cost_model(cfg, chat.profile)
     pad_id = chat.tokenizer.pad_token_id
     if pad_id is None:
         pad_id = chat.tokenizer.eos_token_id
     inputs = cfg.input_spec
     max_line_bytes = inputs.max_record_bytes
-    out = output_path(cfg.output)
     parts = load_parts(out / STAGES_DIR, list(cfg.manifest), inputs, cfg.part_lines)
     measure_key = {
         "profile": cfg.profile,
@@ -226,7 +230,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         manifests=tuple(str(p) for p in cfg.manifest),
         measure=MeasureConfig(
             cfg.profile,
-            str(chat.tokenizer_dir),  # a Hub id's cached snapshot: every worker reads the same files
+            tokenizer.name,  # a Hub id's cached snapshot: every worker reads the same files
             cfg.media_root,
             align,
             dict(cfg.profile_options),
@@ -260,6 +264,8 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         ),
         inputs=inputs,
         parts=tuple(parts),
+        model=tokenizer.shipped,
+        model_options=shipped_options,
         summary={
             "omnipack_version": __version__,
             "profile": {
@@ -269,7 +275,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
                 **cfg.profile_choice.record(),  # where the choice and the processor settings came from
             },
             "tokenizer": {
-                "path": str(chat.tokenizer_dir),
+                "path": tokenizer.name,
                 "fingerprint": chat.fingerprint(),
                 "pad_token_id": int(pad_id),
                 # lets the loader count placeholders without the tokenizer directory

@@ -39,6 +39,7 @@ from ..media.sources import media_root_key
 from .lock import holder_live as lock_holder_live
 from .lock import owner as lock_owner
 from .lock import renewed as lock_renewed
+from .model_files import local_measure_config
 from .records import (
     crash_point,
     digest,
@@ -166,7 +167,7 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
         return record
     make_dirs(spec.measure_dir)
     remove_partials(spec.measure_dir, f"part-{number:06d}.*")  # of this unit, by a killed run
-    measurer = _measurer(spec.measure)
+    measurer = _measurer(local_measure_config(spec.measure, spec.model, spec.model_options))  # shipped files
     cache_stats = getattr(measurer.profile, "cache_stats", None)  # a processor-backed profile's cache
     cache_before = cache_stats() if cache_stats else {}
     tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}

@@ -9,9 +9,9 @@ from typing import Any
 from ..measure import MeasureConfig
 from ..media.remote import DEFAULT_REMOTE, RemoteSettings
 from ..plan import PackConfig
-from .storage import output_path
+from .model_files import ShippedModel
+from .storage import STAGES_DIR, output_path
 
-STAGES_DIR = "stages"
 REJECTS_FILE = "rejects.jsonl"
 
 
@@ -54,6 +54,8 @@ class RunSpec:
     parts: tuple[Any, ...] = ()  # InputPart, filled in once the input is split
     summary: dict[str, Any] = field(default_factory=dict)  # run facts for omnipack.json (profile, tokenizer)
     inputs: Any = None  # omnipack.inputs.InputSpec: how the parts are read (None: omnipack JSONL defaults)
+    model: ShippedModel | None = None  # the tokenizer's copy in the output, for nodes without its folder
+    model_options: tuple[tuple[str, ShippedModel], ...] = ()  # profile option -> its preprocessor config
 
     @property
     def out(self) -> Path:

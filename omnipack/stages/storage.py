@@ -24,6 +24,8 @@ import xxhash
 
 from ..media.sources import is_remote, local_location
 
+STAGES_DIR = "stages"  # the run's scratch folder under the output (records, parts, the shipped model)
+
 AnyPath = Any  # pathlib.Path or upath.UPath: the same pathlib API
 
 
