@@ -59,7 +59,8 @@ def build_idefics3_model_dir(out: Path) -> Path:
 
 
 def build_llava_model_dir(out: Path) -> Path:
-    """LLaVA 1.5 layout: CLIP image processor (64 px, patch 16: 16 patches less the CLS-dropping default)."""
+    """LLaVA 1.5 layout: CLIP image processor (64 px, patch 16), the vision tower's CLS token counted and
+    dropped by the default feature selection: 16 placeholders, as a CLIP tower of that size gives."""
     import transformers
     from transformers import AutoTokenizer
 
@@ -72,7 +73,7 @@ def build_llava_model_dir(out: Path) -> Path:
     images = transformers.CLIPImageProcessorPil(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64})
     transformers.LlavaProcessor(
         image_processor=images, tokenizer=tok, patch_size=16, vision_feature_select_strategy="default",
-        chat_template=template,
+        num_additional_image_tokens=1, chat_template=template,
     ).save_pretrained(out)  # fmt: skip
     config = transformers.LlavaConfig()
     config.architectures = ["LlavaForConditionalGeneration"]

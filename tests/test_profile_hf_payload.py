@@ -1,0 +1,242 @@
+"""The processor-backed profile's payloads: the write stage stores the tensors the model's own processor
+returns for each image (``ModelProfile.store_media``), and the loader hands them to the trainer under the
+processor's keys, joined per micro-batch as the processor joins one sample's images, with no transformers
+in the trainer process. Idefics3 (tiles: ``pixel_values [1, tiles, 3, H, W]``, joined along axis 1) and
+LLaVA (``[images, 3, H, W]``, axis 0), model folders from ``tests/test_profile_hf.py``; a tiny random LLaVA
+fed the loader's packed rows gives each sample's own logits.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from omnipack.dataset.codec import decode_row
+from omnipack.loader.media import MediaMismatchError, check_row_media, decode_payload
+from tests.test_pipeline import read_rows_from_tars
+from tests.test_profile_hf import family, model_dir, prepared  # noqa: F401  (fixtures)
+from tests.test_profiles_split import BLOCKER
+
+pytest.importorskip("megatron.energon")
+ROOT = Path(__file__).resolve().parents[1]
+# The axis along which each model's processor joins a sample's images, per key (read off its outputs here).
+ITEM_AXES = {
+    "idefics3": {"pixel_values": 1, "pixel_attention_mask": 1},
+    "llava": {"pixel_values": 0},
+}
+TEXT_KEYS = ("input_ids", "attention_mask")
+
+
+def processor_alone(proc, media: Path, messages: list[dict]) -> dict[str, np.ndarray]:
+    """The processor's non-text outputs for one sample alone (numpy, in the processor's dtypes)."""
+    paths = [p["image"] for m in messages for p in m["content"] if p["type"] == "image"]
+    if not paths:
+        return {}
+    text = proc.apply_chat_template(messages, tokenize=False)
+    images = [Image.open(media / p).convert("RGB") for p in paths]
+    out = proc(text=[text], images=[images], add_special_tokens=False, return_tensors="np")
+    return {k: v for k, v in out.items() if k not in TEXT_KEYS}
+
+
+def joined(parts: list[dict[str, np.ndarray]], axes: dict[str, int]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([p[k] for p in parts if k in p], axis=axes[k]) for k in axes if any(k in p for p in parts)}
+
+
+def assert_same_bits(got: dict[str, np.ndarray], want: dict[str, np.ndarray], where: str) -> None:
+    assert got.keys() == want.keys(), where
+    for k in want:
+        g, w = np.asarray(got[k]), want[k]
+        assert (g.dtype, g.shape) == (w.dtype, w.shape), (where, k, g.dtype, g.shape, w.dtype, w.shape)
+        assert g.tobytes() == w.tobytes(), (where, k)
+
+
+@pytest.fixture(scope="module")
+def proc(model_dir):  # noqa: F811
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(model_dir))
+
+
+def test_the_item_axes_are_read_off_the_processor(prepared, family):  # noqa: F811
+    meta = json.loads((prepared[2] / ".nv-meta" / "omnipack.json").read_text())
+    assert meta["profile"]["settings"]["media_arrays"] == {"image": ITEM_AXES[family]}
+
+
+def test_every_stored_tensor_is_the_processors_for_its_sample_alone(prepared, proc, family):  # noqa: F811
+    media, samples, out = prepared
+    with_images = 0
+    for parts in read_rows_from_tars(out).values():
+        row, _ = decode_row(parts)
+        for k, sid in enumerate(row.sample_ids):
+            items = sorted((m for m in row.media if m.sample_index == k), key=lambda m: m.token_start)
+            assert all(m.part.endswith(".npz") for m in items)
+            stored = [dict(decode_payload(m.part, parts[m.part])) for m in items]
+            want = processor_alone(proc, media, samples[sid])
+            assert_same_bits(joined(stored, ITEM_AXES[family]), want, sid)
+            with_images += bool(items)
+    assert with_images >= 6
+
+
+def _loader_batches(out: Path, batch_size: int) -> list:
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    from omnipack.loader.task_encoder import OmnipackTaskEncoder
+
+    ds = get_val_dataset(
+        str(out),
+        split_part="train",
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+        batch_size=batch_size,
+        task_encoder=OmnipackTaskEncoder.from_dataset(out),
+    )
+    return list(get_loader(ds))
+
+
+def test_the_loader_hands_the_processor_tensors_batched(prepared, proc, family):  # noqa: F811
+    """Micro-batches of two rows: each key is every sample's processor output, in stream order, joined along
+    the processor's item axis (what the model's forward takes for the whole stream)."""
+    media, samples, out = prepared
+    image_id = proc.tokenizer.convert_tokens_to_ids("<image>")
+    seen = []
+    for batch in _loader_batches(out, batch_size=2):
+        sids = [s for row in batch.sample_ids for s in row]
+        seen += sids
+        want = joined([processor_alone(proc, media, samples[s]) for s in sids], ITEM_AXES[family])
+        got = {k: v.numpy() for k, v in (batch.encoder_inputs or {}).items()}
+        assert_same_bits(got, want, sids)
+        assert batch.as_dict().keys() >= want.keys()
+        n_images = sum(len(r["media"]) for r in batch.row_meta)
+        assert int((batch.tokens == image_id).sum()) == sum(m["num_tokens"] for r in batch.row_meta for m in r["media"])
+        if family == "llava":  # one [3, H, W] per image
+            assert (n_images == 0 and not got) or got["pixel_values"].shape[0] == n_images
+    assert sorted(seen) == sorted(samples)
+
+
+def test_the_trainer_only_install_loads_them(prepared, tmp_path):  # noqa: F811
+    """With transformers, tokenizers and omnipack's PIL imports blocked, the loader gives the same tensors."""
+    out = prepared[2]
+    code = BLOCKER + textwrap.dedent(
+        f"""
+        import numpy as np
+        from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+        from omnipack.loader.task_encoder import OmnipackTaskEncoder
+        te = OmnipackTaskEncoder.from_dataset({str(out)!r})
+        ds = get_val_dataset({str(out)!r}, split_part="train", batch_size=2, task_encoder=te,
+                             worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
+        got = {{}}
+        for i, b in enumerate(get_loader(ds)):
+            got.update({{f"{{i}}/{{k}}": v.numpy() for k, v in b.encoder_inputs.items()}})
+        np.savez({str(tmp_path / "got.npz")!r}, **got)
+        fams = sorted(m for m in sys.modules if m.startswith("omnipack.profiles.") and m.count(".") == 2)
+        assert fams == ["omnipack.profiles.base", "omnipack.profiles.hf", "omnipack.profiles.inputs"], fams
+        bad = [m for m in sys.modules if m.split(".")[0] in ("transformers", "tokenizers", "av", "decord")]
+        assert not bad, bad
+        print("ok")
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+    got = dict(np.load(tmp_path / "got.npz"))
+    want = {}
+    for i, b in enumerate(_loader_batches(out, batch_size=2)):
+        want.update({f"{i}/{k}": v.numpy() for k, v in b.encoder_inputs.items()})
+    assert want and got.keys() == want.keys()
+    assert all(got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes() for k in want)
+
+
+def test_a_stored_payload_unlike_the_processors_is_a_mismatch(prepared):  # noqa: F811
+    """The loader's media check compares each stored array with the shapes and dtypes the processor gave
+    for the image's size: a payload with a tile or an image too few, or another dtype, stops the row."""
+    from omnipack.loader.task_encoder import OmnipackTaskEncoder
+
+    out = prepared[2]
+    te = OmnipackTaskEncoder.from_dataset(out)
+    parts = next(p for p in read_rows_from_tars(out).values() if json.loads(p["meta.json"])["media"])
+    row, _ = decode_row(parts)
+    payloads = [dict(decode_payload(m.part, parts[m.part])) for m in row.media]
+    args = dict(placeholder_ids=te.placeholder_ids, row_key="r", sample_ids=row.sample_ids)
+    check_row_media(te.profile, row.media, payloads, row.tokens, **args)  # as stored: sound
+    key, axis = next(iter(te.profile.item_axes["image"].items()))
+    cut = dict(payloads[0], **{key: np.delete(payloads[0][key], -1, axis=axis)})  # one tile / image less
+    for bad in (cut, dict(payloads[0], **{key: payloads[0][key].astype(np.float64)}), {}):
+        with pytest.raises(MediaMismatchError, match="stored media unusable"):
+            check_row_media(te.profile, row.media, [bad, *payloads[1:]], row.tokens, **args)
+
+
+# ---- a tiny random LLaVA on the loader's packed rows ----
+
+
+@pytest.fixture(scope="module")
+def llava(model_dir, family):  # noqa: F811
+    if family != "llava":
+        pytest.skip("the packed forward is checked on LLaVA")
+    from transformers import AutoTokenizer, LlavaConfig, LlavaForConditionalGeneration
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    config = LlavaConfig(
+        vision_config={
+            "model_type": "clip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 64,
+            "patch_size": 16,  # 16 patches (+CLS, dropped): the processor's 16 placeholders
+        },
+        text_config={
+            "model_type": "llama",
+            "vocab_size": len(tok),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "initializer_range": 0.3,  # large enough for a mask or position error to show in the logits
+        },
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-2,
+    )
+    torch.manual_seed(0)
+    return LlavaForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
+
+
+def test_a_packed_row_gives_each_samples_own_logits(prepared, proc, llava):  # noqa: F811
+    """Each row of the loader (position resets, a block-diagonal causal mask from ``cu_seqlens_q_padded``,
+    the stored ``pixel_values``) gives, on every sample's tokens, the logits of that sample alone through
+    the processor and the model."""
+    from omnipack.loader.masks import packed_layer_masks
+
+    media, samples, out = prepared
+    checked = 0
+    with torch.no_grad():
+        for b in _loader_batches(out, batch_size=1):
+            d = b.as_dict()
+            cup, cu = d["cu_seqlens_q_padded"], d["cu_seqlens_q"]
+            mask = packed_layer_masks(cup, torch.zeros_like(d["tokens"]), d["tokens"].shape[1], dtype=torch.float32)
+            packed = llava(
+                input_ids=d["tokens"],
+                position_ids=d["position_ids"],
+                pixel_values=d.get("pixel_values"),
+                attention_mask=mask["full_attention"],
+            ).logits[0]
+            for k, sid in enumerate(b.sample_ids[0]):
+                text = proc.apply_chat_template(samples[sid], tokenize=False)
+                paths = [p["image"] for m in samples[sid] for p in m["content"] if p["type"] == "image"]
+                images = [[Image.open(media / p).convert("RGB") for p in paths]] if paths else None
+                alone = proc(text=[text], images=images, add_special_tokens=False, return_tensors="pt")
+                want = llava(input_ids=alone["input_ids"], pixel_values=alone.get("pixel_values")).logits[0]
+                a, n = int(cup[k]), int(cu[k + 1] - cu[k])
+                assert n == want.shape[0]
+                err = float((packed[a : a + n] - want).abs().max())
+                assert err <= 1e-5, (sid, err)
+                checked += bool(paths) and k > 0
+    assert checked  # a sample after the first of its row holds images
