@@ -2,8 +2,8 @@
 returns for each image (``ModelProfile.store_media``), and the loader hands them to the trainer under the
 processor's keys, joined per micro-batch as the processor joins one sample's images, with no transformers
 in the trainer process. Idefics3 (tiles: ``pixel_values [1, tiles, 3, H, W]``, joined along axis 1) and
-LLaVA (``[images, 3, H, W]``, axis 0), model folders from ``tests/test_profile_hf.py``; a tiny random LLaVA
-fed the loader's packed rows gives each sample's own logits.
+LLaVA (``[images, 3, H, W]``, axis 0), model folders from ``tests/test_profile_hf.py``; a tiny random model
+of each, fed the loader's packed rows, gives each sample's own logits.
 """
 
 from __future__ import annotations
@@ -171,48 +171,51 @@ def test_a_stored_payload_unlike_the_processors_is_a_mismatch(prepared):  # noqa
             check_row_media(te.profile, row.media, [bad, *payloads[1:]], row.tokens, **args)
 
 
-# ---- a tiny random LLaVA on the loader's packed rows ----
+# ---- a tiny random model on the loader's packed rows ----
+
+TINY_TEXT = {
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "initializer_range": 0.3,  # large enough for a mask or position error to show in the logits
+}
+TINY_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
 
 
 @pytest.fixture(scope="module")
-def llava(model_dir, family):  # noqa: F811
-    if family != "llava":
-        pytest.skip("the packed forward is checked on LLaVA")
-    from transformers import AutoTokenizer, LlavaConfig, LlavaForConditionalGeneration
+def tiny_model(model_dir, family):  # noqa: F811
+    """A random model of the family whose encoder gives the processor's placeholder counts (64 px tiles,
+    patch 16: LLaVA's 16 patches, Idefics3's 16 pooled 2x2 into 4)."""
+    import transformers
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    config = LlavaConfig(
-        vision_config={
-            "model_type": "clip_vision_model",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": 64,
-            "patch_size": 16,  # 16 patches (+CLS, dropped): the processor's 16 placeholders
-        },
-        text_config={
-            "model_type": "llama",
-            "vocab_size": len(tok),
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "num_key_value_heads": 1,
-            "initializer_range": 0.3,  # large enough for a mask or position error to show in the logits
-        },
-        image_token_id=tok.convert_tokens_to_ids("<image>"),
-        vision_feature_select_strategy="default",
-        vision_feature_layer=-2,
-    )
+    text = dict(TINY_TEXT, vocab_size=len(tok))
+    image_id = tok.convert_tokens_to_ids("<image>")
+    if family == "llava":
+        vision = dict(TINY_VISION, model_type="clip_vision_model", image_size=64, patch_size=16)
+        config = transformers.LlavaConfig(
+            vision_config=vision, text_config=text, image_token_id=image_id,
+            vision_feature_select_strategy="default", vision_feature_layer=-2,
+        )  # fmt: skip
+        cls = transformers.LlavaForConditionalGeneration
+    else:
+        vision = dict(TINY_VISION, model_type="idefics3_vision", image_size=64, patch_size=16)
+        config = transformers.Idefics3Config(
+            vision_config=vision, text_config=text, image_token_id=image_id, scale_factor=2
+        )
+        cls = transformers.Idefics3ForConditionalGeneration
     torch.manual_seed(0)
-    return LlavaForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
+    return cls._from_config(config, attn_implementation="eager").eval()
 
 
-def test_a_packed_row_gives_each_samples_own_logits(prepared, proc, llava):  # noqa: F811
+def test_a_packed_row_gives_each_samples_own_logits(prepared, proc, tiny_model):  # noqa: F811
     """Each row of the loader (position resets, a block-diagonal causal mask from ``cu_seqlens_q_padded``,
-    the stored ``pixel_values``) gives, on every sample's tokens, the logits of that sample alone through
-    the processor and the model."""
+    the stored tensors under the processor's keys) gives, on every sample's tokens, the logits of that
+    sample alone through the processor and the model."""
     from omnipack.loader.masks import packed_layer_masks
 
     media, samples, out = prepared
@@ -222,18 +225,19 @@ def test_a_packed_row_gives_each_samples_own_logits(prepared, proc, llava):  # n
             d = b.as_dict()
             cup, cu = d["cu_seqlens_q_padded"], d["cu_seqlens_q"]
             mask = packed_layer_masks(cup, torch.zeros_like(d["tokens"]), d["tokens"].shape[1], dtype=torch.float32)
-            packed = llava(
+            packed = tiny_model(
                 input_ids=d["tokens"],
                 position_ids=d["position_ids"],
-                pixel_values=d.get("pixel_values"),
                 attention_mask=mask["full_attention"],
+                **b.media_inputs(),
             ).logits[0]
             for k, sid in enumerate(b.sample_ids[0]):
                 text = proc.apply_chat_template(samples[sid], tokenize=False)
                 paths = [p["image"] for m in samples[sid] for p in m["content"] if p["type"] == "image"]
                 images = [[Image.open(media / p).convert("RGB") for p in paths]] if paths else None
                 alone = proc(text=[text], images=images, add_special_tokens=False, return_tensors="pt")
-                want = llava(input_ids=alone["input_ids"], pixel_values=alone.get("pixel_values")).logits[0]
+                alone.pop("attention_mask")
+                want = tiny_model(**alone).logits[0]
                 a, n = int(cup[k]), int(cu[k + 1] - cu[k])
                 assert n == want.shape[0]
                 err = float((packed[a : a + n] - want).abs().max())
