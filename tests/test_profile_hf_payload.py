@@ -244,3 +244,38 @@ def test_a_packed_row_gives_each_samples_own_logits(prepared, proc, tiny_model):
                 assert err <= 1e-5, (sid, err)
                 checked += bool(paths) and k > 0
     assert checked  # a sample after the first of its row holds images
+
+
+def test_verify_finds_a_stored_tensor_unlike_the_processors(prepared, tmp_path):  # noqa: F811
+    """A payload with one tile / image less (its row re-fingerprinted, shard checksums consistent): verify's
+    media check compares the stored shapes with those the processor gave for the image's size."""
+    from omnipack.dataset.reader import ShardReader
+    from omnipack.stages.write import npz_bytes
+    from omnipack.tools.verify import run_verify
+    from tests.tools_dataset import copy_dataset, resign, rewrite_shard
+
+    ds = copy_dataset(prepared[2], tmp_path / "ds")
+    assert all(r.status == "pass" for r in run_verify(ds))
+    axes = json.loads((ds / ".nv-meta" / "omnipack.json").read_text())["profile"]["settings"]["media_arrays"]
+    key, axis = next(iter(axes["image"].items()))
+
+    def has_media(r) -> bool:
+        return bool(json.loads(r.parts["meta.json"])["media"])
+
+    shard = next(
+        str(p.relative_to(ds)) for p in sorted((ds / "shards").glob("*.tar")) if any(map(has_media, ShardReader(p)))
+    )
+
+    def cut(rows):
+        r = next(r for r in rows if has_media(r))
+        part = json.loads(r.parts["meta.json"])["media"][0]["part"]
+        arrays = dict(decode_payload(part, r.parts[part]))
+        arrays[key] = np.delete(arrays[key], -1, axis=axis)
+        r.parts[part] = npz_bytes(arrays)
+        resign(r)
+        return rows
+
+    rewrite_shard(ds, shard, cut)
+    fails = {r.name: r.failures for r in run_verify(ds) if r.status == "fail"}
+    assert set(fails) == {"media"}, fails
+    assert any(shard in m and key in m and "the processor gives" in m for m in fails["media"]), fails
