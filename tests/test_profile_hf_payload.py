@@ -279,3 +279,15 @@ def test_verify_finds_a_stored_tensor_unlike_the_processors(prepared, tmp_path):
     fails = {r.name: r.failures for r in run_verify(ds) if r.status == "fail"}
     assert set(fails) == {"media"}, fails
     assert any(shard in m and key in m and "the processor gives" in m for m in fails["media"]), fails
+
+
+def test_the_shard_layout_counts_the_stored_tensors(prepared):  # noqa: F811
+    """The pack stage cuts shards by estimated bytes: for the hf profile those of the processor's tensors
+    (float32 tiles, many times the source image), as stored, less the npz headers."""
+    from omnipack.measure import media_bytes_estimate
+    from omnipack.profiles.base import MediaPlan
+
+    for parts in read_rows_from_tars(prepared[2]).values():
+        for m in json.loads(parts["meta.json"])["media"]:
+            plan = MediaPlan(kind=m["kind"], num_tokens=m["num_tokens"], info=m["info"]["info"])
+            assert 0 <= len(parts[m["part"]]) - media_bytes_estimate(plan) < 512 * len(plan.info["stored_arrays"])
