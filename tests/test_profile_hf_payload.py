@@ -2,7 +2,8 @@
 returns for each image (``ModelProfile.store_media``), and the loader hands them to the trainer under the
 processor's keys, joined per micro-batch as the processor joins one sample's images, with no transformers
 in the trainer process. Idefics3 (tiles: ``pixel_values [1, tiles, 3, H, W]``, joined along axis 1) and
-LLaVA (``[images, 3, H, W]``, axis 0), model folders from ``tests/test_profile_hf.py``; a tiny random model
+LLaVA (``[images, 3, H, W]``, axis 0) and LLaVA-NeXT (anyres: ``[images, patches, 3, H, W]``, a sample's
+images padded to its most patches), model folders from ``tests/test_profile_hf.py``; a tiny random model
 of each, fed the loader's packed rows, gives each sample's own logits.
 """
 
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ITEM_AXES = {
     "idefics3": {"pixel_values": 1, "pixel_attention_mask": 1},
     "llava": {"pixel_values": 0},
+    "llava_next": {"pixel_values": 0, "image_sizes": 0},  # [images, patches, 3, H, W]: patches padded
 }
 TEXT_KEYS = ("input_ids", "attention_mask")
 
@@ -47,7 +49,15 @@ def processor_alone(proc, media: Path, messages: list[dict]) -> dict[str, np.nda
 
 
 def joined(parts: list[dict[str, np.ndarray]], axes: dict[str, int]) -> dict[str, np.ndarray]:
-    return {k: np.concatenate([p[k] for p in parts if k in p], axis=axes[k]) for k in axes if any(k in p for p in parts)}
+    """Each key's arrays concatenated along its item axis, the other axes zero-padded to the largest."""
+    out = {}
+    for k, axis in axes.items():
+        arrays = [p[k] for p in parts if k in p]
+        if arrays:
+            top = np.max([a.shape for a in arrays], axis=0)
+            pads = [[(0, 0 if d == axis else int(top[d]) - a.shape[d]) for d in range(a.ndim)] for a in arrays]
+            out[k] = np.concatenate([np.pad(a, p) for a, p in zip(arrays, pads, strict=True)], axis=axis)
+    return out
 
 
 def assert_same_bits(got: dict[str, np.ndarray], want: dict[str, np.ndarray], where: str) -> None:
@@ -195,13 +205,15 @@ def tiny_model(model_dir, family):  # noqa: F811
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     text = dict(TINY_TEXT, vocab_size=len(tok))
     image_id = tok.convert_tokens_to_ids("<image>")
-    if family == "llava":
+    if family in ("llava", "llava_next"):
         vision = dict(TINY_VISION, model_type="clip_vision_model", image_size=64, patch_size=16)
-        config = transformers.LlavaConfig(
-            vision_config=vision, text_config=text, image_token_id=image_id,
-            vision_feature_select_strategy="default", vision_feature_layer=-2,
-        )  # fmt: skip
-        cls = transformers.LlavaForConditionalGeneration
+        kw = dict(vision_config=vision, text_config=text, image_token_id=image_id,
+                  vision_feature_select_strategy="default", vision_feature_layer=-2)  # fmt: skip
+        if family == "llava_next":
+            kw["image_grid_pinpoints"] = json.loads((model_dir / "config.json").read_text())["image_grid_pinpoints"]
+            config, cls = transformers.LlavaNextConfig(**kw), transformers.LlavaNextForConditionalGeneration
+        else:
+            config, cls = transformers.LlavaConfig(**kw), transformers.LlavaForConditionalGeneration
     else:
         vision = dict(TINY_VISION, model_type="idefics3_vision", image_size=64, patch_size=16)
         config = transformers.Idefics3Config(
