@@ -234,7 +234,8 @@ class ModelProfile(ABC):
     def store_media(self, plan: MediaPlan, decoded: Any) -> dict[str, np.ndarray]:
         """The named arrays the write stage stores for one item instead of its decoded media (``decoded``:
         the array(s) the plan's storage gives, e.g. uint8 [H, W, 3] for an image). Default: not overridden,
-        the decoded media are stored as they are (``stores_own_media``); ``MediaRejected`` rejects the sample."""
+        the decoded media are stored as they are (``stores_own_media``). ``MediaRejected`` rejects the
+        sample with its reason."""
         raise NotImplementedError(f"profile {self.name} stores its media as decoded")
 
     @classmethod

@@ -33,6 +33,10 @@ import numpy as np
 from .base import MediaMeta, MediaPlan, MediaRejected, ModelProfile, Segment
 from .inputs import EncoderInputs, MediaInputOptions, Payload, item_info, item_kind, join_into_batch_tensor
 
+# What the processor gives for one item's shape: (placeholder count, expansion runs, stored arrays'
+# ``{key: [shape, dtype]}``).
+_Counted = tuple[int, list[list[Any]], dict[str, list[Any]]]
+
 # A sentinel assistant answer: what the template writes right after it ends the turn.
 _ANSWER = "omnipack probe answer"
 
@@ -88,7 +92,8 @@ class HFInputs(EncoderInputs):
         for d in per_item:
             keys += [k for k in d if k not in keys]
         return {
-            k: join_into_batch_tensor([d[k] for d in per_item if k in d], axes[k], options.allocate) for k in keys
+            k: join_into_batch_tensor([d[k] for d in per_item if k in d], axes[k], options.allocate)
+            for k in keys
         }
 
 
@@ -109,7 +114,7 @@ class HFProfile(ModelProfile):
     def __init__(self, *, model_dir: str | Path | None = None, processor_kwargs: Mapping[str, Any] | None = None):
         self.model_dir = None if model_dir is None else str(model_dir)
         self.processor_kwargs = dict(processor_kwargs or {})
-        self._expansions: dict[tuple[Any, ...], tuple[int, list[list[Any]], dict[str, list[Any]]]] = {}
+        self._expansions: dict[tuple[Any, ...], _Counted] = {}
         self.processor_calls: Counter[str] = Counter()
         self.cache_hits: Counter[str] = Counter()
         self.template_blocks = {}
@@ -159,7 +164,9 @@ class HFProfile(ModelProfile):
             one, two = (self._call(kind, [blank] * n) for n in (1, 2))
             text_keys = set(self.processor(text=["omnipack"], return_tensors="np"))
         except Exception as e:
-            raise ValueError(f"profile hf: {name} of {self.model_dir} cannot process {kind}s offline ({e})") from None
+            raise ValueError(
+                f"profile hf: {name} of {self.model_dir} cannot process {kind}s offline ({e})"
+            ) from None
         axes = {}
         for k in one:
             if k in text_keys or k == "text_replacement_offsets":
@@ -218,7 +225,7 @@ class HFProfile(ModelProfile):
             info={"expansion": runs, "stored_arrays": arrays},
         )
 
-    def _expansion(self, kind: str, shape: tuple[int, ...]) -> tuple[int, list[list[Any]], dict[str, list[Any]]]:
+    def _expansion(self, kind: str, shape: tuple[int, ...]) -> _Counted:
         key = (kind, *shape)
         found = self._expansions.get(key)
         if found is not None:
@@ -228,7 +235,7 @@ class HFProfile(ModelProfile):
         found = self._expansions[key] = self._run_processor(kind, shape)
         return found
 
-    def _run_processor(self, kind: str, shape: tuple[int, ...]) -> tuple[int, list[list[Any]], dict[str, list[Any]]]:
+    def _run_processor(self, kind: str, shape: tuple[int, ...]) -> _Counted:
         """The processor on one blank item of ``shape``: (placeholder count, expansion runs, its stored
         arrays' ``{key: [shape, dtype]}``)."""
         from PIL import Image
@@ -271,12 +278,16 @@ class HFProfile(ModelProfile):
             raise MediaRejected(f"the {type(self.processor).__name__} refuses this image: {e}") from None
         count = int((np.asarray(out["input_ids"]) == token_id).sum())
         if count != plan.num_tokens:  # the processor counts this image unlike a blank one of its size
-            raise MediaRejected(f"the processor gives {count} placeholders for this image, the plan {plan.num_tokens}")
+            raise MediaRejected(
+                f"the processor gives {count} placeholders for this image, the plan {plan.num_tokens}"
+            )
         arrays = self._media_outputs("image", out)
         planned = plan.info.get("stored_arrays") or {}
         for k, v in arrays.items():
             if k in planned and [list(v.shape), v.dtype.str] != list(planned[k]):
-                raise MediaRejected(f"the processor gives {k} {v.shape} {v.dtype} for this image, the plan {planned[k]}")
+                raise MediaRejected(
+                    f"the processor gives {k} {v.shape} {v.dtype} for this image, the plan {planned[k]}"
+                )
         return arrays
 
     def _runs(self, text: str, placeholder: str) -> list[list[Any]]:
