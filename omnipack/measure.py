@@ -196,7 +196,11 @@ class Measurer:
 
 def media_bytes_estimate(plan: MediaPlan) -> int:
     """About the bytes a media item takes in a shard, stored raw: frames or an image at the target size as
-    uint8 RGB, audio as 4-byte samples (compressed encodings come out smaller)."""
+    uint8 RGB, audio as 4-byte samples (compressed encodings come out smaller); a family's own stored arrays
+    (``ModelProfile.store_media``) as the plan records them."""
+    stored = plan.info.get("stored_arrays")
+    if stored:
+        return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in stored.values())
     h, w = plan.target_hw or (0, 0)
     if plan.kind == "video":
         frames = len(plan.frame_indices or ())

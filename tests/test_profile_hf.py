@@ -59,7 +59,8 @@ def build_idefics3_model_dir(out: Path) -> Path:
 
 
 def build_llava_model_dir(out: Path) -> Path:
-    """LLaVA 1.5 layout: CLIP image processor (64 px, patch 16: 16 patches less the CLS-dropping default)."""
+    """LLaVA 1.5 layout: CLIP image processor (64 px, patch 16), the vision tower's CLS token counted and
+    dropped by the default feature selection: 16 placeholders, as a CLIP tower of that size gives."""
     import transformers
     from transformers import AutoTokenizer
 
@@ -72,10 +73,37 @@ def build_llava_model_dir(out: Path) -> Path:
     images = transformers.CLIPImageProcessorPil(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64})
     transformers.LlavaProcessor(
         image_processor=images, tokenizer=tok, patch_size=16, vision_feature_select_strategy="default",
-        chat_template=template,
+        num_additional_image_tokens=1, chat_template=template,
     ).save_pretrained(out)  # fmt: skip
     config = transformers.LlavaConfig()
     config.architectures = ["LlavaForConditionalGeneration"]
+    config.save_pretrained(out)
+    return out
+
+
+def build_llava_next_model_dir(out: Path) -> Path:
+    """LLaVA-NeXT (anyres): the 64 px base view plus 64 px crops of the image resized to its best grid among
+    the pinpoints, each image's patches as many as its shape needs (a batch pads them)."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+
+    build_demo_tokenizer(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    template = tok.chat_template.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
+    pinpoints = [[64, 128], [128, 64], [128, 128], [64, 192]]
+    images = transformers.LlavaNextImageProcessorPil(
+        size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64}, image_grid_pinpoints=pinpoints
+    )
+    transformers.LlavaNextProcessor(
+        image_processor=images, tokenizer=tok, patch_size=16, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, chat_template=template,
+    ).save_pretrained(out)  # fmt: skip
+    config = transformers.LlavaNextConfig(image_grid_pinpoints=pinpoints)
+    config.vision_config.image_size, config.vision_config.patch_size = 64, 16
+    config.architectures = ["LlavaNextForConditionalGeneration"]
     config.save_pretrained(out)
     return out
 
@@ -84,6 +112,7 @@ def build_llava_model_dir(out: Path) -> Path:
 FAMILIES = {
     "idefics3": (build_idefics3_model_dir, "Idefics3Processor", "<end_of_utterance>", " {}<end_of_utterance>"),
     "llava": (build_llava_model_dir, "LlavaProcessor", "<|im_end|>", "{}<|im_end|>"),
+    "llava_next": (build_llava_next_model_dir, "LlavaNextProcessor", "<|im_end|>", "{}<|im_end|>"),
 }
 
 

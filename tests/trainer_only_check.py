@@ -83,13 +83,23 @@ def prepare_family(out: Path, name: str) -> dict[str, Any]:
 
     cls = profile_class(name)
     root = out / f"{name}.src"
-    tok = build_demo_tokenizer(root / "tokenizer", profile=name)
-    manifest, media = build_demo_corpus(root / "corpus", num_samples=12, kinds=cls().kinds, clips=KIT_CLIPS)
+    model = None
+    if cls.processor_backed:  # the model's own processor: a tiny Idefics3 folder (its tiles' tensors stored)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.test_profile_hf import build_idefics3_model_dir
+
+        tok = model = build_idefics3_model_dir(root / "model")
+        kinds: tuple[str, ...] = ("image",)
+    else:
+        tok = build_demo_tokenizer(root / "tokenizer", profile=name)
+        kinds = cls().kinds
+    manifest, media = build_demo_corpus(root / "corpus", num_samples=12, kinds=kinds, clips=KIT_CLIPS)
     run_prepare(
         PrepareConfig(
             manifest=[str(manifest)],
             media_root=str(media),
             tokenizer=str(tok),
+            model=None if model is None else str(model),
             output=str(out / name),
             profile=name,
             seq_length=_seq_length(cls(), media),

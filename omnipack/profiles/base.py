@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
 from ..media.storage_plan import StoragePlan
@@ -152,6 +154,10 @@ class ModelProfile(ABC):
         ``media_cost(plan, shapes) -> float`` and ``cost_shapes()`` (default: ValueError, no cost model):
         encoder forward FLOPs for balanced packing.
 
+    Per media item, in write
+        ``store_media(plan, decoded) -> {name: array}`` (default: none, the decoded media are stored): the
+        arrays a family stores instead, e.g. its processor's own tensors.
+
     Per sample
         ``mrope_position_ids(input_ids, spans)`` (default None: 1-D positions): ``int32 [3, L]`` mRoPE ids.
 
@@ -210,6 +216,18 @@ class ModelProfile(ABC):
     def uses_mrope(cls) -> bool:
         """Whether the family writes mRoPE position ids (it overrides ``mrope_position_ids``)."""
         return cls.mrope_position_ids is not ModelProfile.mrope_position_ids
+
+    def store_media(self, plan: MediaPlan, decoded: Any) -> dict[str, np.ndarray]:
+        """The named arrays the write stage stores for one item instead of its decoded media (``decoded``:
+        the array(s) the plan's storage gives, e.g. uint8 [H, W, 3] for an image). Default: not overridden,
+        the decoded media are stored as they are (``stores_own_media``). ``MediaRejected`` rejects the
+        sample with its reason."""
+        raise NotImplementedError(f"profile {self.name} stores its media as decoded")
+
+    @classmethod
+    def stores_own_media(cls) -> bool:
+        """Whether the family stores arrays of its own per item (it overrides ``store_media``)."""
+        return cls.store_media is not ModelProfile.store_media
 
     @property
     def placeholder_tokens(self) -> dict[str, tuple[str, ...]]:

@@ -11,8 +11,14 @@ segments, the text between them literal text (tokenized as the processor's one t
 the added tokens). Labels come from the template's assistant turns as for every profile; a turn ends at the
 first special token the template writes after an assistant's text.
 
-So far: images. The stored payload is the upright source image at its own size (the trainer half reads the
-recorded counts); storing the processor's own tensors, and video and audio, are still to come.
+Payloads: the write stage runs the processor on each decoded image alone (``store_media``) and stores its
+non-text outputs (``pixel_values``, ``pixel_attention_mask``, ... whatever it returns, in its dtype) as an
+npz, so the stored tensors are the processor's. How the processor batches each key (the axis along which
+two images' outputs join: 1 for Idefics3's ``[1, tiles, 3, H, W]``, 0 for LLaVA's ``[images, 3, H, W]``) is
+found at start by running it on one and on two images, and recorded; the trainer half joins a micro-batch's
+items along it, reading nothing but numpy. Keys shaped like the token ids (per-token inputs) are not stored.
+
+So far: images; video and audio are still to come.
 """
 
 from __future__ import annotations
@@ -22,32 +28,75 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
 from .base import MediaPlan, ModelProfile, Segment
-from .inputs import EncoderInputs, MediaInputOptions
+from .inputs import EncoderInputs, MediaInputOptions, Payload, item_info, item_kind, join_into_batch_tensor
+
+# What the processor gives for one item's shape: (placeholder count, expansion runs, stored arrays'
+# ``{key: [shape, dtype]}``).
+_Counted = tuple[int, list[list[Any]], dict[str, list[Any]]]
 
 # A sentinel assistant answer: what the template writes right after it ends the turn.
 _ANSWER = "omnipack probe answer"
 
 
 class HFInputs(EncoderInputs):
-    """Trainer half: placeholder tokens as the processor named them; feature counts as recorded (the
-    stored payload is the source image, which only the processor could count)."""
+    """Trainer half: the stored processor outputs as they are, under the processor's keys, joined per
+    micro-batch along each key's recorded item axis. Placeholder tokens as the processor named them; an
+    item's feature count is its recorded one, once its stored arrays have the shapes the processor gave for
+    its size (the count is the processor's function of that size)."""
 
     name = "hf"
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
         self.placeholder_tokens = {k: tuple(v) for k, v in settings["placeholder_tokens"].items()}
+        # {kind: {key: item axis}}: what the processor returns per item, and how its batch joins items
+        self.item_axes = {kind: dict(axes) for kind, axes in settings["media_arrays"].items()}
+        self.batch_keys = tuple(dict.fromkeys(k for axes in self.item_axes.values() for k in axes))
 
-    def feature_count(self, item: Any, payload: Any) -> int:
+    def stored_arrays(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
+        """The item's stored arrays by key, checked against the keys of its kind and the shapes and dtypes its
+        plan recorded (ValueError naming the difference)."""
+        kind = item_kind(item)
+        keys = self.item_axes.get(kind)
+        if keys is None:
+            raise ValueError(f"profile hf: the processor stored no arrays for {kind} media")
+        if not isinstance(payload, Mapping):  # a single stored array (how verify passes a one-key npz)
+            if len(keys) != 1:
+                raise ValueError(f"stored one array, the processor's {kind} outputs are {sorted(keys)}")
+            payload = {next(iter(keys)): payload}
+        if set(payload) != set(keys):
+            raise ValueError(f"stores {sorted(payload)}, the processor's {kind} outputs are {sorted(keys)}")
+        planned = (item_info(item).get("info") or {}).get("stored_arrays") or {}
+        for k, (shape, dtype) in planned.items():
+            v = payload.get(k)
+            if v is None or tuple(v.shape) != tuple(shape) or np.dtype(v.dtype) != np.dtype(dtype):
+                got = "nothing" if v is None else f"{tuple(v.shape)} {v.dtype}"
+                raise ValueError(f"{k} stored {got}, the processor gives {tuple(shape)} {np.dtype(dtype)}")
+        return {k: np.asarray(payload[k]) for k in keys}
+
+    def feature_count(self, item: Any, payload: Payload) -> int:
+        self.stored_arrays(item, payload)
         return int(item["num_tokens"] if isinstance(item, Mapping) else item.num_tokens)
 
-    def media_inputs(self, item: Any, payload: Any, options: MediaInputOptions) -> dict[str, Any]:
-        # The processor's own tensors are not stored yet (the payload is the source image): the base names
-        # the gap (load with decode_media=False) instead of handing the trainer unprocessed pixels.
-        return super().media_inputs(item, payload, options)
+    def media_inputs(self, item: Any, payload: Payload, options: MediaInputOptions) -> dict[str, Any]:
+        return self.stored_arrays(item, payload)  # views of the stored bytes; collate_media copies them once
+
+    def collate_media(self, per_item: list[dict[str, Any]], options: MediaInputOptions) -> dict[str, Any]:
+        """Items' arrays joined along each key's item axis, as the processor batches one sample's items (other
+        axes zero-padded to the largest, as it pads a batch)."""
+        axes = {k: a for kind_axes in self.item_axes.values() for k, a in kind_axes.items()}
+        keys: list[str] = []
+        for d in per_item:
+            keys += [k for k in d if k not in keys]
+        return {
+            k: join_into_batch_tensor([d[k] for d in per_item if k in d], axes[k], options.allocate)
+            for k in keys
+        }
 
 
 class HFProfile(ModelProfile):
@@ -66,10 +115,11 @@ class HFProfile(ModelProfile):
     def __init__(self, *, model_dir: str | Path | None = None, processor_kwargs: Mapping[str, Any] | None = None):
         self.model_dir = None if model_dir is None else str(model_dir)
         self.processor_kwargs = dict(processor_kwargs or {})
-        self._expansions: dict[tuple[Any, ...], tuple[int, list[list[Any]]]] = {}
+        self._expansions: dict[tuple[Any, ...], _Counted] = {}
         self.processor_calls: Counter[str] = Counter()
         self.cache_hits: Counter[str] = Counter()
         self.template_blocks = {}
+        self.media_arrays: dict[str, dict[str, int]] = {}
         if self.model_dir is None:  # no model: no media kinds (a run always passes the model folder)
             return
         from transformers import AutoProcessor
@@ -94,6 +144,47 @@ class HFProfile(ModelProfile):
         self.template_blocks = {"image": (image_token,)}
         self.turn_end = self._find_turn_end()
         self._added = {int(i) for i in tokenizer.backend_tokenizer.get_added_tokens_decoder()}
+        self.media_arrays = {kind: self._find_item_axes(kind) for kind in self.template_blocks}
+
+    def _call(self, kind: str, items: list[Any], **kwargs: Any) -> Any:
+        """The processor on one text holding ``items`` (each at its placeholder), numpy outputs."""
+        token = self.template_blocks[kind][0]
+        return self.processor(
+            text=[token * len(items)], images=[items], return_tensors="np", **kwargs, **self.processor_kwargs
+        )
+
+    def _find_item_axes(self, kind: str) -> dict[str, int]:
+        """{key: item axis} of the processor's per-item outputs: the one axis along which its output for two
+        (blank) items is its output for one, twice. Keys the text alone gives, or shaped like the token ids
+        (per-token inputs), are no media outputs."""
+        from PIL import Image
+
+        name = type(self.processor).__name__
+        blank = Image.new("RGB", (224, 224))
+        try:
+            one, two = (self._call(kind, [blank] * n) for n in (1, 2))
+            text_keys = set(self.processor(text=["omnipack"], return_tensors="np"))
+        except Exception as e:
+            raise ValueError(
+                f"profile hf: {name} of {self.model_dir} cannot process {kind}s offline ({e})"
+            ) from None
+        axes = {}
+        for k in one:
+            if k in text_keys or k == "text_replacement_offsets":
+                continue
+            a, b = np.asarray(one[k]), np.asarray(two[k])
+            if a.shape == np.shape(one["input_ids"]) and b.shape == np.shape(two["input_ids"]):
+                continue  # per token, not per item
+            diff = [d for d in range(a.ndim) if a.ndim == b.ndim and a.shape[d] != b.shape[d]]
+            if len(diff) != 1 or not np.array_equal(b, np.concatenate([a, a], axis=diff[0])):
+                raise ValueError(
+                    f"profile hf: {name} of {self.model_dir} returns {k!r} {a.shape} for one {kind} and "
+                    f"{b.shape} for two, not one item axis: its outputs cannot be stored per {kind}"
+                )
+            axes[k] = diff[0]
+        if not axes:
+            raise ValueError(f"profile hf: {name} of {self.model_dir} returns no {kind} inputs")
+        return axes
 
     def _find_turn_end(self) -> str:
         """The first special token the chat template writes after an assistant's text (its end of turn)."""
@@ -125,16 +216,17 @@ class HFProfile(ModelProfile):
     def plan_image(self, meta: MediaMeta) -> MediaPlan:
         if not meta.height or not meta.width:
             raise MediaRejected("image size unknown or zero")
-        count, runs = self._expansion("image", (meta.height, meta.width))
+        count, runs, arrays = self._expansion("image", (meta.height, meta.width))
         return MediaPlan(
             kind="image",
             num_tokens=count,
-            target_hw=(meta.height, meta.width),  # stored as it is: the processor resizes at train time
+            target_hw=(meta.height, meta.width),  # decoded at its own size: the processor's input
             vision_patches=count,  # the encoder's cost, in features (the processor names no patch count)
-            info={"expansion": runs},
+            # the processor's outputs for an image of this size: {key: [shape, dtype]}, what is stored
+            info={"expansion": runs, "stored_arrays": arrays},
         )
 
-    def _expansion(self, kind: str, shape: tuple[int, ...]) -> tuple[int, list[list[Any]]]:
+    def _expansion(self, kind: str, shape: tuple[int, ...]) -> _Counted:
         key = (kind, *shape)
         found = self._expansions.get(key)
         if found is not None:
@@ -144,19 +236,15 @@ class HFProfile(ModelProfile):
         found = self._expansions[key] = self._run_processor(kind, shape)
         return found
 
-    def _run_processor(self, kind: str, shape: tuple[int, ...]) -> tuple[int, list[list[Any]]]:
-        """The processor on one blank item of ``shape``: (placeholder count, expansion runs)."""
+    def _run_processor(self, kind: str, shape: tuple[int, ...]) -> _Counted:
+        """The processor on one blank item of ``shape``: (placeholder count, expansion runs, its stored
+        arrays' ``{key: [shape, dtype]}``)."""
         from PIL import Image
 
         token = self.template_blocks[kind][0]
         height, width = shape
         try:
-            out = self.processor(
-                text=[token],
-                images=[Image.new("RGB", (width, height))],
-                return_text_replacement_offsets=True,
-                **self.processor_kwargs,
-            )
+            out = self._call(kind, [Image.new("RGB", (width, height))], return_text_replacement_offsets=True)
         except Exception as e:  # the processor refuses this shape: a reject with its reason
             raise MediaRejected(f"the {type(self.processor).__name__} refuses a {height}x{width} image: {e}") from None
         replacements = out.get("text_replacement_offsets") or [[]]
@@ -167,7 +255,41 @@ class HFProfile(ModelProfile):
         token_id = self.tokenizer.convert_tokens_to_ids(token)
         if count != sum(int(i) == token_id for i in out["input_ids"][0]):  # the processor's own tokenization
             raise ValueError(f"profile hf: the {kind} replacement text and the processor's ids disagree")
-        return count, runs
+        arrays = {k: [list(v.shape), v.dtype.str] for k, v in self._media_outputs(kind, out).items()}
+        return count, runs, arrays
+
+    def _media_outputs(self, kind: str, out: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The processor's outputs for the item (the keys found at start)."""
+        missing = [k for k in self.media_arrays[kind] if k not in out]
+        if missing:
+            raise MediaRejected(f"the {type(self.processor).__name__} returns no {missing} for this {kind}")
+        return {k: np.asarray(out[k]) for k in self.media_arrays[kind]}
+
+    def store_media(self, plan: MediaPlan, decoded: Any) -> dict[str, np.ndarray]:
+        """The processor's outputs for this decoded item alone: what the model's forward takes for it."""
+        from PIL import Image
+
+        if plan.kind != "image":
+            raise MediaRejected(f"profile hf does not store {plan.kind} inputs yet")
+        image = Image.fromarray(np.asarray(decoded, dtype=np.uint8))
+        token_id = self.tokenizer.convert_tokens_to_ids(self.template_blocks["image"][0])
+        try:
+            out = self._call("image", [image])
+        except Exception as e:
+            raise MediaRejected(f"the {type(self.processor).__name__} refuses this image: {e}") from None
+        count = int((np.asarray(out["input_ids"]) == token_id).sum())
+        if count != plan.num_tokens:  # the processor counts this image unlike a blank one of its size
+            raise MediaRejected(
+                f"the processor gives {count} placeholders for this image, the plan {plan.num_tokens}"
+            )
+        arrays = self._media_outputs("image", out)
+        planned = plan.info.get("stored_arrays") or {}
+        for k, v in arrays.items():
+            if k in planned and [list(v.shape), v.dtype.str] != list(planned[k]):
+                raise MediaRejected(
+                    f"the processor gives {k} {v.shape} {v.dtype} for this image, the plan {planned[k]}"
+                )
+        return arrays
 
     def _runs(self, text: str, placeholder: str) -> list[list[Any]]:
         """``text`` as runs: ``["token", token, count, is_placeholder]`` for added tokens (where the tokenizer
@@ -212,6 +334,7 @@ class HFProfile(ModelProfile):
             "processor_class": type(self.processor).__name__ if self.model_dir else None,
             "processor_kwargs": self.processor_kwargs,
             "placeholder_tokens": {k: list(v) for k, v in self.template_blocks.items()},
+            "media_arrays": self.media_arrays,
             "turn_end": self.turn_end,
         }
 

@@ -234,6 +234,28 @@ def concat_into_batch_tensor(parts: list[Any], allocate: Allocator = private_sto
     return out
 
 
+def join_into_batch_tensor(parts: list[np.ndarray], axis: int, allocate: Allocator = private_storage) -> Any:
+    """Arrays joined along ``axis`` into one new batch tensor (storage from ``allocate``), each written
+    once; the other axes are zero-padded to the largest part (as HF processors pad a batch)."""
+    first = parts[0]
+    for p in parts:
+        if p.dtype != first.dtype or p.ndim != first.ndim:
+            raise ValueError(f"cannot join inputs {first.dtype} {first.shape} and {p.dtype} {p.shape}")
+    shape = [max(int(p.shape[d]) for p in parts) for d in range(first.ndim)]
+    shape[axis] = sum(int(p.shape[axis]) for p in parts)
+    out = empty_batch_tensor(tuple(shape), first.dtype, allocate)
+    buf = out.numpy()
+    if any(p.shape[d] != shape[d] for p in parts for d in range(first.ndim) if d != axis):
+        buf[...] = 0
+    at = 0
+    for p in parts:
+        n = int(p.shape[axis])
+        where = tuple(slice(at, at + n) if d == axis else slice(0, p.shape[d]) for d in range(p.ndim))
+        buf[where] = p
+        at += n
+    return out
+
+
 def item_kind(item: Any) -> str:
     return item["kind"] if isinstance(item, Mapping) else item.kind
 

@@ -8,10 +8,11 @@ unit's record (shard info with checksums, rejects, counts) is written after its 
 
 from __future__ import annotations
 
+import io
 import json
 import mmap
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,13 +22,14 @@ import numpy as np
 import pyarrow as pa
 
 from .. import progress
-from ..dataset.codec import encode_row
+from ..dataset.codec import encode_row, view_npy, view_npz
 from ..dataset.contract import row_invariant_errors
 from ..dataset.shards import ShardWriter
 from ..errors import Reject, SampleReject, sample_failed
 from ..measure import sample_arrays
 from ..media.probe import materialize
 from ..media.sources import resolve_source
+from ..profiles import get_profile, profile_class
 from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
 from .measure import part_files
@@ -43,6 +45,9 @@ from .records import (
 from .spec import RunSpec, WriteSettings
 from .storage import is_local, local_file, make_dirs, publish, read_parquet, remove_partials, staging_file
 
+# ``ModelProfile.store_media``: a decoded item's arrays -> the arrays stored for it.
+MediaStore = Callable[[MediaPlan, Any], Mapping[str, np.ndarray]]
+
 
 @dataclass
 class RowResult:
@@ -53,8 +58,11 @@ class RowResult:
     real_tokens: int
 
 
-def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> RowResult:
-    """Materialise a row's media and assemble its arrays; pure function of its inputs."""
+def build_row(
+    key: str, records: list[dict[str, Any]], cfg: WriteSettings, store_media: MediaStore | None = None
+) -> RowResult:
+    """Materialise a row's media and assemble its arrays; pure function of its inputs. ``store_media``: a
+    profile's own arrays for a decoded item (``ModelProfile.store_media``), stored as npz instead of it."""
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
     rejects: list[Reject] = []
@@ -66,9 +74,12 @@ def build_row(key: str, records: list[dict[str, Any]], cfg: WriteSettings) -> Ro
                 ext, data = materialize(
                     resolve_source(m["ref"], cfg.media_root, cfg.media_allow_roots, cfg.remote),
                     plan.storage,
-                    image_encoding=cfg.image_encoding,
-                    compress_video=cfg.compress_video,
+                    image_encoding=cfg.image_encoding if store_media is None else "npy",
+                    compress_video=cfg.compress_video and store_media is None,
                 )
+                if store_media is not None:  # npy / stored npz: the decoded arrays are views of the bytes
+                    decoded = view_npy(data) if ext == "npy" else view_npz(data)
+                    ext, data = "npz", npz_bytes(store_media(plan, decoded))
                 part = f"media.{len(payloads) + len(sample_payloads)}.{ext}"
                 sample_payloads[part] = data
                 media.append((plan, tuple(m["span"]), part))
@@ -222,6 +233,27 @@ def _plan_view(spec: RunSpec) -> _PlanView:
     return view
 
 
+_STORES: dict[str, MediaStore | None] = {}
+
+
+def _media_store(spec: RunSpec) -> MediaStore | None:
+    """The run's profile's ``store_media`` when it stores arrays of its own (built once per process and
+    profile, as the measure stage builds it); None for the families that store the decoded media."""
+    config = spec.measure
+    key = digest({"profile": config.profile, "options": config.profile_options})
+    if key not in _STORES:
+        own = profile_class(config.profile).stores_own_media()
+        _STORES[key] = get_profile(config.profile, **config.profile_options).store_media if own else None
+    return _STORES[key]
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """Named arrays as an uncompressed npz (the loader views its members in place)."""
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    return buf.getvalue()
+
+
 def shard_key(spec: RunSpec, plan_key: str, shard: dict[str, Any]) -> str:
     return digest({"plan": plan_key, "write": spec.write, "shard": shard})
 
@@ -296,10 +328,11 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     )
     rejects: list[Reject] = []
     rows_written = samples_written = real_tokens = 0
+    store = _media_store(spec)
 
     def build(r: int) -> RowResult:
         members = view.sample_index[view.row_ptr[r] : view.row_ptr[r + 1]]
-        return build_row(f"{r:09d}", view.samples.records(members), spec.write)
+        return build_row(f"{r:09d}", view.samples.records(members), spec.write, store)
 
     rows = _built_ahead(build, np.flatnonzero(view.shard_of == number).tolist())
     try:

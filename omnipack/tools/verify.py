@@ -185,6 +185,9 @@ def _expected_arrays(m: MediaItem) -> dict[str, tuple[tuple[int, ...], tuple[np.
     info = m.info or {}
     hw = info.get("target_hw")
     n_audio = info.get("num_audio_samples")
+    stored = (info.get("info") or {}).get("stored_arrays")
+    if stored:  # a family that stores arrays of its own (``ModelProfile.store_media``) records their shapes
+        return {k: (tuple(shape), (np.dtype(dtype),)) for k, (shape, dtype) in stored.items()}
     if m.kind == "image":
         views = len(info.get("image_views") or ())
         shape = (*hw, 3) if views <= 1 else (views, *hw, 3)  # one stored view reads as one frame
