@@ -580,7 +580,8 @@ class Gemma4Profile(ModelProfile):
             sample_rate=AUDIO_RATE,
             num_audio_samples=n,
             audio_frames=mel_frame_counts(n)[0],
-            info={"truncated": truncated},
+            truncate=truncated,  # the writer cuts the decoded clip to ``num_audio_samples``
+            info={"truncated": truncated},  # the row's record of it (the dataset's media info)
         )
 
     def expand(self, plan: MediaPlan) -> list[Segment]:
