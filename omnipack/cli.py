@@ -309,22 +309,7 @@ def _dataset_info_settings(d: dict[str, Any]) -> None:
 def _check_model_settings(d: dict[str, Any]) -> None:
     """One-line errors naming the setting for a tokenizer path, a profile option or a preprocessor config
     that can not be used (instead of a traceback, or a silent fallback to defaults)."""
-    name = str(d["tokenizer"])
-    try:  # a Hub id (ORG/NAME[@REVISION]) is its snapshot in the local cache
-        tok = resolve_model_dir(name)
-    except NotCached as e:
-        tok, missing = None, ValueError(f"tokenizer {name!r} {e} (--tokenizer)")
-    shipped = None
-    if (tok is None or not tok.is_dir()) and d.get("output"):
-        shipped = shipped_for_output(str(d["output"]), name)  # a node without the folder: the run's copy
-    if shipped is not None:
-        tok = Path(shipped.name)  # checked where it was shipped from; this node reads the copy
-    elif tok is None:
-        raise missing
-    elif not tok.is_dir():
-        raise ValueError(f"tokenizer {name!r} is not a local tokenizer folder nor a Hub model id (--tokenizer)")
-    elif not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
-        raise ValueError(f"tokenizer folder {str(tok)!r} holds no tokenizer.json/tokenizer_config.json (--tokenizer)")
+    tok = _resolve_tokenizer_setting(d)
     d["tokenizer"] = str(tok)
     if d.get("model"):
         try:
@@ -346,9 +331,35 @@ def _check_model_settings(d: dict[str, Any]) -> None:
         if not found.exists() and not _shipped_option(d.get("output"), key, str(found)):
             raise FileNotFoundError(f"{key} {str(opts[key])!r} does not exist ({flag})")
         opts[key] = str(found)
+    _check_profile_choice(d.get("profile"), Path(d.get("model") or tok), opts)
 
+
+def _resolve_tokenizer_setting(d: dict[str, Any]) -> Path:
+    """The tokenizer folder that --tokenizer names: a local folder, a Hub id's cached snapshot, or (on a node
+    without either) the copy the run shipped to its output store."""
+    name = str(d["tokenizer"])
+    try:  # a Hub id (ORG/NAME[@REVISION]) is its snapshot in the local cache
+        tok = resolve_model_dir(name)
+    except NotCached as e:
+        tok, missing = None, ValueError(f"tokenizer {name!r} {e} (--tokenizer)")
+    shipped = None
+    if (tok is None or not tok.is_dir()) and d.get("output"):
+        shipped = shipped_for_output(str(d["output"]), name)  # a node without the folder: the run's copy
+    if shipped is not None:
+        tok = Path(shipped.name)  # checked where it was shipped from; this node reads the copy
+    elif tok is None:
+        raise missing
+    elif not tok.is_dir():
+        raise ValueError(f"tokenizer {name!r} is not a local tokenizer folder nor a Hub model id (--tokenizer)")
+    elif not any((tok / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")):
+        raise ValueError(f"tokenizer folder {str(tok)!r} holds no tokenizer.json/tokenizer_config.json (--tokenizer)")
+    return tok
+
+
+def _check_profile_choice(profile: str | None, model_dir: Path, opts: dict[str, Any]) -> None:
+    """Refuse profile options the chosen profile does not take, and a model whose processor cannot load."""
     # the profile the run will use: the model folder's, checked against --profile (a disagreement is an error)
-    choice, choice_opts = choose_profile(d.get("profile"), Path(d.get("model") or tok), opts)
+    choice, choice_opts = choose_profile(profile, model_dir, opts)
     cls = PROFILES.get(choice.name)
     if cls is not None:
         params = inspect.signature(cls).parameters

@@ -194,6 +194,15 @@ def row_invariant_errors(row: PackedRowArrays, align: int) -> list[str]:
     n = len(row.sample_ids)
     if cu.shape != (n + 1,) or cup.shape != (n + 1,):
         return errs + [f"cu_seqlens {cu.shape} / cu_seqlens_padded {cup.shape} do not match {n} samples"]
+    errs += _boundary_errors(cu, cup, w, align)
+    if errs:  # the per-position checks below index by these boundaries
+        return errs
+    return _sequence_content_errors(row, cup, np.diff(cu))
+
+
+def _boundary_errors(cu: np.ndarray, cup: np.ndarray, w: int, align: int) -> list[str]:
+    """Broken invariants of a row's logical (``cu``) and padded (``cup``) sequence boundaries."""
+    errs: list[str] = []
     if cu[0] != 0 or cup[0] != 0:
         errs.append("boundaries must start at 0")
     lens, plens = np.diff(cu), np.diff(cup)
@@ -207,9 +216,14 @@ def row_invariant_errors(row: PackedRowArrays, align: int) -> list[str]:
         errs.append("a logical length exceeds its padded length")
     if (plens % align).any():
         errs.append(f"padded lengths {plens[plens % align != 0].tolist()} not multiples of align={align}")
-    if errs:
-        return errs
-    starts = cup[:-1]
+    return errs
+
+
+def _sequence_content_errors(row: PackedRowArrays, cup: np.ndarray, lens: np.ndarray) -> list[str]:
+    """Broken invariants of padding, positions, labels and media within valid sequence boundaries."""
+    errs: list[str] = []
+    w = row.seq_length
+    starts, plens = cup[:-1], np.diff(cup)
     expected_pad = np.ones(w, dtype=bool)
     expected_pos = np.empty(w, dtype=np.int64)
     for s, length, plen in zip(starts, lens, plens, strict=True):

@@ -87,33 +87,44 @@ def build_demo_corpus(
         _image(rng, media / f"img{i}.png", h, w)
     Image.fromarray(rng.integers(0, 255, (50, 80, 3), dtype=np.uint8)).save(media / "photo.jpg", quality=90)
     av_media = _video_and_audio(rng, media, kinds, clips)
-    lines = []
-    for i in range(num_samples):
-        kind = i % 4
-        user: list[dict] = []
-        if i % 3 == 0 and av_media["video"]:
-            user.append({"type": "video", "video": str(rng.choice(av_media["video"]))})
-        if i % 5 == 0 and av_media["audio"]:
-            user.append({"type": "audio", "audio": str(rng.choice(av_media["audio"]))})
-        if kind in (1, 2):
-            user.append({"type": "image", "image": f"img{rng.integers(len(sizes))}.png"})
-        if kind == 2:
-            user.append({"type": "image", "image": "photo.jpg"})
-        user.append({"type": "text", "text": _sentence(rng, int(rng.integers(3, 40)))})
-        messages = [
-            {"role": "user", "content": user},
-            {"role": "assistant", "content": _sentence(rng, int(rng.integers(2, 60)))},
+    lines = [_demo_sample(rng, i, av_media, len(sizes)) for i in range(num_samples)]
+    lines += _broken_samples(media)
+    manifest = root / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return manifest, media
+
+
+def _demo_sample(rng: np.random.Generator, i: int, av_media: dict[str, list[str]], num_images: int) -> dict:
+    """Sample ``i`` of the corpus: a mix of text-only, one-image, two-image and two-turn chats, with a video
+    every third sample and an audio clip every fifth when the corpus has them."""
+    kind = i % 4
+    user: list[dict] = []
+    if i % 3 == 0 and av_media["video"]:
+        user.append({"type": "video", "video": str(rng.choice(av_media["video"]))})
+    if i % 5 == 0 and av_media["audio"]:
+        user.append({"type": "audio", "audio": str(rng.choice(av_media["audio"]))})
+    if kind in (1, 2):
+        user.append({"type": "image", "image": f"img{rng.integers(num_images)}.png"})
+    if kind == 2:
+        user.append({"type": "image", "image": "photo.jpg"})
+    user.append({"type": "text", "text": _sentence(rng, int(rng.integers(3, 40)))})
+    messages = [
+        {"role": "user", "content": user},
+        {"role": "assistant", "content": _sentence(rng, int(rng.integers(2, 60)))},
+    ]
+    if kind == 3:
+        messages += [
+            {"role": "user", "content": _sentence(rng, 8)},
+            {"role": "assistant", "content": [{"type": "text", "text": _sentence(rng, 20)}]},
         ]
-        if kind == 3:
-            messages += [
-                {"role": "user", "content": _sentence(rng, 8)},
-                {"role": "assistant", "content": [{"type": "text", "text": _sentence(rng, 20)}]},
-            ]
-        lines.append({"id": f"demo-{i:05d}", "messages": messages})
-    # Deliberately broken samples, each rejected with its own reason.
+    return {"id": f"demo-{i:05d}", "messages": messages}
+
+
+def _broken_samples(media: Path) -> list[dict]:
+    """Deliberately broken samples, each rejected with its own reason (writes the corrupt image they use)."""
     (media / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"not really a png")
     ask = {"role": "assistant", "content": "ok"}
-    lines += [
+    return [
         {
             "id": "bad-missing",
             "messages": [{"role": "user", "content": [{"type": "image", "image": "nope.png"}]}, ask],
@@ -133,6 +144,3 @@ def build_demo_corpus(
         },
         {"id": "bad-long", "messages": [{"role": "user", "content": "word " * 5000}, ask]},
     ]
-    manifest = root / "manifest.jsonl"
-    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return manifest, media

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import (
+    InputError,
     InputPart,
     Reader,
     SourceRecord,
@@ -89,11 +90,7 @@ def _elements(
         buf = _Buffer(f)
         buf.more()
         if start_byte == 0:
-            if buf.text.startswith("\ufeff"):
-                buf.pos = 1
-            if buf.skip_ws() != "[":
-                raise cut_short(path, buf.offset(), "it is not a JSON array (no '[' at its start)")
-            buf.pos += 1
+            _enter_array(buf, path)
         index, noted = first_index, first_index - 1
         while stop is None or index < stop:
             c = buf.skip_ws()
@@ -103,7 +100,6 @@ def _elements(
                 # once per element: an element cut at the buffer's end comes round again after more()
                 offsets.append(start_byte + buf.offset())
                 noted = index
-            where = f"{label}#{index}"
             try:
                 obj, end = decoder.raw_decode(buf.text, buf.pos)
                 if end == len(buf.text) and not buf.eof:
@@ -112,42 +108,68 @@ def _elements(
                 if not buf.eof and len(buf.text) - buf.pos <= max_record_bytes:
                     buf.more()
                     continue
-                at = start_byte + buf.offset()
-                if not buf.eof:
-                    raise cut_short(
-                        path, at, f"element #{index} is over the {max_record_bytes}-byte record limit and the "
-                        "array can not be read past it (raise --max-line-bytes)"
-                    ) from None
-                msg = getattr(e, "msg", str(e))
-                # at the end of the text, or inside a string that the text ends in: the file stops mid-element
-                if not c or msg.startswith("Unterminated string") or getattr(e, "pos", 0) >= len(buf.text.rstrip()):
-                    raise cut_short(path, at, f"the file ends inside element #{index} (cut short?)") from None
-                raise cut_short(path, at, f"element #{index} is not valid JSON: {msg}") from None
-            text = buf.text[buf.pos : end]
-            try:
-                size = len(text.encode("utf-8"))
-                yield SourceRecord(index, where, obj, None, size, '"bytes"' in text)
-            except UnicodeEncodeError as e:
-                yield SourceRecord(
-                    index, where, None, f"invalid UTF-8 at byte {e.start} of the record", len(text)
-                )
+                raise _undecodable_element(e, buf, path, start_byte, index, c, max_record_bytes) from None
+            yield _source_record(index, f"{label}#{index}", obj, buf.text[buf.pos : end])
             buf.pos = end
             index += 1
-            c = buf.skip_ws()
-            if c == ",":
-                buf.pos += 1
-            elif c == "]":
+            if _array_ends_after_element(buf, path, start_byte, index, stop):
                 return
-            elif stop is not None and index >= stop:
-                return  # the next part's reader (or the split's full parse) sees what follows
-            elif not c:
-                raise cut_short(
-                    path, start_byte + buf.offset(), f"the file ends after element #{index - 1} without the "
-                    "array's closing ']' (cut short?)"
-                )
-            else:
-                at = start_byte + buf.offset()
-                raise cut_short(path, at, f"expected ',' or ']' after element #{index - 1}")
+
+
+def _enter_array(buf: _Buffer, path: Path) -> None:
+    """Step past a leading byte-order mark and the array's opening '['."""
+    if buf.text.startswith("\ufeff"):
+        buf.pos = 1
+    if buf.skip_ws() != "[":
+        raise cut_short(path, buf.offset(), "it is not a JSON array (no '[' at its start)")
+    buf.pos += 1
+
+
+def _undecodable_element(
+    e: ValueError, buf: _Buffer, path: Path, start_byte: int, index: int, c: str, max_record_bytes: int
+) -> InputError:
+    """The error for element ``index`` that does not decode (``c`` its first character): over the record
+    limit, cut short by the file's end, or invalid JSON."""
+    at = start_byte + buf.offset()
+    if not buf.eof:
+        return cut_short(
+            path, at, f"element #{index} is over the {max_record_bytes}-byte record limit and the "
+            "array can not be read past it (raise --max-line-bytes)"
+        )
+    msg = getattr(e, "msg", str(e))
+    # at the end of the text, or inside a string that the text ends in: the file stops mid-element
+    if not c or msg.startswith("Unterminated string") or getattr(e, "pos", 0) >= len(buf.text.rstrip()):
+        return cut_short(path, at, f"the file ends inside element #{index} (cut short?)")
+    return cut_short(path, at, f"element #{index} is not valid JSON: {msg}")
+
+
+def _source_record(index: int, where: str, obj: Any, text: str) -> SourceRecord:
+    """Element ``index`` decoded from ``text``, or its reject when the text is not valid UTF-8."""
+    try:
+        size = len(text.encode("utf-8"))
+        return SourceRecord(index, where, obj, None, size, '"bytes"' in text)
+    except UnicodeEncodeError as e:
+        return SourceRecord(index, where, None, f"invalid UTF-8 at byte {e.start} of the record", len(text))
+
+
+def _array_ends_after_element(buf: _Buffer, path: Path, start_byte: int, index: int, stop: int | None) -> bool:
+    """Step past the ',' after element ``index - 1``; True where the reader stops there (the array's ']' or
+    the part's ``stop``); an error for anything else."""
+    c = buf.skip_ws()
+    if c == ",":
+        buf.pos += 1
+        return False
+    if c == "]":
+        return True
+    if stop is not None and index >= stop:
+        return True  # the next part's reader (or the split's full parse) sees what follows
+    if not c:
+        raise cut_short(
+            path, start_byte + buf.offset(), f"the file ends after element #{index - 1} without the "
+            "array's closing ']' (cut short?)"
+        )
+    at = start_byte + buf.offset()
+    raise cut_short(path, at, f"expected ',' or ']' after element #{index - 1}")
 
 
 class JsonArrayReader(Reader):

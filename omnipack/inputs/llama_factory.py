@@ -34,6 +34,36 @@ _PREFERENCE_COLUMNS = ("chosen", "rejected", "kto_tag")
 def dataset_info_settings(info_path: str | Path, name: str | None = None) -> dict[str, Any]:
     """The prepare settings (``manifest``, ``media_root``, ``input_layout``, ``input_fields``,
     ``input_roles``) of entry ``name`` of a ``dataset_info.json`` (the only entry when ``name`` is None)."""
+    path, name, entry = _dataset_info_entry(info_path, name)
+    where = f"dataset {name!r} of {path}"
+    hub = [k for k in _HUB_SOURCES if entry.get(k)]
+    if hub:
+        raise InputError(
+            f"{where} is loaded from {hub[0]} {entry[hub[0]]!r}: omnipack reads local files only; download it "
+            "and give its folder with --manifest"
+        )
+    columns = entry.get("columns") or {}
+    if entry.get("ranking") or any(columns.get(c) for c in _PREFERENCE_COLUMNS):
+        raise InputError(
+            f"{where} is a preference (ranking/KTO) dataset: omnipack prepares supervised conversations"
+        )
+    layout, fields, roles = _layout_fields_roles(entry, columns, where)
+    fields.update({ours: columns[col] for col, ours in _SHARED_COLUMNS.items() if columns.get(col)})
+    if not entry.get("file_name"):
+        raise InputError(f"{where} has no file_name")
+    files = entry["file_name"] if isinstance(entry["file_name"], list) else [entry["file_name"]]
+    manifest = [str(path.parent / f) for f in files]
+    return {
+        "manifest": manifest,
+        "media_root": str(path.parent),
+        "input_layout": layout,
+        "input_fields": fields,
+        "input_roles": roles,
+    }
+
+
+def _dataset_info_entry(info_path: str | Path, name: str | None) -> tuple[Path, str, dict[str, Any]]:
+    """(the ``dataset_info.json`` file, the entry's name, the entry): entry ``name``, or the only one."""
     path = Path(info_path)
     if path.is_dir():
         path = path / "dataset_info.json"
@@ -54,19 +84,13 @@ def dataset_info_settings(info_path: str | Path, name: str | None = None) -> dic
         name = next(iter(info))
     if name not in info:
         raise InputError(f"dataset info {path} has no dataset {name!r} (it has {', '.join(sorted(info))})")
-    entry = info[name]
-    where = f"dataset {name!r} of {path}"
-    hub = [k for k in _HUB_SOURCES if entry.get(k)]
-    if hub:
-        raise InputError(
-            f"{where} is loaded from {hub[0]} {entry[hub[0]]!r}: omnipack reads local files only; download it "
-            "and give its folder with --manifest"
-        )
-    columns = entry.get("columns") or {}
-    if entry.get("ranking") or any(columns.get(c) for c in _PREFERENCE_COLUMNS):
-        raise InputError(
-            f"{where} is a preference (ranking/KTO) dataset: omnipack prepares supervised conversations"
-        )
+    return path, name, info[name]
+
+
+def _layout_fields_roles(
+    entry: dict[str, Any], columns: dict[str, Any], where: str
+) -> tuple[str, dict[str, str], dict[str, str]]:
+    """The input layout, fields and role names that the entry's ``formatting`` (alpaca or sharegpt) stands for."""
     formatting = entry.get("formatting", "alpaca")
     fields: dict[str, str] = {}
     roles: dict[str, str] = {}
@@ -84,15 +108,4 @@ def dataset_info_settings(info_path: str | Path, name: str | None = None) -> dic
         roles = {tags[tag]: role for tag, role in _TAG_ROLES.items() if tags.get(tag)}
     else:
         raise InputError(f"{where}: formatting {formatting!r} is not alpaca or sharegpt")
-    fields.update({ours: columns[col] for col, ours in _SHARED_COLUMNS.items() if columns.get(col)})
-    if not entry.get("file_name"):
-        raise InputError(f"{where} has no file_name")
-    files = entry["file_name"] if isinstance(entry["file_name"], list) else [entry["file_name"]]
-    manifest = [str(path.parent / f) for f in files]
-    return {
-        "manifest": manifest,
-        "media_root": str(path.parent),
-        "input_layout": layout,
-        "input_fields": fields,
-        "input_roles": roles,
-    }
+    return layout, fields, roles

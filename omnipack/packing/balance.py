@@ -157,24 +157,8 @@ def refine_costs(
     row_of = np.array(row_of, dtype=np.int32, copy=True)
     if num_rows < 2:
         return row_of
-    amounts_np, budgets_np, max_samples = row_limits(constraints, n)
-    resources = amounts_np.shape[1] > 0
-    amounts = [tuple(a) for a in amounts_np.tolist()] if resources else None
-    budgets = tuple(budgets_np.tolist())
-    length = lengths.tolist()
-    value = costs.tolist()
-    members: list[list[int]] = [[] for _ in range(num_rows)]
-    for i, r in enumerate(row_of.tolist()):
-        members[r].append(i)
-    fill = np.bincount(row_of, weights=lengths, minlength=num_rows).astype(np.int64).tolist()
-    cost = np.bincount(row_of, weights=costs, minlength=num_rows).tolist()
-    used = None
-    if resources:
-        per_row = np.zeros((num_rows, len(budgets)), dtype=np.int64)
-        np.add.at(per_row, row_of, amounts_np)
-        used = [tuple(x) for x in per_row.tolist()]
-    state = _PairState(members, fill, cost, used, length, value, amounts, budgets, capacity, max_samples)
-    total_mean = row_constant + float(np.mean(cost))
+    state = _PairState.of_assignment(row_of, num_rows, lengths, costs, capacity, constraints)
+    total_mean = row_constant + float(np.mean(state.cost))
     slack = tolerance * total_mean
     half = num_rows // 2
     failures = [0] * num_rows
@@ -192,27 +176,36 @@ def refine_costs(
         count = min(half, max(hot, cold))
         expensive = by_cost[::-1][:count].tolist()
         cheap = np.roll(by_cost[:half], (round_index * 7919) % max(half, 1)).tolist()
-        improved = 0
-        k = 0
-        for a in expensive:
-            if failures[a] >= MAX_FAILURES:
-                continue  # nothing it holds could be exchanged in earlier rounds: stop trying
-            for _ in range(PARTNER_TRIES):
-                b = cheap[k % half]
-                k += 1
-                gap = state.cost[a] - state.cost[b]
-                if gap > slack and state.improve(a, b, gap, slack):
-                    improved += 1
-                    failures[b] = 0
-                    break
-            else:
-                failures[a] += 1
+        improved = _improve_pairs(state, expensive, cheap, failures, slack)
         if not improved:
             break
     out = np.empty(n, dtype=np.int32)
     for r, items in enumerate(state.members):
         out[items] = r
     return out
+
+
+def _improve_pairs(
+    state: _PairState, expensive: list[int], cheap: list[int], failures: list[int], slack: float
+) -> int:
+    """One round: each expensive row tries a few cheap partners (in turn) until a change narrows their gap;
+    returns how many rows improved. ``failures`` counts, per row, the rounds in which nothing helped it."""
+    improved = 0
+    k = 0
+    for a in expensive:
+        if failures[a] >= MAX_FAILURES:
+            continue  # nothing it holds could be exchanged in earlier rounds: stop trying
+        for _ in range(PARTNER_TRIES):
+            b = cheap[k % len(cheap)]
+            k += 1
+            gap = state.cost[a] - state.cost[b]
+            if gap > slack and state.improve(a, b, gap, slack):
+                improved += 1
+                failures[b] = 0
+                break
+        else:
+            failures[a] += 1
+    return improved
 
 
 class _PairState:
@@ -222,6 +215,34 @@ class _PairState:
         self.members, self.fill, self.cost, self.used = members, fill, cost, used
         self.length, self.value, self.amounts, self.budgets = length, value, amounts, budgets
         self.capacity, self.max_samples = capacity, max_samples
+
+    @classmethod
+    def of_assignment(
+        cls,
+        row_of: np.ndarray,
+        num_rows: int,
+        lengths: np.ndarray,
+        costs: np.ndarray,
+        capacity: int,
+        constraints: PackConstraints | None,
+    ) -> _PairState:
+        """The rows of assignment ``row_of`` (sample -> row) with their fill, cost and resource use."""
+        amounts_np, budgets_np, max_samples = row_limits(constraints, len(lengths))
+        resources = amounts_np.shape[1] > 0
+        amounts = [tuple(a) for a in amounts_np.tolist()] if resources else None
+        budgets = tuple(budgets_np.tolist())
+        members: list[list[int]] = [[] for _ in range(num_rows)]
+        for i, r in enumerate(row_of.tolist()):
+            members[r].append(i)
+        fill = np.bincount(row_of, weights=lengths, minlength=num_rows).astype(np.int64).tolist()
+        cost = np.bincount(row_of, weights=costs, minlength=num_rows).tolist()
+        used = None
+        if resources:
+            per_row = np.zeros((num_rows, len(budgets)), dtype=np.int64)
+            np.add.at(per_row, row_of, amounts_np)
+            used = [tuple(x) for x in per_row.tolist()]
+        length, value = lengths.tolist(), costs.tolist()
+        return cls(members, fill, cost, used, length, value, amounts, budgets, capacity, max_samples)
 
     def _fits_resources(self, row: int, add: int | None, remove: int | None) -> bool:
         if self.used is None:
@@ -280,11 +301,18 @@ class _PairState:
                     best_gap, best = split[0], ("split", split[1], split[2])
         if best is None:
             return 0
-        kind, x, y = best
+        self._apply(a, b, *best)
+        return 1
+
+    def _apply(self, a: int, b: int, kind: str, x: int | list[int], y: int | list[int] | None) -> None:
+        """Apply a change between rows a and b: move x a -> b, swap x (of a) with y (of b), or set both rows
+        to a re-split (x, y)."""
+        length, value = self.length, self.value
+        row_a, row_b = self.members[a], self.members[b]
         if kind == "split":
             self._set_row(a, x)
             self._set_row(b, y)
-            return 1
+            return
         row_a.remove(x)
         row_b.append(x)
         moved = [(x, a, b)]
@@ -301,7 +329,6 @@ class _PairState:
                 amt = self.amounts[i]
                 self.used[src] = tuple(u - q for u, q in zip(self.used[src], amt, strict=True))
                 self.used[dst] = tuple(u + q for u, q in zip(self.used[dst], amt, strict=True))
-        return 1
 
     def _set_row(self, row: int, items: list[int]) -> None:
         self.members[row] = items

@@ -84,40 +84,7 @@ def constrained_bfd(
     min_length = int(lengths.min())
     order = np.argsort(-lengths, kind="stable")
     row_of = np.empty(n, dtype=np.int32)
-    row_space: list[int] = []
-    row_count: list[int] = []
-    row_left: list[list[int]] = []  # remaining resource budgets per row
-    buckets: dict[int, dict[int, None]] = {}  # space unit -> insertion-ordered set of open rows
-    nonempty: list[int] = []  # sorted bucket ids that hold rows
-    headroom = np.full((capacity // unit + 1, num_resources), -1, dtype=np.int64)  # -1: empty bucket
-
-    def add(bucket_id: int, row: int) -> None:
-        bucket = buckets.setdefault(bucket_id, {})
-        if not bucket:
-            insort(nonempty, bucket_id)
-            headroom[bucket_id] = row_left[row]
-        elif num_resources:
-            np.maximum(headroom[bucket_id], row_left[row], out=headroom[bucket_id])
-        bucket[row] = None
-
-    def remove(bucket_id: int, row: int) -> None:
-        bucket = buckets[bucket_id]
-        del bucket[row]
-        if not bucket:
-            nonempty.pop(bisect_left(nonempty, bucket_id))
-            headroom[bucket_id] = -1
-
-    def scan(bucket_id: int, need: list[int]) -> int:
-        """First row of the bucket within budget; on failure tighten the bucket's bound."""
-        exact = [0] * num_resources
-        for row in buckets[bucket_id]:
-            left = row_left[row]
-            if all(need[k] <= left[k] for k in range(num_resources)):
-                return row
-            exact = [max(a, b) for a, b in zip(exact, left, strict=True)]
-        headroom[bucket_id] = exact
-        return -1
-
+    rows = _SpaceBuckets(capacity // unit + 1, num_resources)
     lengths_list = lengths.tolist()
     needs = amounts[order]
     needs_any = needs.any(axis=1).tolist() if num_resources else [False] * n
@@ -126,36 +93,87 @@ def constrained_bfd(
         v = lengths_list[i]
         need = needs_list[pos]
         first = -(-v // unit)
-        chosen, chosen_bucket = -1, -1
-        if not needs_any[pos]:
-            k = bisect_left(nonempty, first)
-            if k < len(nonempty):
-                chosen_bucket = nonempty[k]
-                chosen = next(iter(buckets[chosen_bucket]))
+        if needs_any[pos]:
+            chosen, chosen_bucket = rows.first_within_budget(first, need)
         else:
-            candidates = np.flatnonzero((headroom[first:] >= need).all(axis=1)) + first
-            for bucket_id in candidates.tolist():
-                chosen = scan(bucket_id, need)
-                if chosen >= 0:
-                    chosen_bucket = bucket_id
-                    break
+            chosen, chosen_bucket = rows.first_fit(first)
         if chosen >= 0:
-            remove(chosen_bucket, chosen)
+            rows.remove(chosen_bucket, chosen)
         else:
-            chosen = len(row_space)
-            row_space.append(capacity)
-            row_count.append(0)
-            row_left.append(budgets.tolist())
+            chosen = len(rows.space)
+            rows.space.append(capacity)
+            rows.count.append(0)
+            rows.left.append(budgets.tolist())
         row_of[i] = chosen
-        space = row_space[chosen] - v
-        row_space[chosen] = space
-        row_count[chosen] += 1
-        left = row_left[chosen]
+        space = rows.space[chosen] - v
+        rows.space[chosen] = space
+        rows.count[chosen] += 1
+        left = rows.left[chosen]
         for k in range(num_resources):
             left[k] -= need[k]
-        if space >= min_length and row_count[chosen] < max_samples:
-            add(space // unit, chosen)
-    return row_of, len(row_space)
+        if space >= min_length and rows.count[chosen] < max_samples:
+            rows.add(space // unit, chosen)
+    return row_of, len(rows.space)
+
+
+class _SpaceBuckets:
+    """Open rows of ``constrained_bfd`` in buckets by remaining space (in alignment units), with per bucket
+    an upper bound of its rows' remaining budgets (``headroom``, -1 for an empty bucket) so that an item
+    needing resources skips, in one vectorised test, every bucket whose rows cannot take it."""
+
+    def __init__(self, num_buckets: int, num_resources: int) -> None:
+        self.num_resources = num_resources
+        self.space: list[int] = []  # per row: tokens left
+        self.count: list[int] = []  # per row: samples placed
+        self.left: list[list[int]] = []  # per row: remaining resource budgets
+        self.buckets: dict[int, dict[int, None]] = {}  # space unit -> insertion-ordered set of open rows
+        self.nonempty: list[int] = []  # sorted bucket ids that hold rows
+        self.headroom = np.full((num_buckets, num_resources), -1, dtype=np.int64)
+
+    def add(self, bucket_id: int, row: int) -> None:
+        bucket = self.buckets.setdefault(bucket_id, {})
+        if not bucket:
+            insort(self.nonempty, bucket_id)
+            self.headroom[bucket_id] = self.left[row]
+        elif self.num_resources:
+            np.maximum(self.headroom[bucket_id], self.left[row], out=self.headroom[bucket_id])
+        bucket[row] = None
+
+    def remove(self, bucket_id: int, row: int) -> None:
+        bucket = self.buckets[bucket_id]
+        del bucket[row]
+        if not bucket:
+            self.nonempty.pop(bisect_left(self.nonempty, bucket_id))
+            self.headroom[bucket_id] = -1
+
+    def first_fit(self, first: int) -> tuple[int, int]:
+        """(row, bucket): the oldest row of the tightest bucket from ``first`` on; (-1, -1) if none."""
+        k = bisect_left(self.nonempty, first)
+        if k < len(self.nonempty):
+            bucket_id = self.nonempty[k]
+            return next(iter(self.buckets[bucket_id])), bucket_id
+        return -1, -1
+
+    def first_within_budget(self, first: int, need: list[int]) -> tuple[int, int]:
+        """(row, bucket): the oldest row within budget of the tightest bucket from ``first`` on that has
+        one; (-1, -1) if none."""
+        candidates = np.flatnonzero((self.headroom[first:] >= need).all(axis=1)) + first
+        for bucket_id in candidates.tolist():
+            row = self._scan(bucket_id, need)
+            if row >= 0:
+                return row, bucket_id
+        return -1, -1
+
+    def _scan(self, bucket_id: int, need: list[int]) -> int:
+        """First row of the bucket within budget; on failure tighten the bucket's bound."""
+        exact = [0] * self.num_resources
+        for row in self.buckets[bucket_id]:
+            left = self.left[row]
+            if all(need[k] <= left[k] for k in range(self.num_resources)):
+                return row
+            exact = [max(a, b) for a, b in zip(exact, left, strict=True)]
+        self.headroom[bucket_id] = exact
+        return -1
 
 
 def _share_order(
@@ -211,14 +229,7 @@ def constrained_pack(
     unit = int(np.gcd.reduce(np.append(lengths, capacity)))
     min_length = int(lengths.min())
     order = _share_order(lengths, capacity, amounts, budgets, weigh_by_demand)
-    num_buckets = capacity // unit + 1
-    heaps: list[list[tuple[float, int]]] = [[] for _ in range(num_buckets)]
-    # tops[k, b]: remaining budget k of bucket b's top row; -1 marks an empty bucket (fails any need).
-    tops = np.full((num_resources, num_buckets), -1, dtype=np.int64)
-    nonempty: list[int] = []  # sorted ids of buckets that hold rows
-    row_space: list[int] = []
-    row_count: list[int] = []
-    row_left: list[list[int]] = []
+    buckets = _SlackHeaps(capacity // unit + 1, num_resources)
     row_of = np.empty(n, dtype=np.int32)
     inverse = [1.0 / max(b, 1) for b in budgets.tolist()]
     full_budgets = budgets.tolist()
@@ -226,63 +237,91 @@ def constrained_pack(
     needs_any = needs.any(axis=1).tolist() if num_resources else [False] * n
     needs_list = needs.tolist()
     lengths_list = lengths.tolist()
-    probes = 4  # buckets tried in Python before the vectorised test (cheaper when one fits early)
     for pos, i in enumerate(order.tolist()):
         v = lengths_list[i]
         need = needs_list[pos]
         first = -(-v // unit)
-        chosen_bucket = -1
-        k = bisect_left(nonempty, first)
-        if not needs_any[pos]:
-            if k < len(nonempty):
-                chosen_bucket = nonempty[k]
-        elif k < len(nonempty):
-            end = min(len(nonempty), k + probes)
-            while k < end:
-                left = row_left[heaps[nonempty[k]][0][1]]
-                if all(need[d] <= left[d] for d in dims):
-                    chosen_bucket = nonempty[k]
-                    break
-                k += 1
-            else:
-                if k < len(nonempty):
-                    # Compare each needed resource over all buckets separately: a [K, B] layout with
-                    # one comparison per row of it is several times faster than ``.all(axis=...)``.
-                    needed = [d for d in dims if need[d]]
-                    fit = tops[needed[0], first:] >= need[needed[0]]
-                    for d in needed[1:]:
-                        fit &= tops[d, first:] >= need[d]
-                    j = int(fit.argmax())
-                    if fit[j]:
-                        chosen_bucket = first + j
+        chosen_bucket = buckets.fitting_bucket(first, need, needs_any[pos])
         if chosen_bucket >= 0:
-            heap = heaps[chosen_bucket]
-            row = heapq.heappop(heap)[1]
-            if heap:
-                tops[:, chosen_bucket] = row_left[heap[0][1]]
-            else:
-                tops[:, chosen_bucket] = -1
-                nonempty.pop(bisect_left(nonempty, chosen_bucket))
+            row = buckets.pop_top(chosen_bucket)
         else:
-            row = len(row_space)
-            row_space.append(capacity)
-            row_count.append(0)
-            row_left.append(list(full_budgets))
+            row = len(buckets.space)
+            buckets.space.append(capacity)
+            buckets.count.append(0)
+            buckets.left.append(list(full_budgets))
         row_of[i] = row
-        space = row_space[row] - v
-        row_space[row] = space
-        count = row_count[row] + 1
-        row_count[row] = count
-        left = row_left[row]
+        space = buckets.space[row] - v
+        buckets.space[row] = space
+        count = buckets.count[row] + 1
+        buckets.count[row] = count
+        left = buckets.left[row]
         for d in dims:
             left[d] -= need[d]
         if space >= min_length and count < max_samples:
-            bucket_id = space // unit
             slack = min([left[d] * inverse[d] for d in dims]) if num_resources else 0.0
-            heap = heaps[bucket_id]
-            if not heap:
-                insort(nonempty, bucket_id)
-            heapq.heappush(heap, (-slack, row))
-            if heap[0][1] == row:
-                tops[:, bucket_id] = left
-    return row_of, len(row_space)
+            buckets.push(space // unit, row, slack)
+    return row_of, len(buckets.space)
+
+
+class _SlackHeaps:
+    """Open rows of ``constrained_pack`` in buckets by remaining token space (in alignment units); inside a
+    bucket a heap keyed by the row's tightest normalised resource slack. ``tops[k, b]`` is the remaining
+    budget k of bucket b's top row; -1 marks an empty bucket (fails any need)."""
+
+    PROBES = 4  # buckets tried in Python before the vectorised test (cheaper when one fits early)
+
+    def __init__(self, num_buckets: int, num_resources: int) -> None:
+        self.dims = range(num_resources)
+        self.heaps: list[list[tuple[float, int]]] = [[] for _ in range(num_buckets)]
+        self.tops = np.full((num_resources, num_buckets), -1, dtype=np.int64)
+        self.nonempty: list[int] = []  # sorted ids of buckets that hold rows
+        self.space: list[int] = []  # per row: tokens left
+        self.count: list[int] = []  # per row: samples placed
+        self.left: list[list[int]] = []  # per row: remaining resource budgets
+
+    def fitting_bucket(self, first: int, need: list[int], needs_any: bool) -> int:
+        """The tightest bucket from ``first`` on whose top row takes ``need``; -1 if none."""
+        nonempty = self.nonempty
+        k = bisect_left(nonempty, first)
+        if k >= len(nonempty):
+            return -1
+        if not needs_any:
+            return nonempty[k]
+        end = min(len(nonempty), k + self.PROBES)
+        while k < end:
+            left = self.left[self.heaps[nonempty[k]][0][1]]
+            if all(need[d] <= left[d] for d in self.dims):
+                return nonempty[k]
+            k += 1
+        if k < len(nonempty):
+            # Compare each needed resource over all buckets separately: a [K, B] layout with
+            # one comparison per row of it is several times faster than ``.all(axis=...)``.
+            tops = self.tops
+            needed = [d for d in self.dims if need[d]]
+            fit = tops[needed[0], first:] >= need[needed[0]]
+            for d in needed[1:]:
+                fit &= tops[d, first:] >= need[d]
+            j = int(fit.argmax())
+            if fit[j]:
+                return first + j
+        return -1
+
+    def pop_top(self, bucket_id: int) -> int:
+        """Take the bucket's top row out."""
+        heap = self.heaps[bucket_id]
+        row = heapq.heappop(heap)[1]
+        if heap:
+            self.tops[:, bucket_id] = self.left[heap[0][1]]
+        else:
+            self.tops[:, bucket_id] = -1
+            self.nonempty.pop(bisect_left(self.nonempty, bucket_id))
+        return row
+
+    def push(self, bucket_id: int, row: int, slack: float) -> None:
+        """Put an open row into its bucket, keyed by its tightest normalised slack (tightest on top)."""
+        heap = self.heaps[bucket_id]
+        if not heap:
+            insort(self.nonempty, bucket_id)
+        heapq.heappush(heap, (-slack, row))
+        if heap[0][1] == row:
+            self.tops[:, bucket_id] = self.left[row]

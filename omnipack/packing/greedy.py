@@ -121,75 +121,85 @@ def bfd_classes(
 def ffd_classes(values: np.ndarray, counts: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
     """First-fit decreasing: each item goes to the lowest-numbered open row that fits it.
 
-    Rows are kept as runs of consecutive row ids with equal remaining space; each space bucket is a heap
-    of run starts, and ``heads[s]`` (the lowest run start in bucket ``s``) finds the first fit by argmin.
+    Rows are kept as runs of consecutive row ids with equal remaining space (``_SpaceRuns``); each placement
+    is an event (first row, rows, items per row), expanded to one row id per item at the end.
     """
     if len(values) == 0:
         return _EMPTY, 0
-    min_useful = int(values[-1])
-    no_row = np.iinfo(np.int64).max
-    heads = np.full(capacity + 1, no_row, dtype=np.int64)
-    heaps: dict[int, list[int]] = {}
-    run_len: dict[int, int] = {}  # run start -> number of rows in the run
-    ev_start: list[int] = []
-    ev_rows: list[int] = []
-    ev_per_row: list[int] = []
+    runs = _SpaceRuns(capacity, min_useful=int(values[-1]))
+    events: list[tuple[int, int, int]] = []  # (first row, rows, items per row)
     num_rows = 0
-
-    def push(space: int, start: int, length: int) -> None:
-        if space < min_useful or length == 0:
-            return
-        run_len[start] = length
-        heap = heaps.setdefault(space, [])
-        heapq.heappush(heap, start)
-        heads[space] = heap[0]
-
-    def event(start: int, length: int, per_row: int) -> None:
-        ev_start.append(start)
-        ev_rows.append(length)
-        ev_per_row.append(per_row)
-
     for v, c in zip(values.tolist(), counts.tolist(), strict=True):
         while c:
-            offset = int(np.argmin(heads[v:]))
-            space = v + offset
-            if heads[space] == no_row:
+            found = runs.pop_first_fit(v)
+            if found is None:  # no open row fits: open new ones
                 per_row = capacity // v
                 full, rem = divmod(c, per_row)
                 if full:
-                    event(num_rows, full, per_row)
-                    push(capacity - per_row * v, num_rows, full)
+                    events.append((num_rows, full, per_row))
+                    runs.push(capacity - per_row * v, num_rows, full)
                     num_rows += full
                 if rem:
-                    event(num_rows, 1, rem)
-                    push(capacity - rem * v, num_rows, 1)
+                    events.append((num_rows, 1, rem))
+                    runs.push(capacity - rem * v, num_rows, 1)
                     num_rows += 1
                 break
-            heap = heaps[space]
-            start = heapq.heappop(heap)
-            heads[space] = heap[0] if heap else no_row
-            length = run_len.pop(start)
+            space, start, length = found
             per_row = space // v
             filled = min(length, c // per_row)
             if filled:
-                event(start, filled, per_row)
-                push(space - per_row * v, start, filled)
+                events.append((start, filled, per_row))
+                runs.push(space - per_row * v, start, filled)
                 c -= filled * per_row
             if filled == length:
                 continue
             # The run is split: one partially filled row, then the untouched rest.
             rest_start = start + filled
             if c:
-                event(rest_start, 1, c)
-                push(space - c * v, rest_start, 1)
+                events.append((rest_start, 1, c))
+                runs.push(space - c * v, rest_start, 1)
                 rest_start += 1
                 c = 0
-            push(space, rest_start, start + length - rest_start)
-    starts = np.asarray(ev_start, dtype=np.int64)
-    rows_per_event = np.asarray(ev_rows, dtype=np.int64)
-    per_row = np.asarray(ev_per_row, dtype=np.int64)
-    # Expand events (start, rows, items per row) to one row id per item, keeping event order.
+            runs.push(space, rest_start, start + length - rest_start)
+    return _row_of_events(events), num_rows
+
+
+class _SpaceRuns:
+    """Open rows as runs of consecutive row ids with equal remaining space: each space bucket is a heap of
+    run starts, and ``heads[s]`` (the lowest run start in bucket ``s``) finds the first fit by argmin."""
+
+    def __init__(self, capacity: int, min_useful: int) -> None:
+        self.min_useful = min_useful  # rows with less space than the shortest item are closed
+        self.no_row = np.iinfo(np.int64).max
+        self.heads = np.full(capacity + 1, self.no_row, dtype=np.int64)
+        self.heaps: dict[int, list[int]] = {}
+        self.run_len: dict[int, int] = {}  # run start -> number of rows in the run
+
+    def push(self, space: int, start: int, length: int) -> None:
+        if space < self.min_useful or length == 0:
+            return
+        self.run_len[start] = length
+        heap = self.heaps.setdefault(space, [])
+        heapq.heappush(heap, start)
+        self.heads[space] = heap[0]
+
+    def pop_first_fit(self, v: int) -> tuple[int, int, int] | None:
+        """Remove and return (space, start, length) of the lowest-numbered run with space >= v; None if none."""
+        heads = self.heads
+        space = v + int(np.argmin(heads[v:]))
+        if heads[space] == self.no_row:
+            return None
+        heap = self.heaps[space]
+        start = heapq.heappop(heap)
+        heads[space] = heap[0] if heap else self.no_row
+        return space, start, self.run_len.pop(start)
+
+
+def _row_of_events(events: list[tuple[int, int, int]]) -> np.ndarray:
+    """Expand events (start, rows, items per row) to one row id per item, keeping event order."""
+    table = np.asarray(events, dtype=np.int64).reshape(-1, 3)
+    starts, rows_per_event, per_row = table[:, 0], table[:, 1], table[:, 2]
     row_base = np.repeat(starts, rows_per_event)
     event_first = np.repeat(np.cumsum(rows_per_event) - rows_per_event, rows_per_event)
     rows = row_base + np.arange(len(row_base), dtype=np.int64) - event_first
-    return np.repeat(rows, np.repeat(per_row, rows_per_event)), num_rows
+    return np.repeat(rows, np.repeat(per_row, rows_per_event))

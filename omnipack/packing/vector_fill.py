@@ -57,20 +57,7 @@ def balanced_fill(
     budget_list = [int(b) for b in budgets]
     inverse = [1.0 / max(b, 1) for b in budget_list]
     dims = range(len(budget_list))
-    w_inv = 1.0 / capacity
-    # Per group: sorted distinct lengths still available, and per length the samples left (index order).
-    order = np.lexsort((np.arange(n), lengths, group_of))
-    starts_of_group = np.searchsorted(group_of[order], np.arange(len(vectors) + 1))
-    group_lengths: list[list[int]] = []
-    queues: list[dict[int, list[int]]] = []
-    for g in range(len(vectors)):
-        members = order[starts_of_group[g] : starts_of_group[g + 1]]
-        distinct, starts = np.unique(lengths[members], return_index=True)
-        ends = np.append(starts[1:], len(members))
-        group_lengths.append(distinct.tolist())
-        queues.append(
-            {int(v): members[s:e].tolist()[::-1] for v, s, e in zip(distinct, starts, ends, strict=True)}
-        )
+    group_lengths, queues = _length_queues(lengths, group_of, len(vectors))
     group_amounts = [[int(x) for x in vec] for vec in vectors]
     group_shares = [[vec[d] * inverse[d] for d in dims] for vec in group_amounts]
     row_of = np.empty(n, dtype=np.int32)
@@ -81,38 +68,9 @@ def balanced_fill(
         left = list(budget_list)
         count = 0
         while count < max_samples:
-            best_score: tuple[float, float] | None = None
-            best_group, best_length = -1, -1
-            for g, vec in enumerate(group_amounts):
-                avail = group_lengths[g]
-                if not avail or any(vec[d] > left[d] for d in dims):
-                    continue
-                k = bisect_right(avail, space) - 1
-                if k < 0:
-                    continue
-                shares = group_shares[g]
-                size = sum(shares)
-                if count == 0:
-                    # Seed: the most unbalanced item, the longest or the shortest of its group.
-                    for length in (avail[0], avail[k]):
-                        x = length * w_inv
-                        score = (max(x, *shares) - min(x, *shares), x + size)
-                        if best_score is None or score > best_score:
-                            best_score, best_group, best_length = score, g, length
-                    continue
-                after = [(left[d] - vec[d]) * inverse[d] for d in dims]
-                hi, lo = max(after), min(after)
-                # The length that puts the row's token share in the middle of its resource shares.
-                target = space - capacity * (hi + lo) / 2
-                j = bisect_right(avail, target)
-                for kk in (j - 1, j):
-                    if 0 <= kk <= k:
-                        length = avail[kk]
-                        token_share = (space - length) * w_inv
-                        spread = max(hi, token_share) - min(lo, token_share)
-                        score = (-max(spread, BALANCE_TOLERANCE), length * w_inv + size)
-                        if best_score is None or score > best_score:
-                            best_score, best_group, best_length = score, g, length
+            best_group, best_length = _best_item(
+                group_amounts, group_lengths, group_shares, left, inverse, space, capacity, seed=count == 0
+            )
             if best_group < 0:
                 break
             queue = queues[best_group][best_length]
@@ -127,3 +85,74 @@ def balanced_fill(
             placed += 1
         num_rows += 1
     return row_of, num_rows
+
+
+def _length_queues(
+    lengths: np.ndarray, group_of: np.ndarray, num_groups: int
+) -> tuple[list[list[int]], list[dict[int, list[int]]]]:
+    """Per group: sorted distinct lengths still available, and per length the samples left (popped from the
+    end in index order)."""
+    n = len(lengths)
+    order = np.lexsort((np.arange(n), lengths, group_of))
+    starts_of_group = np.searchsorted(group_of[order], np.arange(num_groups + 1))
+    group_lengths: list[list[int]] = []
+    queues: list[dict[int, list[int]]] = []
+    for g in range(num_groups):
+        members = order[starts_of_group[g] : starts_of_group[g + 1]]
+        distinct, starts = np.unique(lengths[members], return_index=True)
+        ends = np.append(starts[1:], len(members))
+        group_lengths.append(distinct.tolist())
+        queues.append(
+            {int(v): members[s:e].tolist()[::-1] for v, s, e in zip(distinct, starts, ends, strict=True)}
+        )
+    return group_lengths, queues
+
+
+def _best_item(
+    group_amounts: list[list[int]],
+    group_lengths: list[list[int]],
+    group_shares: list[list[float]],
+    left: list[int],
+    inverse: list[float],
+    space: int,
+    capacity: int,
+    seed: bool,
+) -> tuple[int, int]:
+    """(group, length) of the item to add to a row with ``space`` tokens and ``left`` budgets left: the
+    most unbalanced item when it ``seed``s an empty row, else the one after which the row's remaining shares
+    are most level; (-1, -1) when none fits."""
+    dims = range(len(left))
+    w_inv = 1.0 / capacity
+    best_score: tuple[float, float] | None = None
+    best_group, best_length = -1, -1
+    for g, vec in enumerate(group_amounts):
+        avail = group_lengths[g]
+        if not avail or any(vec[d] > left[d] for d in dims):
+            continue
+        k = bisect_right(avail, space) - 1
+        if k < 0:
+            continue
+        shares = group_shares[g]
+        size = sum(shares)
+        if seed:
+            # Seed: the most unbalanced item, the longest or the shortest of its group.
+            for length in (avail[0], avail[k]):
+                x = length * w_inv
+                score = (max(x, *shares) - min(x, *shares), x + size)
+                if best_score is None or score > best_score:
+                    best_score, best_group, best_length = score, g, length
+            continue
+        after = [(left[d] - vec[d]) * inverse[d] for d in dims]
+        hi, lo = max(after), min(after)
+        # The length that puts the row's token share in the middle of its resource shares.
+        target = space - capacity * (hi + lo) / 2
+        j = bisect_right(avail, target)
+        for kk in (j - 1, j):
+            if 0 <= kk <= k:
+                length = avail[kk]
+                token_share = (space - length) * w_inv
+                spread = max(hi, token_share) - min(lo, token_share)
+                score = (-max(spread, BALANCE_TOLERANCE), length * w_inv + size)
+                if best_score is None or score > best_score:
+                    best_score, best_group, best_length = score, g, length
+    return best_group, best_length

@@ -122,6 +122,31 @@ def choose_profile(
             opts["model_dir"] = str(folder)  # a processor-backed profile reads the processor in the folder
         source = "explicit" if explicit else "default"
         return ProfileChoice(name, source, model_dir=opts.get("model_dir"), processor_files=_processor_files(cls, opts)), opts
+    name, source = _checkpoint_profile(explicit, checkpoint)
+    cls = profile_class(name)
+    if _takes_option(cls, "model_dir") and opts.get("model_dir") is None:
+        opts["model_dir"] = str(checkpoint.folder)
+    for option, kind in PROCESSOR_OPTIONS.items():  # the folder's settings, unless given explicitly
+        if (
+            _takes_option(cls, option)
+            and opts.get(option) is None
+            and processor_config_source(checkpoint.folder, kind) is not None
+        ):
+            opts[option] = str(checkpoint.folder)
+    choice = ProfileChoice(
+        name,
+        source,
+        checkpoint.model_type,
+        checkpoint.architectures,
+        str(checkpoint.folder),
+        _processor_files(cls, opts),
+    )
+    return choice, opts
+
+
+def _checkpoint_profile(explicit: str | None, checkpoint: Checkpoint) -> tuple[str, str]:
+    """(profile name, how it was chosen) for a checkpoint: ``explicit`` when it serves the checkpoint's
+    model_type, else the one native profile that does, else the processor-backed fallback."""
     families = model_type_families()
     serving = families.get(checkpoint.model_type, [])
     config = checkpoint.folder / CONFIG_FILE
@@ -145,25 +170,7 @@ def choose_profile(
         name, source = serving[0], "checkpoint"
     else:  # no native family: the model's own processor decides
         name, source = PROCESSOR_PROFILE, "fallback"
-    cls = profile_class(name)
-    if _takes_option(cls, "model_dir") and opts.get("model_dir") is None:
-        opts["model_dir"] = str(checkpoint.folder)
-    for option, kind in PROCESSOR_OPTIONS.items():  # the folder's settings, unless given explicitly
-        if (
-            _takes_option(cls, option)
-            and opts.get(option) is None
-            and processor_config_source(checkpoint.folder, kind) is not None
-        ):
-            opts[option] = str(checkpoint.folder)
-    choice = ProfileChoice(
-        name,
-        source,
-        checkpoint.model_type,
-        checkpoint.architectures,
-        str(checkpoint.folder),
-        _processor_files(cls, opts),
-    )
-    return choice, opts
+    return name, source
 
 
 def _processor_files(cls: type[ModelProfile], options: dict[str, Any]) -> dict[str, str]:

@@ -387,20 +387,9 @@ class QwenVLProfile(ModelProfile):
         do_sample_frames: bool | None = None,
     ) -> None:
         pcfg = read_preprocessor_config(preprocessor_config)
-        image = VisionSettings.from_preprocessor_config(pcfg, self.default_image)
         self.image_mean = tuple(float(x) for x in pcfg.get("image_mean", self.default_mean))
         self.image_std = tuple(float(x) for x in pcfg.get("image_std", self.default_std))
-        if min_pixels is not None or max_pixels is not None:
-            image = VisionSettings(
-                image.patch_size,
-                image.merge_size,
-                image.temporal_patch_size,
-                min_pixels if min_pixels is not None else image.min_pixels,
-                max_pixels if max_pixels is not None else image.max_pixels,
-            )
-        if image.min_pixels > image.max_pixels:
-            raise ValueError(f"min_pixels {image.min_pixels} > max_pixels {image.max_pixels}")
-        self.image = image
+        self.image = self._image_settings_from(pcfg, min_pixels, max_pixels)
         vcfg = read_preprocessor_config(video_preprocessor_config, "video")
         options = dict(
             fps=video_fps,
@@ -410,16 +399,7 @@ class QwenVLProfile(ModelProfile):
             max_pixels=video_max_pixels,
             cap_pixels_per_frame=cap_pixels_per_frame,
         )
-        overrides = {**self.processor_video_defaults, **{k: v for k, v in options.items() if v is not None}}
-        self.video = VideoSettings.from_config(vcfg, self.default_video, **overrides)
-        if do_sample_frames is False:
-            if video_fps is not None:
-                raise ValueError(
-                    f"do_sample_frames=False uses every frame; it contradicts video_fps={video_fps}"
-                )
-            self.video = replace(self.video, fps=None)
-        elif do_sample_frames and self.video.fps is None:
-            self.video = replace(self.video, fps=self.default_video.fps or 2.0)
+        self.video = self._video_settings_from(vcfg, options, do_sample_frames)
         if self.video.min_pixels > self.video.max_pixels:
             raise ValueError(
                 f"video_min_pixels {self.video.min_pixels} > video_max_pixels {self.video.max_pixels}"
@@ -438,6 +418,40 @@ class QwenVLProfile(ModelProfile):
             )
         self.video_layout = video_layout
         self.tokens_per_second = tokens_per_second
+
+    def _image_settings_from(
+        self, pcfg: dict[str, Any], min_pixels: int | None, max_pixels: int | None
+    ) -> VisionSettings:
+        """The image settings of a preprocessor config, with the pixel bounds given as options over it."""
+        image = VisionSettings.from_preprocessor_config(pcfg, self.default_image)
+        if min_pixels is not None or max_pixels is not None:
+            image = VisionSettings(
+                image.patch_size,
+                image.merge_size,
+                image.temporal_patch_size,
+                min_pixels if min_pixels is not None else image.min_pixels,
+                max_pixels if max_pixels is not None else image.max_pixels,
+            )
+        if image.min_pixels > image.max_pixels:
+            raise ValueError(f"min_pixels {image.min_pixels} > max_pixels {image.max_pixels}")
+        return image
+
+    def _video_settings_from(
+        self, vcfg: dict[str, Any], options: dict[str, Any], do_sample_frames: bool | None
+    ) -> VideoSettings:
+        """The video settings of a video preprocessor config, under the processor class's defaults and the
+        options given (None: not given); ``do_sample_frames`` False keeps every frame."""
+        overrides = {**self.processor_video_defaults, **{k: v for k, v in options.items() if v is not None}}
+        video = VideoSettings.from_config(vcfg, self.default_video, **overrides)
+        if do_sample_frames is False:
+            if options["fps"] is not None:
+                raise ValueError(
+                    f"do_sample_frames=False uses every frame; it contradicts video_fps={options['fps']}"
+                )
+            video = replace(video, fps=None)
+        elif do_sample_frames and video.fps is None:
+            video = replace(video, fps=self.default_video.fps or 2.0)
+        return video
 
     # ---- images ----
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,14 +52,24 @@ def plot_dataset(
     of sample lengths, one of row fill and, given ``row_costs`` (the modeled cost of every row), one of
     row cost relative to the mean."""
     plt = _pyplot()
-    from matplotlib.patches import Patch
-
     shown = list(rows[:max_rows])
     strip_h = max(2.5, 0.22 * len(shown) + 1.2)
     fig = plt.figure(figsize=(13, strip_h + 3.6), constrained_layout=True)
     columns = 3 if row_costs else 2
     grid = fig.add_gridspec(2, columns, height_ratios=[strip_h, 3.2])
-    ax = fig.add_subplot(grid[0, :])
+    _draw_row_layout(fig.add_subplot(grid[0, :]), shown, len(rows), width, title)
+    _draw_histograms(fig, grid, rows, width, row_costs)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _draw_row_layout(ax: Any, shown: Sequence[RowSummary], total_rows: int, width: int, title: str) -> None:
+    """Rows as horizontal bars: each sample a shade, media blocks over them, padding grey."""
+    from matplotlib.patches import Patch
+
     for y, r in enumerate(shown):
         cu, cup = r.cu_seqlens, r.cu_seqlens_padded
         ax.broken_barh([(0, width)], (y - 0.4, 0.8), facecolors=PAD_COLOR, edgecolor="none")
@@ -84,7 +95,7 @@ def plot_dataset(
     ax.set_ylabel("row")
     step = max(1, len(shown) // 16)
     ax.set_yticks(range(0, len(shown), step))
-    more = f" (first {len(shown)} of {len(rows)})" if len(rows) > len(shown) else ""
+    more = f" (first {len(shown)} of {total_rows})" if total_rows > len(shown) else ""
     ax.set_title(f"row layout{more}, W={width}" + (f" — {title}" if title else ""), loc="left")
     kinds = sorted({m["kind"] for r in shown for m in r.media})
     handles = [Patch(color=SAMPLE_COLORS[0], label="text (samples alternate shades)")]
@@ -92,6 +103,11 @@ def plot_dataset(
     handles.append(Patch(color=PAD_COLOR, label="padding"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
 
+
+def _draw_histograms(
+    fig: Any, grid: Any, rows: Sequence[RowSummary], width: int, row_costs: Sequence[float] | None
+) -> None:
+    """The bottom panels: sample lengths, row fill and (given ``row_costs``) row cost against the mean."""
     lens = np.asarray([n for r in rows for n in r.seqlens])
     ax1 = fig.add_subplot(grid[1, 0])
     ax1.hist(lens, bins=min(50, max(5, len(lens) // 4)), color=SAMPLE_COLORS[1])
@@ -112,8 +128,3 @@ def plot_dataset(
         ax3.set_title(f"row cost vs mean (modeled, max {rel.max():+.1%})", loc="left")
         ax3.set_xlabel("% above / below the mean row cost")
         ax3.set_ylabel("rows")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
