@@ -268,6 +268,50 @@ def test_a_clip_unlike_its_plan_is_rejected_at_write(model_dir):
         prof.store_media(plan, np.zeros(12000, np.float32))
 
 
+def build_gemma3n_model_dir(out: Path) -> Path:
+    """Gemma3n (image + audio): its feature extractor pads every clip's waveform to the longest of the call
+    before computing features and their mask, so a clip's features depend on the other clips beside it."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+
+    build_demo_tokenizer(out)
+    extra = {
+        "image_token": "<image_soft_token>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+        "audio_token": "<audio_soft_token>", "boa_token": "<start_of_audio>", "eoa_token": "<end_of_audio>",
+    }  # fmt: skip
+    tok = AutoTokenizer.from_pretrained(out, extra_special_tokens=extra)
+    tok.add_special_tokens({"additional_special_tokens": list(extra.values())})
+    template = tok.chat_template.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image_soft_token>")
+    template = template.replace("<|audio_start|><|audio_pad|><|audio_end|>", "<audio_soft_token>")
+    transformers.Gemma3nProcessor(
+        feature_extractor=transformers.Gemma3nAudioFeatureExtractor(),
+        image_processor=transformers.SiglipImageProcessorPil(size={"height": 32, "width": 32}),
+        tokenizer=tok, chat_template=template, audio_seq_length=6, image_seq_length=4,
+    ).save_pretrained(out)  # fmt: skip
+    config = transformers.Gemma3nConfig()
+    config.architectures = ["Gemma3nForConditionalGeneration"]
+    config.save_pretrained(out)
+    return out
+
+
+def test_a_processor_whose_clip_features_depend_on_the_others_is_refused_at_start(tmp_path, capsys):
+    """Stored per clip, Gemma3n's features could not be the processor's for a sample of two clips (it pads
+    both waveforms to the longer one first): refused at start with that reason, nothing written."""
+    folder = build_gemma3n_model_dir(tmp_path / "model")
+    manifest, media, _ = _corpus(tmp_path / "src", n=2)
+    args = [
+        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(folder),
+        "-o", str(tmp_path / "ds"), "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "profile hf: Gemma3nProcessor" in err, err
+    assert "'input_features' beside a second audio" in err and "depend on the sample's other items" in err
+    assert not (tmp_path / "ds").exists()
+
+
 # ---- a tiny random Qwen2-Audio model on the loader's packed rows ----
 
 

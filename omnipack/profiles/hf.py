@@ -55,8 +55,10 @@ _Counted = tuple[int, list[list[Any]], dict[str, list[Any]]]
 
 # A sentinel assistant answer: what the template writes right after it ends the turn.
 _ANSWER = "omnipack probe answer"
-# The probe items whose outputs, for one and for two of them, show how the processor batches each key.
-_PROBE_SHAPE = {"image": (224, 224), "audio": (1,)}  # (height, width); (seconds,)
+# The probe items whose outputs, for one and for two of them, show how the processor batches each key; and a
+# smaller one, beside which a probe item must give its outputs alone (padded as a batch pads).
+_PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,)}  # (height, width); (seconds,)
+_SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,)}
 
 
 class HFInputs(EncoderInputs):
@@ -212,8 +214,7 @@ class HFProfile(ModelProfile):
         (blank) items is its output for one, twice. Keys the text alone gives, or shaped like the token ids
         (per-token inputs), are no media outputs."""
         name = type(self.processor).__name__
-        probe = _PROBE_SHAPE[kind] if kind == "image" else (_PROBE_SHAPE[kind][0] * int(self.sampling_rate or 0),)
-        blank = self._blank(kind, probe)
+        blank = self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))
         try:
             one, two = (self._call(kind, [blank] * n) for n in (1, 2))
             text_keys = set(self.processor(text=["omnipack"], return_tensors="np"))
@@ -237,7 +238,43 @@ class HFProfile(ModelProfile):
             axes[k] = diff[0]
         if not axes:
             raise ValueError(f"profile hf: {name} of {self.model_dir} returns no {kind} inputs")
+        self._check_items_independent(kind, axes)
         return axes
+
+    def _shape(self, kind: str, shape: tuple[float, ...]) -> tuple[int, ...]:
+        """A probe shape in the kind's units: (height, width) pixels; (seconds,) as samples at the rate."""
+        return tuple(int(x) for x in shape) if kind == "image" else (int(shape[0] * (self.sampling_rate or 0)),)
+
+    def _content(self, kind: str, shape: tuple[int, ...]) -> Any:
+        """A non-blank item of ``shape`` (a fixed noise image, a tone): padding shows unlike content."""
+        if kind == "image":
+            from PIL import Image
+
+            return Image.fromarray(np.random.default_rng(0).integers(0, 255, (*shape, 3), dtype=np.uint8))
+        t = np.arange(shape[0], dtype=np.float32) / np.float32(self.sampling_rate or 1)
+        return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+    def _check_items_independent(self, kind: str, axes: Mapping[str, int]) -> None:
+        """Refuse a processor whose outputs for an item depend on the sample's other items (e.g. one that
+        pads every clip's waveform to the longest before computing features): stored per item, they could
+        not be the processor's for the sample. Its outputs for a probe item and a smaller one together must
+        be its outputs for each alone, joined as the loader joins them."""
+        name = type(self.processor).__name__
+        big, small = (self._content(kind, self._shape(kind, s[kind])) for s in (_PROBE_SHAPE, _SMALL_SHAPE))
+        try:
+            pair, *alone = (self._call(kind, items) for items in ([big, small], [big], [small]))
+        except Exception as e:
+            raise ValueError(f"profile hf: {name} of {self.model_dir} cannot process {kind}s offline ({e})") from None
+        for k, axis in axes.items():
+            got = np.asarray(pair[k])
+            want = join_into_batch_tensor([np.asarray(a[k]) for a in alone], axis).numpy()
+            if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+                raise ValueError(
+                    f"profile hf: {name} of {self.model_dir} gives an item other {k!r} beside a second {kind} "
+                    f"than alone ({got.shape} together, {want.shape} alone, joined): its {kind} outputs depend on "
+                    f"the sample's other items (padded before they are computed), so they cannot be stored per "
+                    f"item as the processor's"
+                )
 
     def _find_turn_end(self) -> str:
         """The first special token the chat template writes after an assistant's text (its end of turn)."""
