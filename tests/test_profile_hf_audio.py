@@ -312,6 +312,35 @@ def test_a_processor_whose_clip_features_depend_on_the_others_is_refused_at_star
     assert not (tmp_path / "ds").exists()
 
 
+def test_a_processor_that_takes_one_clip_per_text_is_refused_at_start(tmp_path, capsys):
+    """AudioFlamingo3's processor (torch tensors only, read back as numpy) takes one clip per text: a sample
+    of two clips cannot be processed, so the model is refused at start with the processor's own reason."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+
+    folder = build_demo_tokenizer(tmp_path / "model")
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_special_tokens({"additional_special_tokens": ["<sound>"]})
+    template = tok.chat_template.replace("<|audio_start|><|audio_pad|><|audio_end|>", "<sound>")
+    features = transformers.WhisperFeatureExtractor(feature_size=16, chunk_length=2)
+    transformers.AudioFlamingo3Processor(features, tok, chat_template=template).save_pretrained(folder)
+    config = transformers.AudioFlamingo3Config()
+    config.architectures = ["AudioFlamingo3ForConditionalGeneration"]
+    config.save_pretrained(folder)
+    manifest, media, _ = _corpus(tmp_path / "src", n=2)
+    args = [
+        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(folder),
+        "-o", str(tmp_path / "ds"), "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "profile hf: AudioFlamingo3Processor" in err, err
+    assert "cannot process a sample's audios offline" in err and "must match 1:1" in err, err
+    assert not (tmp_path / "ds").exists()
+
+
 # ---- a tiny random Qwen2-Audio model on the loader's packed rows ----
 
 

@@ -154,6 +154,11 @@ class HFProfile(ModelProfile):
         if tokenizer is None or not hasattr(self.processor, "replace_image_token"):
             raise ValueError(f"profile hf: {type(self.processor).__name__} of {self.model_dir} is no multimodal processor")
         self.tokenizer = tokenizer
+        self._tensors = "np"
+        try:  # some processors return torch tensors only (AudioFlamingo3, GLM-ASR): read back as numpy
+            self.processor(text=["omnipack"], return_tensors="np")
+        except Exception:
+            self._tensors = "pt"
         self.template_blocks = self._find_kinds()
         if "audio" in self.template_blocks:  # the rate omnipack decodes audio at: the one the extractor takes
             self.sampling_rate = int(self._audio_processor().sampling_rate)
@@ -192,9 +197,10 @@ class HFProfile(ModelProfile):
             media: dict[str, Any] = {"images": [items]}
         else:  # audio: float32 waveforms at the extractor's rate, said so (it warns or refuses otherwise)
             media = {"audio": items, "sampling_rate": self.sampling_rate}
-        return self.processor(
-            text=[token * len(items)], return_tensors="np", **media, **kwargs, **self.processor_kwargs
+        out = self.processor(
+            text=[token * len(items)], return_tensors=self._tensors, **media, **kwargs, **self.processor_kwargs
         )
+        return {k: v.numpy() if hasattr(v, "numpy") else v for k, v in out.items()}
 
     def _blank(self, kind: str, shape: tuple[int, ...]) -> Any:
         """A blank item of ``shape``: a black (height, width) image, a silent clip of (samples,)."""
@@ -217,10 +223,10 @@ class HFProfile(ModelProfile):
         blank = self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))
         try:
             one, two = (self._call(kind, [blank] * n) for n in (1, 2))
-            text_keys = set(self.processor(text=["omnipack"], return_tensors="np"))
+            text_keys = set(self.processor(text=["omnipack"], return_tensors=self._tensors))
         except Exception as e:
             raise ValueError(
-                f"profile hf: {name} of {self.model_dir} cannot process {kind}s offline ({e})"
+                f"profile hf: {name} of {self.model_dir} cannot process a sample's {kind}s offline ({e})"
             ) from None
         axes = {}
         for k in one:
@@ -264,7 +270,7 @@ class HFProfile(ModelProfile):
         try:
             pair, *alone = (self._call(kind, items) for items in ([big, small], [big], [small]))
         except Exception as e:
-            raise ValueError(f"profile hf: {name} of {self.model_dir} cannot process {kind}s offline ({e})") from None
+            raise ValueError(f"profile hf: {name} of {self.model_dir} cannot process a sample's {kind}s offline ({e})") from None
         for k, axis in axes.items():
             got = np.asarray(pair[k])
             want = join_into_batch_tensor([np.asarray(a[k]) for a in alone], axis).numpy()
