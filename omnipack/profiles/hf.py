@@ -22,6 +22,8 @@ processor batches each key (the axis along which two items' outputs join: 1 for 
 ``[1, tiles, 3, H, W]``, 0 for LLaVA's ``[images, 3, H, W]`` and Qwen2-Audio's ``[clips, mels, frames]``) is
 found at start by running it on one and on two items, and recorded; the trainer half joins a micro-batch's
 items along it, reading nothing but numpy. Keys shaped like the token ids (per-token inputs) are not stored.
+Stored per item, the outputs must not depend on the sample's other items: a probe item beside a smaller one
+must give its outputs alone (joined as the loader joins them), else the processor is refused at start.
 
 Media kinds: images and audio. Video processors are not run yet (a processor's video inputs are not planned).
 """
