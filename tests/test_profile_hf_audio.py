@@ -284,7 +284,7 @@ def build_gemma3n_model_dir(out: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(out, extra_special_tokens=extra)
     tok.add_special_tokens({"additional_special_tokens": list(extra.values())})
     template = tok.chat_template.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image_soft_token>")
-    template = template.replace("<|audio_start|><|audio_pad|><|audio_end|>", "<audio_soft_token>")
+    template = template.replace("{%- elif item['type'] == 'audio' -%}", "{%- elif item['type'] == 'audio' -%}<audio_soft_token>")
     transformers.Gemma3nProcessor(
         feature_extractor=transformers.Gemma3nAudioFeatureExtractor(),
         image_processor=transformers.SiglipImageProcessorPil(size={"height": 32, "width": 32}),
@@ -323,7 +323,7 @@ def test_a_processor_that_takes_one_clip_per_text_is_refused_at_start(tmp_path, 
     folder = build_demo_tokenizer(tmp_path / "model")
     tok = AutoTokenizer.from_pretrained(folder)
     tok.add_special_tokens({"additional_special_tokens": ["<sound>"]})
-    template = tok.chat_template.replace("<|audio_start|><|audio_pad|><|audio_end|>", "<sound>")
+    template = tok.chat_template.replace("{%- elif item['type'] == 'audio' -%}", "{%- elif item['type'] == 'audio' -%}<sound>")
     features = transformers.WhisperFeatureExtractor(feature_size=16, chunk_length=2)
     transformers.AudioFlamingo3Processor(features, tok, chat_template=template).save_pretrained(folder)
     config = transformers.AudioFlamingo3Config()
