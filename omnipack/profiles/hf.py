@@ -3,22 +3,29 @@
 The model folder's ``AutoProcessor`` is run on each media item's shape: the text it substitutes for the item's
 placeholder token (``return_text_replacement_offsets``) is the item's expansion, exactly as the processor
 writes it, and its placeholder tokens are the item's feature count. A count depends on the item's shape only
-(an image's size), so the processor runs once per distinct shape (``cache_stats``), on a blank image of that
-size: a corpus of 10k images of 50 sizes calls it 50 times per process.
+(an image's size, an audio clip's length in samples at the processor's ``sampling_rate``), so the processor
+runs once per distinct shape (``cache_stats``), on a blank item of that shape (a black image, a silent
+clip): a corpus of 10k images of 50 sizes calls it 50 times per process.
+
+Audio is decoded by omnipack's own loader (``omnipack.media.audio``: mono, resampled to the rate the plan
+carries, the feature extractor's ``sampling_rate``) and handed to the processor as that waveform.
 
 Text is the checkpoint's chat template with the processor's replacement: runs of added tokens become token
 segments, the text between them literal text (tokenized as the processor's one tokenization splits it, at
 the added tokens). Labels come from the template's assistant turns as for every profile; a turn ends at the
 first special token the template writes after an assistant's text.
 
-Payloads: the write stage runs the processor on each decoded image alone (``store_media``) and stores its
-non-text outputs (``pixel_values``, ``pixel_attention_mask``, ... whatever it returns, in its dtype) as an
-npz, so the stored tensors are the processor's. How the processor batches each key (the axis along which
-two images' outputs join: 1 for Idefics3's ``[1, tiles, 3, H, W]``, 0 for LLaVA's ``[images, 3, H, W]``) is
-found at start by running it on one and on two images, and recorded; the trainer half joins a micro-batch's
+Payloads: the write stage runs the processor on each decoded item alone (``store_media``) and stores its
+non-text outputs (``pixel_values``, ``pixel_attention_mask``, ``input_features``, ``feature_attention_mask``,
+... whatever it returns, in its dtype) as an npz, so the stored tensors are the processor's. How the
+processor batches each key (the axis along which two items' outputs join: 1 for Idefics3's
+``[1, tiles, 3, H, W]``, 0 for LLaVA's ``[images, 3, H, W]`` and Qwen2-Audio's ``[clips, mels, frames]``) is
+found at start by running it on one and on two items, and recorded; the trainer half joins a micro-batch's
 items along it, reading nothing but numpy. Keys shaped like the token ids (per-token inputs) are not stored.
+Stored per item, the outputs must not depend on the sample's other items: a probe item beside a smaller one
+must give its outputs alone (joined as the loader joins them), else the processor is refused at start.
 
-So far: images; video and audio are still to come.
+Media kinds: images and audio. Video processors are not run yet (a processor's video inputs are not planned).
 """
 
 from __future__ import annotations
@@ -30,10 +37,19 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..media.audio import audio_samples_at
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
 from .base import MediaPlan, ModelProfile, Segment
-from .inputs import EncoderInputs, MediaInputOptions, Payload, item_info, item_kind, join_into_batch_tensor
+from .inputs import (
+    EncoderInputs,
+    MediaInputOptions,
+    Payload,
+    audio_waveform,
+    item_info,
+    item_kind,
+    join_into_batch_tensor,
+)
 
 # What the processor gives for one item's shape: (placeholder count, expansion runs, stored arrays'
 # ``{key: [shape, dtype]}``).
@@ -41,6 +57,10 @@ _Counted = tuple[int, list[list[Any]], dict[str, list[Any]]]
 
 # A sentinel assistant answer: what the template writes right after it ends the turn.
 _ANSWER = "omnipack probe answer"
+# The probe items whose outputs, for one and for two of them, show how the processor batches each key; and a
+# smaller one, beside which a probe item must give its outputs alone (padded as a batch pads).
+_PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,)}  # (height, width); (seconds,)
+_SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,)}
 
 
 class HFInputs(EncoderInputs):
@@ -120,6 +140,7 @@ class HFProfile(ModelProfile):
         self.cache_hits: Counter[str] = Counter()
         self.template_blocks = {}
         self.media_arrays: dict[str, dict[str, int]] = {}
+        self.sampling_rate: int | None = None  # audio's: the rate clips are decoded at (the extractor's)
         if self.model_dir is None:  # no model: no media kinds (a run always passes the model folder)
             return
         from transformers import AutoProcessor
@@ -135,38 +156,79 @@ class HFProfile(ModelProfile):
         if tokenizer is None or not hasattr(self.processor, "replace_image_token"):
             raise ValueError(f"profile hf: {type(self.processor).__name__} of {self.model_dir} is no multimodal processor")
         self.tokenizer = tokenizer
-        image_token = getattr(self.processor, "image_token", None)
-        if image_token is None or not hasattr(self.processor, "image_processor"):
-            raise ValueError(
-                f"profile hf: {type(self.processor).__name__} of {self.model_dir} takes no images (video and audio "
-                "processors are not supported yet)"
-            )
-        self.template_blocks = {"image": (image_token,)}
+        self._tensors = "np"
+        try:  # some processors return torch tensors only (AudioFlamingo3, GLM-ASR): read back as numpy
+            self.processor(text=["omnipack"], return_tensors="np")
+        except Exception:
+            self._tensors = "pt"
+        self.template_blocks = self._find_kinds()
+        if "audio" in self.template_blocks:  # the rate omnipack decodes audio at: the one the extractor takes
+            self.sampling_rate = int(self._audio_processor().sampling_rate)
         self.turn_end = self._find_turn_end()
         self._added = {int(i) for i in tokenizer.backend_tokenizer.get_added_tokens_decoder()}
         self.media_arrays = {kind: self._find_item_axes(kind) for kind in self.template_blocks}
 
+    def _audio_processor(self) -> Any:
+        """The processor's audio front end (a feature extractor), None when it takes no audio."""
+        return getattr(self.processor, "audio_processor", None) or getattr(self.processor, "feature_extractor", None)
+
+    def _find_kinds(self) -> dict[str, tuple[str, ...]]:
+        """{kind: (placeholder token,)} of the media kinds the processor takes: a placeholder token and the
+        sub-processor that turns that kind into the model's inputs."""
+        name = type(self.processor).__name__
+        kinds = {}
+        image_token = getattr(self.processor, "image_token", None)
+        if image_token and hasattr(self.processor, "image_processor"):
+            kinds["image"] = (str(image_token),)
+        audio_token = getattr(self.processor, "audio_token", None)
+        if audio_token and self._audio_processor() is not None:
+            if not getattr(self._audio_processor(), "sampling_rate", None):
+                raise ValueError(f"profile hf: the audio front end of {name} of {self.model_dir} names no sampling_rate")
+            kinds["audio"] = (str(audio_token),)
+        if not kinds:
+            raise ValueError(
+                f"profile hf: {name} of {self.model_dir} takes neither images nor audio (video processors are "
+                "not supported yet)"
+            )
+        return kinds
+
     def _call(self, kind: str, items: list[Any], **kwargs: Any) -> Any:
         """The processor on one text holding ``items`` (each at its placeholder), numpy outputs."""
         token = self.template_blocks[kind][0]
-        return self.processor(
-            text=[token * len(items)], images=[items], return_tensors="np", **kwargs, **self.processor_kwargs
+        if kind == "image":
+            media: dict[str, Any] = {"images": [items]}
+        else:  # audio: float32 waveforms at the extractor's rate, said so (it warns or refuses otherwise)
+            media = {"audio": items, "sampling_rate": self.sampling_rate}
+        out = self.processor(
+            text=[token * len(items)], return_tensors=self._tensors, **media, **kwargs, **self.processor_kwargs
         )
+        return {k: v.numpy() if hasattr(v, "numpy") else v for k, v in out.items()}
+
+    def _blank(self, kind: str, shape: tuple[int, ...]) -> Any:
+        """A blank item of ``shape``: a black (height, width) image, a silent clip of (samples,)."""
+        if kind == "image":
+            from PIL import Image
+
+            height, width = shape
+            return Image.new("RGB", (width, height))
+        return np.zeros(shape[0], dtype=np.float32)
+
+    @staticmethod
+    def _describe(kind: str, shape: tuple[int, ...]) -> str:
+        return f"a {shape[0]}x{shape[1]} image" if kind == "image" else f"a clip of {shape[0]} samples"
 
     def _find_item_axes(self, kind: str) -> dict[str, int]:
         """{key: item axis} of the processor's per-item outputs: the one axis along which its output for two
         (blank) items is its output for one, twice. Keys the text alone gives, or shaped like the token ids
         (per-token inputs), are no media outputs."""
-        from PIL import Image
-
         name = type(self.processor).__name__
-        blank = Image.new("RGB", (224, 224))
+        blank = self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))
         try:
             one, two = (self._call(kind, [blank] * n) for n in (1, 2))
-            text_keys = set(self.processor(text=["omnipack"], return_tensors="np"))
+            text_keys = set(self.processor(text=["omnipack"], return_tensors=self._tensors))
         except Exception as e:
             raise ValueError(
-                f"profile hf: {name} of {self.model_dir} cannot process {kind}s offline ({e})"
+                f"profile hf: {name} of {self.model_dir} cannot process a sample's {kind}s offline ({e})"
             ) from None
         axes = {}
         for k in one:
@@ -184,7 +246,43 @@ class HFProfile(ModelProfile):
             axes[k] = diff[0]
         if not axes:
             raise ValueError(f"profile hf: {name} of {self.model_dir} returns no {kind} inputs")
+        self._check_items_independent(kind, axes)
         return axes
+
+    def _shape(self, kind: str, shape: tuple[float, ...]) -> tuple[int, ...]:
+        """A probe shape in the kind's units: (height, width) pixels; (seconds,) as samples at the rate."""
+        return tuple(int(x) for x in shape) if kind == "image" else (int(shape[0] * (self.sampling_rate or 0)),)
+
+    def _content(self, kind: str, shape: tuple[int, ...]) -> Any:
+        """A non-blank item of ``shape`` (a fixed noise image, a tone): padding shows unlike content."""
+        if kind == "image":
+            from PIL import Image
+
+            return Image.fromarray(np.random.default_rng(0).integers(0, 255, (*shape, 3), dtype=np.uint8))
+        t = np.arange(shape[0], dtype=np.float32) / np.float32(self.sampling_rate or 1)
+        return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+    def _check_items_independent(self, kind: str, axes: Mapping[str, int]) -> None:
+        """Refuse a processor whose outputs for an item depend on the sample's other items (e.g. one that
+        pads every clip's waveform to the longest before computing features): stored per item, they could
+        not be the processor's for the sample. Its outputs for a probe item and a smaller one together must
+        be its outputs for each alone, joined as the loader joins them."""
+        name = type(self.processor).__name__
+        big, small = (self._content(kind, self._shape(kind, s[kind])) for s in (_PROBE_SHAPE, _SMALL_SHAPE))
+        try:
+            pair, *alone = (self._call(kind, items) for items in ([big, small], [big], [small]))
+        except Exception as e:
+            raise ValueError(f"profile hf: {name} of {self.model_dir} cannot process a sample's {kind}s offline ({e})") from None
+        for k, axis in axes.items():
+            got = np.asarray(pair[k])
+            want = join_into_batch_tensor([np.asarray(a[k]) for a in alone], axis).numpy()
+            if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+                raise ValueError(
+                    f"profile hf: {name} of {self.model_dir} gives an item other {k!r} beside a second {kind} "
+                    f"than alone ({got.shape} together, {want.shape} alone, joined): its {kind} outputs depend on "
+                    f"the sample's other items (padded before they are computed), so they cannot be stored per "
+                    f"item as the processor's"
+                )
 
     def _find_turn_end(self) -> str:
         """The first special token the chat template writes after an assistant's text (its end of turn)."""
@@ -226,6 +324,18 @@ class HFProfile(ModelProfile):
             info={"expansion": runs, "stored_arrays": arrays},
         )
 
+    def plan_audio(self, meta: MediaMeta) -> MediaPlan:
+        n = audio_samples_at(meta, int(self.sampling_rate or 0))  # the clip's length at the extractor's rate
+        count, runs, arrays = self._expansion("audio", (n,))
+        return MediaPlan(
+            kind="audio",
+            num_tokens=count,
+            sample_rate=self.sampling_rate,  # decoded (resampled) at the processor's rate: its input
+            num_audio_samples=n,
+            audio_frames=count,  # the encoder's cost, in features (the processor names no frame count)
+            info={"expansion": runs, "stored_arrays": arrays},
+        )
+
     def _expansion(self, kind: str, shape: tuple[int, ...]) -> _Counted:
         key = (kind, *shape)
         found = self._expansions.get(key)
@@ -239,14 +349,13 @@ class HFProfile(ModelProfile):
     def _run_processor(self, kind: str, shape: tuple[int, ...]) -> _Counted:
         """The processor on one blank item of ``shape``: (placeholder count, expansion runs, its stored
         arrays' ``{key: [shape, dtype]}``)."""
-        from PIL import Image
-
         token = self.template_blocks[kind][0]
-        height, width = shape
         try:
-            out = self._call(kind, [Image.new("RGB", (width, height))], return_text_replacement_offsets=True)
+            out = self._call(kind, [self._blank(kind, shape)], return_text_replacement_offsets=True)
         except Exception as e:  # the processor refuses this shape: a reject with its reason
-            raise MediaRejected(f"the {type(self.processor).__name__} refuses a {height}x{width} image: {e}") from None
+            raise MediaRejected(
+                f"the {type(self.processor).__name__} refuses {self._describe(kind, shape)}: {e}"
+            ) from None
         replacements = out.get("text_replacement_offsets") or [[]]
         if len(replacements[0]) != 1:
             raise ValueError(f"profile hf: {type(self.processor).__name__} reports no text replacement for an {kind}")
@@ -266,28 +375,38 @@ class HFProfile(ModelProfile):
         return {k: np.asarray(out[k]) for k in self.media_arrays[kind]}
 
     def store_media(self, plan: MediaPlan, decoded: Any) -> dict[str, np.ndarray]:
-        """The processor's outputs for this decoded item alone: what the model's forward takes for it."""
-        from PIL import Image
+        """The processor's outputs for this decoded item alone: what the model's forward takes for it
+        (``decoded``: an image's uint8 [H, W, 3]; a clip's stored waveform at the plan's rate)."""
+        kind = plan.kind
+        if kind not in self.template_blocks:
+            raise MediaRejected(f"profile hf does not store {kind} inputs")
+        if kind == "image":
+            from PIL import Image
 
-        if plan.kind != "image":
-            raise MediaRejected(f"profile hf does not store {plan.kind} inputs yet")
-        image = Image.fromarray(np.asarray(decoded, dtype=np.uint8))
-        token_id = self.tokenizer.convert_tokens_to_ids(self.template_blocks["image"][0])
+            item: Any = Image.fromarray(np.asarray(decoded, dtype=np.uint8))
+        else:
+            item = audio_waveform(decoded)
+            if plan.sample_rate != self.sampling_rate or item.shape != (plan.num_audio_samples,):
+                raise MediaRejected(
+                    f"audio decoded to {item.shape[0]} samples at {plan.sample_rate} Hz, the processor takes "
+                    f"{self.sampling_rate} Hz and the plan {plan.num_audio_samples} samples"
+                )
+        token_id = self.tokenizer.convert_tokens_to_ids(self.template_blocks[kind][0])
         try:
-            out = self._call("image", [image])
+            out = self._call(kind, [item])
         except Exception as e:
-            raise MediaRejected(f"the {type(self.processor).__name__} refuses this image: {e}") from None
+            raise MediaRejected(f"the {type(self.processor).__name__} refuses this {kind}: {e}") from None
         count = int((np.asarray(out["input_ids"]) == token_id).sum())
-        if count != plan.num_tokens:  # the processor counts this image unlike a blank one of its size
+        if count != plan.num_tokens:  # the processor counts this item unlike a blank one of its shape
             raise MediaRejected(
-                f"the processor gives {count} placeholders for this image, the plan {plan.num_tokens}"
+                f"the processor gives {count} placeholders for this {kind}, the plan {plan.num_tokens}"
             )
-        arrays = self._media_outputs("image", out)
+        arrays = self._media_outputs(kind, out)
         planned = plan.info.get("stored_arrays") or {}
         for k, v in arrays.items():
             if k in planned and [list(v.shape), v.dtype.str] != list(planned[k]):
                 raise MediaRejected(
-                    f"the processor gives {k} {v.shape} {v.dtype} for this image, the plan {planned[k]}"
+                    f"the processor gives {k} {v.shape} {v.dtype} for this {kind}, the plan {planned[k]}"
                 )
         return arrays
 
@@ -335,6 +454,7 @@ class HFProfile(ModelProfile):
             "processor_kwargs": self.processor_kwargs,
             "placeholder_tokens": {k: list(v) for k, v in self.template_blocks.items()},
             "media_arrays": self.media_arrays,
+            "sampling_rate": self.sampling_rate,  # audio's (None without audio): what clips were decoded at
             "turn_end": self.turn_end,
         }
 
