@@ -28,6 +28,8 @@ from typing import Any
 import xxhash
 
 from ..measure import MeasureConfig
+from ..profiles.checkpoint import PROCESSOR_OPTIONS
+from ..profiles.hf_config import processor_config_source
 from ..progress import say
 from ..text.hub_cache import NotCached, resolve_model_dir
 from .records import digest, write_json_atomic
@@ -122,44 +124,49 @@ def _shipped(record: dict[str, Any], stages: AnyPath) -> ShippedModel:
     return ShippedModel(record["name"], str(stages / MODEL_DIR / record["digest"]), record["digest"], files)
 
 
-# Profile options naming a local preprocessor config (a file, or a model folder's preprocessor_config.json):
+# Profile options naming a local preprocessor config (a file, or a model folder) and the kind each reads:
 # shipped like the tokenizer, so every node's profile reads the same settings.
-PATH_OPTIONS = ("preprocessor_config", "video_preprocessor_config")
+PATH_OPTIONS = PROCESSOR_OPTIONS
 OPTIONS_RECORD = "profile_options.json"
 
 
 def run_profile_options(
     options: dict[str, Any], stages: AnyPath
 ) -> tuple[dict[str, Any], tuple[tuple[str, ShippedModel], ...]]:
-    """``options`` with each preprocessor config path (``PATH_OPTIONS``) made a file on this machine, and
-    those files' copies in the output: shipped where the path exists, read from the copy where it does not."""
+    """``options`` with each preprocessor config path (``PATH_OPTIONS``) on this machine, and those files'
+    copies in the output: shipped where the path exists, read from the copy where it does not. A model
+    folder's file is the one transformers reads for the option's kind (``processor_config_source``), and the
+    option then names the copy's folder, so the profile reads it the same way."""
     try:
         recorded = json.loads((stages / MODEL_DIR / OPTIONS_RECORD).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         recorded = {}
-    local, shipped = dict(options), []
-    for key in PATH_OPTIONS:
+    local, shipped, folders = dict(options), [], {}
+    for key, kind in PATH_OPTIONS.items():
         if options.get(key) is None:
             continue
         name = str(options[key])
         path = Path(name).expanduser()
-        file = path / "preprocessor_config.json" if path.is_dir() else path
+        found = processor_config_source(path, kind) if path.is_dir() else None
+        file = found[0] if found else path
         if file.is_file():
             copy = _copy(file.parent, name, [(file.name, file.stat().st_size, _file_xxh3(file))], stages)
+            folders[key] = path.is_dir()
         elif not path.exists() and (recorded.get(key) or {}).get("name") == name:
             copy = _shipped(recorded[key], stages)
+            folders[key] = bool(recorded[key].get("folder"))
             say(f"{key} {name}: not on this machine, read from the run's copy {copy.location}")
         elif path.exists():
-            continue  # a model folder without a preprocessor_config.json: the profile's defaults, everywhere
+            continue  # a model folder without that kind's config: the profile's defaults, everywhere
         else:
             raise FileNotFoundError(
                 f"profile option {key} {name!r} is not on this machine, and the run's output holds no "
                 f"shipped copy of it ({stages / MODEL_DIR / OPTIONS_RECORD}): run a stage where it exists "
                 "first"
             )
-        local[key] = str(materialise(copy) / copy.files[0][0])
+        local[key] = str(materialise(copy)) if folders[key] else str(materialise(copy) / copy.files[0][0])
         shipped.append((key, copy))
-    mine = {key: _record(copy) for key, copy in shipped}
+    mine = {key: {**_record(copy), "folder": folders[key]} for key, copy in shipped}
     if mine and any(recorded.get(k) != v for k, v in mine.items()):
         write_json_atomic(stages / MODEL_DIR / OPTIONS_RECORD, {**recorded, **mine})
     return local, tuple(shipped)
