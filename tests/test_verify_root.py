@@ -46,12 +46,14 @@ def third_party_root(ds: Path) -> str:
     """The root recomputed from the rule as the README states it, with nothing of omnipack."""
     meta = _meta(ds)
     doc = json.dumps({k: v for k, v in meta.items() if k != "root"}, sort_keys=True, separators=(",", ":"))
-    leaves = [(".nv-meta/omnipack.json", len(doc.encode()), "sha256:" + hashlib.sha256(doc.encode()).hexdigest())]
+    text = doc.encode()
+    leaves = [(".nv-meta/omnipack.json", len(text), "sha256:" + hashlib.sha256(text).hexdigest())]
 
     def leaf(rel: str, fast: bool = False) -> tuple[str, int, str]:
         data = (ds / rel).read_bytes()
-        digest = "xxh3_128:" + xxhash.xxh3_128_hexdigest(data) if fast else "sha256:" + hashlib.sha256(data).hexdigest()
-        return rel, len(data), digest
+        if fast:
+            return rel, len(data), "xxh3_128:" + xxhash.xxh3_128_hexdigest(data)
+        return rel, len(data), "sha256:" + hashlib.sha256(data).hexdigest()
 
     for s in meta["shards"]:
         leaves += [leaf(s["path"], fast=not s.get("sha256")), leaf(s["path"] + ".idx")]
@@ -87,15 +89,27 @@ def _repaint_an_image(ds: Path) -> str:
 def test_prepare_records_a_root_anyone_can_recompute(small: Path, capsys: pytest.CaptureFixture) -> None:
     root = _meta(small)["root"]
     assert root["rule"] == "omnipack-root-v1" and root["sha256"] == third_party_root(small)
-    assert {leaf[0] for leaf in root["leaves"]} >= {SHARD, SHARD + ".idx", "rejects.jsonl", ".nv-meta/split.yaml"}
+    named = {leaf[0] for leaf in root["leaves"]}
+    assert named >= {SHARD, f"{SHARD}.idx", "rejects.jsonl", ".nv-meta/split.yaml", ".nv-meta/.info.json"}
     assert main(["verify", str(small), "--expect-root", root["sha256"]]) == 0
     assert f"root {root['sha256']}" in capsys.readouterr().out
+    assert main(["verify", str(small), "--expect-root", "0" * 64]) == 1
+
+
+def test_without_expect_root_the_record_is_checked_against_its_leaves(ds: Path) -> None:
+    assert failing(ds) == {}
+    path = ds / ".nv-meta" / "omnipack.json"
+    meta = json.loads(path.read_text())
+    meta["root"]["leaves"][0][1] += 1
+    path.write_text(json.dumps(meta))
+    assert set(failing(ds)) == {"root"}
 
 
 def test_damaged_and_rechecksummed_copy_fails_only_the_root(ds: Path) -> None:
     expected = _meta(ds)["root"]["sha256"]
     sid = _repaint_an_image(ds)
     # every check but the root passes: the forger left the recorded root alone, so it names what differs
+    assert failing(ds) == {}  # self-consistent: every check passes (the recorded root is unchanged)
     fails = failing(ds, expect_root=expected)
     assert set(fails) == {"root"}, fails
     msgs = fails["root"]
@@ -161,7 +175,8 @@ def test_a_root_differing_in_any_file_is_named(ds: Path) -> None:
     fails = failing(ds, expect_root=expected.upper())
     assert set(fails) == {"root"} and fails["root"][1].startswith("rejects.jsonl: ")
     (ds / ".nv-meta" / "extra.txt").write_text("x")
-    assert any(m.startswith(".nv-meta/extra.txt: a file the recorded leaves do not have") for m in failing(ds)["root"])
+    fails = failing(ds, expect_root=expected)["root"]
+    assert any(m.startswith(".nv-meta/extra.txt: a file the recorded leaves do not have") for m in fails)
 
 
 # --- splits -----------------------------------------------------------------------------------------
@@ -178,7 +193,7 @@ def _edit_split(ds: Path, fn) -> None:
     "damage, message",
     [
         (lambda p: p["train"].append(SHARD), f"{SHARD}: listed 2 times in split 'train'"),
-        (lambda p: p["val"].append(SHARD), f"{SHARD}: in splits ['train', 'val'] of split.yaml, not exactly one"),
+        (lambda p: p["val"].append(SHARD), f"{SHARD}: in splits ['train', 'val'] of split.yaml"),
         (lambda p: p["train"].remove(SHARD), f"{SHARD}: in no split of split.yaml"),
         (
             lambda p: (p["train"].remove(SHARD), p["val"].append(SHARD)),

@@ -88,8 +88,8 @@ CHECKS: list[tuple[str, str]] = [
     ),
     (
         "root",
-        "the root digest recomputed from every file (omnipack.dataset.root) is the one expected "
-        "(--expect-root, as its producer printed it), else the one omnipack.json records",
+        "with --expect-root, the root digest recomputed from every file (omnipack.dataset.root) is the one "
+        "its producer printed; without, the root omnipack.json records is that of its recorded leaves",
     ),
 ]
 CHECK_NAMES = [c for c, _ in CHECKS]
@@ -717,12 +717,15 @@ def _check_splits(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> 
                 "(Energon would read its rows as often)"
             )
         if rec is None and splits:
-            res.failures.append(f"{shard}: in split.yaml ({splits[0]!r}), not a shard omnipack.json records")
+            res.failures.append(f"{shard}: in split.yaml ({splits[0]!r}), not a shard of omnipack.json")
         elif rec is not None and len(set(splits)) == 1 and rec.get("split") not in (None, splits[0]):
-            res.failures.append(f"{shard}: split.yaml puts it in {splits[0]!r}, omnipack.json in {rec['split']!r}")
+            said = f"split.yaml puts it in {splits[0]!r}, omnipack.json in {rec['split']!r}"
+            res.failures.append(f"{shard}: {said}")
     excluded = (ds.split or {}).get("exclude") or []
     if excluded:
-        res.failures.append(f"split.yaml excludes {excluded[:5]}: Energon would skip them (prepare excludes none)")
+        res.failures.append(
+            f"split.yaml excludes {excluded[:5]}: Energon would skip them (prepare excludes none)"
+        )
     rows_of = {rep.shard: rep.rows for rep in reports}
     rows = Counter({split: sum(rows_of.get(n, 0) for n in names or []) for split, names in parts.items()})
     want = (ds.meta.get("counts") or {}).get("rows_by_split")
@@ -737,33 +740,41 @@ def _check_splits(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> 
             )
 
 
-def _check_root(
-    ds: Dataset, reports: list[ShardReport], res: CheckResult, expected: str | None, checksums: bool
-) -> None:
-    """The root of the files (``omnipack.dataset.root``) against the expected one, else the recorded one;
-    a mismatch names the files whose leaves differ from those recorded, when the record gives that root."""
+def _check_root(ds: Dataset, reports: list[ShardReport], res: CheckResult, expected: str | None) -> None:
+    """The root of the files (``omnipack.dataset.root``) against the one the producer printed; a mismatch
+    names the files whose leaves differ from those recorded, when the record gives that root. Without an
+    expected root the files are not read again (the other checks cover them against the record): only the
+    record's root against its leaves."""
     recorded = ds.meta.get(ROOT_KEY)
-    if expected is None and not isinstance(recorded, dict):
-        res.skipped = "the dataset records no root (prepared before roots existed): give --expect-root"
-        return
-    if expected is None and not checksums:
-        res.skipped = "root not recomputed (--no-checksums): give --expect-root to check it anyway"
+    recorded = recorded if isinstance(recorded, dict) else None
+    recorded_leaves = [tuple(x) for x in (recorded or {}).get("leaves") or []]
+    if expected is None:
+        if recorded is None:
+            res.skipped = "the dataset records no root (prepared before roots existed): give --expect-root"
+        elif merkle_root(recorded_leaves) != recorded.get("sha256"):
+            res.failures.append(
+                f"omnipack.json's root {recorded.get('sha256')} is not that of its recorded leaves "
+                f"({merkle_root(recorded_leaves)})"
+            )
+        else:
+            res.notes.append(
+                f"recorded root {recorded['sha256']}; give it as --expect-root (from the producer, not from "
+                "this copy) to check the files against it"
+            )
         return
     shards = ds.recorded_shards
     known = {  # shard leaves hashed already by the shard pass, with the algorithm the rule asks for
         rep.shard: rep.leaf
         for rep in reports
-        if rep.leaf is not None and rep.leaf[2].startswith(shard_algorithm(shards.get(rep.shard) or {}) + ":")
+        if rep.leaf is not None
+        and rep.leaf[2].startswith(shard_algorithm(shards.get(rep.shard) or {}) + ":")
     }
     leaves = dataset_leaves(ds.root, ds.meta, shard_digests=known)
-    found = merkle_root(leaves)
-    target = (expected or str(recorded.get("sha256"))).strip().lower()
-    said = "expected" if expected else "omnipack.json records"
+    found, target = merkle_root(leaves), expected.strip().lower()
     if found == target:
         res.notes.append(f"root {found} ({len(leaves)} files)")
         return
-    res.failures.append(f"the files give root {found}, {said} {target}")
-    recorded_leaves = [tuple(x) for x in (recorded or {}).get("leaves") or []]
+    res.failures.append(f"the files give root {found}, expected {target}")
     if recorded_leaves and merkle_root(recorded_leaves) == target:
         res.failures += leaf_differences(recorded_leaves, leaves)
     else:
@@ -798,7 +809,7 @@ def run_verify(
     features they give, and its recorded fingerprint (the heavy part; no pixel is decoded).
 
     ``expect_root`` is the root digest the dataset's producer printed (``omnipack.dataset.root``): the files
-    must give it (without it they must give the root omnipack.json records)."""
+    must give it (without it, only omnipack.json's record of the root is checked against its leaves)."""
     ds = open_dataset(root)
     results = {name: CheckResult(name, desc) for name, desc in CHECKS}
     _dataset_checks(ds, results)
@@ -860,7 +871,7 @@ def run_verify(
         results["content"].failures += [f"{w}: meta.json lacks the content fingerprints" for w in without]
     _accounting(ds, reports, results["accounting"])
     _check_splits(ds, reports, results["splits"])
-    _check_root(ds, reports, results["root"], expect_root, checksums)
+    _check_root(ds, reports, results["root"], expect_root)
     if not checksums and not results["checksums"].failures:
         results["checksums"].skipped = "shard checksums not recomputed (--no-checksums); sizes compared"
     return [results[n] for n in CHECK_NAMES]
