@@ -218,3 +218,12 @@ def test_split_rows_checked_against_the_recorded_rows_by_split(ds: Path) -> None
     path.write_text(json.dumps(meta))
     fails = failing(ds)
     assert "splits" in fails and any(m.startswith("split 'train': ") for m in fails["splits"])
+
+
+def test_a_split_file_that_excludes_rows_fails(ds: Path) -> None:
+    path = ds / ".nv-meta" / "split.yaml"
+    split = yaml.safe_load(path.read_text())
+    split["exclude"] = [f"{SHARD}/000000001"]
+    path.write_text(yaml.safe_dump(split, sort_keys=False))
+    fails = failing(ds)
+    assert set(fails) == {"splits"} and fails["splits"][0].startswith(f"split.yaml excludes ['{SHARD}/")

@@ -100,11 +100,13 @@ def dataset_leaves(
 
 
 def recorded_shard_leaves(doc: dict[str, Any]) -> dict[str, Leaf]:
-    """Shard leaves from the checksums ``omnipack.json`` records (what the write stage computed)."""
+    """Shard leaves from the checksums ``omnipack.json`` records (what the write stage computed); a shard
+    written before xxh3-128 was recorded is left out (``dataset_leaves`` hashes it)."""
     out = {}
     for s in doc.get("shards") or []:
         algorithm = shard_algorithm(s)
-        out[s["path"]] = (s["path"], int(s["num_bytes"]), f"{algorithm}:{s[algorithm]}")
+        if s.get(algorithm):
+            out[s["path"]] = (s["path"], int(s["num_bytes"]), f"{algorithm}:{s[algorithm]}")
     return out
 
 
