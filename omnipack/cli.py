@@ -483,6 +483,8 @@ def _print_summary(summary: dict[str, Any], out: str) -> None:
     for k, v in _summary_rows(summary):
         t.add_row(k, str(v))
     Console(stderr=True).print(t)
+    if summary.get("root"):  # plain text, to copy: a copy of the dataset is checked against it
+        print(f"root: {summary['root']['sha256']} (omnipack verify DIR --expect-root ROOT)", file=sys.stderr)
 
 
 def _report_rejects(output: str, summary: dict[str, Any], top: int = 5) -> Any:

@@ -191,7 +191,10 @@ def test_duplicated_sample(ds: Path) -> None:
 
     rewrite_shard(ds, SHARD, dup)
     fails = failing(ds)
-    assert set(fails) == {"accounting"}
+    assert set(fails) == {"accounting", "splits"}  # the recorded rows by split no longer match either
+    n = _meta(ds)["counts"]["rows_by_split"]["train"]
+    said = f"split 'train': {n + 1} rows in its shards of split.yaml, omnipack.json's rows_by_split says {n}"
+    assert fails["splits"] == [said]
     # the counts, and the row once (by the ledger, naming its samples; not again by id)
     counts, rows, (msg,) = fails["accounting"][:1], fails["accounting"][1:2], fails["accounting"][2:]
     assert "samples in the shards" in counts[0] and "rows in the shards" in rows[0]

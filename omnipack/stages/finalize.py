@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from ..dataset.accounting import ACCOUNTING_FILE, LedgerWriter
 from ..dataset.meta import DATASET_CONFIG, NV_META, write_energon_meta, write_omnipack_meta
+from ..dataset.root import stamp_root
 from ..dataset.shards import ShardInfo
 from ..errors import Reject
 from ..inputs import InputPart
@@ -294,6 +295,7 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
         write_energon_meta(staging, shards)
         write_omnipack_meta(staging, summary)
         os.replace(ledger, staging / NV_META / ACCOUNTING_FILE)
+        summary["root"] = stamp_root(staging, spec.out)  # the root digest over every file (dataset.root)
         crash_point("finalize", 0)
         shutil.rmtree(spec.out / NV_META, ignore_errors=True)
         os.replace(staging / NV_META, spec.out / NV_META)  # the dataset appears here, whole
@@ -312,6 +314,7 @@ def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: dict[str, Any]
     write_energon_meta(staging, shards)
     write_omnipack_meta(staging, summary)
     shutil.move(ledger, staging / NV_META / ACCOUNTING_FILE)
+    summary["root"] = stamp_root(staging, spec.out)
     remove_meta(spec.out)
     files = sorted((staging / NV_META).iterdir(), key=lambda p: (p.name == DATASET_CONFIG, p.name))
     for i, local in enumerate(files):

@@ -38,6 +38,14 @@ from ..dataset.contract import (
 )
 from ..dataset.payload_header import Header, HeaderError, payload_header, shaped_like
 from ..dataset.reader import Dataset, ShardReader, default_workers, map_shards, open_dataset, read_index
+from ..dataset.root import (
+    ROOT_KEY,
+    Leaf,
+    dataset_leaves,
+    leaf_differences,
+    merkle_root,
+    shard_algorithm,
+)
 from ..loader.media import decode_payload
 from ..media.audio_storage import STORED_AUDIO_DTYPES
 from ..profiles import get_profile
@@ -51,6 +59,11 @@ CHECKS: list[tuple[str, str]] = [
     ("checksums", "each shard's size and checksum (xxh3-128, or sha256) match those recorded at write time"),
     ("tar-index", "each .tar.idx holds the offset of every row's first header, then the data end"),
     ("shard-counts", "rows per shard match .info.json and omnipack.json; row keys unique"),
+    (
+        "splits",
+        "split.yaml puts every shard in exactly one split, the one omnipack.json records, and excludes "
+        "nothing; rows per split match omnipack.json's rows_by_split",
+    ),
     ("row-parts", "every row has all required parts and decodes; each media part present, none stray"),
     ("row-meta", "meta.json agrees with the arrays (W, samples, real tokens, max seqlens, version)"),
     (
@@ -72,6 +85,11 @@ CHECKS: list[tuple[str, str]] = [
         "accounting",
         "every input sample index is packed or rejected exactly once, where the dataset's accounting ledger "
         "(.nv-meta/accounting.parquet) says: its row and position, or its reject as in rejects.jsonl",
+    ),
+    (
+        "root",
+        "with --expect-root, the root digest recomputed from every file (omnipack.dataset.root) is the one "
+        "its producer printed; without, the root omnipack.json records is that of its recorded leaves",
     ),
 ]
 CHECK_NAMES = [c for c, _ in CHECKS]
@@ -130,6 +148,7 @@ class ShardReport:
     rows_seen: list[RowSeen] = field(default_factory=list)
     rows_without_digests: list[str] = field(default_factory=list)  # where each such row is
     notes: set[str] = field(default_factory=set)  # checks that could not run
+    leaf: Leaf | None = None  # (shard, size, "algorithm:hex") when its checksum was computed: a root leaf
 
     def fail(self, check: str, msg: str) -> None:
         self.failures.setdefault(check, []).append(msg)
@@ -394,6 +413,8 @@ def verify_shard(job: ShardJob) -> ShardReport:
         rep.fail("shard-counts", f"{job.shard}: row keys appear twice: {reader.duplicate_keys[:5]}")
 
     size = path.stat().st_size
+    if algorithm is not None and reader.digest is not None and not reader.error:
+        rep.leaf = (job.shard, size, f"{algorithm}:{reader.digest}")  # the root check reuses it
     if job.recorded is None:
         rep.fail("checksums", f"{job.shard}: no checksum recorded in omnipack.json")
     else:
@@ -672,6 +693,97 @@ def _close_ledger(
         )
 
 
+def _check_splits(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> None:
+    """Every shard in exactly one split of split.yaml, the split omnipack.json records for it; nothing
+    excluded; rows per split (as Energon reads them: a shard listed twice counts twice) as recorded."""
+    parts = (ds.split or {}).get("split_parts")
+    if not isinstance(parts, dict):
+        res.failures.append("split.yaml has no split_parts (see metadata)")
+        return
+    splits_of: dict[str, list[str]] = {}
+    for split, names in parts.items():
+        for name in names or []:
+            splits_of.setdefault(name, []).append(split)
+    recorded = ds.recorded_shards
+    for shard in sorted(splits_of.keys() | recorded.keys()):
+        splits, rec = splits_of.get(shard, []), recorded.get(shard)
+        if not splits:
+            res.failures.append(f"{shard}: in no split of split.yaml (Energon would never read its rows)")
+        elif len(set(splits)) > 1:
+            res.failures.append(f"{shard}: in splits {sorted(set(splits))} of split.yaml, not exactly one")
+        elif len(splits) > 1:
+            res.failures.append(
+                f"{shard}: listed {len(splits)} times in split {splits[0]!r} of split.yaml "
+                "(Energon would read its rows as often)"
+            )
+        if rec is None and splits:
+            res.failures.append(f"{shard}: in split.yaml ({splits[0]!r}), not a shard of omnipack.json")
+        elif rec is not None and len(set(splits)) == 1 and rec.get("split") not in (None, splits[0]):
+            said = f"split.yaml puts it in {splits[0]!r}, omnipack.json in {rec['split']!r}"
+            res.failures.append(f"{shard}: {said}")
+    excluded = (ds.split or {}).get("exclude") or []
+    if excluded:
+        res.failures.append(
+            f"split.yaml excludes {excluded[:5]}: Energon would skip them (prepare excludes none)"
+        )
+    rows_of = {rep.shard: rep.rows for rep in reports}
+    rows = Counter({split: sum(rows_of.get(n, 0) for n in names or []) for split, names in parts.items()})
+    want = (ds.meta.get("counts") or {}).get("rows_by_split")
+    if want is None:
+        res.notes.append("omnipack.json records no rows_by_split: rows per split not compared")
+        return
+    for split in sorted(set(want) | {k for k, n in rows.items() if n}):
+        if rows.get(split, 0) != want.get(split, 0):
+            res.failures.append(
+                f"split {split!r}: {rows.get(split, 0)} rows in its shards of split.yaml, omnipack.json's "
+                f"rows_by_split says {want.get(split, 0)}"
+            )
+
+
+def _check_root(ds: Dataset, reports: list[ShardReport], res: CheckResult, expected: str | None) -> None:
+    """The root of the files (``omnipack.dataset.root``) against the one the producer printed; a mismatch
+    names the files whose leaves differ from those recorded, when the record gives that root. Without an
+    expected root the files are not read again (the other checks cover them against the record): only the
+    record's root against its leaves."""
+    recorded = ds.meta.get(ROOT_KEY)
+    recorded = recorded if isinstance(recorded, dict) else None
+    recorded_leaves = [tuple(x) for x in (recorded or {}).get("leaves") or []]
+    if expected is None:
+        if recorded is None:
+            res.skipped = "the dataset records no root (prepared before roots existed): give --expect-root"
+        elif merkle_root(recorded_leaves) != recorded.get("sha256"):
+            res.failures.append(
+                f"omnipack.json's root {recorded.get('sha256')} is not that of its recorded leaves "
+                f"({merkle_root(recorded_leaves)})"
+            )
+        else:
+            res.notes.append(
+                f"recorded root {recorded['sha256']}; give it as --expect-root (from the producer, not from "
+                "this copy) to check the files against it"
+            )
+        return
+    shards = ds.recorded_shards
+    known = {  # shard leaves hashed already by the shard pass, with the algorithm the rule asks for
+        rep.shard: rep.leaf
+        for rep in reports
+        if rep.leaf is not None
+        and rep.leaf[2].startswith(shard_algorithm(shards.get(rep.shard) or {}) + ":")
+    }
+    leaves = dataset_leaves(ds.root, ds.meta, shard_digests=known)
+    found, target = merkle_root(leaves), expected.strip().lower()
+    if found == target:
+        res.notes.append(f"root {found} ({len(leaves)} files)")
+        return
+    res.failures.append(f"the files give root {found}, expected {target}")
+    if recorded_leaves and merkle_root(recorded_leaves) == target:
+        res.failures += leaf_differences(recorded_leaves, leaves)
+    else:
+        res.failures.append(
+            "omnipack.json's recorded leaves do not give that root (rewritten, or none recorded): "
+            "the files that differ cannot be named"
+        )
+
+
 BYTES_PER_WORKER = 4 << 30
 
 
@@ -684,6 +796,7 @@ def run_verify(
     payloads: bool = True,
     checksums: bool = True,
     sha256: bool = False,
+    expect_root: str | None = None,
 ) -> list[CheckResult]:
     """Run every check over the dataset at ``root``; returns one result per check, in ``CHECKS`` order.
 
@@ -693,7 +806,10 @@ def run_verify(
     fingerprints still cover every sample's tokens and labels and every payload's bytes.
 
     ``payloads`` checks every stored media item: exact shapes from its header against the plan, the
-    features they give, and its recorded fingerprint (the heavy part; no pixel is decoded)."""
+    features they give, and its recorded fingerprint (the heavy part; no pixel is decoded).
+
+    ``expect_root`` is the root digest the dataset's producer printed (``omnipack.dataset.root``): the files
+    must give it (without it, only omnipack.json's record of the root is checked against its leaves)."""
     ds = open_dataset(root)
     results = {name: CheckResult(name, desc) for name, desc in CHECKS}
     _dataset_checks(ds, results)
@@ -754,6 +870,8 @@ def run_verify(
     else:
         results["content"].failures += [f"{w}: meta.json lacks the content fingerprints" for w in without]
     _accounting(ds, reports, results["accounting"])
+    _check_splits(ds, reports, results["splits"])
+    _check_root(ds, reports, results["root"], expect_root)
     if not checksums and not results["checksums"].failures:
         results["checksums"].skipped = "shard checksums not recomputed (--no-checksums); sizes compared"
     return [results[n] for n in CHECK_NAMES]
@@ -797,6 +915,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         payloads=args.payloads,
         checksums=args.checksums,
         sha256=args.sha256,
+        expect_root=args.expect_root,
     )
     if args.json:
         out = {
@@ -865,6 +984,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="recompute each shard's sha256 instead of its xxh3-128 (slower; a cryptographic check of the "
         "bytes, for datasets prepared with --shard-sha256)",
+    )
+    p.add_argument(
+        "--expect-root",
+        metavar="HEX",
+        help="the root digest the dataset's producer printed (omnipack.json's root.sha256): the files must "
+        "give it, so a copy damaged and re-checksummed is caught (README: Verifying a dataset)",
     )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.set_defaults(func=cmd_verify)
