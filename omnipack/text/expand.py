@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ class TemplateBlock:
 class TokenChunk:
     """Token ids kept as they are: template tokens (``item`` -1) or an expansion's special tokens."""
 
-    ids: np.ndarray
+    ids: np.ndarray  # int32
     supervised: np.ndarray  # bool per token
     item: int = -1  # the media item (plan index) these tokens belong to, -1 for template tokens
     placeholder: bool = False
@@ -80,8 +81,10 @@ class TokenColumns:
         n = len(ids)
         self.ids.append(np.asarray(ids, dtype=np.int32))
         self.supervised.append(np.asarray(supervised, dtype=bool))
-        self.item.append(np.broadcast_to(np.asarray(item, dtype=np.int64), (n,)))
-        self.placeholder.append(np.broadcast_to(np.asarray(placeholder, dtype=bool), (n,)))
+        self.item.append(item if isinstance(item, np.ndarray) else np.full(n, item, dtype=np.int64))
+        self.placeholder.append(
+            placeholder if isinstance(placeholder, np.ndarray) else np.full(n, placeholder, dtype=bool)
+        )
 
 
 @dataclass(frozen=True)
@@ -246,8 +249,12 @@ class MediaExpander:
         at = 0
         while at < len(chunks):
             chunk = chunks[at]
-            if isinstance(chunk, TokenChunk):
-                cols.add(chunk.ids, chunk.supervised, chunk.item, chunk.placeholder)
+            if isinstance(chunk, TokenChunk):  # its arrays are int32 / bool already
+                n = len(chunk.ids)
+                cols.ids.append(chunk.ids)
+                cols.supervised.append(chunk.supervised)
+                cols.item.append(np.full(n, chunk.item, dtype=np.int64))
+                cols.placeholder.append(np.full(n, chunk.placeholder, dtype=bool))
                 at += 1
                 continue
             run: list[TextChunk] = []
@@ -263,7 +270,7 @@ class MediaExpander:
         text = "".join(c.text for c in run)
         if not text:
             return
-        bounds = np.cumsum([0] + [len(c.text) for c in run]).tolist()
+        bounds = list(accumulate((len(c.text) for c in run), initial=0))
         enc = self.tokenize(text)
         m = len(enc.ids)
         supervised = np.zeros(m, dtype=bool)
