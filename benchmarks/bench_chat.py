@@ -1,6 +1,7 @@
 """Chat encoding speed: ``ChatTokenizer.encode_many`` (render, tokenize, labels, media expansion) per family
 on its demo tokenizer, over a small corpus of varied conversations (``tests/chat_cases.py``: multi-turn,
-every media kind the family takes, some tool use), best of ``--repeats`` runs, one core.
+every media kind the family takes, some tool use), best of ``--repeats`` runs, one core, in CPU time
+(``process_time``: steadier than wall time on a shared machine).
 
     PYTHONPATH=. python benchmarks/bench_chat.py --samples 400 --json out.json
 """
@@ -32,9 +33,9 @@ def bench_family(name: str, root: Path, samples: int, repeats: int) -> dict[str,
     corpus = [conversation(profile, rng, tools=k % 4 == 0, words=40) for k in range(samples)]
     best, tokens = float("inf"), 0
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         out = chat.encode_many(corpus)
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, time.process_time() - t0)
         tokens = sum(o.num_tokens for o in out if not isinstance(o, Exception))
     return {"seconds": best, "tokens": tokens, "samples_s": samples / best, "tokens_s": tokens / best}
 

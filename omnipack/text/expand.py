@@ -165,7 +165,8 @@ class MediaExpander:
         self, ids: np.ndarray, supervised: np.ndarray, blocks: list[TemplateBlock], plans: Sequence[MediaPlan]
     ) -> Expanded:
         """Each block's tokens replaced by its expansion's tokens (no expansion text joins the template's)."""
-        cols = TokenColumns()
+        out_ids: list[np.ndarray] = []
+        out_supervised: list[np.ndarray] = []
         spans: list[MediaSpan] = []
         cursor, out_len = 0, 0
         for k, block in enumerate(blocks):
@@ -176,19 +177,22 @@ class MediaExpander:
             plan = plans[k]
             if plan.kind != block.kind:
                 raise SampleRejected(f"media item {k} is {plan.kind} but the template wrote a {block.kind} block there")
-            cols.add(ids[cursor : block.start], supervised[cursor : block.start], -1, False)
+            out_ids.append(ids[cursor : block.start])
+            out_supervised.append(supervised[cursor : block.start])
             out_len += block.start - cursor
             tokens, first_ph, n_ph = self.expand_block(plan)
             spans.append(MediaSpan(plan, out_len, out_len + len(tokens), out_len + first_ph, n_ph))
-            cols.add(tokens, np.zeros(len(tokens), dtype=bool), k, False)  # media tokens are never targets
+            out_ids.append(tokens)
+            out_supervised.append(np.zeros(len(tokens), dtype=bool))  # media tokens are never targets
             out_len += len(tokens)
             cursor = block.start + len(self.blocks[block.kind])
         if len(spans) != len(plans):
             raise SampleRejected(
                 f"sample references {len(plans)} media items but the chat template wrote {len(spans)} media blocks"
             )
-        cols.add(ids[cursor:], supervised[cursor:], -1, False)
-        return Expanded(np.concatenate(cols.ids), np.concatenate(cols.supervised), spans)
+        out_ids.append(ids[cursor:])
+        out_supervised.append(supervised[cursor:])
+        return Expanded(np.concatenate(out_ids), np.concatenate(out_supervised), spans)
 
     def in_context(
         self, rendered: RenderedTokens, char_spans: CharSpans, blocks: list[TemplateBlock], plans: Sequence[MediaPlan]
