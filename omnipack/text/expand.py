@@ -30,7 +30,7 @@ class TemplateBlock:
     kind: str
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TokenChunk:
     """Token ids kept as they are: template tokens (``item`` -1) or an expansion's special tokens."""
 
@@ -40,7 +40,7 @@ class TokenChunk:
     placeholder: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TextChunk:
     """Text tokenized together with the text chunks beside it: template text at a joining expansion edge
     (``origin``: its first character in the rendered text) or an expansion's literal text (origin None)."""
@@ -280,14 +280,15 @@ class MediaExpander:
         supervised = np.zeros(m, dtype=bool)
         item = np.full(m, -1, dtype=np.int64)
         placeholder = np.zeros(m, dtype=bool)
+        pieces = [(p0, p1, c.origin, c.item, c.placeholder) for c, p0, p1 in zip(run, bounds[:-1], bounds[1:], strict=True)]
         for j, (a, b) in enumerate(enc.offsets):
-            for c, p0, p1 in zip(run, bounds, bounds[1:], strict=False):
-                if c.item >= 0 and p0 < max(b, a + 1) and a < p1:
-                    item[j] = c.item
+            for p0, p1, origin, c_item, c_placeholder in pieces:
+                if c_item >= 0 and p0 < max(b, a + 1) and a < p1:
+                    item[j] = c_item
                 if p0 <= a < p1:
-                    placeholder[j] = c.placeholder
-                    if c.origin is not None:
-                        char = c.origin + a - p0
+                    placeholder[j] = c_placeholder
+                    if origin is not None:
+                        char = origin + a - p0
                         supervised[j] = any(s0 <= char < s1 for s0, s1 in char_spans)
         cols.add(enc.ids, supervised, item, placeholder)
 
