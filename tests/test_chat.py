@@ -451,7 +451,7 @@ def test_the_direct_render_stays_sandboxed_with_its_attribute_check_memoized(cha
     from jinja2.exceptions import SecurityError
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from omnipack.text.chat import _memoized_sandbox
+    from omnipack.text.render import memoized_sandbox as _memoized_sandbox
 
     assert chat._compiled.environment is not _compile_jinja_template(chat.tokenizer.get_chat_template()).environment
     source = "{% for m in messages %}{{ loop.first }}{{ m['content'].upper() }}{% endfor %}"
