@@ -436,22 +436,23 @@ def verify_shard(job: ShardJob) -> ShardReport:
     if job.expected_count is not None and job.expected_count != rep.rows:
         rep.fail("shard-counts", f"{job.shard}: {rep.rows} rows, .info.json says {job.expected_count}")
 
+    _check_tar_index(job.shard, path, [*offsets, reader.data_end], rep)
+    return rep
+
+
+def _check_tar_index(shard: str, path: Path, expected: list[int], rep: ShardReport) -> None:
+    """The ``.tar.idx`` lists each row's offset in the tar, then the data end (``expected``)."""
     idx_path = Path(str(path) + ".idx")
     if not idx_path.is_file():
-        rep.fail("tar-index", f"{job.shard}.idx: missing")
-    else:
-        idx = read_index(idx_path).astype(np.int64).tolist()
-        expected = [*offsets, reader.data_end]
-        if len(idx) != len(expected):
-            rep.fail("tar-index", f"{job.shard}.idx: {len(idx)} entries, the tar needs {len(expected)}")
-        elif idx != expected:
-            bad = next(i for i, (a, b) in enumerate(zip(idx, expected, strict=True)) if a != b)
-            what = "data end" if bad == len(offsets) else f"row {bad}"
-            rep.fail(
-                "tar-index",
-                f"{job.shard}.idx: entry {bad} ({what}) is {idx[bad]}, the tar has {expected[bad]}",
-            )
-    return rep
+        rep.fail("tar-index", f"{shard}.idx: missing")
+        return
+    idx = read_index(idx_path).astype(np.int64).tolist()
+    if len(idx) != len(expected):
+        rep.fail("tar-index", f"{shard}.idx: {len(idx)} entries, the tar needs {len(expected)}")
+    elif idx != expected:
+        bad = next(i for i, (a, b) in enumerate(zip(idx, expected, strict=True)) if a != b)
+        what = "data end" if bad == len(expected) - 1 else f"row {bad}"
+        rep.fail("tar-index", f"{shard}.idx: entry {bad} ({what}) is {idx[bad]}, the tar has {expected[bad]}")
 
 
 def _merge_sizes(ds: Dataset) -> dict[str, int]:
