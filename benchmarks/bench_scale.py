@@ -147,9 +147,9 @@ def run_config(
             units = [p.number for p in spec.parts]
             _run_units(ex, measure_part, spec, units, _measure_progress(spec, units, ex, False))
             t1 = time.perf_counter()
-            plan = run_pack_stage(spec)
+            plan, _ = run_pack_stage(spec)
             t2 = time.perf_counter()
-            units = [s["number"] for s in plan["shards"]]
+            units = [s.number for s in plan.shards]
             _run_units(ex, write_shard, spec, units, _write_progress(spec, plan, units, ex, False))
             t3 = time.perf_counter()
         summary = finalize(spec, plan)
@@ -200,9 +200,10 @@ def synthetic_parts(n: int, folder: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from omnipack.inputs import InputPart
     from omnipack.measure import SAMPLES_PARQUET_SCHEMA
     from omnipack.stages.measure import part_files
-    from omnipack.stages.records import write_json_atomic
+    from omnipack.stages.records import PartRecord, write_json_atomic
 
     measure_dir = Path(folder) / "stages" / "measure"
     measure_dir.mkdir(parents=True, exist_ok=True)
@@ -241,18 +242,9 @@ def synthetic_parts(n: int, folder: str) -> None:
             ),
             files["rejects"],
         )
-        write_json_atomic(
-            files["record"],
-            {
-                "key": "synthetic",
-                "number": k,
-                "records": m,
-                "measured": m,
-                "rejected": 0,
-                "files": {},
-                "cost_model": None if model is None else model.describe(),
-            },
-        )
+        part = InputPart(k, f"train-{k:05d}.jsonl", 0, 1, m, "")
+        cost = None if model is None else model.describe()
+        write_json_atomic(files["record"], PartRecord("synthetic", k, part, m, m, 0, {}, cost).to_json())
 
 
 def pack_memory_child(n: int, folder: str) -> None:
@@ -289,7 +281,7 @@ def pack_memory_child(n: int, folder: str) -> None:
     pa.default_memory_pool().release_unused()
     base = _rss_mb()
     t0 = time.perf_counter()
-    plan = run_pack_stage(spec, reuse_measure=True)
+    plan, _ = run_pack_stage(spec, reuse_measure=True)
     seconds = time.perf_counter() - t0
     peak = _rss_mb("VmHWM:")  # this process's own high-water mark (ru_maxrss would include its parent's)
     plan_file = (out / "stages" / "plan.parquet").stat().st_size + (
@@ -299,7 +291,7 @@ def pack_memory_child(n: int, folder: str) -> None:
         json.dumps(
             {
                 "samples": n,
-                "rows": plan["num_rows"],
+                "rows": plan.num_rows,
                 "seconds": seconds,
                 "peak_above_base_mb": peak - base,
                 "plan_file_bytes": plan_file,

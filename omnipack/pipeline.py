@@ -35,13 +35,13 @@ from .profiles.hf_config import placeholder_token_ids
 from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, WriteIncomplete, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock, OutputLocked
-from .stages.measure import PART_LINES, PARTS_FILE, load_parts, measure_part, part_files, part_key, parts_key
+from .stages.measure import PART_LINES, PARTS_FILE, load_parts, measure_part, parts_key, read_part_record
 from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
-from .stages.records import digest, read_record, write_json_atomic
+from .stages.records import PlanRecord, digest, read_record, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
-from .stages.write import shard_key, shard_record_path, write_shard
+from .stages.write import read_shard_record, write_shard
 from .text.chat import ChatTokenizer
 from .text.hub_cache import NotCached, resolve_model_dir
 
@@ -446,12 +446,8 @@ def _resume_line(
 def _measure_progress(spec: RunSpec, units: list[int], executor: Any, enabled: bool) -> StageProgress:
     """The measure stage's bar, in input records, with the parts an earlier run finished counted done."""
     totals = {u: spec.parts[u].num_lines or spec.parts[u].num_records for u in units}
-    records = {
-        u: read_record(part_files(spec.measure_dir, u)["record"], part_key(spec, spec.parts[u])) for u in units
-    }
-    done = {
-        u: sum(f["bytes"] for f in r.get("files", {}).values()) for u, r in records.items() if r is not None
-    }
+    records = {u: read_part_record(spec, u) for u in units}
+    done = {u: r.kept_bytes for u, r in records.items() if r is not None}
     files = len({spec.parts[u].path for u in units})
     say(
         f"measure: {sum(totals.values()):,} records in {len(units)} parts of {files} input file(s), "
@@ -466,15 +462,12 @@ def _measure_progress(spec: RunSpec, units: list[int], executor: Any, enabled: b
 
 
 def _write_progress(
-    spec: RunSpec, plan: dict[str, Any], units: list[int], executor: Any, enabled: bool
+    spec: RunSpec, plan: PlanRecord, units: list[int], executor: Any, enabled: bool
 ) -> StageProgress:
     """The write stage's bar, in rows, with the shards an earlier run finished counted done."""
-    shards = plan["shards"]
-    totals = {u: int(shards[u].get("rows", 0)) for u in units}
-    records = {
-        u: read_record(shard_record_path(spec, u), shard_key(spec, plan["key"], shards[u])) for u in units
-    }
-    done = {u: int((r.get("shard") or {}).get("num_bytes", 0)) for u, r in records.items() if r is not None}
+    totals = {u: plan.shards[u].rows for u in units}
+    records = {u: read_shard_record(spec, plan, u) for u in units}
+    done = {u: r.kept_bytes for u, r in records.items() if r is not None}
     rows = sum(totals.values())
     say(f"write: {rows:,} rows in {len(units)} shard(s), {executor.workers} worker(s)", enabled)
     if done:
@@ -555,25 +548,25 @@ def _run_stages(
             with stage_work("measure"):
                 done = _run_units(executor, measure_part, spec, units, bar)
             if stage:
-                return {"stage": stage, "parts": len(done), "measured": sum(r["measured"] for r in done)}
+                return {"stage": stage, "parts": len(done), "measured": sum(r.measured for r in done)}
         if stage in (None, "pack"):
             say("pack: planning rows from the measured lengths", cfg.progress)
             with stage_work("pack"):
-                plan = run_pack_stage(spec, reuse_measure=reuse)
-            if plan.get("kept"):
-                say(f"resuming: the plan of the earlier run is current: kept ({plan['num_rows']:,} rows)")
+                plan, kept = run_pack_stage(spec, reuse_measure=reuse)
+            if kept:
+                say(f"resuming: the plan of the earlier run is current: kept ({plan.num_rows:,} rows)")
             if stage:
-                return {"stage": stage, "rows": plan["num_rows"], "shards": len(plan["shards"])}
-        plan = json.loads(spec.plan_record.read_text()) if spec.plan_record.exists() else None
+                return {"stage": stage, "rows": plan.num_rows, "shards": len(plan.shards)}
+        plan = PlanRecord.read(spec.plan_record)
         if plan is None:
             raise FileNotFoundError(f"no plan under {spec.stages}: run the pack stage first")
         if stage in (None, "write"):
-            units = [s["number"] for s in plan["shards"]][rank::world_size]
+            units = [s.number for s in plan.shards][rank::world_size]
             bar = _write_progress(spec, plan, units, executor, cfg.progress)
             with stage_work("write"):
                 done = _run_units(executor, write_shard, spec, units, bar)
             if stage:
-                return {"stage": stage, "shards": len(done), "rows": sum(r["rows_written"] for r in done)}
+                return {"stage": stage, "shards": len(done), "rows": sum(r.rows_written for r in done)}
         say("finalize: metadata and rejects", cfg.progress)
         with stage_work("finalize"):
             return finalize(spec, plan, reuse_measure=reuse)

@@ -11,9 +11,9 @@ no part needs to know how many records the parts before it hold.
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -41,9 +41,12 @@ from .lock import owner as lock_owner
 from .lock import renewed as lock_renewed
 from .model_files import local_measure_config
 from .records import (
+    PartRecord,
+    PartSpan,
+    PlanRecord,
+    RecordedFile,
     crash_point,
     digest,
-    file_unchanged,
     file_xxh3,
     output_stamp,
     read_record,
@@ -138,12 +141,23 @@ def part_files(measure_dir: Path, number: int) -> dict[str, Path]:
     }
 
 
-def outputs_intact(record: dict[str, Any], root: Path) -> bool:
+def outputs_intact(record: PartRecord, root: Path) -> bool:
     """A recorded unit's files are all there as recorded: the same stamps, or sizes and checksums."""
-    return all(
-        file_unchanged(root / name, info["bytes"], info["xxh3"], info.get("stamp"))
-        for name, info in record.get("files", {}).items()
-    )
+    return all(info.unchanged(root / name) for name, info in record.files.items())
+
+
+def read_part_record(spec: RunSpec, number: int, *, check_key: bool = True) -> PartRecord | None:
+    """Part ``number``'s record when it was made with the current settings (or, without ``check_key``,
+    whatever settings); None when the part is not measured."""
+    path = part_files(spec.measure_dir, number)["record"]
+    if check_key:
+        raw = read_record(path, part_key(spec, spec.parts[number]))
+    else:
+        try:
+            raw = json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            raw = None
+    return None if raw is None else PartRecord.from_json(raw)
 
 
 _MEASURERS: dict[str, Measurer] = {}
@@ -157,12 +171,12 @@ def _measurer(config: MeasureConfig) -> Measurer:
     return _MEASURERS[key]
 
 
-def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
+def measure_part(spec: RunSpec, number: int) -> PartRecord:
     """Measure one part (or reuse its earlier output when its record matches); returns its record."""
     part: InputPart = spec.parts[number]
     key = part_key(spec, part)
     files = part_files(spec.measure_dir, number)
-    record = read_record(files["record"], key)
+    record = read_part_record(spec, number)
     if record is not None and outputs_intact(record, spec.measure_dir):
         return record
     make_dirs(spec.measure_dir)
@@ -171,6 +185,30 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
     cache_stats = getattr(measurer.profile, "cache_stats", None)  # a processor-backed profile's cache
     cache_before = cache_stats() if cache_stats else {}
     tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}
+    measured, rejected = _measure_into(spec, number, measurer, tmp)
+    outputs = {
+        files[name].name: RecordedFile(tmp[name].stat().st_size, file_xxh3(tmp[name]))
+        for name in ("samples", "rejects", "arrow")
+    }
+    for name, path in tmp.items():
+        publish(path, files[name])
+    for name in ("samples", "rejects", "arrow"):  # as published (a rename moves the ctime)
+        outputs[files[name].name].stamp = output_stamp(files[name])
+    crash_point("measure", number)
+    cost_model = None if measurer.cost_model is None else measurer.cost_model.describe()
+    record = PartRecord(key, number, part, measured + rejected, measured, rejected, outputs, cost_model)
+    if cache_stats:  # this part's processor calls and cache hits, per media kind (summed in omnipack.json)
+        record.processor_cache = {
+            kind: {k: n - cache_before.get(kind, {}).get(k, 0) for k, n in counts.items()}
+            for kind, counts in cache_stats().items()
+        }
+    write_json_atomic(files["record"], record.to_json())
+    return record
+
+
+def _measure_into(spec: RunSpec, number: int, measurer: Measurer, tmp: dict[str, Path]) -> tuple[int, int]:
+    """Part ``number``'s samples and rejects written to the staging files ``tmp``; their counts."""
+    part: InputPart = spec.parts[number]
     samples: list[RawSample]
     with (
         TableWriter(
@@ -187,49 +225,23 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
                 else:
                     bad.add(rec.to_json())
     pa.default_memory_pool().release_unused()
-    outputs = {
-        files[name].name: {"bytes": tmp[name].stat().st_size, "xxh3": file_xxh3(tmp[name])}
-        for name in ("samples", "rejects", "arrow")
-    }
-    for name, path in tmp.items():
-        publish(path, files[name])
-    for name in ("samples", "rejects", "arrow"):  # as published (a rename moves the ctime)
-        outputs[files[name].name]["stamp"] = output_stamp(files[name])
-    crash_point("measure", number)
-    record = {
-        "key": key,
-        "number": number,
-        "part": asdict(part),
-        "records": good.count + bad.count,
-        "measured": good.count,
-        "rejected": bad.count,
-        "files": outputs,
-        # what the samples' cost columns were computed with (the pack stage checks it is its own model)
-        "cost_model": None if measurer.cost_model is None else measurer.cost_model.describe(),
-    }
-    if cache_stats:  # this part's processor calls and cache hits, per media kind (summed in omnipack.json)
-        record["processor_cache"] = {
-            kind: {k: n - cache_before.get(kind, {}).get(k, 0) for k, n in counts.items()}
-            for kind, counts in cache_stats().items()
-        }
-    write_json_atomic(files["record"], record)
-    return record
+    return good.count, bad.count
 
 
-def part_offsets(records: list[dict[str, Any]]) -> np.ndarray:
+def part_offsets(parts: Sequence[PartSpan | PartRecord]) -> np.ndarray:
     """Global sample index of each part's first record, plus the total: [P + 1]."""
-    return np.concatenate([[0], np.cumsum([r["records"] for r in records])]).astype(np.int64)
+    return np.concatenate([[0], np.cumsum([p.records for p in parts])]).astype(np.int64)
 
 
 def read_measured(
-    measure_dir: Path, records: list[dict[str, Any]], columns: list[str], *, rejects: bool = False
+    measure_dir: Path, parts: Sequence[PartSpan | PartRecord], columns: list[str], *, rejects: bool = False
 ) -> pa.Table:
     """The measured samples (or rejects) of all parts as one table, ``sample_index`` made global. Samples
     have the columns of ``SAMPLES_PARQUET_SCHEMA`` here (the token columns are in the parts' Arrow copies)."""
-    offsets = part_offsets(records)
+    offsets = part_offsets(parts)
     tables = []
-    for rec, offset in zip(records, offsets[:-1], strict=False):
-        files = part_files(measure_dir, rec["number"])
+    for rec, offset in zip(parts, offsets[:-1], strict=False):
+        files = part_files(measure_dir, rec.number)
         table = read_parquet(files["rejects" if rejects else "samples"], columns=columns)
         if "sample_index" in columns:
             i = table.schema.get_field_index("sample_index")
@@ -246,15 +258,10 @@ def read_measured(
 def read_run_measured(stages: Path, columns: list[str]) -> pa.Table | None:
     """A finished run's measured samples (global ``sample_index``), from the parts its plan used, less the
     duplicates the pack stage dropped; None when the run has no plan."""
-    try:
-        plan = json.loads((stages / "plan.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    plan = PlanRecord.read(stages / "plan.json")
+    if plan is None:
         return None
-    records = [{"number": n, "records": 0} for n in plan["parts"]]
-    offsets = plan["offsets"]
-    for rec, (a, b) in zip(records, itertools.pairwise(offsets), strict=False):
-        rec["records"] = b - a
-    table = read_measured(stages / "measure", records, sorted({*columns, "sample_index"}))
-    dropped = pa.array(plan.get("dropped_duplicates", []), pa.int64())
+    table = read_measured(stages / "measure", plan.spans, sorted({*columns, "sample_index"}))
+    dropped = pa.array(plan.dropped_duplicates, pa.int64())
     table = table.filter(pc.invert(pc.is_in(table.column("sample_index"), value_set=dropped)))
     return table.select(columns)

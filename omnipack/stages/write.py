@@ -14,7 +14,7 @@ import mmap
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,9 @@ from ..profiles.base import MediaPlan
 from ..rows import SequenceInput, assemble_row
 from .measure import part_files
 from .records import (
+    PlannedShard,
+    PlanRecord,
+    ShardRecord,
     crash_point,
     digest,
     file_unchanged,
@@ -207,7 +210,7 @@ class MeasuredParts:
 
 @dataclass
 class _PlanView:
-    record: dict[str, Any]
+    record: PlanRecord
     row_ptr: np.ndarray
     sample_index: np.ndarray
     shard_of: np.ndarray
@@ -219,17 +222,17 @@ _PLANS: dict[str, _PlanView] = {}
 
 def _plan_view(spec: RunSpec) -> _PlanView:
     """The plan, the layout and the measured parts, loaded once per process and plan."""
-    record = json.loads(spec.plan_record.read_text())
-    view = _PLANS.get(record["key"])
+    record = PlanRecord.from_json(json.loads(spec.plan_record.read_text()))
+    view = _PLANS.get(record.key)
     if view is None:
         plan = read_parquet(spec.plan_table)
         rows = plan.column("row").to_numpy()
-        row_ptr = np.searchsorted(rows, np.arange(record["num_rows"] + 1)).astype(np.int64)
+        row_ptr = np.searchsorted(rows, np.arange(record.num_rows + 1)).astype(np.int64)
         shard_of = read_parquet(spec.layout_table).column("shard").to_numpy()
-        samples = MeasuredParts(spec.measure_dir, record["parts"], np.asarray(record["offsets"]))
+        samples = MeasuredParts(spec.measure_dir, record.parts, np.asarray(record.offsets))
         view = _PlanView(record, row_ptr, plan.column("sample_index").to_numpy(), shard_of, samples)
         _PLANS.clear()  # one plan at a time: a replanned run drops the old mappings
-        _PLANS[record["key"]] = view
+        _PLANS[record.key] = view
     return view
 
 
@@ -254,32 +257,38 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-def shard_key(spec: RunSpec, plan_key: str, shard: dict[str, Any]) -> str:
-    return digest({"plan": plan_key, "write": spec.write, "shard": shard})
+def shard_key(spec: RunSpec, plan_key: str, shard: PlannedShard) -> str:
+    return digest({"plan": plan_key, "write": spec.write, "shard": shard.to_json()})
 
 
 def shard_record_path(spec: RunSpec, number: int) -> Path:
     return spec.write_dir / f"shard-{number:06d}.json"
 
 
-def shard_done(spec: RunSpec, record: dict[str, Any] | None, *, check_bytes: bool = False) -> bool:
+def read_shard_record(spec: RunSpec, plan: PlanRecord, number: int) -> ShardRecord | None:
+    """Shard ``number``'s record when it was made for this plan and settings; None when it is not."""
+    raw = read_record(shard_record_path(spec, number), shard_key(spec, plan.key, plan.shards[number]))
+    return None if raw is None else ShardRecord.from_json(raw)
+
+
+def shard_done(spec: RunSpec, record: ShardRecord | None, *, check_bytes: bool = False) -> bool:
     """A recorded shard whose tar and index are in place with the recorded size; with ``check_bytes``, also
     unchanged since recorded: their recorded stamps (a ``stat``), or else their recorded xxh3-128 checksums
     (a read of the shard), since a damaged shard can keep its size."""
     if record is None:
         return False
-    info = record["shard"]
+    info = record.shard
     if info is None:
         return True
-    tar = spec.out / info["path"]
+    tar = spec.out / info.path
     idx = tar.with_name(f"{tar.name}.idx")
-    if not (tar.is_file() and tar.stat().st_size == info["num_bytes"] and idx.is_file()):
+    if not (tar.is_file() and tar.stat().st_size == info.num_bytes and idx.is_file()):
         return False
     if not check_bytes:
         return True
-    stamps = record.get("stamps") or {}
-    return file_unchanged(tar, info["num_bytes"], info.get("xxh3_128"), stamps.get("tar")) and file_unchanged(
-        idx, idx.stat().st_size, record.get("index_xxh3"), stamps.get("idx")
+    stamps = record.stamps or {}
+    return file_unchanged(tar, info.num_bytes, info.xxh3_128, stamps.get("tar")) and file_unchanged(
+        idx, idx.stat().st_size, record.index_xxh3, stamps.get("idx")
     )
 
 
@@ -305,29 +314,47 @@ def _built_ahead(build: Callable[[int], RowResult], rows: list[int], ahead: int 
                 f.cancel()
 
 
-def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
+def write_shard(spec: RunSpec, number: int) -> ShardRecord:
     """Write one shard of the layout (or keep it when its record matches); returns its record."""
     view = _plan_view(spec)
-    shard = view.record["shards"][number]
-    key = shard_key(spec, view.record["key"], shard)
+    shard = view.record.shards[number]
+    key = shard_key(spec, view.record.key, shard)
     path = shard_record_path(spec, number)
-    record = read_record(path, key)
+    record = read_shard_record(spec, view.record, number)
     if shard_done(spec, record, check_bytes=True):
         return record  # type: ignore[return-value]
     remove_partials(spec.write_dir, f"{path.name}.*")  # this unit's record, half-written by a killed run
     # in a folder the shard is written in place (under a temporary name); for an object store it is
     # built in a local staging folder and uploaded whole
-    local_root = spec.out if is_local(spec.out) else staging_file(spec.out / shard["path"]).parent / "root"
+    local_root = spec.out if is_local(spec.out) else staging_file(spec.out / shard.path).parent / "root"
+    record = _write_rows(spec, view, number, local_root)
+    record.key = key
+    infos = [] if record.shard is None else [record.shard]
+    record.index_xxh3 = file_xxh3(local_root / f"{infos[0].path}.idx") if infos else None
+    if infos and not is_local(spec.out):  # the index first: a present tar always has its index
+        for name in (f"{infos[0].path}.idx", infos[0].path):
+            publish(local_root / name, spec.out / name)
+    crash_point("write", number)
+    if infos:
+        tar = spec.out / infos[0].path
+        record.stamps = {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))}
+    make_dirs(spec.write_dir)
+    write_json_atomic(path, record.to_json())
+    return record
+
+
+def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -> ShardRecord:
+    """Shard ``number``'s rows built and written into a tar under ``local_root``; its record's counts."""
+    shard = view.record.shards[number]
     writer = ShardWriter(
         local_root,
-        shard["prefix"],
+        shard.prefix,
         max_bytes=1 << 62,  # one shard: the layout already cut the rows
-        split=shard["split"],
+        split=shard.split,
         checksums=spec.write.shard_checksums,
-        first_number=shard["index"],
+        first_number=shard.index,
     )
-    rejects: list[Reject] = []
-    rows_written = samples_written = real_tokens = 0
+    record = ShardRecord("", number, None, None, None, [], 0, 0, 0)
     store = _media_store(spec)
 
     def build(r: int) -> RowResult:
@@ -338,39 +365,17 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     try:
         for res in rows:
             progress.advance("write", number, 1)
-            rejects.extend(res.rejects)
+            record.rejects.extend(res.rejects)
             if res.parts is not None:
                 writer.write(res.key, res.parts)
-                rows_written += 1
-                samples_written += res.num_samples
-                real_tokens += res.real_tokens
+                record.rows_written += 1
+                record.samples_written += res.num_samples
+                record.real_tokens += res.real_tokens
     except BaseException:
         rows.close()  # stop the build-ahead thread now, not when the traceback is collected
         writer.abort()
         raise
     infos = writer.close()
     pa.default_memory_pool().release_unused()
-    index_xxh3 = file_xxh3(local_root / f"{infos[0].path}.idx") if infos else None
-    if infos and not is_local(spec.out):  # the index first: a present tar always has its index
-        for name in (f"{infos[0].path}.idx", infos[0].path):
-            publish(local_root / name, spec.out / name)
-    crash_point("write", number)
-    tar = spec.out / infos[0].path if infos else None
-    record = {
-        "key": key,
-        "number": number,
-        "shard": asdict(infos[0]) if infos else None,
-        # the index's checksum (the tar's is in the shard info): a resumed run checks both
-        "index_xxh3": index_xxh3,
-        # what lets a resumed run trust the shard without reading it (see records.output_stamp)
-        "stamps": {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))}
-        if tar
-        else None,
-        "rejects": [r.to_json() for r in rejects],
-        "rows_written": rows_written,
-        "samples_written": samples_written,
-        "real_tokens": real_tokens,
-    }
-    make_dirs(spec.write_dir)
-    write_json_atomic(path, record)
+    record.shard = infos[0] if infos else None
     return record
