@@ -117,12 +117,12 @@ def run_config(
 ) -> dict:
     """One whole run, stage by stage, timing measure and write (worker start included)."""
     from omnipack.executors import make_executor
-    from omnipack.pipeline import PrepareConfig, _measure_progress, _run_units, _write_progress, build_spec
+    from omnipack.pipeline import PrepareConfig, build_spec, run_mapped
     from omnipack.stages.finalize import finalize
     from omnipack.stages.lock import OutputLock
-    from omnipack.stages.measure import measure_part
+    from omnipack.stages.measure import MEASURE
     from omnipack.stages.pack import run_pack_stage
-    from omnipack.stages.write import write_shard
+    from omnipack.stages.write import WRITE
 
     shutil.rmtree(out, ignore_errors=True)
     cfg = PrepareConfig(
@@ -144,13 +144,11 @@ def run_config(
         with make_executor(executor, workers) as ex:
             assert len(set(ex.map(warm_worker, spec, list(range(workers))))) == workers
             t0 = time.perf_counter()
-            units = [p.number for p in spec.parts]
-            _run_units(ex, measure_part, spec, units, _measure_progress(spec, units, ex, False))
+            run_mapped(MEASURE, spec, None, ex)
             t1 = time.perf_counter()
             plan, _ = run_pack_stage(spec)
             t2 = time.perf_counter()
-            units = [s.number for s in plan.shards]
-            _run_units(ex, write_shard, spec, units, _write_progress(spec, plan, units, ex, False))
+            run_mapped(WRITE, spec, plan, ex)
             t3 = time.perf_counter()
         summary = finalize(spec, plan)
     shard_bytes = sum(s["num_bytes"] for s in summary["shards"])

@@ -45,7 +45,6 @@ from .records import (
     PartSpan,
     PlanRecord,
     RecordedFile,
-    crash_point,
     digest,
     file_xxh3,
     output_stamp,
@@ -54,6 +53,7 @@ from .records import (
 )
 from .spec import RunSpec
 from .storage import create_exclusive, make_dirs, publish, read_parquet, remove_partials, staging_file
+from .unit import Stage, run_once
 
 # records (JSONL: lines) per part: enough work to amortise a part's files, small enough to spread
 PART_LINES = 4096
@@ -149,15 +149,12 @@ def outputs_intact(record: PartRecord, root: Path) -> bool:
 def read_part_record(spec: RunSpec, number: int, *, check_key: bool = True) -> PartRecord | None:
     """Part ``number``'s record when it was made with the current settings (or, without ``check_key``,
     whatever settings); None when the part is not measured."""
-    path = part_files(spec.measure_dir, number)["record"]
     if check_key:
-        raw = read_record(path, part_key(spec, spec.parts[number]))
-    else:
-        try:
-            raw = json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            raw = None
-    return None if raw is None else PartRecord.from_json(raw)
+        return MEASURE.current(spec, None, number)
+    try:
+        return PartRecord.from_json(json.loads(part_files(spec.measure_dir, number)["record"].read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 _MEASURERS: dict[str, Measurer] = {}
@@ -173,12 +170,20 @@ def _measurer(config: MeasureConfig) -> Measurer:
 
 def measure_part(spec: RunSpec, number: int) -> PartRecord:
     """Measure one part (or reuse its earlier output when its record matches); returns its record."""
-    part: InputPart = spec.parts[number]
-    key = part_key(spec, part)
+    return run_once(
+        "measure",
+        number,
+        part_files(spec.measure_dir, number)["record"],
+        part_key(spec, spec.parts[number]),
+        PartRecord.from_json,
+        lambda record: outputs_intact(record, spec.measure_dir),
+        lambda: _measure(spec, number),
+    )[0]
+
+
+def _measure(spec: RunSpec, number: int) -> PartRecord:
+    """Part ``number`` measured: its tables published, and its record (keyed by ``run_once``)."""
     files = part_files(spec.measure_dir, number)
-    record = read_part_record(spec, number)
-    if record is not None and outputs_intact(record, spec.measure_dir):
-        return record
     make_dirs(spec.measure_dir)
     remove_partials(spec.measure_dir, f"part-{number:06d}.*")  # of this unit, by a killed run
     measurer = _measurer(local_measure_config(spec.measure, spec.model, spec.model_options))  # shipped files
@@ -194,15 +199,14 @@ def measure_part(spec: RunSpec, number: int) -> PartRecord:
         publish(path, files[name])
     for name in ("samples", "rejects", "arrow"):  # as published (a rename moves the ctime)
         outputs[files[name].name].stamp = output_stamp(files[name])
-    crash_point("measure", number)
     cost_model = None if measurer.cost_model is None else measurer.cost_model.describe()
-    record = PartRecord(key, number, part, measured + rejected, measured, rejected, outputs, cost_model)
+    part = spec.parts[number]
+    record = PartRecord("", number, part, measured + rejected, measured, rejected, outputs, cost_model)
     if cache_stats:  # this part's processor calls and cache hits, per media kind (summed in omnipack.json)
         record.processor_cache = {
             kind: {k: n - cache_before.get(kind, {}).get(k, 0) for k, n in counts.items()}
             for kind, counts in cache_stats().items()
         }
-    write_json_atomic(files["record"], record.to_json())
     return record
 
 
@@ -265,3 +269,22 @@ def read_run_measured(stages: Path, columns: list[str]) -> pa.Table | None:
     dropped = pa.array(plan.dropped_duplicates, pa.int64())
     table = table.filter(pc.invert(pc.is_in(table.column("sample_index"), value_set=dropped)))
     return table.select(columns)
+
+
+def _describe(spec: RunSpec, units: list[int], total: int) -> str:
+    files = len({spec.parts[u].path for u in units})
+    return f"{total:,} records in {len(units)} parts of {files} input file(s)"
+
+
+MEASURE: Stage[PartRecord] = Stage(
+    "measure",
+    units=lambda spec, plan: [p.number for p in spec.parts],
+    key=lambda spec, plan, number: part_key(spec, spec.parts[number]),
+    record_path=lambda spec, number: part_files(spec.measure_dir, number)["record"],
+    load=PartRecord.from_json,
+    run=measure_part,
+    size=lambda spec, plan, number: spec.parts[number].num_lines or spec.parts[number].num_records,
+    item="records",
+    bar_item="samples",
+    describe=_describe,
+)

@@ -19,9 +19,10 @@ import pyarrow.parquet as pq
 from ..errors import Reject
 from ..plan import COST_COLUMN, PACK_COLUMNS, PackResult, run_pack, write_plan
 from .measure import part_files, part_offsets, read_measured, read_part_record
-from .records import PartRecord, PlannedShard, PlanRecord, crash_point, digest, read_record, write_json_atomic
+from .records import PartRecord, PlannedShard, PlanRecord, digest, write_json_atomic
 from .spec import RunSpec, ShardLayout
 from .storage import make_dirs, publish, read_parquet, staging_file
+from .unit import run_once
 
 NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
 MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (for --from-stage pack)
@@ -181,10 +182,19 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> tuple[PlanR
     before even if measure settings changed (the caller checked they still fit, for ``--from-stage pack``)."""
     records = part_records(spec, check_keys=not reuse_measure)
     check_costs(spec, records)
-    key = pack_key(spec, records)
-    kept = read_record(spec.plan_record, key)
-    if kept is not None and spec.plan_table.is_file() and spec.layout_table.is_file():
-        return PlanRecord.from_json(kept), True
+    return run_once(
+        "pack",
+        0,
+        spec.plan_record,
+        pack_key(spec, records),
+        PlanRecord.from_json,
+        lambda _: spec.plan_table.is_file() and spec.layout_table.is_file(),
+        lambda: _plan(spec, records, reuse_measure),
+    )
+
+
+def _plan(spec: RunSpec, records: list[PartRecord], reuse_measure: bool) -> PlanRecord:
+    """The plan and layout tables published, and the plan's record (keyed by ``run_once``)."""
     offsets = part_offsets(records)
     # numbers only: the names (ids, sources) of a large corpus are read when needed, not held
     costs = [COST_COLUMN] if spec.pack.cost_model is not None else []
@@ -199,14 +209,13 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> tuple[PlanR
                     for r in plan.rejects]  # fmt: skip
     shard_of, shards = shard_layout(plan, _row_bytes(spec, plan, table), spec.layout)
     _write_tables(spec, plan, shard_of)
-    crash_point("pack", 0)
     n_input = int(offsets[-1])
     if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings
         write_json_atomic(
             spec.measure_dir / MEASURE_KEY_FILE, {**spec.summary["measure_key"], "input": n_input}
         )
-    record = PlanRecord(
-        key,
+    return PlanRecord(
+        "",
         n_input,
         table.num_rows,
         sorted({r.sample_index for r in dup_rejects} - set(superseded)),
@@ -218,8 +227,6 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> tuple[PlanR
         plan.num_rows,
         shards,
     )
-    write_json_atomic(spec.plan_record, record.to_json())
-    return record, False
 
 
 def _row_bytes(spec: RunSpec, plan: PackResult, table: pa.Table) -> np.ndarray:

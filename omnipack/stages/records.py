@@ -199,9 +199,10 @@ class PlanRecord:
     def from_json(cls, d: dict[str, Any]) -> PlanRecord:
         # (plans of versions before the duplicate-id handling have neither list)
         lists = {"dropped_duplicates": [], "superseded_rejects": []}
-        plain = {f.name: d.get(f.name, lists.get(f.name)) for f in fields(cls) if f.name not in ("rejects", "shards")}
+        plain = {f.name: d.get(f.name, lists.get(f.name)) for f in fields(cls)}
         rejects = [Reject.from_json(r) for r in d["rejects"]]
-        return cls(**plain, rejects=rejects, shards=[PlannedShard.from_json(s) for s in d["shards"]])
+        shards = [PlannedShard.from_json(s) for s in d["shards"]]
+        return cls(**{**plain, "rejects": rejects, "shards": shards})
 
     @classmethod
     def read(cls, path: Path) -> PlanRecord | None:
@@ -214,7 +215,8 @@ class PlanRecord:
     @property
     def spans(self) -> list[PartSpan]:
         """The measured parts the plan used, with their record counts."""
-        return [PartSpan(n, b - a) for n, a, b in zip(self.parts, self.offsets, self.offsets[1:], strict=False)]
+        ends = zip(self.offsets, self.offsets[1:], strict=False)
+        return [PartSpan(n, b - a) for n, (a, b) in zip(self.parts, ends, strict=False)]
 
 
 @dataclass

@@ -37,16 +37,14 @@ from .records import (
     PlannedShard,
     PlanRecord,
     ShardRecord,
-    crash_point,
     digest,
     file_unchanged,
     file_xxh3,
     output_stamp,
-    read_record,
-    write_json_atomic,
 )
 from .spec import RunSpec, WriteSettings
-from .storage import is_local, local_file, make_dirs, publish, read_parquet, remove_partials, staging_file
+from .storage import is_local, local_file, publish, read_parquet, remove_partials, staging_file
+from .unit import Stage, run_once
 
 # ``ModelProfile.store_media``: a decoded item's arrays -> the arrays stored for it.
 MediaStore = Callable[[MediaPlan, Any], Mapping[str, np.ndarray]]
@@ -267,8 +265,7 @@ def shard_record_path(spec: RunSpec, number: int) -> Path:
 
 def read_shard_record(spec: RunSpec, plan: PlanRecord, number: int) -> ShardRecord | None:
     """Shard ``number``'s record when it was made for this plan and settings; None when it is not."""
-    raw = read_record(shard_record_path(spec, number), shard_key(spec, plan.key, plan.shards[number]))
-    return None if raw is None else ShardRecord.from_json(raw)
+    return WRITE.current(spec, plan, number)
 
 
 def shard_done(spec: RunSpec, record: ShardRecord | None, *, check_bytes: bool = False) -> bool:
@@ -317,29 +314,35 @@ def _built_ahead(build: Callable[[int], RowResult], rows: list[int], ahead: int 
 def write_shard(spec: RunSpec, number: int) -> ShardRecord:
     """Write one shard of the layout (or keep it when its record matches); returns its record."""
     view = _plan_view(spec)
-    shard = view.record.shards[number]
-    key = shard_key(spec, view.record.key, shard)
+    return run_once(
+        "write",
+        number,
+        shard_record_path(spec, number),
+        shard_key(spec, view.record.key, view.record.shards[number]),
+        ShardRecord.from_json,
+        lambda record: shard_done(spec, record, check_bytes=True),
+        lambda: _write(spec, view, number),
+    )[0]
+
+
+def _write(spec: RunSpec, view: _PlanView, number: int) -> ShardRecord:
+    """Shard ``number`` written and published with its index; its record (keyed by ``run_once``)."""
     path = shard_record_path(spec, number)
-    record = read_shard_record(spec, view.record, number)
-    if shard_done(spec, record, check_bytes=True):
-        return record  # type: ignore[return-value]
     remove_partials(spec.write_dir, f"{path.name}.*")  # this unit's record, half-written by a killed run
     # in a folder the shard is written in place (under a temporary name); for an object store it is
     # built in a local staging folder and uploaded whole
+    shard = view.record.shards[number]
     local_root = spec.out if is_local(spec.out) else staging_file(spec.out / shard.path).parent / "root"
     record = _write_rows(spec, view, number, local_root)
-    record.key = key
-    infos = [] if record.shard is None else [record.shard]
-    record.index_xxh3 = file_xxh3(local_root / f"{infos[0].path}.idx") if infos else None
-    if infos and not is_local(spec.out):  # the index first: a present tar always has its index
-        for name in (f"{infos[0].path}.idx", infos[0].path):
-            publish(local_root / name, spec.out / name)
-    crash_point("write", number)
-    if infos:
-        tar = spec.out / infos[0].path
-        record.stamps = {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))}
-    make_dirs(spec.write_dir)
-    write_json_atomic(path, record.to_json())
+    if record.shard is None:
+        return record
+    name = record.shard.path
+    record.index_xxh3 = file_xxh3(local_root / f"{name}.idx")
+    if not is_local(spec.out):  # the index first: a present tar always has its index
+        for file in (f"{name}.idx", name):
+            publish(local_root / file, spec.out / file)
+    tar = spec.out / name
+    record.stamps = {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))}
     return record
 
 
@@ -379,3 +382,23 @@ def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -
     pa.default_memory_pool().release_unused()
     record.shard = infos[0] if infos else None
     return record
+
+
+def _plan(plan: PlanRecord | None) -> PlanRecord:
+    if plan is None:
+        raise AssertionError("the write stage's units come from the plan")
+    return plan
+
+
+WRITE: Stage[ShardRecord] = Stage(
+    "write",
+    units=lambda spec, plan: [s.number for s in _plan(plan).shards],
+    key=lambda spec, plan, number: shard_key(spec, _plan(plan).key, _plan(plan).shards[number]),
+    record_path=shard_record_path,
+    load=ShardRecord.from_json,
+    run=write_shard,
+    size=lambda spec, plan, number: _plan(plan).shards[number].rows,
+    item="rows",
+    bar_item="rows",
+    describe=lambda spec, units, total: f"{total:,} rows in {len(units)} shard(s)",
+)
