@@ -199,8 +199,7 @@ def synthetic_parts(n: int, folder: str) -> None:
     import pyarrow.parquet as pq
 
     from omnipack.inputs import InputPart
-    from omnipack.measure import SAMPLES_PARQUET_SCHEMA
-    from omnipack.stages.measure import part_files
+    from omnipack.stages.measure import SAMPLES_PARQUET_SCHEMA, part_files
     from omnipack.stages.records import PartRecord, write_json_atomic
 
     measure_dir = Path(folder) / "stages" / "measure"
@@ -249,11 +248,10 @@ def pack_memory_child(n: int, folder: str) -> None:
     """The pack stage on the synthetic parts under ``folder``; prints its peak RSS above the baseline."""
     import pyarrow as pa
 
-    from omnipack.measure import MeasureConfig
     from omnipack.plan import PackConfig
     from omnipack.stages.measure import InputPart
     from omnipack.stages.pack import run_pack_stage
-    from omnipack.stages.spec import RunSpec, ShardLayout, WriteSettings
+    from omnipack.stages.spec import MeasureConfig, RunSpec, ShardLayout, WriteSettings
 
     out, per_part = Path(folder), 100_000
     model = _cost_model()

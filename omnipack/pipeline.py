@@ -25,7 +25,6 @@ from .executors import make_executor
 from .inputs import InputSpec, data_files, select_inputs
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
-from .measure import MeasureConfig
 from .media.remote import RemoteSettings
 from .media.sources import media_root_key, probe_locations
 from .plan import PackConfig
@@ -39,7 +38,7 @@ from .stages.measure import MEASURE, PART_LINES, PARTS_FILE, load_parts, parts_k
 from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
 from .stages.records import PlanRecord, digest, read_record, write_json_atomic
-from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
+from .stages.spec import REJECTS_FILE, STAGES_DIR, MeasureConfig, RunSpec, ShardLayout, WriteSettings
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
 from .stages.unit import Stage
 from .stages.write import WRITE
