@@ -38,6 +38,7 @@ the omnipack rows are packed over the whole dataset, the online rows only within
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -188,7 +189,8 @@ def prepare(
     kinds = ("image",) if profile == "qwen2_5_vl" else get_profile(profile).kinds
     manifest, media = build_corpus(root / "src", samples, kinds)
     # The write stage is one unit per shard (in this process with one worker): sum the units' times.
-    write_shard, write_s = pipeline.write_shard, [0.0]
+    write_stage_units, write_s = pipeline.WRITE, [0.0]
+    write_shard = write_stage_units.run
     built_ahead = write_stage._built_ahead
 
     def timed_write_shard(*a: Any, **kw: Any) -> Any:
@@ -203,7 +205,7 @@ def prepare(
 
     out: dict[str, Path] = {}
     stats: dict[str, dict[str, Any]] = {name: {"prepare_s": [], "write_s": []} for name in storages}
-    pipeline.write_shard = timed_write_shard
+    pipeline.WRITE = dataclasses.replace(write_stage_units, run=timed_write_shard)
     try:
         for _ in range(repeats):
             for name in storages:
@@ -231,7 +233,7 @@ def prepare(
                 stats[name]["write_s"].append(write_s[0])
                 stats[name]["bytes"] = sum(f.stat().st_size for f in out[name].glob("**/*.tar"))
     finally:
-        pipeline.write_shard = write_shard
+        pipeline.WRITE = write_stage_units
         write_stage._built_ahead = built_ahead
     return tok, manifest, media, out, stats
 

@@ -182,10 +182,9 @@ def measure_speed(n: int, tokenizer: Path, repeats: int, chunk: int = 250) -> di
     from transformers import AutoTokenizer
 
     from omnipack.manifest import read_manifest
-    from omnipack.measure import MeasureConfig
     from omnipack.plan import PackConfig
     from omnipack.stages.measure import _measurer, measure_part, split_input
-    from omnipack.stages.spec import RunSpec, ShardLayout, WriteSettings
+    from omnipack.stages.spec import MeasureConfig, RunSpec, ShardLayout, WriteSettings
     from omnipack.text.chat import template_messages
 
     manifest = build_corpus(n)

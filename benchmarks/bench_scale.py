@@ -117,12 +117,12 @@ def run_config(
 ) -> dict:
     """One whole run, stage by stage, timing measure and write (worker start included)."""
     from omnipack.executors import make_executor
-    from omnipack.pipeline import PrepareConfig, _measure_progress, _run_units, _write_progress, build_spec
+    from omnipack.pipeline import PrepareConfig, build_spec, run_mapped
     from omnipack.stages.finalize import finalize
     from omnipack.stages.lock import OutputLock
-    from omnipack.stages.measure import measure_part
+    from omnipack.stages.measure import MEASURE
     from omnipack.stages.pack import run_pack_stage
-    from omnipack.stages.write import write_shard
+    from omnipack.stages.write import WRITE
 
     shutil.rmtree(out, ignore_errors=True)
     cfg = PrepareConfig(
@@ -144,13 +144,11 @@ def run_config(
         with make_executor(executor, workers) as ex:
             assert len(set(ex.map(warm_worker, spec, list(range(workers))))) == workers
             t0 = time.perf_counter()
-            units = [p.number for p in spec.parts]
-            _run_units(ex, measure_part, spec, units, _measure_progress(spec, units, ex, False))
+            run_mapped(MEASURE, spec, None, ex)
             t1 = time.perf_counter()
-            plan = run_pack_stage(spec)
+            plan, _ = run_pack_stage(spec)
             t2 = time.perf_counter()
-            units = [s["number"] for s in plan["shards"]]
-            _run_units(ex, write_shard, spec, units, _write_progress(spec, plan, units, ex, False))
+            run_mapped(WRITE, spec, plan, ex)
             t3 = time.perf_counter()
         summary = finalize(spec, plan)
     shard_bytes = sum(s["num_bytes"] for s in summary["shards"])
@@ -200,9 +198,9 @@ def synthetic_parts(n: int, folder: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from omnipack.measure import SAMPLES_PARQUET_SCHEMA
-    from omnipack.stages.measure import part_files
-    from omnipack.stages.records import write_json_atomic
+    from omnipack.inputs import InputPart
+    from omnipack.stages.measure import SAMPLES_PARQUET_SCHEMA, part_files
+    from omnipack.stages.records import PartRecord, write_json_atomic
 
     measure_dir = Path(folder) / "stages" / "measure"
     measure_dir.mkdir(parents=True, exist_ok=True)
@@ -241,29 +239,19 @@ def synthetic_parts(n: int, folder: str) -> None:
             ),
             files["rejects"],
         )
-        write_json_atomic(
-            files["record"],
-            {
-                "key": "synthetic",
-                "number": k,
-                "records": m,
-                "measured": m,
-                "rejected": 0,
-                "files": {},
-                "cost_model": None if model is None else model.describe(),
-            },
-        )
+        part = InputPart(k, f"train-{k:05d}.jsonl", 0, 1, m, "")
+        cost = None if model is None else model.describe()
+        write_json_atomic(files["record"], PartRecord("synthetic", k, part, m, m, 0, {}, cost).to_json())
 
 
 def pack_memory_child(n: int, folder: str) -> None:
     """The pack stage on the synthetic parts under ``folder``; prints its peak RSS above the baseline."""
     import pyarrow as pa
 
-    from omnipack.measure import MeasureConfig
     from omnipack.plan import PackConfig
     from omnipack.stages.measure import InputPart
     from omnipack.stages.pack import run_pack_stage
-    from omnipack.stages.spec import RunSpec, ShardLayout, WriteSettings
+    from omnipack.stages.spec import MeasureConfig, RunSpec, ShardLayout, WriteSettings
 
     out, per_part = Path(folder), 100_000
     model = _cost_model()
@@ -289,7 +277,7 @@ def pack_memory_child(n: int, folder: str) -> None:
     pa.default_memory_pool().release_unused()
     base = _rss_mb()
     t0 = time.perf_counter()
-    plan = run_pack_stage(spec, reuse_measure=True)
+    plan, _ = run_pack_stage(spec, reuse_measure=True)
     seconds = time.perf_counter() - t0
     peak = _rss_mb("VmHWM:")  # this process's own high-water mark (ru_maxrss would include its parent's)
     plan_file = (out / "stages" / "plan.parquet").stat().st_size + (
@@ -299,7 +287,7 @@ def pack_memory_child(n: int, folder: str) -> None:
         json.dumps(
             {
                 "samples": n,
-                "rows": plan["num_rows"],
+                "rows": plan.num_rows,
                 "seconds": seconds,
                 "peak_above_base_mb": peak - base,
                 "plan_file_bytes": plan_file,

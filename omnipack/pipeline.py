@@ -25,7 +25,6 @@ from .executors import make_executor
 from .inputs import InputSpec, data_files, select_inputs
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
-from .measure import MeasureConfig
 from .media.remote import RemoteSettings
 from .media.sources import media_root_key, probe_locations
 from .plan import PackConfig
@@ -35,13 +34,14 @@ from .profiles.hf_config import placeholder_token_ids
 from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, WriteIncomplete, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock, OutputLocked
-from .stages.measure import PART_LINES, PARTS_FILE, load_parts, measure_part, part_files, part_key, parts_key
+from .stages.measure import MEASURE, PART_LINES, PARTS_FILE, load_parts, parts_key
 from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
-from .stages.records import digest, read_record, write_json_atomic
-from .stages.spec import REJECTS_FILE, STAGES_DIR, RunSpec, ShardLayout, WriteSettings
+from .stages.records import PlanRecord, digest, read_record, write_json_atomic
+from .stages.spec import REJECTS_FILE, STAGES_DIR, MeasureConfig, RunSpec, ShardLayout, WriteSettings
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
-from .stages.write import shard_key, shard_record_path, write_shard
+from .stages.unit import Stage
+from .stages.write import WRITE
 from .text.chat import ChatTokenizer
 from .text.hub_cache import NotCached, resolve_model_dir
 
@@ -443,45 +443,36 @@ def _resume_line(
     )
 
 
-def _measure_progress(spec: RunSpec, units: list[int], executor: Any, enabled: bool) -> StageProgress:
-    """The measure stage's bar, in input records, with the parts an earlier run finished counted done."""
-    totals = {u: spec.parts[u].num_lines or spec.parts[u].num_records for u in units}
-    records = {
-        u: read_record(part_files(spec.measure_dir, u)["record"], part_key(spec, spec.parts[u])) for u in units
-    }
-    done = {
-        u: sum(f["bytes"] for f in r.get("files", {}).values()) for u, r in records.items() if r is not None
-    }
-    files = len({spec.parts[u].path for u in units})
-    say(
-        f"measure: {sum(totals.values()):,} records in {len(units)} parts of {files} input file(s), "
-        f"{executor.workers} worker(s)",
-        enabled,
-    )
-    if done:  # also without the bars: what a rerun reused belongs in a batch job's log
-        say(_resume_line("measure", units, totals, done, "records"))
-    return StageProgress(
-        "measure", totals, "samples", enabled=enabled, done=set(done), reports=executor.progress_queue
-    )
-
-
-def _write_progress(
-    spec: RunSpec, plan: dict[str, Any], units: list[int], executor: Any, enabled: bool
+def _stage_progress(
+    stage: Stage[Any], spec: RunSpec, plan: PlanRecord | None, units: list[int], executor: Any, enabled: bool
 ) -> StageProgress:
-    """The write stage's bar, in rows, with the shards an earlier run finished counted done."""
-    shards = plan["shards"]
-    totals = {u: int(shards[u].get("rows", 0)) for u in units}
-    records = {
-        u: read_record(shard_record_path(spec, u), shard_key(spec, plan["key"], shards[u])) for u in units
-    }
-    done = {u: int((r.get("shard") or {}).get("num_bytes", 0)) for u, r in records.items() if r is not None}
-    rows = sum(totals.values())
-    say(f"write: {rows:,} rows in {len(units)} shard(s), {executor.workers} worker(s)", enabled)
-    if done:
-        say(_resume_line("write", units, totals, done, "rows"))
+    """A mapped stage's bar, with the units an earlier run finished counted done."""
+    totals = {u: stage.size(spec, plan, u) for u in units}
+    done = {u: r.kept_bytes for u in units if (r := stage.current(spec, plan, u)) is not None}
+    work = stage.describe(spec, units, sum(totals.values()))
+    say(f"{stage.name}: {work}, {executor.workers} worker(s)", enabled)
+    if done:  # also without the bars: what a rerun reused belongs in a batch job's log
+        say(_resume_line(stage.name, units, totals, done, stage.item))
     return StageProgress(
-        "write", totals, "rows", enabled=enabled, done=set(done), reports=executor.progress_queue
+        stage.name, totals, stage.bar_item, enabled=enabled, done=set(done), reports=executor.progress_queue
     )
+
+
+def run_mapped(
+    stage: Stage[Any],
+    spec: RunSpec,
+    plan: PlanRecord | None,
+    executor: Any,
+    *,
+    enabled: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+) -> list[Any]:
+    """The stage's units ``rank::world_size`` on the executor (each run once); their records, in unit order."""
+    units = stage.units(spec, plan)[rank::world_size]
+    bar = _stage_progress(stage, spec, plan, units, executor, enabled)
+    with stage_work(stage.name):
+        return _run_units(executor, stage.run, spec, units, bar)
 
 
 def run_prepare(
@@ -544,36 +535,31 @@ def run_prepare(
 def _run_stages(
     cfg: PrepareConfig, spec: RunSpec, stage: str | None, rank: int, world_size: int, reuse: bool
 ) -> dict[str, Any]:
+    share = {"enabled": cfg.progress, "rank": rank, "world_size": world_size}
     with (
         make_executor(cfg.executor, cfg.workers, cfg.ray_address)
         if stage in (None, "measure", "write")
         else contextlib.nullcontext() as executor
     ):
         if stage in (None, "measure") and not reuse:
-            units = [p.number for p in spec.parts][rank::world_size]
-            bar = _measure_progress(spec, units, executor, cfg.progress)
-            with stage_work("measure"):
-                done = _run_units(executor, measure_part, spec, units, bar)
+            parts = run_mapped(MEASURE, spec, None, executor, **share)
             if stage:
-                return {"stage": stage, "parts": len(done), "measured": sum(r["measured"] for r in done)}
+                return {"stage": stage, "parts": len(parts), "measured": sum(r.measured for r in parts)}
         if stage in (None, "pack"):
             say("pack: planning rows from the measured lengths", cfg.progress)
             with stage_work("pack"):
-                plan = run_pack_stage(spec, reuse_measure=reuse)
-            if plan.get("kept"):
-                say(f"resuming: the plan of the earlier run is current: kept ({plan['num_rows']:,} rows)")
+                plan, kept = run_pack_stage(spec, reuse_measure=reuse)
+            if kept:
+                say(f"resuming: the plan of the earlier run is current: kept ({plan.num_rows:,} rows)")
             if stage:
-                return {"stage": stage, "rows": plan["num_rows"], "shards": len(plan["shards"])}
-        plan = json.loads(spec.plan_record.read_text()) if spec.plan_record.exists() else None
+                return {"stage": stage, "rows": plan.num_rows, "shards": len(plan.shards)}
+        plan = PlanRecord.read(spec.plan_record)
         if plan is None:
             raise FileNotFoundError(f"no plan under {spec.stages}: run the pack stage first")
         if stage in (None, "write"):
-            units = [s["number"] for s in plan["shards"]][rank::world_size]
-            bar = _write_progress(spec, plan, units, executor, cfg.progress)
-            with stage_work("write"):
-                done = _run_units(executor, write_shard, spec, units, bar)
+            shards = run_mapped(WRITE, spec, plan, executor, **share)
             if stage:
-                return {"stage": stage, "shards": len(done), "rows": sum(r["rows_written"] for r in done)}
+                return {"stage": stage, "shards": len(shards), "rows": sum(r.rows_written for r in shards)}
         say("finalize: metadata and rejects", cfg.progress)
         with stage_work("finalize"):
             return finalize(spec, plan, reuse_measure=reuse)

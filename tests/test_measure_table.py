@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from omnipack.measure import REJECTS_SCHEMA, SAMPLES_SCHEMA, records_to_table
+from omnipack.stages.measure import REJECTS_SCHEMA, SAMPLES_SCHEMA, records_to_table
 
 
 def _record(i: int, rng: np.random.Generator, mrope: bool) -> dict:

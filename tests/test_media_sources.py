@@ -343,7 +343,7 @@ def test_remote_settings_reach_urls_without_a_media_root():
         assert member.container is not None and member.container.remote == remote
 
 
-@pytest.mark.parametrize("module", ["omnipack.media.sources", "omnipack.measure", "omnipack.stages.write"])
+@pytest.mark.parametrize("module", ["omnipack.media.sources", "omnipack.stages.measure", "omnipack.stages.write"])
 def test_the_embedded_scheme_is_registered_by_the_input_layer(module):
     """media imports nothing of the input layer: ``embedded:`` is registered by ``omnipack.inputs``, and every
     module that resolves references (measure, write) has it in a fresh (worker) process."""

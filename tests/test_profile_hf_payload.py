@@ -297,8 +297,8 @@ def test_verify_finds_a_stored_tensor_unlike_the_processors(prepared, tmp_path):
 def test_the_shard_layout_counts_the_stored_tensors(prepared):  # noqa: F811
     """The pack stage cuts shards by estimated bytes: for the hf profile those of the processor's tensors
     (float32 tiles, many times the source image), as stored, less the npz headers."""
-    from omnipack.measure import media_bytes_estimate
     from omnipack.profiles.base import MediaPlan
+    from omnipack.stages.measure import media_bytes_estimate
 
     for parts in read_rows_from_tars(prepared[2]).values():
         for m in json.loads(parts["meta.json"])["media"]:

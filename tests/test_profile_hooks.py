@@ -11,10 +11,10 @@ import pytest
 from PIL import Image
 
 from omnipack.loader.media import decode_payload
-from omnipack.measure import media_bytes_estimate
 from omnipack.media.errors import MediaError
 from omnipack.media.probe import materialize
 from omnipack.profiles.base import MediaPlan
+from omnipack.stages.measure import media_bytes_estimate
 from omnipack.tools.verify import _expected_arrays
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from omnipack.alignment import ParallelLayout, check_seq_length, pad_to_multiple, required_alignment
 from omnipack.dataset.contract import IGNORE_INDEX, row_invariant_errors
-from omnipack.rows import SequenceInput, assemble_row
+from omnipack.stages.write import SequenceInput, assemble_row
 
 PAD = 0
 

@@ -21,10 +21,10 @@ pytest.importorskip("moto.server")
 
 from omnipack.cli import main  # noqa: E402
 from omnipack.pipeline import run_prepare  # noqa: E402
+from omnipack.stages.measure import local_measure_config  # noqa: E402
 from omnipack.stages.model_files import (  # noqa: E402
     MODEL_DIR,
     MODEL_RECORD,
-    local_measure_config,
     materialise,
     read_shipped,
     ship,
@@ -185,7 +185,7 @@ def test_a_changed_tokenizer_is_a_new_copy_and_workers_read_the_runs_own(tmp_pat
     new = read_shipped(out / "stages")
     assert new.digest != old.digest and (out / "stages" / MODEL_DIR / old.digest).is_dir()
     # a worker given the old spec reads the old tokenizer, though the folder at its path was edited
-    from omnipack.measure import MeasureConfig
+    from omnipack.stages.spec import MeasureConfig
 
     measure = MeasureConfig("qwen2_5_vl", str(tok), None)
     folder = Path(local_measure_config(measure, old).tokenizer)

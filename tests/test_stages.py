@@ -174,6 +174,7 @@ def test_finalize_streams_rejects_to_disk(tmp_path, demo_tokenizer, demo_corpus)
 
     from omnipack.pipeline import build_spec
     from omnipack.stages.finalize import finalize
+    from omnipack.stages.records import PlanRecord
 
     manifest, media = demo_corpus
     n_broken = 40000
@@ -184,7 +185,7 @@ def test_finalize_streams_rejects_to_disk(tmp_path, demo_tokenizer, demo_corpus)
     cfg = demo_config(tmp_path / "ds", demo_tokenizer, (mixed, media), part_lines=4096, max_reject_fraction=1.0)
     summary = run_prepare(cfg)
     spec = build_spec(cfg)
-    plan = json.loads(spec.plan_record.read_text())
+    plan = PlanRecord.read(spec.plan_record)
     tracemalloc.start()
     try:
         again = finalize(spec, plan)
@@ -199,3 +200,36 @@ def test_finalize_streams_rejects_to_disk(tmp_path, demo_tokenizer, demo_corpus)
     # held whole, each reject cost ~545 B of Python objects here (40k: 21 MB); streamed: ~35 B (an index,
     # and a thousand rejects at a time)
     assert peak < 100 * n_broken, f"finalize peaked at {peak / 2**20:.1f} MiB of Python memory"
+
+
+def test_stage_records_read_back_as_their_types(tmp_path, demo_tokenizer, demo_corpus):
+    """Every stage record on disk is its typed record's JSON, key for key and in order: the types lose
+    nothing, and the records of runs made before they existed (the same keys) read back for a resume."""
+    from omnipack.dataset.shards import ShardInfo
+    from omnipack.errors import Reject
+    from omnipack.inputs import InputPart
+    from omnipack.stages.records import PartRecord, PlanRecord, ShardRecord
+
+    run_prepare(demo_config(tmp_path, demo_tokenizer, demo_corpus))
+    stages = tmp_path / "stages"
+    kinds = {
+        PartRecord: sorted((stages / "measure").glob("part-*.json")),
+        PlanRecord: [stages / "plan.json"],
+        ShardRecord: sorted((stages / "write").glob("shard-*.json")),
+    }
+    typed = {}
+    for cls, paths in kinds.items():
+        assert paths, cls
+        typed[cls] = []
+        for path in paths:
+            text = path.read_text()
+            record = cls.from_json(json.loads(text))
+            assert json.dumps(record.to_json(), indent=1) + "\n" == text, path
+            typed[cls].append(record)
+    assert all(isinstance(p.part, InputPart) for p in typed[PartRecord])
+    assert all(isinstance(s.shard, ShardInfo) for s in typed[ShardRecord])
+    plan = typed[PlanRecord][0]
+    assert [s.number for s in plan.shards] == list(range(len(typed[ShardRecord])))
+    rejects = plan.rejects + [r for s in typed[ShardRecord] for r in s.rejects]
+    assert all(isinstance(r, Reject) for r in rejects)
+    assert sum(p.records for p in typed[PartRecord]) == plan.input == plan.offsets[-1]

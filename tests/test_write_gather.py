@@ -6,9 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute
 
-from omnipack.measure import SAMPLES_SCHEMA, TableWriter
 from omnipack.plan import PackResult
-from omnipack.stages.measure import part_files
+from omnipack.stages.measure import SAMPLES_SCHEMA, TableWriter, part_files
 from omnipack.stages.write import MeasuredParts, MeasuredSamples
 
 

@@ -7,6 +7,8 @@ write (``write.py``): one shard's rows -> its tar, ``.tar.idx`` and record;
 finalize (``finalize.py``): the shard records -> ``.nv-meta/``, ``omnipack.json``, ``rejects.jsonl``,
     written last and atomically.
 
-Each unit records its completion with a key (``records.py``), so a rerun redoes only what is unfinished or
-changed; executors (``omnipack.executors``) run the units anywhere, and the output never depends on which.
+Each unit records its completion with a key (``records.py``: the records' types), and runs through one
+helper (``unit.run_once``), so a rerun redoes only what is unfinished or changed; a mapped stage (measure,
+write) is a ``unit.Stage`` (units, key, run) that executors (``omnipack.executors``) run anywhere, and the
+output never depends on which.
 """

@@ -27,14 +27,13 @@ from ..dataset.meta import DATASET_CONFIG, NV_META, write_energon_meta, write_om
 from ..dataset.root import stamp_root
 from ..dataset.shards import ShardInfo
 from ..errors import Reject
-from ..inputs import InputPart
 from ..inputs.accounting import per_file_counts
 from .measure import part_offsets, read_measured
 from .pack import part_records
-from .records import crash_point
+from .records import PartRecord, PlanRecord, ShardRecord, crash_point
 from .spec import REJECTS_FILE, RunSpec
 from .storage import is_local, publish, read_parquet, remove_tree, staging_file
-from .write import shard_done, shard_key, shard_record_path
+from .write import read_shard_record, shard_done
 
 
 class NothingPacked(RuntimeError):
@@ -45,32 +44,28 @@ class WriteIncomplete(RuntimeError):
     """The finalize stage found shards not written (yet) for the current plan."""
 
 
-def shard_records(spec: RunSpec, plan: dict[str, Any]) -> list[dict[str, Any]]:
+def shard_records(spec: RunSpec, plan: PlanRecord) -> list[ShardRecord]:
     records, missing = [], []
-    for shard in plan["shards"]:
-        path = shard_record_path(spec, shard["number"])
-        try:
-            rec = json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            rec = None
-        if rec is None or rec.get("key") != shard_key(spec, plan["key"], shard) or not shard_done(spec, rec):
-            missing.append(shard["number"])
+    for shard in plan.shards:
+        rec = read_shard_record(spec, plan, shard.number)
+        if rec is None or not shard_done(spec, rec):
+            missing.append(shard.number)
         else:
             records.append(rec)
     if missing:
         raise WriteIncomplete(
-            f"{len(missing)} of {len(plan['shards'])} shards are not written for this plan "
+            f"{len(missing)} of {len(plan.shards)} shards are not written for this plan "
             f"(e.g. {missing[:10]}): run the write stage (every rank) first"
         )
     return records
 
 
 def iter_rejects(
-    spec: RunSpec, plan: dict[str, Any], shards: list[dict[str, Any]], parts: list[dict[str, Any]]
+    spec: RunSpec, plan: PlanRecord, shards: list[ShardRecord], parts: list[PartRecord]
 ) -> Iterator[Reject]:
     """Rejects of every stage with global sample indices, in input order, streamed: the measure rejects are
     read one part at a time (a corpus may hold millions of them), merged with the pack and write stages'."""
-    superseded = set(plan["superseded_rejects"])  # replaced by the pack stage's duplicate-id rejects
+    superseded = set(plan.superseded_rejects)  # replaced by the pack stage's duplicate-id rejects
     offsets = part_offsets(parts)
 
     def measured() -> Iterator[Reject]:
@@ -82,8 +77,7 @@ def iter_rejects(
                     if r["sample_index"] not in superseded:
                         yield Reject.from_json(r)
 
-    recorded = plan["rejects"] + [r for rec in shards for r in rec["rejects"]]
-    later = sorted(map(Reject.from_json, recorded), key=_index)
+    later = sorted(plan.rejects + [r for rec in shards for r in rec.rejects], key=_index)
     # the order of one stable sort of (measure rejects, pack rejects, write rejects) by sample index
     return heapq.merge(measured(), later, key=_index)
 
@@ -96,7 +90,7 @@ def _index(r: Reject) -> int:
 
 
 def write_rejects(
-    spec: RunSpec, plan: dict[str, Any], shards: list[dict[str, Any]], parts: list[dict[str, Any]]
+    spec: RunSpec, plan: PlanRecord, shards: list[ShardRecord], parts: list[PartRecord]
 ) -> tuple[Path, np.ndarray, dict[str, int]]:
     """``rejects.jsonl`` written to a staging file as the rejects stream by (one JSON line each, in input
     order), never all held at once; returns the file (to publish), the rejects' sample indices and the count
@@ -113,32 +107,34 @@ def write_rejects(
 
 
 def by_input_file(
-    spec: RunSpec, parts: list[dict[str, Any]], rejected: np.ndarray, shards: list[dict[str, Any]]
+    spec: RunSpec, parts: list[PartRecord], rejected: np.ndarray, shards: list[ShardRecord]
 ) -> list[dict[str, Any]]:
     """Input, packed and rejected records per input data file (checked: each record of a file is packed or
     rejected exactly once), from the parts' record ranges and the plan's placed samples."""
     offsets = part_offsets(parts)
     ledger = [
-        {"file": InputPart(**rec["part"]).file_label, "first_index": int(first), "records": rec["records"]}
+        {"file": rec.part.file_label, "first_index": int(first), "records": rec.records}
         for rec, first in zip(parts, offsets[:-1], strict=True)
     ]
     placed = read_parquet(spec.plan_table, columns=["sample_index"]).column("sample_index").to_numpy()
-    write_rejected = np.asarray(
-        [Reject.from_json(r).sample_index for s in shards for r in s["rejects"]], dtype=np.int64
-    )
+    write_rejected = _write_rejected(shards)
     packed = placed[~np.isin(placed, write_rejected)]
     return per_file_counts(ledger, rejected, packed)
 
 
+def _write_rejected(shards: list[ShardRecord]) -> np.ndarray:
+    """The sample indices of the write stage's rejects."""
+    return np.asarray([r.sample_index for s in shards for r in s.rejects], dtype=np.int64)
+
+
 def write_ledger(
-    spec: RunSpec, plan: dict[str, Any], shards: list[dict[str, Any]], parts: list[dict[str, Any]]
+    spec: RunSpec, plan: PlanRecord, shards: list[ShardRecord], parts: list[PartRecord]
 ) -> Path:
     """The accounting ledger in a local staging file (to go into ``.nv-meta``): every input sample's row and
     position, or its reject, one part's index range at a time (a corpus's names are never all held)."""
     placed = read_parquet(spec.plan_table, columns=["row", "sample_index"])
     index, row = placed.column("sample_index").to_numpy(), placed.column("row").to_numpy()
-    write_rejected = np.asarray([r["sample_index"] for s in shards for r in s["rejects"]], dtype=np.int64)
-    kept = ~np.isin(index, write_rejected)
+    kept = ~np.isin(index, _write_rejected(shards))
     # position among the written samples of its row: the plan lists each row's samples in row order
     before = np.cumsum(kept) - kept
     position = before - before[np.searchsorted(row, row, side="left")]
@@ -161,7 +157,7 @@ def write_ledger(
             at = np.minimum(np.searchsorted(local, index[lo:hi] - first), max(len(local) - 1, 0))
             if len(at) and not np.array_equal(local[at], index[lo:hi] - first):
                 raise AssertionError(
-                    f"accounting: part {rec['number']} lacks measured samples the plan placed"
+                    f"accounting: part {rec.number} lacks measured samples the plan placed"
                 )
             packed = pa.table(
                 {
@@ -177,7 +173,7 @@ def write_ledger(
             ).sort_by("sample_index")
             got = table.column("sample_index").to_numpy()
             if not np.array_equal(got, np.arange(first, end)):
-                raise AssertionError(f"accounting: part {rec['number']} {_ledger_gap(got, first, end)}")
+                raise AssertionError(f"accounting: part {rec.number} {_ledger_gap(got, first, end)}")
             ledger.write(table)
     finally:
         ledger.close()
@@ -210,11 +206,11 @@ def _remove_strays(spec: RunSpec, shards: list[ShardInfo]) -> None:
             tar.with_name(f"{tar.name}.idx").unlink(missing_ok=True)
 
 
-def processor_cache_summary(parts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def processor_cache_summary(parts: list[PartRecord]) -> dict[str, dict[str, Any]]:
     """Per media kind: the processor calls and cache hits of every measure part, and the hit rate."""
     out: dict[str, dict[str, Any]] = {}
     for part in parts:
-        for kind, counts in (part.get("processor_cache") or {}).items():
+        for kind, counts in (part.processor_cache or {}).items():
             seen = out.setdefault(kind, {"processor_calls": 0, "cache_hits": 0})
             for k in seen:
                 seen[k] += int(counts.get(k, 0))
@@ -224,60 +220,15 @@ def processor_cache_summary(parts: list[dict[str, Any]]) -> dict[str, dict[str, 
     return out
 
 
-def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False) -> dict[str, Any]:
+def finalize(spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False) -> dict[str, Any]:
     """Write the dataset's metadata from the shard records; returns the run summary (``omnipack.json``)."""
     records = shard_records(spec, plan)
     parts = part_records(spec, check_keys=not reuse_measure)
     rejects_tmp, rejected, rejected_by_stage = write_rejects(spec, plan, records, parts)
-    n_rejected = len(rejected)
-    shards = [ShardInfo(**r["shard"]) for r in records if r["shard"] is not None]
+    shards = [r.shard for r in records if r.shard is not None]
     shards.sort(key=lambda s: (s.split != "train", s.path))
-    n_input = plan["input"]
-    packed = sum(r["samples_written"] for r in records)
-    rows = sum(r["rows_written"] for r in records)
-    real_tokens = sum(r["real_tokens"] for r in records)
-    if packed + n_rejected != n_input:  # every input sample is either packed or rejected
-        raise AssertionError(f"accounting: {n_input} input != {packed} packed + {n_rejected} rejected")
-    seq_length = spec.pack.seq_length
-    summary = {
-        "omnipack_version": spec.summary["omnipack_version"],
-        "profile": spec.summary["profile"],
-        "tokenizer": spec.summary["tokenizer"],
-        "seq_length": seq_length,
-        "align": spec.pack.align,
-        "parallel": spec.summary["parallel"],
-        "image_encoding": spec.write.image_encoding,
-        "compress_video": spec.write.compress_video,
-        "mrope_position_ids": spec.measure.mrope,
-        "inputs": spec.summary.get("inputs"),  # per input path: the split read and its data files
-        "counts": {
-            "input": n_input,
-            "packed": packed,
-            "rejected": n_rejected,
-            "rows": rows,
-            "rows_by_split": {
-                part: sum(s.count for s in shards if s.split == part) for part in ("train", "val")
-            },
-            "rejected_by_stage": rejected_by_stage,
-            "measured": plan["measured"],
-            "reject_fraction": n_rejected / n_input if n_input else 0.0,
-            # per input data file, checked: input = packed + rejected
-            "by_input": by_input_file(spec, parts, rejected, records),
-        },
-        "packing": {
-            **plan["stats"],
-            "algorithm": spec.pack.algorithm,
-            "seed": spec.pack.seed,
-            "shuffle": spec.pack.shuffle,
-            "real_tokens": real_tokens,
-            "real_efficiency_written": real_tokens / (rows * seq_length) if rows else 0.0,
-        },
-        "shards": [asdict(s) for s in shards],
-        "rejects_file": REJECTS_FILE,
-        "accounting_file": f"{NV_META}/{ACCOUNTING_FILE}",  # where each input sample went (row or reject)
-    }
-    if any("processor_cache" in p for p in parts):  # a processor-backed profile: its calls and cache hits
-        summary["processor_cache"] = processor_cache_summary(parts)
+    summary = run_summary(spec, plan, records, parts, shards, rejected, rejected_by_stage)
+    n_input = plan.input
     publish(rejects_tmp, spec.out / REJECTS_FILE)
     if not shards:
         if n_input == 0:
@@ -303,6 +254,66 @@ def finalize(spec: RunSpec, plan: dict[str, Any], *, reuse_measure: bool = False
     else:
         _upload_meta(spec, shards, summary, ledger)
     crash_point("finalize", "done")  # whole, but its lock not yet released
+    return summary
+
+
+def run_summary(
+    spec: RunSpec,
+    plan: PlanRecord,
+    records: list[ShardRecord],
+    parts: list[PartRecord],
+    shards: list[ShardInfo],
+    rejected: np.ndarray,
+    rejected_by_stage: dict[str, int],
+) -> dict[str, Any]:
+    """The run summary (``omnipack.json``) from the stage records, checked: every input sample is either
+    packed or rejected."""
+    n_input, n_rejected = plan.input, len(rejected)
+    packed = sum(r.samples_written for r in records)
+    rows = sum(r.rows_written for r in records)
+    real_tokens = sum(r.real_tokens for r in records)
+    if packed + n_rejected != n_input:  # every input sample is either packed or rejected
+        raise AssertionError(f"accounting: {n_input} input != {packed} packed + {n_rejected} rejected")
+    seq_length = spec.pack.seq_length
+    summary = {
+        "omnipack_version": spec.summary["omnipack_version"],
+        "profile": spec.summary["profile"],
+        "tokenizer": spec.summary["tokenizer"],
+        "seq_length": seq_length,
+        "align": spec.pack.align,
+        "parallel": spec.summary["parallel"],
+        "image_encoding": spec.write.image_encoding,
+        "compress_video": spec.write.compress_video,
+        "mrope_position_ids": spec.measure.mrope,
+        "inputs": spec.summary.get("inputs"),  # per input path: the split read and its data files
+        "counts": {
+            "input": n_input,
+            "packed": packed,
+            "rejected": n_rejected,
+            "rows": rows,
+            "rows_by_split": {
+                part: sum(s.count for s in shards if s.split == part) for part in ("train", "val")
+            },
+            "rejected_by_stage": rejected_by_stage,
+            "measured": plan.measured,
+            "reject_fraction": n_rejected / n_input if n_input else 0.0,
+            # per input data file, checked: input = packed + rejected
+            "by_input": by_input_file(spec, parts, rejected, records),
+        },
+        "packing": {
+            **plan.stats,
+            "algorithm": spec.pack.algorithm,
+            "seed": spec.pack.seed,
+            "shuffle": spec.pack.shuffle,
+            "real_tokens": real_tokens,
+            "real_efficiency_written": real_tokens / (rows * seq_length) if rows else 0.0,
+        },
+        "shards": [asdict(s) for s in shards],
+        "rejects_file": REJECTS_FILE,
+        "accounting_file": f"{NV_META}/{ACCOUNTING_FILE}",  # where each input sample went (row or reject)
+    }
+    if any(p.processor_cache is not None for p in parts):  # a processor-backed profile: calls, cache hits
+        summary["processor_cache"] = processor_cache_summary(parts)
     return summary
 
 

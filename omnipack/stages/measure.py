@@ -1,56 +1,340 @@
 """Measure stage: one input part (a record range of one input file) -> its measured samples and rejects.
 
+Per sample (``Measurer``), a pure function from a manifest record to its measured record (the expanded
+token ids and labels, media plans with their spans, and the lengths and cost the packer needs) or a reject.
+
 The input is split into parts of about ``part_lines`` records each, never across files, by each file's
 reader (``omnipack.inputs``: JSONL by line ends, Parquet by row groups, JSON arrays and Arrow by record
 ranges), so a part is a plain-data unit (``InputPart``) this stage reads without knowing the format. A
 part's samples go to ``stages/measure/part-K.parquet`` (the per-sample columns) and ``part-K.arrow`` (those
-plus the token columns, for the write stage's in-place reads), and its rejects to ``part-K.rejects.parquet``, keyed by their record index within
-the part: the pack stage turns (part, record) into the global sample index once every part is measured, so
+plus the token columns, for the write stage's in-place reads), and its rejects to
+``part-K.rejects.parquet``, keyed by their record index within the part: the pack stage turns (part, record) into the global sample index once every part is measured, so
 no part needs to know how many records the parts before it hold.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
+import os
 import time
-from dataclasses import asdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from .. import __version__, progress
+from ..alignment import pad_to_multiple
+from ..errors import Reject, SampleReject, sample_failed
 from ..inputs import InputPart, InputSpec, data_files, read_part, split_parts
 from ..inputs.base import file_stamp
-from ..manifest import RawSample
-from ..measure import (
-    REJECTS_SCHEMA,
-    SAMPLES_PARQUET_SCHEMA,
-    SAMPLES_SCHEMA,
-    MeasureConfig,
-    Measurer,
-    TableWriter,
-    _batches,
-)
-from ..media.sources import media_root_key
+from ..manifest import MediaRef, RawSample
+from ..media.probe import probe
+from ..media.sources import media_root_key, resolve_source
+from ..profiles import get_profile
+from ..profiles.base import MediaPlan
+from ..profiles.cost import media_encoder_flops
+from ..text.chat import ChatTokenizer, EncodedSample
 from .lock import holder_live as lock_holder_live
 from .lock import owner as lock_owner
 from .lock import renewed as lock_renewed
-from .model_files import local_measure_config
+from .model_files import ShippedModel, local_copy
 from .records import (
-    crash_point,
+    PartRecord,
+    PartSpan,
+    PlanRecord,
+    RecordedFile,
     digest,
-    file_unchanged,
     file_xxh3,
     output_stamp,
     read_record,
     write_json_atomic,
 )
-from .spec import RunSpec
+from .spec import MeasureConfig, RunSpec
 from .storage import create_exclusive, make_dirs, publish, read_parquet, remove_partials, staging_file
+from .unit import Stage, run_once
+
+# ---- per sample: a manifest record -> its measured record or its reject
+
+SAMPLES_SCHEMA = pa.schema(
+    [
+        ("sample_index", pa.int64()),
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("num_tokens", pa.int32()),
+        ("padded_length", pa.int32()),
+        ("num_images", pa.int16()),
+        ("num_videos", pa.int16()),
+        ("num_audios", pa.int16()),
+        ("num_media", pa.int16()),
+        ("image_tokens", pa.int32()),
+        ("video_tokens", pa.int32()),
+        ("audio_tokens", pa.int32()),
+        ("vision_patches", pa.int64()),
+        ("audio_frames", pa.int64()),
+        ("media_bytes", pa.int64()),  # estimated shard bytes of the sample's media (shards are cut by it)
+        # modeled training cost (profiles.cost), null when the profile has no cost model: forward FLOPs of
+        # the sample's media encoders, and its whole per-sample cost (what balanced packing evens out)
+        ("encoder_flops", pa.float64()),
+        ("sample_cost", pa.float64()),
+        ("media_json", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("labels", pa.list_(pa.int32())),
+        ("mrope_position_ids", pa.list_(pa.int32())),  # flattened [3, L], null when not computed
+    ]
+)
+# The token columns travel only in a measured part's Arrow copy (the write stage reads them there); its
+# Parquet file holds the per-sample columns the pack and finalize stages read, a few dozen bytes a sample
+# instead of eight per token.
+TOKEN_COLUMNS = ("input_ids", "labels", "mrope_position_ids")
+SAMPLES_PARQUET_SCHEMA = pa.schema([f for f in SAMPLES_SCHEMA if f.name not in TOKEN_COLUMNS])
+REJECTS_SCHEMA = pa.schema(  # a part's rejects: the fields of ``Reject``
+    [
+        ("sample_index", pa.int64()),
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("stage", pa.string()),
+        ("reason", pa.string()),
+    ]
+)
+
+
+class Measurer:
+    """Per-process measuring context: the profile and the tokenizer, loaded once."""
+
+    def __init__(self, config: MeasureConfig) -> None:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the pool parallelises, not the tokenizer
+        self.config = config
+        self.profile = get_profile(config.profile, **config.profile_options)
+        self.chat = ChatTokenizer(config.tokenizer, self.profile, mrope=config.mrope)
+        self.cost_model = None if config.cost is None else self.profile.cost_model(config.cost)
+
+    def measure_many(
+        self, raws: list[RawSample], on_probed: Callable[[int], None] | None = None
+    ) -> list[tuple[str, dict[str, Any]] | tuple[str, Reject]]:
+        """Each of ``raws`` measured, their texts tokenized in one batch: a record, or a reject for a data
+        problem (a ``SampleReject``); any other error is a bug and raises ``StageError`` naming the sample.
+        ``on_probed(1)`` is called as each sample's media are probed (the per-sample part of the work:
+        progress by sample)."""
+        results: list[tuple[str, dict[str, Any]] | tuple[str, Reject] | None] = [None] * len(raws)
+        ready: list[tuple[int, list[MediaRef], list[MediaPlan]]] = []
+        for k, raw in enumerate(raws):
+            if raw.error is not None:
+                results[k] = "reject", Reject(raw.index, raw.sample_id, raw.source, "read", raw.error)
+            else:
+                try:
+                    refs = raw.media_refs()
+                    plans = []
+                    for ref in refs:
+                        source = resolve_source(
+                            ref.path, self.config.media_root, self.config.media_allow_roots, self.config.remote
+                        )
+                        meta = probe(source, ref.kind)
+                        plans.append(self.profile.plan(meta))
+                    ready.append((k, refs, plans))
+                except Exception as e:
+                    results[k] = self._reject(raw, e)
+            if on_probed is not None:
+                on_probed(1)
+        encoded = self.chat.encode_many(
+            [(raws[k].messages, plans, raws[k].tools) for k, _, plans in ready], self.config.max_tokens
+        )
+        for (k, refs, _), enc in zip(ready, encoded, strict=True):
+            if isinstance(enc, Exception):
+                results[k] = self._reject(raws[k], enc)
+                continue
+            try:
+                results[k] = "sample", self._record(raws[k], refs, enc)
+            except Exception as e:
+                raise sample_failed("measure", raws[k].sample_id, raws[k].source, e) from e
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def _reject(raw: RawSample, e: Exception) -> tuple[str, Reject]:
+        """A data problem's reject; anything else is a bug, raised naming the sample (never a reject: a
+        broken profile must not quietly drop a share of the corpus)."""
+        if not isinstance(e, SampleReject):
+            raise sample_failed("measure", raw.sample_id, raw.source, e) from e
+        return "reject", Reject.of(raw.index, raw.sample_id, raw.source, "measure", e)
+
+    def _record(self, raw: RawSample, refs: list[MediaRef], enc: EncodedSample) -> dict[str, Any]:
+        tokens_by_kind = {"image": 0, "video": 0, "audio": 0}
+        media = []
+        for ref, span in zip(refs, enc.spans, strict=True):
+            tokens_by_kind[ref.kind] += span.num_placeholders
+            media.append(
+                {
+                    "kind": ref.kind,
+                    "ref": ref.path,
+                    "plan": span.plan.to_json(),
+                    "span": [span.start, span.end, span.placeholder_start, span.num_placeholders],
+                }
+            )
+        n = enc.num_tokens
+        padded = pad_to_multiple(n, self.config.align)
+        flops = cost = None
+        if self.cost_model is not None:
+            flops = media_encoder_flops(self.profile, self.cost_model.shapes, [s.plan for s in enc.spans])
+            cost = self.cost_model.sample_cost(padded, flops)
+        return {
+            "sample_index": raw.index,
+            "sample_id": raw.sample_id,
+            "source": raw.source,
+            "num_tokens": n,
+            "padded_length": padded,
+            "num_images": sum(r.kind == "image" for r in refs),
+            "num_videos": sum(r.kind == "video" for r in refs),
+            "num_audios": sum(r.kind == "audio" for r in refs),
+            "num_media": len(refs),
+            "image_tokens": tokens_by_kind["image"],
+            "video_tokens": tokens_by_kind["video"],
+            "audio_tokens": tokens_by_kind["audio"],
+            "vision_patches": sum(s.plan.vision_patches for s in enc.spans),
+            "audio_frames": sum(s.plan.audio_frames for s in enc.spans),
+            "media_bytes": sum(media_bytes_estimate(s.plan) for s in enc.spans),
+            "encoder_flops": flops,
+            "sample_cost": cost,
+            "media_json": json.dumps(media),
+            "input_ids": enc.input_ids,
+            "labels": enc.labels,
+            "mrope_position_ids": None
+            if enc.mrope_position_ids is None
+            else enc.mrope_position_ids.reshape(-1),
+        }
+
+
+def media_bytes_estimate(plan: MediaPlan) -> int:
+    """About the bytes a media item takes in a shard, stored raw: frames or an image at the target size as
+    uint8 RGB, audio as 4-byte samples (compressed encodings come out smaller); a family's own stored arrays
+    (``ModelProfile.store_media``) as the plan records them."""
+    stored = plan.info.get("stored_arrays")
+    if stored:
+        return sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in stored.values())
+    h, w = plan.target_hw or (0, 0)
+    if plan.kind == "video":
+        frames = len(plan.frame_indices or ())
+    else:  # an image stores one view, or one per ``image_views`` box
+        frames = len(plan.image_views or ((),)) if plan.kind == "image" else 0
+    return frames * h * w * 3 + 4 * int(plan.num_audio_samples or 0)
+
+
+# Samples measured (and tokenized) in one call: the tokenizer's batch path runs at its own batch-encode
+# speed only on large batches; the byte budget keeps a batch of long samples small.
+MEASURE_BATCH = 256
+MEASURE_BATCH_BYTES = 8 << 20
+
+
+def _batches(samples: Iterable[RawSample]) -> Iterator[list[RawSample]]:
+    batch: list[RawSample] = []
+    size = 0
+    for raw in samples:
+        if batch and (len(batch) == MEASURE_BATCH or size + raw.size > MEASURE_BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(raw)
+        size += raw.size
+    if batch:
+        yield batch
+
+
+def _list_column(values: list[Any], type_: pa.ListType) -> pa.Array:
+    """A list column from per-record numpy arrays (or None): one concatenation and an offsets array
+    instead of converting each record's list on its own; other values take pyarrow's own conversion."""
+    item = np.dtype(type_.value_type.to_pandas_dtype())
+    present = [v for v in values if v is not None]
+    if not present or not all(isinstance(v, np.ndarray) and v.dtype == item and v.ndim == 1 for v in present):
+        return pa.array(values, type=type_)
+    lengths = np.zeros(len(values), dtype=np.int64)
+    lengths[[i for i, v in enumerate(values) if v is not None]] = [len(v) for v in present]
+    offsets = np.zeros(len(values) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    mask = None if len(present) == len(values) else pa.array([v is None for v in values])
+    flat = pa.array(np.concatenate(present), type=type_.value_type)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, type=type_, mask=mask)
+
+
+def records_to_table(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """``pa.Table.from_pylist(records, schema=schema)``, column by column: list columns of numeric arrays
+    (token ids, labels) are built in bulk."""
+    columns = []
+    for f in schema:
+        values = [r.get(f.name) for r in records]
+        if pa.types.is_list(f.type) and pa.types.is_integer(f.type.value_type):
+            columns.append(_list_column(values, f.type))
+        else:
+            columns.append(pa.array(values, type=f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+class TableWriter:
+    """Streams dict records into a Parquet file in row groups; with ``arrow_path``, the same record batches
+    into an Arrow IPC file as well (the write stage memory-maps it: Parquet pages can not be), written from
+    the tables in hand rather than by reading the Parquet file back. ``parquet_schema`` (a subset of
+    ``schema``'s columns) limits what goes into the Parquet file."""
+
+    def __init__(
+        self,
+        path: Path,
+        schema: pa.Schema,
+        batch_rows: int = 2048,
+        arrow_path: Path | None = None,
+        parquet_schema: pa.Schema | None = None,
+    ) -> None:
+        self.path, self.schema, self.batch_rows = path, schema, batch_rows
+        self._buf: list[dict[str, Any]] = []
+        self._parquet_columns = None if parquet_schema is None else parquet_schema.names
+        self._writer = pq.ParquetWriter(path, parquet_schema or schema)
+        self._arrow_sink = self._arrow = None
+        if arrow_path is not None:
+            self._arrow_sink = pa.OSFile(str(arrow_path), "wb")
+            self._arrow = pa.ipc.new_file(self._arrow_sink, schema)
+        self.count = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        self._buf.append(record)
+        self.count += 1
+        if len(self._buf) >= self.batch_rows:
+            self.flush()
+
+    def write_table(self, table: pa.Table) -> None:
+        """``table`` (of this writer's schema) as one more row group (and record batch)."""
+        self._writer.write_table(table if self._parquet_columns is None else table.select(self._parquet_columns))
+        if self._arrow is not None:
+            self._arrow.write_table(table)
+
+    def flush(self) -> None:
+        if self._buf:
+            self.write_table(records_to_table(self._buf, self.schema))
+            self._buf = []
+
+    def close(self) -> None:
+        self.flush()
+        self._writer.close()
+        if self._arrow is not None:
+            self._arrow.close()
+            self._arrow_sink.close()
+
+    def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def sample_arrays(record: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """input_ids, labels and mRoPE ids of a measured record as int32 arrays."""
+    ids = np.asarray(record["input_ids"], dtype=np.int32)
+    labels = np.asarray(record["labels"], dtype=np.int32)
+    mrope = record.get("mrope_position_ids")
+    mrope = None if mrope is None else np.asarray(mrope, dtype=np.int32).reshape(3, -1)
+    return ids, labels, mrope
+
+
+# ---- per part
 
 # records (JSONL: lines) per part: enough work to amortise a part's files, small enough to spread
 PART_LINES = 4096
@@ -138,12 +422,35 @@ def part_files(measure_dir: Path, number: int) -> dict[str, Path]:
     }
 
 
-def outputs_intact(record: dict[str, Any], root: Path) -> bool:
+def outputs_intact(record: PartRecord, root: Path) -> bool:
     """A recorded unit's files are all there as recorded: the same stamps, or sizes and checksums."""
-    return all(
-        file_unchanged(root / name, info["bytes"], info["xxh3"], info.get("stamp"))
-        for name, info in record.get("files", {}).items()
-    )
+    return all(info.unchanged(root / name) for name, info in record.files.items())
+
+
+def read_part_record(spec: RunSpec, number: int, *, check_key: bool = True) -> PartRecord | None:
+    """Part ``number``'s record when it was made with the current settings (or, without ``check_key``,
+    whatever settings); None when the part is not measured."""
+    if check_key:
+        return MEASURE.current(spec, None, number)
+    try:
+        return PartRecord.from_json(json.loads(part_files(spec.measure_dir, number)["record"].read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def local_measure_config(
+    config: MeasureConfig, shipped: ShippedModel | None, options: tuple[tuple[str, ShippedModel], ...] = ()
+) -> MeasureConfig:
+    """``config`` reading its tokenizer (and the preprocessor configs its profile options name) from this
+    machine's copy of the run's shipped files, on every node (the driver's too): a worker reads exactly the
+    files its spec names, even where the folder at the named path is missing or was edited since, and a
+    worker's cached tokenizer (``stages.measure._measurer``, keyed by the config) is keyed by content."""
+    if shipped is None:
+        return config
+    profile_options = dict(config.profile_options)
+    for key, copy in options:
+        profile_options[key] = os.path.join(local_copy(copy), copy.files[0][0])
+    return replace(config, tokenizer=local_copy(shipped), profile_options=profile_options)
 
 
 _MEASURERS: dict[str, Measurer] = {}
@@ -157,20 +464,51 @@ def _measurer(config: MeasureConfig) -> Measurer:
     return _MEASURERS[key]
 
 
-def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
+def measure_part(spec: RunSpec, number: int) -> PartRecord:
     """Measure one part (or reuse its earlier output when its record matches); returns its record."""
-    part: InputPart = spec.parts[number]
-    key = part_key(spec, part)
+    return run_once(
+        "measure",
+        number,
+        part_files(spec.measure_dir, number)["record"],
+        part_key(spec, spec.parts[number]),
+        PartRecord.from_json,
+        lambda record: outputs_intact(record, spec.measure_dir),
+        lambda: _measure(spec, number),
+    )[0]
+
+
+def _measure(spec: RunSpec, number: int) -> PartRecord:
+    """Part ``number`` measured: its tables published, and its record (keyed by ``run_once``)."""
     files = part_files(spec.measure_dir, number)
-    record = read_record(files["record"], key)
-    if record is not None and outputs_intact(record, spec.measure_dir):
-        return record
     make_dirs(spec.measure_dir)
     remove_partials(spec.measure_dir, f"part-{number:06d}.*")  # of this unit, by a killed run
     measurer = _measurer(local_measure_config(spec.measure, spec.model, spec.model_options))  # shipped files
     cache_stats = getattr(measurer.profile, "cache_stats", None)  # a processor-backed profile's cache
     cache_before = cache_stats() if cache_stats else {}
     tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}
+    measured, rejected = _measure_into(spec, number, measurer, tmp)
+    outputs = {
+        files[name].name: RecordedFile(tmp[name].stat().st_size, file_xxh3(tmp[name]))
+        for name in ("samples", "rejects", "arrow")
+    }
+    for name, path in tmp.items():
+        publish(path, files[name])
+    for name in ("samples", "rejects", "arrow"):  # as published (a rename moves the ctime)
+        outputs[files[name].name].stamp = output_stamp(files[name])
+    cost_model = None if measurer.cost_model is None else measurer.cost_model.describe()
+    part = spec.parts[number]
+    record = PartRecord("", number, part, measured + rejected, measured, rejected, outputs, cost_model)
+    if cache_stats:  # this part's processor calls and cache hits, per media kind (summed in omnipack.json)
+        record.processor_cache = {
+            kind: {k: n - cache_before.get(kind, {}).get(k, 0) for k, n in counts.items()}
+            for kind, counts in cache_stats().items()
+        }
+    return record
+
+
+def _measure_into(spec: RunSpec, number: int, measurer: Measurer, tmp: dict[str, Path]) -> tuple[int, int]:
+    """Part ``number``'s samples and rejects written to the staging files ``tmp``; their counts."""
+    part: InputPart = spec.parts[number]
     samples: list[RawSample]
     with (
         TableWriter(
@@ -187,49 +525,23 @@ def measure_part(spec: RunSpec, number: int) -> dict[str, Any]:
                 else:
                     bad.add(rec.to_json())
     pa.default_memory_pool().release_unused()
-    outputs = {
-        files[name].name: {"bytes": tmp[name].stat().st_size, "xxh3": file_xxh3(tmp[name])}
-        for name in ("samples", "rejects", "arrow")
-    }
-    for name, path in tmp.items():
-        publish(path, files[name])
-    for name in ("samples", "rejects", "arrow"):  # as published (a rename moves the ctime)
-        outputs[files[name].name]["stamp"] = output_stamp(files[name])
-    crash_point("measure", number)
-    record = {
-        "key": key,
-        "number": number,
-        "part": asdict(part),
-        "records": good.count + bad.count,
-        "measured": good.count,
-        "rejected": bad.count,
-        "files": outputs,
-        # what the samples' cost columns were computed with (the pack stage checks it is its own model)
-        "cost_model": None if measurer.cost_model is None else measurer.cost_model.describe(),
-    }
-    if cache_stats:  # this part's processor calls and cache hits, per media kind (summed in omnipack.json)
-        record["processor_cache"] = {
-            kind: {k: n - cache_before.get(kind, {}).get(k, 0) for k, n in counts.items()}
-            for kind, counts in cache_stats().items()
-        }
-    write_json_atomic(files["record"], record)
-    return record
+    return good.count, bad.count
 
 
-def part_offsets(records: list[dict[str, Any]]) -> np.ndarray:
+def part_offsets(parts: Sequence[PartSpan | PartRecord]) -> np.ndarray:
     """Global sample index of each part's first record, plus the total: [P + 1]."""
-    return np.concatenate([[0], np.cumsum([r["records"] for r in records])]).astype(np.int64)
+    return np.concatenate([[0], np.cumsum([p.records for p in parts])]).astype(np.int64)
 
 
 def read_measured(
-    measure_dir: Path, records: list[dict[str, Any]], columns: list[str], *, rejects: bool = False
+    measure_dir: Path, parts: Sequence[PartSpan | PartRecord], columns: list[str], *, rejects: bool = False
 ) -> pa.Table:
     """The measured samples (or rejects) of all parts as one table, ``sample_index`` made global. Samples
     have the columns of ``SAMPLES_PARQUET_SCHEMA`` here (the token columns are in the parts' Arrow copies)."""
-    offsets = part_offsets(records)
+    offsets = part_offsets(parts)
     tables = []
-    for rec, offset in zip(records, offsets[:-1], strict=False):
-        files = part_files(measure_dir, rec["number"])
+    for rec, offset in zip(parts, offsets[:-1], strict=False):
+        files = part_files(measure_dir, rec.number)
         table = read_parquet(files["rejects" if rejects else "samples"], columns=columns)
         if "sample_index" in columns:
             i = table.schema.get_field_index("sample_index")
@@ -246,15 +558,29 @@ def read_measured(
 def read_run_measured(stages: Path, columns: list[str]) -> pa.Table | None:
     """A finished run's measured samples (global ``sample_index``), from the parts its plan used, less the
     duplicates the pack stage dropped; None when the run has no plan."""
-    try:
-        plan = json.loads((stages / "plan.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    plan = PlanRecord.read(stages / "plan.json")
+    if plan is None:
         return None
-    records = [{"number": n, "records": 0} for n in plan["parts"]]
-    offsets = plan["offsets"]
-    for rec, (a, b) in zip(records, itertools.pairwise(offsets), strict=False):
-        rec["records"] = b - a
-    table = read_measured(stages / "measure", records, sorted({*columns, "sample_index"}))
-    dropped = pa.array(plan.get("dropped_duplicates", []), pa.int64())
+    table = read_measured(stages / "measure", plan.spans, sorted({*columns, "sample_index"}))
+    dropped = pa.array(plan.dropped_duplicates, pa.int64())
     table = table.filter(pc.invert(pc.is_in(table.column("sample_index"), value_set=dropped)))
     return table.select(columns)
+
+
+def _describe(spec: RunSpec, units: list[int], total: int) -> str:
+    files = len({spec.parts[u].path for u in units})
+    return f"{total:,} records in {len(units)} parts of {files} input file(s)"
+
+
+MEASURE: Stage[PartRecord] = Stage(
+    "measure",
+    units=lambda spec, plan: [p.number for p in spec.parts],
+    key=lambda spec, plan, number: part_key(spec, spec.parts[number]),
+    record_path=lambda spec, number: part_files(spec.measure_dir, number)["record"],
+    load=PartRecord.from_json,
+    run=measure_part,
+    size=lambda spec, plan, number: spec.parts[number].num_lines or spec.parts[number].num_records,
+    item="records",
+    bar_item="samples",
+    describe=_describe,
+)

@@ -6,8 +6,8 @@ files (tokenizer.json, tokenizer_config.json, the chat template, special tokens,
 configs; never weights) into the output next to the run's stages, ``stages/model/DIGEST/``, DIGEST being
 a digest of the files' names and contents, and records them in ``stages/model/model.json``. A node where
 the folder does not exist reads the tokenizer from that copy (``run_tokenizer``), and every measure worker
-reads the copy its spec names (``local_measure_config``), through a local cache folder keyed by the digest
-(``OMNIPACK_CACHE_DIR``, else ``XDG_CACHE_HOME/omnipack``, else ``~/.cache/omnipack``) whose files are
+reads the copy its spec names (``stages.measure.local_measure_config``), through a local cache folder
+keyed by the digest (``OMNIPACK_CACHE_DIR``, else ``XDG_CACHE_HOME/omnipack``, else ``~/.cache/omnipack``) whose files are
 checked against the recorded checksums.
 
 The run still names the tokenizer by the folder it was started with (the measure settings, omnipack.json's
@@ -21,13 +21,12 @@ import contextlib
 import json
 import os
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from ..measure import MeasureConfig
 from ..profiles.checkpoint import PROCESSOR_OPTIONS
 from ..profiles.hf_config import processor_config_source
 from ..progress import say
@@ -279,22 +278,8 @@ def run_tokenizer(name: str, stages: AnyPath) -> RunTokenizer:
     )
 
 
-def local_measure_config(
-    config: MeasureConfig, shipped: ShippedModel | None, options: tuple[tuple[str, ShippedModel], ...] = ()
-) -> MeasureConfig:
-    """``config`` reading its tokenizer (and the preprocessor configs its profile options name) from this
-    machine's copy of the run's shipped files, on every node (the driver's too): a worker reads exactly the
-    files its spec names, even where the folder at the named path is missing or was edited since, and a
-    worker's cached tokenizer (``stages.measure._measurer``, keyed by the config) is keyed by content."""
-    if shipped is None:
-        return config
-    profile_options = dict(config.profile_options)
-    for key, copy in options:
-        profile_options[key] = os.path.join(_local(copy), copy.files[0][0])
-    return replace(config, tokenizer=_local(shipped), profile_options=profile_options)
-
-
-def _local(shipped: ShippedModel) -> str:
+def local_copy(shipped: ShippedModel) -> str:
+    """This machine's checked copy of a shipped folder (materialised once per process and digest)."""
     key = (str(cache_dir()), shipped.digest)
     folder = _LOCAL.get(key)
     if folder is None or not os.path.isdir(folder):
@@ -322,6 +307,6 @@ def shipped_option(output: str, key: str, name: str) -> bool:
 
 
 __all__ = [
-    "ShippedModel", "local_measure_config", "run_profile_options", "run_tokenizer", "shipped_for_output",
+    "ShippedModel", "local_copy", "run_profile_options", "run_tokenizer", "shipped_for_output",
     "shipped_option",
 ]  # fmt: skip

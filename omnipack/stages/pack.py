@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,10 +18,11 @@ import pyarrow.parquet as pq
 
 from ..errors import Reject
 from ..plan import COST_COLUMN, PACK_COLUMNS, PackResult, run_pack, write_plan
-from .measure import part_files, part_key, part_offsets, read_measured
-from .records import crash_point, digest, read_record, write_json_atomic
+from .measure import part_files, part_offsets, read_measured, read_part_record
+from .records import PartRecord, PlannedShard, PlanRecord, digest, write_json_atomic
 from .spec import RunSpec, ShardLayout
 from .storage import make_dirs, publish, read_parquet, staging_file
+from .unit import run_once
 
 NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
 MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (for --from-stage pack)
@@ -37,12 +36,11 @@ class MeasureIncomplete(RuntimeError):
     """The pack stage found parts not measured (yet) with the current settings."""
 
 
-def part_records(spec: RunSpec, *, check_keys: bool = True) -> list[dict[str, Any]]:
+def part_records(spec: RunSpec, *, check_keys: bool = True) -> list[PartRecord]:
     """Every part's completion record; all parts must be measured (with the current settings)."""
     records, missing = [], []
     for part in spec.parts:
-        path = part_files(spec.measure_dir, part.number)["record"]
-        rec = read_record(path, part_key(spec, part)) if check_keys else _any_record(path)
+        rec = read_part_record(spec, part.number, check_key=check_keys)
         if rec is None:
             missing.append(part.number)
         else:
@@ -56,20 +54,13 @@ def part_records(spec: RunSpec, *, check_keys: bool = True) -> list[dict[str, An
     return records
 
 
-def _any_record(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def check_costs(spec: RunSpec, records: list[dict[str, Any]]) -> None:
+def check_costs(spec: RunSpec, records: list[PartRecord]) -> None:
     """The parts' cost columns were computed with this run's cost model: a run from the pack stage on
     reuses parts measured before, perhaps under other ``cost`` settings (their costs would be stale)."""
     if spec.pack.cost_model is None:
         return
     want = json.loads(json.dumps(spec.pack.cost_model))
-    stale = [r["number"] for r in records if r.get("cost_model") != want]
+    stale = [r.number for r in records if r.cost_model != want]
     if stale:
         shown = ", ".join(map(str, stale[:10])) + (" ..." if len(stale) > 10 else "")
         raise MeasureIncomplete(
@@ -80,7 +71,7 @@ def check_costs(spec: RunSpec, records: list[dict[str, Any]]) -> None:
 
 
 def _duplicates(
-    spec: RunSpec, records: list[dict[str, Any]], measured_index: np.ndarray
+    spec: RunSpec, records: list[PartRecord], measured_index: np.ndarray
 ) -> tuple[np.ndarray, list[Reject], list[int]]:
     """Ids seen in an earlier part: (mask of measured samples to drop, their rejects, indices of measure
     rejects they replace). An id is claimed by every record that passed the manifest checks: measured
@@ -119,7 +110,7 @@ def _duplicates(
     return drop, dup_rejects, superseded
 
 
-def _names(spec: RunSpec, records: list[dict[str, Any]], indices: list[int]) -> dict[int, tuple[str, str]]:
+def _names(spec: RunSpec, records: list[PartRecord], indices: list[int]) -> dict[int, tuple[str, str]]:
     """(sample_id, source) of measured samples by global index, read from just the parts that hold them."""
     offsets = part_offsets(records)
     out: dict[int, tuple[str, str]] = {}
@@ -128,7 +119,7 @@ def _names(spec: RunSpec, records: list[dict[str, Any]], indices: list[int]) -> 
     for p in np.unique(which).tolist():
         local = wanted[which == p] - offsets[p]
         table = read_parquet(
-            part_files(spec.measure_dir, records[p]["number"])["samples"],
+            part_files(spec.measure_dir, records[p].number)["samples"],
             columns=["sample_index", "sample_id", "source"],
         )
         pos = np.searchsorted(table.column("sample_index").to_numpy(), local)
@@ -151,7 +142,7 @@ def _val_rows(fraction: float, num_rows: int) -> int:
 
 def shard_layout(
     plan: PackResult, row_bytes: np.ndarray, layout: ShardLayout
-) -> tuple[np.ndarray, list[dict[str, Any]]]:
+) -> tuple[np.ndarray, list[PlannedShard]]:
     """Each plan row's shard, and the shards (path, split, rows): train shards, then val shards.
 
     Val rows are drawn at random (unshuffled plans are ordered by length); each split's rows fill shards in
@@ -161,70 +152,94 @@ def shard_layout(
     is_val = np.zeros(n, dtype=bool)
     is_val[picks] = True
     shard_of = np.empty(n, dtype=np.int32)
-    shards: list[dict[str, Any]] = []
+    shards: list[PlannedShard] = []
     for split, prefix in (("train", "shards/shard"), ("val", "shards/val")):
         first = len(shards)
-        size = count = 0
+        size = 0
         for r in np.flatnonzero(is_val == (split == "val")):
+            count = shards[-1].rows if len(shards) > first else 0
             if count and (
                 size >= layout.shard_max_bytes or (layout.shard_max_rows and count >= layout.shard_max_rows)
             ):
-                shards[-1]["rows"] = count
                 size = count = 0
             if count == 0:
                 index = len(shards) - first
-                shards.append(
-                    {
-                        "number": len(shards),
-                        "path": f"{prefix}-{index:06d}.tar",
-                        "split": split,
-                        "prefix": prefix,
-                        "index": index,
-                    }
-                )
+                shards.append(PlannedShard(len(shards), f"{prefix}-{index:06d}.tar", split, prefix, index))
             shard_of[r] = len(shards) - 1
             size += int(row_bytes[r])
-            count += 1
-        if count:
-            shards[-1]["rows"] = count
+            shards[-1].rows += 1
     return shard_of, shards
 
 
-def pack_key(spec: RunSpec, records: list[dict[str, Any]]) -> str:
-    parts = [[r["key"], {n: f["xxh3"] for n, f in r["files"].items()}] for r in records]
+def pack_key(spec: RunSpec, records: list[PartRecord]) -> str:
+    parts = [[r.key, {n: f.xxh3 for n, f in r.files.items()}] for r in records]
     return digest({"parts": parts, "pack": spec.pack, "layout": spec.layout})
 
 
-def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, Any]:
+def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> tuple[PlanRecord, bool]:
     """Plan the measured parts (or reuse the plan when nothing it depends on changed); returns the plan
-    record (with ``kept`` when reused). ``reuse_measure``: take the parts as measured before even if
-    measure settings changed (the caller checked they still fit, for ``--from-stage pack``)."""
+    record, and whether it was kept from an earlier run. ``reuse_measure``: take the parts as measured
+    before even if measure settings changed (the caller checked they still fit, for ``--from-stage pack``)."""
     records = part_records(spec, check_keys=not reuse_measure)
     check_costs(spec, records)
-    key = pack_key(spec, records)
-    record = read_record(spec.plan_record, key)
-    if record is not None and spec.plan_table.is_file() and spec.layout_table.is_file():
-        return {**record, "kept": True}  # (not recorded: says to the caller that nothing was planned)
+    return run_once(
+        "pack",
+        0,
+        spec.plan_record,
+        pack_key(spec, records),
+        PlanRecord.from_json,
+        lambda _: spec.plan_table.is_file() and spec.layout_table.is_file(),
+        lambda: _plan(spec, records, reuse_measure),
+    )
+
+
+def _plan(spec: RunSpec, records: list[PartRecord], reuse_measure: bool) -> PlanRecord:
+    """The plan and layout tables published, and the plan's record (keyed by ``run_once``)."""
     offsets = part_offsets(records)
     # numbers only: the names (ids, sources) of a large corpus are read when needed, not held
     costs = [COST_COLUMN] if spec.pack.cost_model is not None else []
     table = read_measured(spec.measure_dir, records, NUMERIC_COLUMNS + costs)
     drop, dup_rejects, superseded = _duplicates(spec, records, table.column("sample_index").to_numpy())
-    keep_mask = pa.array(~drop)
-    table = table.filter(keep_mask)
+    table = table.filter(pa.array(~drop))
     pa.default_memory_pool().release_unused()
 
     plan = run_pack(table.select([c for c in PACK_COLUMNS if c in NUMERIC_COLUMNS] + costs), spec.pack)
     names = _names(spec, records, [r.sample_index for r in plan.rejects])
     pack_rejects = [replace(r, sample_id=names[r.sample_index][0], source=names[r.sample_index][1])
                     for r in plan.rejects]  # fmt: skip
+    shard_of, shards = shard_layout(plan, _row_bytes(spec, plan, table), spec.layout)
+    _write_tables(spec, plan, shard_of)
+    n_input = int(offsets[-1])
+    if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings
+        write_json_atomic(
+            spec.measure_dir / MEASURE_KEY_FILE, {**spec.summary["measure_key"], "input": n_input}
+        )
+    return PlanRecord(
+        "",
+        n_input,
+        table.num_rows,
+        sorted({r.sample_index for r in dup_rejects} - set(superseded)),
+        [r.number for r in records],
+        offsets.tolist(),
+        pack_rejects + dup_rejects,
+        superseded,
+        plan.stats,
+        plan.num_rows,
+        shards,
+    )
+
+
+def _row_bytes(spec: RunSpec, plan: PackResult, table: pa.Table) -> np.ndarray:
+    """Each plan row's estimated shard bytes: its samples' media plus its token arrays."""
     pos = np.searchsorted(table.column("sample_index").to_numpy(), plan.sample_index)
     sample_bytes = table.column("media_bytes").to_numpy()[pos]
     per_token = ROW_TOKEN_BYTES + (MROPE_TOKEN_BYTES if spec.measure.mrope else 0)
     row_media = np.add.reduceat(sample_bytes, plan.row_ptr[:-1]) if plan.num_rows else np.zeros(0, np.int64)
-    row_bytes = row_media + per_token * spec.pack.seq_length
-    shard_of, shards = shard_layout(plan, row_bytes, spec.layout)
+    return row_media + per_token * spec.pack.seq_length
 
+
+def _write_tables(spec: RunSpec, plan: PackResult, shard_of: np.ndarray) -> None:
+    """The plan and the layout tables, published in place (the old record removed first)."""
     make_dirs(spec.stages)
     spec.plan_record.unlink(missing_ok=True)  # an old record must never vouch for half-replaced files
     tmp_plan, tmp_layout = (staging_file(p) for p in (spec.plan_table, spec.layout_table))
@@ -235,25 +250,3 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> dict[str, A
     )
     publish(tmp_plan, spec.plan_table)
     publish(tmp_layout, spec.layout_table)
-    crash_point("pack", 0)
-    n_input = int(offsets[-1])
-    if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings
-        write_json_atomic(
-            spec.measure_dir / MEASURE_KEY_FILE, {**spec.summary["measure_key"], "input": n_input}
-        )
-    record = {
-        "key": key,
-        "input": n_input,
-        "measured": table.num_rows,  # less the duplicates dropped: as if the input were read as one part
-        "dropped_duplicates": sorted({r.sample_index for r in dup_rejects} - set(superseded)),
-        "parts": [r["number"] for r in records],
-        "offsets": offsets.tolist(),
-        "rejects": [r.to_json() for r in pack_rejects + dup_rejects],
-        # measure rejects (by sample index) that the duplicate-id rejects replace
-        "superseded_rejects": superseded,
-        "stats": plan.stats,
-        "num_rows": plan.num_rows,
-        "shards": shards,
-    }
-    write_json_atomic(spec.plan_record, record)
-    return record

@@ -6,13 +6,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..measure import MeasureConfig
 from ..media.remote import DEFAULT_REMOTE, RemoteSettings
 from ..plan import PackConfig
 from .model_files import ShippedModel
 from .storage import STAGES_DIR, output_path
 
 REJECTS_FILE = "rejects.jsonl"
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """Everything a worker needs to measure samples; plain data so it can cross process boundaries."""
+
+    profile: str
+    tokenizer: str
+    media_root: str | None  # None: no relative media paths (every reference embedded or absolute)
+    align: int = 1
+    profile_options: dict[str, Any] = field(default_factory=dict)
+    mrope: bool = False
+    max_tokens: int | None = None  # the row length: longer samples may be rejected before tokenizing
+    media_allow_roots: tuple[str, ...] = ()  # folders outside the media root that symlinks may point into
+    remote: RemoteSettings = DEFAULT_REMOTE  # how media URLs are fetched (timeouts, private addresses)
+    # the config's cost-model overrides (profiles.cost); None: no cost columns (the profile has no model)
+    cost: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Write stage: one shard's planned rows -> media materialised at the model's target size -> its tar.
 
+Each row is its samples side by side (``assemble_row``), each padded to a multiple of the alignment.
+
 A unit is one shard of the pack stage's layout: its rows are known before writing, so any worker (a local
 process, a Ray actor, a Slurm task) writes it to the same bytes, and writes only it. A sample whose media
 fails to decode here is rejected with its reason and its row is rebuilt from the remaining samples. The
@@ -12,9 +14,9 @@ import io
 import json
 import mmap
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,31 +24,123 @@ import numpy as np
 import pyarrow as pa
 
 from .. import progress
+from ..alignment import pad_to_multiple
 from ..dataset.codec import encode_row, view_npy, view_npz
-from ..dataset.contract import row_invariant_errors
+from ..dataset.contract import IGNORE_INDEX, MediaItem, PackedRowArrays, row_invariant_errors
 from ..dataset.shards import ShardWriter
 from ..errors import Reject, SampleReject, sample_failed
-from ..measure import sample_arrays
 from ..media.probe import materialize
 from ..media.sources import resolve_source
 from ..profiles import get_profile, profile_class
 from ..profiles.base import MediaPlan
-from ..rows import SequenceInput, assemble_row
-from .measure import part_files
+from .measure import part_files, sample_arrays
 from .records import (
-    crash_point,
+    PlannedShard,
+    PlanRecord,
+    ShardRecord,
     digest,
     file_unchanged,
     file_xxh3,
     output_stamp,
-    read_record,
-    write_json_atomic,
 )
 from .spec import RunSpec, WriteSettings
-from .storage import is_local, local_file, make_dirs, publish, read_parquet, remove_partials, staging_file
+from .storage import is_local, local_file, publish, read_parquet, remove_partials, staging_file
+from .unit import Stage, run_once
 
 # ``ModelProfile.store_media``: a decoded item's arrays -> the arrays stored for it.
 MediaStore = Callable[[MediaPlan, Any], Mapping[str, np.ndarray]]
+
+
+# ---- row assembly: measured sequences side by side in one fixed-width THD row
+
+
+@dataclass
+class SequenceInput:
+    """One measured sample as the row assembler needs it."""
+
+    sample_id: str
+    input_ids: np.ndarray  # int32 [L]
+    labels: np.ndarray  # int32 [L]
+    media: list[tuple[MediaPlan, tuple[int, int, int, int], str]] = field(default_factory=list)
+    # (plan, span (start, end, placeholder_start, num_placeholders), tar part name)
+    mrope_position_ids: np.ndarray | None = None  # int32 [3, L]
+
+
+def assemble_row(
+    seqs: Sequence[SequenceInput], seq_length: int, align: int, pad_token_id: int
+) -> PackedRowArrays:
+    """Sequences side by side in one fixed-width THD row, each padded to a multiple of ``align``; the row
+    tail joins the last sequence's padding so ``cu_seqlens_padded[-1] == seq_length`` (TE's CP
+    partitioning needs the boundaries to cover the row)."""
+    if not seqs:
+        raise ValueError("a row needs at least one sequence")
+    lengths = np.array([len(s.input_ids) for s in seqs], dtype=np.int64)
+    padded = np.array([pad_to_multiple(int(n), align) for n in lengths], dtype=np.int64)
+    if padded.sum() > seq_length:
+        raise ValueError(f"sequences need {int(padded.sum())} positions, row has {seq_length}")
+    padded[-1] += seq_length - padded.sum()
+    cu = np.zeros(len(seqs) + 1, dtype=np.int32)
+    cup = np.zeros(len(seqs) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    np.cumsum(padded, out=cup[1:])
+
+    tokens = np.full(seq_length, pad_token_id, dtype=np.int32)
+    labels = np.full(seq_length, IGNORE_INDEX, dtype=np.int32)
+    padding_mask = np.ones(seq_length, dtype=bool)
+    position_ids = np.empty(seq_length, dtype=np.int32)
+    with_mrope = all(s.mrope_position_ids is not None for s in seqs)
+    mrope = np.empty((3, seq_length), dtype=np.int32) if with_mrope else None
+    media: list[MediaItem] = []
+    for i, s in enumerate(seqs):
+        a, n, p = int(cup[i]), int(lengths[i]), int(padded[i])
+        tokens[a : a + n] = s.input_ids
+        labels[a : a + n] = s.labels
+        padding_mask[a : a + n] = False
+        # Gap positions continue last+1 so rotary embeddings stay monotone inside the padded sequence.
+        position_ids[a : a + p] = np.arange(p, dtype=np.int32)
+        if mrope is not None:
+            mrope[:, a : a + n] = s.mrope_position_ids
+            nxt = int(s.mrope_position_ids.max()) + 1 if n else 0
+            mrope[:, a + n : a + p] = np.arange(nxt, nxt + p - n, dtype=np.int32)
+        media.extend(_media_items(s, i, a))
+    loss_mask = (labels != IGNORE_INDEX).astype(np.int32)
+    return PackedRowArrays(
+        tokens=tokens,
+        labels=labels,
+        loss_mask=loss_mask,
+        position_ids=position_ids,
+        padding_mask=padding_mask,
+        cu_seqlens=cu,
+        cu_seqlens_padded=cup,
+        sample_ids=[s.sample_id for s in seqs],
+        media=media,
+        mrope_position_ids=mrope,
+    )
+
+
+_NOT_INFO = ("kind", "num_tokens", "grid_thw", "truncate")  # a media item's own fields, or the writer's
+
+
+def _media_items(seq: SequenceInput, i: int, start_pos: int) -> list[MediaItem]:
+    """The media of sequence ``i`` of a row, placed at its start position ``start_pos``."""
+    items = []
+    for plan, (start, end, ph_start, n_ph), part in seq.media:
+        # (``truncate`` is the writer's instruction; a family records it in its own ``info`` if at all)
+        info = {k: v for k, v in plan.to_json().items() if k not in _NOT_INFO}
+        items.append(
+            MediaItem(
+                kind=plan.kind,
+                part=part,
+                sample_index=i,
+                token_start=start_pos + ph_start,
+                num_tokens=n_ph,
+                block_start=start_pos + start,
+                block_end=start_pos + end,
+                grid_thw=None if plan.grid_thw is None else list(plan.grid_thw),
+                info={k: v for k, v in info.items() if v not in (None, 0, {})},
+            )
+        )
+    return items
 
 
 @dataclass
@@ -207,7 +301,7 @@ class MeasuredParts:
 
 @dataclass
 class _PlanView:
-    record: dict[str, Any]
+    record: PlanRecord
     row_ptr: np.ndarray
     sample_index: np.ndarray
     shard_of: np.ndarray
@@ -219,17 +313,17 @@ _PLANS: dict[str, _PlanView] = {}
 
 def _plan_view(spec: RunSpec) -> _PlanView:
     """The plan, the layout and the measured parts, loaded once per process and plan."""
-    record = json.loads(spec.plan_record.read_text())
-    view = _PLANS.get(record["key"])
+    record = PlanRecord.from_json(json.loads(spec.plan_record.read_text()))
+    view = _PLANS.get(record.key)
     if view is None:
         plan = read_parquet(spec.plan_table)
         rows = plan.column("row").to_numpy()
-        row_ptr = np.searchsorted(rows, np.arange(record["num_rows"] + 1)).astype(np.int64)
+        row_ptr = np.searchsorted(rows, np.arange(record.num_rows + 1)).astype(np.int64)
         shard_of = read_parquet(spec.layout_table).column("shard").to_numpy()
-        samples = MeasuredParts(spec.measure_dir, record["parts"], np.asarray(record["offsets"]))
+        samples = MeasuredParts(spec.measure_dir, record.parts, np.asarray(record.offsets))
         view = _PlanView(record, row_ptr, plan.column("sample_index").to_numpy(), shard_of, samples)
         _PLANS.clear()  # one plan at a time: a replanned run drops the old mappings
-        _PLANS[record["key"]] = view
+        _PLANS[record.key] = view
     return view
 
 
@@ -254,32 +348,37 @@ def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     return buf.getvalue()
 
 
-def shard_key(spec: RunSpec, plan_key: str, shard: dict[str, Any]) -> str:
-    return digest({"plan": plan_key, "write": spec.write, "shard": shard})
+def shard_key(spec: RunSpec, plan_key: str, shard: PlannedShard) -> str:
+    return digest({"plan": plan_key, "write": spec.write, "shard": shard.to_json()})
 
 
 def shard_record_path(spec: RunSpec, number: int) -> Path:
     return spec.write_dir / f"shard-{number:06d}.json"
 
 
-def shard_done(spec: RunSpec, record: dict[str, Any] | None, *, check_bytes: bool = False) -> bool:
+def read_shard_record(spec: RunSpec, plan: PlanRecord, number: int) -> ShardRecord | None:
+    """Shard ``number``'s record when it was made for this plan and settings; None when it is not."""
+    return WRITE.current(spec, plan, number)
+
+
+def shard_done(spec: RunSpec, record: ShardRecord | None, *, check_bytes: bool = False) -> bool:
     """A recorded shard whose tar and index are in place with the recorded size; with ``check_bytes``, also
     unchanged since recorded: their recorded stamps (a ``stat``), or else their recorded xxh3-128 checksums
     (a read of the shard), since a damaged shard can keep its size."""
     if record is None:
         return False
-    info = record["shard"]
+    info = record.shard
     if info is None:
         return True
-    tar = spec.out / info["path"]
+    tar = spec.out / info.path
     idx = tar.with_name(f"{tar.name}.idx")
-    if not (tar.is_file() and tar.stat().st_size == info["num_bytes"] and idx.is_file()):
+    if not (tar.is_file() and tar.stat().st_size == info.num_bytes and idx.is_file()):
         return False
     if not check_bytes:
         return True
-    stamps = record.get("stamps") or {}
-    return file_unchanged(tar, info["num_bytes"], info.get("xxh3_128"), stamps.get("tar")) and file_unchanged(
-        idx, idx.stat().st_size, record.get("index_xxh3"), stamps.get("idx")
+    stamps = record.stamps or {}
+    return file_unchanged(tar, info.num_bytes, info.xxh3_128, stamps.get("tar")) and file_unchanged(
+        idx, idx.stat().st_size, record.index_xxh3, stamps.get("idx")
     )
 
 
@@ -305,29 +404,53 @@ def _built_ahead(build: Callable[[int], RowResult], rows: list[int], ahead: int 
                 f.cancel()
 
 
-def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
+def write_shard(spec: RunSpec, number: int) -> ShardRecord:
     """Write one shard of the layout (or keep it when its record matches); returns its record."""
     view = _plan_view(spec)
-    shard = view.record["shards"][number]
-    key = shard_key(spec, view.record["key"], shard)
+    return run_once(
+        "write",
+        number,
+        shard_record_path(spec, number),
+        shard_key(spec, view.record.key, view.record.shards[number]),
+        ShardRecord.from_json,
+        lambda record: shard_done(spec, record, check_bytes=True),
+        lambda: _write(spec, view, number),
+    )[0]
+
+
+def _write(spec: RunSpec, view: _PlanView, number: int) -> ShardRecord:
+    """Shard ``number`` written and published with its index; its record (keyed by ``run_once``)."""
     path = shard_record_path(spec, number)
-    record = read_record(path, key)
-    if shard_done(spec, record, check_bytes=True):
-        return record  # type: ignore[return-value]
     remove_partials(spec.write_dir, f"{path.name}.*")  # this unit's record, half-written by a killed run
     # in a folder the shard is written in place (under a temporary name); for an object store it is
     # built in a local staging folder and uploaded whole
-    local_root = spec.out if is_local(spec.out) else staging_file(spec.out / shard["path"]).parent / "root"
+    shard = view.record.shards[number]
+    local_root = spec.out if is_local(spec.out) else staging_file(spec.out / shard.path).parent / "root"
+    record = _write_rows(spec, view, number, local_root)
+    if record.shard is None:
+        return record
+    name = record.shard.path
+    record.index_xxh3 = file_xxh3(local_root / f"{name}.idx")
+    if not is_local(spec.out):  # the index first: a present tar always has its index
+        for file in (f"{name}.idx", name):
+            publish(local_root / file, spec.out / file)
+    tar = spec.out / name
+    record.stamps = {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))}
+    return record
+
+
+def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -> ShardRecord:
+    """Shard ``number``'s rows built and written into a tar under ``local_root``; its record's counts."""
+    shard = view.record.shards[number]
     writer = ShardWriter(
         local_root,
-        shard["prefix"],
+        shard.prefix,
         max_bytes=1 << 62,  # one shard: the layout already cut the rows
-        split=shard["split"],
+        split=shard.split,
         checksums=spec.write.shard_checksums,
-        first_number=shard["index"],
+        first_number=shard.index,
     )
-    rejects: list[Reject] = []
-    rows_written = samples_written = real_tokens = 0
+    record = ShardRecord("", number, None, None, None, [], 0, 0, 0)
     store = _media_store(spec)
 
     def build(r: int) -> RowResult:
@@ -338,39 +461,37 @@ def write_shard(spec: RunSpec, number: int) -> dict[str, Any]:
     try:
         for res in rows:
             progress.advance("write", number, 1)
-            rejects.extend(res.rejects)
+            record.rejects.extend(res.rejects)
             if res.parts is not None:
                 writer.write(res.key, res.parts)
-                rows_written += 1
-                samples_written += res.num_samples
-                real_tokens += res.real_tokens
+                record.rows_written += 1
+                record.samples_written += res.num_samples
+                record.real_tokens += res.real_tokens
     except BaseException:
         rows.close()  # stop the build-ahead thread now, not when the traceback is collected
         writer.abort()
         raise
     infos = writer.close()
     pa.default_memory_pool().release_unused()
-    index_xxh3 = file_xxh3(local_root / f"{infos[0].path}.idx") if infos else None
-    if infos and not is_local(spec.out):  # the index first: a present tar always has its index
-        for name in (f"{infos[0].path}.idx", infos[0].path):
-            publish(local_root / name, spec.out / name)
-    crash_point("write", number)
-    tar = spec.out / infos[0].path if infos else None
-    record = {
-        "key": key,
-        "number": number,
-        "shard": asdict(infos[0]) if infos else None,
-        # the index's checksum (the tar's is in the shard info): a resumed run checks both
-        "index_xxh3": index_xxh3,
-        # what lets a resumed run trust the shard without reading it (see records.output_stamp)
-        "stamps": {"tar": output_stamp(tar), "idx": output_stamp(tar.with_name(f"{tar.name}.idx"))}
-        if tar
-        else None,
-        "rejects": [r.to_json() for r in rejects],
-        "rows_written": rows_written,
-        "samples_written": samples_written,
-        "real_tokens": real_tokens,
-    }
-    make_dirs(spec.write_dir)
-    write_json_atomic(path, record)
+    record.shard = infos[0] if infos else None
     return record
+
+
+def _plan(plan: PlanRecord | None) -> PlanRecord:
+    if plan is None:
+        raise AssertionError("the write stage's units come from the plan")
+    return plan
+
+
+WRITE: Stage[ShardRecord] = Stage(
+    "write",
+    units=lambda spec, plan: [s.number for s in _plan(plan).shards],
+    key=lambda spec, plan, number: shard_key(spec, _plan(plan).key, _plan(plan).shards[number]),
+    record_path=shard_record_path,
+    load=ShardRecord.from_json,
+    run=write_shard,
+    size=lambda spec, plan, number: _plan(plan).shards[number].rows,
+    item="rows",
+    bar_item="rows",
+    describe=lambda spec, units, total: f"{total:,} rows in {len(units)} shard(s)",
+)
