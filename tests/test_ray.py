@@ -102,7 +102,7 @@ def test_a_run_whose_actor_is_killed_mid_measure_gives_the_same_bytes(
     """``kill -9`` of one actor while it runs a unit, once in the measure stage and once in the write stage:
     the unit runs again on another worker (a new actor replaces the dead one) and the run finishes with the
     bytes of an uninterrupted run."""
-    import omnipack.executors
+    import omnipack.pipeline
     from omnipack.executors.ray import RayExecutor
 
     killed: dict[str, int] = {}  # stage function -> the pid killed in it
@@ -118,7 +118,7 @@ def test_a_run_whose_actor_is_killed_mid_measure_gives_the_same_bytes(
                     os.kill(running[0], signal.SIGKILL)
                 yield unit, record
 
-    monkeypatch.setattr(omnipack.executors, "make_executor", lambda name, workers, address: KillsAnActor(workers))
+    monkeypatch.setattr(omnipack.pipeline, "make_executor", lambda name, workers, address: KillsAnActor(workers))
     out = tmp_path / "killed"
     # part_lines 4: 17 measure units, so the kill comes with units still to run
     run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2, part_lines=4))

@@ -91,7 +91,11 @@ class RayExecutor(Executor):
         self._start_error: BaseException | None = None
         # The cluster (seconds: its processes, then the actors' imports) comes up in the background while the
         # driver splits the input and loads the tokenizer; the first use of the workers waits for it.
-        self._start_thread: threading.Thread | None = threading.Thread(
+        self._ready = threading.Event()
+        # The starting thread lives as long as the cluster: Ray starts its processes with PR_SET_PDEATHSIG,
+        # which kills them when the thread that started them ends (not the process).
+        self._release = threading.Event()
+        self._start_thread = threading.Thread(
             target=self._start, args=(address,), name="omnipack-ray-start", daemon=True
         )
         self._start_thread.start()
@@ -103,6 +107,9 @@ class RayExecutor(Executor):
                 self._start_actor()
         except BaseException as e:  # raised in the caller's thread, at the first use of the workers
             self._start_error = e
+        finally:
+            self._ready.set()
+        self._release.wait()
 
     def _connect(self, address: str | None) -> None:
         if address is None and not os.environ.get("RAY_ADDRESS"):
@@ -139,9 +146,7 @@ class RayExecutor(Executor):
 
     def _wait_started(self) -> None:
         """Wait for the background start (the cluster, the actors' creation); raise what it raised."""
-        if self._start_thread is not None:
-            self._start_thread.join()
-            self._start_thread = None
+        self._ready.wait()
         if self._start_error is not None:
             raise self._start_error
 
@@ -244,12 +249,12 @@ class RayExecutor(Executor):
                 k += 1
 
     def close(self, *, abort: bool = False) -> None:
-        if self._start_thread is not None:  # a start cannot be cut short: let it end, then undo it
-            self._start_thread.join()
-            self._start_thread = None
+        self._ready.wait()  # a start cannot be cut short: let it end, then undo it
         for actor in [*self._starting.values(), *self._pids]:  # placed ones: idle or running a unit
             ray.kill(actor)
         self._idle, self._starting, self._pids = [], {}, {}
         if self._started:
             ray.shutdown()
             self._started = False
+        self._release.set()
+        self._start_thread.join()
