@@ -412,7 +412,6 @@ def timed_run(executor: str, out: Path, n: int) -> dict[str, float]:
     """A whole run in a fresh process: seconds per phase, from the process's start to its exit."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     env.pop("RAY_ADDRESS", None)  # Ray starts a cluster of its own, as a CLI run without --ray-address does
-    cpu0 = _children_cpu_s()
     t0 = time.time()
     res = subprocess.run(
         [sys.executable, __file__, "--run-child", executor, str(out), str(n)],
@@ -425,29 +424,18 @@ def timed_run(executor: str, out: Path, n: int) -> dict[str, float]:
     edges = [t0, stamps["measure"], stamps["pack"], stamps["write"], stamps["finalize"], stamps["finalize_end"], t1]
     times = {name: edges[i + 1] - edges[i] for i, name in enumerate(PHASES)}
     times["whole"] = t1 - t0
-    # CPU seconds of the run's whole process tree (the Ray cluster's processes and actors, the pool workers:
-    # each reaped by its parent), less sensitive than wall time to what else the machine runs
-    times["cpu"] = _children_cpu_s() - cpu0
     return times
-
-
-def _children_cpu_s() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def ray_overhead(n: int, pairs: int) -> None:
     """Ray x2 against local x2 on the text corpus: whole runs, each in a fresh process (start-up counted:
     interpreter, imports, the Ray cluster's start and its actors'), ``pairs`` times in turn (the machine is
-    shared); the median per phase and whole run of the pairs' ratios (wall time; and the CPU seconds of each
-    run's process tree), the load average before and after."""
+    shared); the median per phase and whole run of the pairs' ratios, the load average before and after."""
     work = CACHE / "runs"
     build_corpus("text", n)
     tokenizer()
     load_before = os.getloadavg()
-    ratios: dict[str, list[float]] = {k: [] for k in (*PHASES, "whole", "cpu")}
+    ratios: dict[str, list[float]] = {k: [] for k in (*PHASES, "whole")}
     seconds: dict[str, list[dict[str, float]]] = {"local": [], "ray": []}
     for i in range(pairs):
         runs = {}
@@ -474,8 +462,7 @@ def ray_overhead(n: int, pairs: int) -> None:
     for k, r in ratios.items():
         lo_s = float(np.median([s[k] for s in seconds["local"]]))
         ra_s = float(np.median([s[k] for s in seconds["ray"]]))
-        name = "whole run, CPU s of all its processes" if k == "cpu" else k
-        print(f"| {name} | {lo_s:.2f} | {ra_s:.2f} | {float(np.median(r)):.2f}x | {min(r):.2f}x | {max(r):.2f}x |")
+        print(f"| {k} | {lo_s:.2f} | {ra_s:.2f} | {float(np.median(r)):.2f}x | {min(r):.2f}x | {max(r):.2f}x |")
 
 
 def main() -> None:
