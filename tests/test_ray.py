@@ -284,16 +284,18 @@ def test_a_run_starts_its_cluster_while_the_driver_splits_the_input(
 
     ray.shutdown()  # the module's one-node Ray (if it ran): this run starts its own cluster
     ray_init = ray.init
+    init_called = threading.Event()
 
     def slow_init(*args, **kwargs):  # a cluster slower to start than the split
+        init_called.set()
         time.sleep(3)
         return ray_init(*args, **kwargs)
 
     build_spec = pipeline.build_spec
-    cluster_up_at_split: list[bool] = []
+    starting_at_split: list[bool] = []  # the cluster's start under way (begun, not done) when the split begins
 
     def split(cfg):
-        cluster_up_at_split.append(ray.is_initialized())
+        starting_at_split.append(init_called.wait(10) and not ray.is_initialized())
         return build_spec(cfg)
 
     monkeypatch.setattr(ray, "init", slow_init)
@@ -304,7 +306,7 @@ def test_a_run_starts_its_cluster_while_the_driver_splits_the_input(
         assert not ray.is_initialized()  # the cluster the run started is gone with the run
     finally:
         ray.shutdown()
-    assert cluster_up_at_split == [False]
+    assert starting_at_split == [True]
     assert dataset_bytes(out) == reference
 
 
