@@ -521,26 +521,31 @@ def run_prepare(
             say(f"removed {removed} half-written file(s) (*.partial) of a killed run")
         if state == "resume":
             say(f"resuming the unfinished run in {out}", cfg.progress)
-        say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
-        spec = build_spec(cfg)
-        say(f"omnipack prepare: {cfg.profile_choice.describe(spec.summary['profile']['settings'])}")
-        reuse = cfg.from_stage == "pack"
-        if reuse and stage in (None, "pack"):
-            _check_measure_reusable(spec.measure_dir, spec.summary["measure_key"])
-        if state == "repack":
-            remove_meta(out)  # first: a dataset in the making never looks whole
-        return _run_stages(cfg, spec, stage, rank, world_size, reuse)
+        # made before the split: a Ray cluster and its actors start in the background meanwhile
+        executor = None
+        if stage in (None, "measure", "write"):
+            executor = make_executor(cfg.executor, cfg.workers, cfg.ray_address)
+        try:
+            say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
+            spec = build_spec(cfg)
+            say(f"omnipack prepare: {cfg.profile_choice.describe(spec.summary['profile']['settings'])}")
+            reuse = cfg.from_stage == "pack"
+            if reuse and stage in (None, "pack"):
+                _check_measure_reusable(spec.measure_dir, spec.summary["measure_key"])
+            if state == "repack":
+                remove_meta(out)  # first: a dataset in the making never looks whole
+        except BaseException:
+            if executor is not None:
+                executor.close(abort=True)
+            raise
+        return _run_stages(cfg, spec, stage, rank, world_size, reuse, executor)
 
 
 def _run_stages(
-    cfg: PrepareConfig, spec: RunSpec, stage: str | None, rank: int, world_size: int, reuse: bool
+    cfg: PrepareConfig, spec: RunSpec, stage: str | None, rank: int, world_size: int, reuse: bool, executor: Any
 ) -> dict[str, Any]:
     share = {"enabled": cfg.progress, "rank": rank, "world_size": world_size}
-    with (
-        make_executor(cfg.executor, cfg.workers, cfg.ray_address)
-        if stage in (None, "measure", "write")
-        else contextlib.nullcontext() as executor
-    ):
+    with executor if executor is not None else contextlib.nullcontext():
         if stage in (None, "measure") and not reuse:
             parts = run_mapped(MEASURE, spec, None, executor, **share)
             if stage:

@@ -102,7 +102,7 @@ def test_a_run_whose_actor_is_killed_mid_measure_gives_the_same_bytes(
     """``kill -9`` of one actor while it runs a unit, once in the measure stage and once in the write stage:
     the unit runs again on another worker (a new actor replaces the dead one) and the run finishes with the
     bytes of an uninterrupted run."""
-    import omnipack.executors
+    import omnipack.pipeline
     from omnipack.executors.ray import RayExecutor
 
     killed: dict[str, int] = {}  # stage function -> the pid killed in it
@@ -118,7 +118,7 @@ def test_a_run_whose_actor_is_killed_mid_measure_gives_the_same_bytes(
                     os.kill(running[0], signal.SIGKILL)
                 yield unit, record
 
-    monkeypatch.setattr(omnipack.executors, "make_executor", lambda name, workers, address: KillsAnActor(workers))
+    monkeypatch.setattr(omnipack.pipeline, "make_executor", lambda name, workers, address: KillsAnActor(workers))
     out = tmp_path / "killed"
     # part_lines 4: 17 measure units, so the kill comes with units still to run
     run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2, part_lines=4))
@@ -268,3 +268,58 @@ def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, de
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def import_path_and_env(spec, unit):
+    """A unit function that reports the import path its worker got and the runtime env it runs in."""
+    return os.environ.get("PYTHONPATH"), dict(ray.get_runtime_context().runtime_env)
+
+
+def test_a_run_starts_its_cluster_while_the_driver_splits_the_input(
+    tmp_path, reference, demo_tokenizer, demo_corpus, monkeypatch
+):
+    """The cluster's start (seconds: its processes, then the actors') overlaps the driver's split of the input
+    and its tokenizer load: a run that starts its own cluster is already splitting while Ray still starts."""
+    import omnipack.pipeline as pipeline
+
+    ray.shutdown()  # the module's one-node Ray (if it ran): this run starts its own cluster
+    ray_init = ray.init
+    init_called = threading.Event()
+
+    def slow_init(*args, **kwargs):  # a cluster slower to start than the split
+        init_called.set()
+        time.sleep(3)
+        return ray_init(*args, **kwargs)
+
+    build_spec = pipeline.build_spec
+    starting_at_split: list[bool] = []  # the cluster's start under way (begun, not done) when the split begins
+
+    def split(cfg):
+        starting_at_split.append(init_called.wait(10) and not ray.is_initialized())
+        return build_spec(cfg)
+
+    monkeypatch.setattr(ray, "init", slow_init)
+    monkeypatch.setattr(pipeline, "build_spec", split)
+    out = tmp_path / "ray"
+    try:
+        run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2))
+        assert not ray.is_initialized()  # the cluster the run started is gone with the run
+    finally:
+        ray.shutdown()
+    assert starting_at_split == [True]
+    assert dataset_bytes(out) == reference
+
+
+def test_a_cluster_of_its_own_gives_the_actors_the_import_path_without_a_runtime_env():
+    """A cluster the run starts inherits the driver's environment (PYTHONPATH: the same omnipack); a
+    runtime_env would make every actor wait for a worker started for it instead of one started in advance."""
+    from omnipack.executors.ray import RayExecutor
+
+    ray.shutdown()
+    assert os.environ.get("PYTHONPATH")  # the tests run with the worktree on the import path
+    try:
+        with RayExecutor(workers=2, address="local") as ex:
+            seen = {(path, "env_vars" in env) for path, env in ex.map(import_path_and_env, None, [0, 1, 2, 3])}
+    finally:
+        ray.shutdown()
+    assert seen == {(os.environ["PYTHONPATH"], False)}

@@ -10,8 +10,10 @@ so a rerun unit gives the same bytes. Imported only when ``--executor ray`` is c
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -33,11 +35,24 @@ def _warn(message: str) -> None:
     print(f"omnipack prepare: ray: {message}", file=sys.stderr, flush=True)
 
 
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
 @ray.remote(num_cpus=1)
 class _UnitWorker:
     def __init__(self) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one CPU per actor
         self._spec: tuple[str, Any] | None = None
+        # the stages' imports (the tokenizer library, Arrow, the media decoders) while the driver still
+        # splits the input, not in the first unit
+        import omnipack.stages.measure  # noqa: F401
+        import omnipack.stages.write  # noqa: F401
 
     def get_pid(self) -> int:
         """This actor's process id; its answer also says that the actor is placed and running."""
@@ -68,32 +83,78 @@ class RayExecutor(Executor):
 
     def __init__(self, workers: int = 1, address: str | None = None) -> None:
         self._started = False
+        self._requested = max(1, int(workers))
+        self._idle: list[Any] = []  # placed actors without a unit
+        self._starting: dict[Any, Any] = {}  # get_pid reference -> actor not yet known to be placed
+        self._pids: dict[Any, int] = {}  # placed actor -> its process id
+        self._failed_starts = 0  # actors in a row that died before they were placed
+        self._start_error: BaseException | None = None
+        # The cluster (seconds: its processes, then the actors' imports) comes up in the background while the
+        # driver splits the input and loads the tokenizer; the first use of the workers waits for it.
+        self._ready = threading.Event()
+        # The starting thread lives as long as the cluster: Ray starts its processes with PR_SET_PDEATHSIG,
+        # which kills them when the thread that started them ends (not the process).
+        self._release = threading.Event()
+        self._start_thread = threading.Thread(
+            target=self._start, args=(address,), name="omnipack-ray-start", daemon=True
+        )
+        self._start_thread.start()
+
+    def _start(self, address: str | None) -> None:
+        try:
+            self._connect(address)
+            for _ in range(self._workers):
+                self._start_actor()
+        except BaseException as e:  # raised in the caller's thread, at the first use of the workers
+            self._start_error = e
+        finally:
+            self._ready.set()
+        self._release.wait()
+
+    def _connect(self, address: str | None) -> None:
         if address is None and not os.environ.get("RAY_ADDRESS"):
             # not ray.init's own default, which joins the cluster last started on this machine
             # (/tmp/ray/ray_current_cluster), still running or not
             address = "local"
         if not ray.is_initialized():
-            # the driver's import path goes to the workers, so they import the same omnipack
+            # the driver's import path goes to the workers, so they import the same omnipack; a cluster this
+            # process starts inherits its environment (a runtime_env would make each actor wait for a worker
+            # started for it, seconds, instead of taking one the cluster started in advance)
             env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-            ray.init(address=address, include_dashboard=False, runtime_env={"env_vars": env} if env else None)
+            runtime_env = {"env_vars": env} if env and address != "local" else None
+            # from this thread Ray leaves the SIGTERM handler as it is (the run's lease handles SIGTERM) and
+            # warns that it does: not the user's concern
+            worker_log = logging.getLogger("ray._private.worker")
+            quiet = _DropMessage("SIGTERM handler is not set")
+            worker_log.addFilter(quiet)
+            try:
+                ray.init(address=address, include_dashboard=False, runtime_env=runtime_env)
+            finally:
+                worker_log.removeFilter(quiet)
             self._started = True
             node = getattr(ray._private.worker, "_global_node", None)  # None for a Ray Client (ray://)
             started = node is not None and node.is_head()
             _warn(f"{'started a local Ray cluster' if started else 'joined the Ray cluster'} {cluster_line()}")
         else:
             _warn(f"using the Ray cluster this process is on, {cluster_line()}")
-        requested = max(1, int(workers))
+        requested = self._requested
         cpus = int(ray.cluster_resources().get("CPU", 0))
-        self.workers = min(requested, cpus) if cpus >= 1 else requested
-        if self.workers < requested:
+        self._workers = min(requested, cpus) if cpus >= 1 else requested
+        if self._workers < requested:
             # an actor the cluster cannot place would wait for a CPU that never comes
-            _warn(f"--workers {requested} is more than the cluster's {cpus} CPUs: running {self.workers} workers")
-        self._idle: list[Any] = []  # placed actors without a unit
-        self._starting: dict[Any, Any] = {}  # get_pid reference -> actor not yet known to be placed
-        self._pids: dict[Any, int] = {}  # placed actor -> its process id
-        self._failed_starts = 0  # actors in a row that died before they were placed
-        for _ in range(self.workers):
-            self._start_actor()
+            _warn(f"--workers {requested} is more than the cluster's {cpus} CPUs: running {self._workers} workers")
+
+    def _wait_started(self) -> None:
+        """Wait for the background start (the cluster, the actors' creation); raise what it raised."""
+        self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    @property
+    def workers(self) -> int:  # type: ignore[override]
+        """How many actors run the units (``--workers``, capped at the cluster's CPUs)."""
+        self._wait_started()
+        return self._workers
 
     def _start_actor(self) -> None:
         actor = _UnitWorker.remote()
@@ -106,7 +167,7 @@ class RayExecutor(Executor):
             self._pids[actor] = ray.get(ref)
         except RayActorError as e:
             self._failed_starts += 1
-            if self._failed_starts > self.workers + 3:  # not a lost node: no actor can start on this cluster
+            if self._failed_starts > self._workers + 3:  # not a lost node: no actor can start on this cluster
                 raise RuntimeError(f"ray: {self._failed_starts} workers in a row died before they started: {e}") from e
             self._replace(actor)
         else:
@@ -120,11 +181,13 @@ class RayExecutor(Executor):
 
     def worker_pids(self) -> list[int]:
         """The process ids of the placed actors."""
+        self._wait_started()
         return list(self._pids.values())
 
     def wait_for_workers(self, timeout: float | None = None) -> int:
         """Wait until every actor is placed (or ``timeout`` seconds); returns how many are."""
         end = None if timeout is None else time.monotonic() + timeout
+        self._wait_started()
         while self._starting:
             left = None if end is None else max(0.0, end - time.monotonic())
             ready, _ = ray.wait(list(self._starting), num_returns=1, timeout=left)
@@ -134,6 +197,7 @@ class RayExecutor(Executor):
         return len(self._pids)
 
     def map_unordered(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[tuple[Any, Any]]:
+        self._wait_started()
         box = [ray.put(spec)]
         todo = deque(units)
         tries: Counter = Counter()
@@ -185,9 +249,12 @@ class RayExecutor(Executor):
                 k += 1
 
     def close(self, *, abort: bool = False) -> None:
+        self._ready.wait()  # a start cannot be cut short: let it end, then undo it
         for actor in [*self._starting.values(), *self._pids]:  # placed ones: idle or running a unit
             ray.kill(actor)
         self._idle, self._starting, self._pids = [], {}, {}
         if self._started:
             ray.shutdown()
             self._started = False
+        self._release.set()
+        self._start_thread.join()
