@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -310,13 +311,14 @@ def test_a_run_starts_its_cluster_while_the_driver_splits_the_input(
     assert dataset_bytes(out) == reference
 
 
-def test_a_cluster_of_its_own_gives_the_actors_the_import_path_without_a_runtime_env():
+def test_a_cluster_of_its_own_gives_the_actors_the_import_path_without_a_runtime_env(monkeypatch):
     """A cluster the run starts inherits the driver's environment (PYTHONPATH: the same omnipack); a
     runtime_env would make every actor wait for a worker started for it instead of one started in advance."""
     from omnipack.executors.ray import RayExecutor
 
     ray.shutdown()
-    assert os.environ.get("PYTHONPATH")  # the tests run with the worktree on the import path
+    # the import path the driver runs with (a checkout on PYTHONPATH, as a developer's), which actors inherit
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
     try:
         with RayExecutor(workers=2, address="local") as ex:
             seen = {(path, "env_vars" in env) for path, env in ex.map(import_path_and_env, None, [0, 1, 2, 3])}
