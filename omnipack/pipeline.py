@@ -475,11 +475,8 @@ def run_mapped(
         return _run_units(executor, stage.run, spec, units, bar)
 
 
-def run_prepare(
-    cfg: PrepareConfig, *, stage: str | None = None, rank: int = 0, world_size: int = 1
-) -> dict[str, Any]:
-    """Run all stages into ``cfg.output`` (or, with ``stage``, that stage's units ``rank::world_size``);
-    returns the run summary (also stored in omnipack.json), or a staged piece's counts."""
+def _check_run_arguments(cfg: PrepareConfig, stage: str | None, rank: int, world_size: int) -> None:
+    """One-line errors for a stage, rank or option combination no run can take."""
     if stage is not None and stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
     if not 0 <= rank < world_size:
@@ -489,6 +486,14 @@ def run_prepare(
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
+
+
+def run_prepare(
+    cfg: PrepareConfig, *, stage: str | None = None, rank: int = 0, world_size: int = 1
+) -> dict[str, Any]:
+    """Run all stages into ``cfg.output`` (or, with ``stage``, that stage's units ``rank::world_size``);
+    returns the run summary (also stored in omnipack.json), or a staged piece's counts."""
+    _check_run_arguments(cfg, stage, rank, world_size)
     # credentials and permissions of every store the run uses, before any work (one line, no retries)
     # (not an HTTP(S) media root: a web server's answer for a folder URL, often 403 or 404, says nothing about
     # its files, and HTTP media carry no credentials of the run)

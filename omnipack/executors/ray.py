@@ -19,6 +19,9 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from typing import Any
 
+# The stages load with this module (the tokenizer library, Arrow, the media decoders), so an actor pays their
+# imports when it starts, while the driver still splits the input, not in its first unit.
+from ..stages import measure as _measure  # noqa: F401
 from .base import Executor, UnitFn
 
 try:
@@ -49,10 +52,6 @@ class _UnitWorker:
     def __init__(self) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one CPU per actor
         self._spec: tuple[str, Any] | None = None
-        # the stages' imports (the tokenizer library, Arrow, the media decoders) while the driver still
-        # splits the input, not in the first unit
-        import omnipack.stages.measure  # noqa: F401
-        import omnipack.stages.write  # noqa: F401
 
     def get_pid(self) -> int:
         """This actor's process id; its answer also says that the actor is placed and running."""
