@@ -58,7 +58,7 @@ def _prepare(out: Path, manifest: Path, media: Path, tokenizer: Path, cap_mb: in
     }  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
     )
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "{}"
     result = json.loads(last)
@@ -108,6 +108,7 @@ def test_a_huge_text_line_costs_a_small_multiple_of_its_size(tmp_path, demo_toke
         tmp_path / "ds", big, media, demo_tokenizer, cap_mb=base_mb + 2 * bound_mb, max_line_bytes=2 * size
     )
     growth = run["peak_mb"] - base_mb
+    print(f"{size // MB} MB text line: peak RSS {run['peak_mb']} MB, {growth} MB over {base_mb} MB without it")
     assert growth < bound_mb, f"peak RSS grew {growth} MB over the run without the line (bound {bound_mb} MB)"
     rejects = _check_accounted(tmp_path / "ds", run["counts"], big)
     assert rejects["huge"]["stage"] == "measure"
@@ -121,6 +122,7 @@ def test_a_line_over_the_byte_limit_is_rejected_unread_with_its_size(tmp_path, d
     limit = 16 << 20
     run = _prepare(tmp_path / "ds", big, media, demo_tokenizer, cap_mb=base_mb + 1000, max_line_bytes=limit)
     growth = run["peak_mb"] - base_mb
+    print(f"100 MB line over a 16 MiB limit: peak RSS {run['peak_mb']} MB, {growth} MB over {base_mb} MB")
     assert growth < GROWTH_PER_BYTE * limit // (1 << 20), f"peak RSS grew {growth} MB reading past the line"
     rejects = _check_accounted(tmp_path / "ds", run["counts"], big)
     reject = rejects["manifest.jsonl:4"]  # unread: no id, the line's place names it
