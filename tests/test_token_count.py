@@ -1,7 +1,8 @@
 """Counting a long text's tokens window by window (``text/token_count``): the count over a prefix is exactly
 the whole text's tokens in that prefix, for the common kinds of tokenizer (byte-level BPE with a split
 pattern, SentencePiece-style Metaspace, WordPiece with a lowercasing normalizer), with added tokens in the
-text; and the chat tokenizer rejects a text over the row length without handing it to the tokenizer whole,
+text, and tokenizers that prefix a text's first word (a prefix space, a Metaspace "first" prepend) where a
+window starts; and the chat tokenizer rejects a text over the row length without handing it to the tokenizer whole,
 while a long text that fits keeps its exact ids and labels."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _train(model, trainer, pre, normalizer=None) -> Tokenizer:
     tok.pre_tokenizer = pre
     if normalizer is not None:
         tok.normalizer = normalizer
-    tok.train_from_iterator([README[:100_000]], trainer)
+    tok.train_from_iterator([README[:40_000]], trainer)
     tok.add_special_tokens([ADDED])
     return tok
 
@@ -52,6 +53,16 @@ def _tokenizers(demo_tokenizer: Path) -> dict[str, Tokenizer]:
         "Metaspace unigram": _train(
             models.Unigram(), trainers.UnigramTrainer(vocab_size=500, unk_token="<unk>", special_tokens=["<unk>"]), pre_tokenizers.Metaspace()
         ),
+        "Metaspace 'first' unigram": _train(
+            models.Unigram(),
+            trainers.UnigramTrainer(vocab_size=500, unk_token="<unk>", special_tokens=["<unk>"]),
+            pre_tokenizers.Metaspace(prepend_scheme="first"),
+        ),
+        "byte-level BPE with a prefix space": _train(
+            models.BPE(),
+            trainers.BpeTrainer(vocab_size=800, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
+            pre_tokenizers.ByteLevel(add_prefix_space=True),
+        ),
         "lowercased WordPiece": _train(
             models.WordPiece(unk_token="[UNK]"),
             trainers.WordPieceTrainer(vocab_size=600, special_tokens=["[UNK]"]),
@@ -61,7 +72,7 @@ def _tokenizers(demo_tokenizer: Path) -> dict[str, Tokenizer]:
     }
 
 
-TEXT = README[100_000:140_000].replace("\n\n", f"\n{ADDED}user\n") + " caf\u00e9 \u4e2d\u6587 \U0001f600 end"
+TEXT = README[40_000:].replace("\n\n", f"\n{ADDED}user\n") + " caf\u00e9 \u4e2d\u6587 \U0001f600 end"
 
 
 @pytest.mark.parametrize("window,margin", [(300, 40), (1000, 64), (4096, 1024)])
@@ -73,7 +84,7 @@ def test_windowed_count_is_the_whole_texts_count(demo_tokenizer, window, margin)
         ends = np.array([b for _, b in whole.offsets])
         assert count_tokens_over(encode, TEXT, n - 1, window, margin) == (n, len(TEXT)), name
         assert count_tokens_over(encode, TEXT, n, window, margin) is None, name  # exactly n: fits
-        for limit in (0, n // 7, n // 2, n - 50):
+        for limit in (0, n // 7, n // 3, n // 2, 2 * n // 3, n - 50):
             over = count_tokens_over(encode, TEXT, limit, window, margin)
             assert over is not None, name
             counted, chars = over
