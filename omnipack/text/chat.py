@@ -33,6 +33,7 @@ from .render import (
     template_messages,
     uses_tools,
 )
+from .token_count import LONG_TEXT_CHARS, count_tokens_over
 from .token_starts import TokenByteStarts
 
 __all__ = ["ChatTokenizer", "EncodedSample", "SampleRejected", "template_messages", "uses_tools"]
@@ -302,6 +303,8 @@ class ChatTokenizer:
             raise SampleRejected(f"the chat template refused the conversation: {e}") from None
         if max_tokens is not None and self.max_chars_per_token is not None:
             self._check_length(full, plans, max_tokens)
+        if max_tokens is not None and len(full) > LONG_TEXT_CHARS:
+            self._check_length_by_windows(full, plans, max_tokens)
         return full, self.supervised_char_spans(msgs, full, tools)
 
     def _finish(
@@ -350,13 +353,29 @@ class ChatTokenizer:
     def _check_length(self, full: str, plans: Sequence[MediaPlan], max_tokens: int) -> None:
         assert self.max_chars_per_token is not None
         text_tokens = -(-len(full) // self.max_chars_per_token)  # no fewer tokens than this
-        # each media block becomes its expansion, which holds at least the plan's placeholders
-        at_least = text_tokens + sum(p.num_tokens - len(self._blocks.get(p.kind, ())) for p in plans)
+        at_least = text_tokens + self._media_extra_tokens(plans)
         if at_least > max_tokens:
             raise SampleRejected(
                 f"over-length: the rendered text of {len(full)} characters is at least {at_least} tokens "
                 f"(a token covers at most {self.max_chars_per_token} characters), over seq_length "
                 f"{max_tokens}; rejected before tokenizing"
+            )
+
+    def _media_extra_tokens(self, plans: Sequence[MediaPlan]) -> int:
+        """Tokens the media blocks add to the rendered text's: each block becomes its expansion, which holds
+        at least the plan's placeholders."""
+        return sum(p.num_tokens - len(self._blocks.get(p.kind, ())) for p in plans)
+
+    def _check_length_by_windows(self, full: str, plans: Sequence[MediaPlan], max_tokens: int) -> None:
+        """Reject a long text that is over ``max_tokens`` counted window by window (``token_count``), before
+        the whole text meets the tokenizer and its memory grows with every token."""
+        over = count_tokens_over(self._tokenize, full, max_tokens - self._media_extra_tokens(plans))
+        if over is not None:
+            tokens, chars = over
+            raise SampleRejected(
+                f"over-length: the rendered text of {len(full)} characters is more than {tokens} tokens "
+                f"(counted over its first {chars} characters), over seq_length {max_tokens}; rejected "
+                "before tokenizing it whole"
             )
 
     def _check_text(
