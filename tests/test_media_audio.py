@@ -282,7 +282,7 @@ def test_nemotron_30s_cap_stores_the_reference_prefix(tmp_path):
     sf.write(str(p), x, 22050, subtype="PCM_16")
     ref = reference_load(p)
     plan = get_profile("nemotron_omni").plan(probe(p, "audio"))
-    assert plan.info["truncated"] and plan.num_audio_samples == 30 * RATE < len(ref)
+    assert plan.truncate and plan.num_audio_samples == 30 * RATE < len(ref)
     stored = _stored(*materialize(p, plan))
     np.testing.assert_array_equal(stored, ref[: 30 * RATE])
     # the writer decodes by the typed storage plan alone: its truncate flag, not the family's info

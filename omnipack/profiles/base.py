@@ -54,11 +54,12 @@ class MediaPlan:
     image_views: tuple[tuple[int, int, int, int], ...] | None = None
     # The resize filter, a PIL resampling name ("bilinear", ...); None: ``omnipack.media.image.RESAMPLE``.
     resample: str | None = None
-    # Audio longer than ``num_audio_samples`` is cut to it (a profile's length cap, e.g. Nemotron's 30 s).
-    truncate: bool = False
+    # Audio under a profile's length cap (e.g. Nemotron's 30 s): whether the clip is longer and cut to
+    # ``num_audio_samples``; None: the profile caps no length. The row's media info records it as "truncated".
+    truncate: bool | None = None
 
     # Optional storage fields, left out of the JSON when unset (plans without them record what they did).
-    _OPTIONAL: ClassVar[dict[str, Any]] = {"image_views": None, "resample": None, "truncate": False}
+    _OPTIONAL: ClassVar[dict[str, Any]] = {"image_views": None, "resample": None, "truncate": None}
 
     @property
     def storage(self) -> StoragePlan:
@@ -72,8 +73,13 @@ class MediaPlan:
             num_audio_samples=self.num_audio_samples if self.kind != "video" or self.audio_num_tokens else None,
             image_views=self.image_views,
             resample=self.resample,
-            truncate=self.truncate,
+            truncate=bool(self.truncate),
         )
+
+    @property
+    def recorded_info(self) -> dict[str, Any]:
+        """The profile's ``info`` as a row's media info records it: with "truncated" under a length cap."""
+        return self.info if self.truncate is None else {**self.info, "truncated": self.truncate}
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

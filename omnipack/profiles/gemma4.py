@@ -581,7 +581,6 @@ class Gemma4Profile(ModelProfile):
             num_audio_samples=n,
             audio_frames=mel_frame_counts(n)[0],
             truncate=truncated,  # the writer cuts the decoded clip to ``num_audio_samples``
-            info={"truncated": truncated},  # the row's record of it (the dataset's media info)
         )
 
     def expand(self, plan: MediaPlan) -> list[Segment]:

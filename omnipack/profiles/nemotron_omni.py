@@ -440,8 +440,7 @@ class NemotronOmniProfile(ModelProfile):
             sample_rate=AUDIO_RATE,
             num_audio_samples=n,
             audio_frames=n // HOP_LENGTH,
-            truncate=truncated,
-            info={"truncated": truncated},  # the row's record of it (the dataset's media info)
+            truncate=truncated,  # the writer cuts the decoded clip to ``num_audio_samples``
         )
 
     # ---- expansion ----
