@@ -275,7 +275,6 @@ def pack_memory_child(n: int, folder: str) -> None:
         layout=ShardLayout(),
         write=WriteSettings("", 8192, 1, 0),
         parts=tuple(parts),
-        summary={"measure_key": {}},
     )
     import gc
 

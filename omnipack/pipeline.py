@@ -38,7 +38,15 @@ from .stages.measure import MEASURE, PART_LINES, PARTS_FILE, load_parts, parts_k
 from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
 from .stages.records import PlanRecord, digest, read_record, write_json_atomic
-from .stages.spec import REJECTS_FILE, STAGES_DIR, MeasureConfig, RunSpec, ShardLayout, WriteSettings
+from .stages.spec import (
+    REJECTS_FILE,
+    STAGES_DIR,
+    MeasureConfig,
+    RunFacts,
+    RunSpec,
+    ShardLayout,
+    WriteSettings,
+)
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
 from .stages.unit import Stage
 from .stages.write import WRITE
@@ -238,7 +246,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         parts=tuple(parts),
         model=tokenizer.shipped,
         model_options=shipped_options,
-        summary=_run_summary(cfg, tokenizer.name, chat, int(pad_id), measure_key),
+        facts=_run_facts(cfg, tokenizer.name, chat, int(pad_id), measure_key),
     )
 
 
@@ -281,30 +289,29 @@ def _write_settings(cfg: PrepareConfig, align: int, pad_id: int) -> WriteSetting
     )
 
 
-def _run_summary(
+def _run_facts(
     cfg: PrepareConfig, tokenizer: str, chat: ChatTokenizer, pad_id: int, measure_key: dict[str, Any]
-) -> dict[str, Any]:
+) -> RunFacts:
     """The run facts omnipack.json records (finalize adds the counts)."""
-    return {
-        "omnipack_version": __version__,
-        "profile": {
+    return RunFacts(
+        omnipack_version=__version__,
+        profile={
             "name": cfg.profile,
             "options": dict(cfg.profile_options),
             "settings": chat.profile.settings(),
             **cfg.profile_choice.record(),  # where the choice and the processor settings came from
         },
-        "tokenizer": {
+        tokenizer={
             "path": tokenizer,
             "fingerprint": chat.fingerprint(),
             "pad_token_id": pad_id,
             # lets the loader count placeholders without the tokenizer directory
             "placeholder_token_ids": placeholder_token_ids(chat.profile, chat.tokenizer),
         },
-        "parallel": asdict(cfg.layout),
-        "tokenizer_fingerprint": chat.fingerprint(),
-        "measure_key": measure_key,
-        "inputs": input_summary(cfg),
-    }
+        parallel=asdict(cfg.layout),
+        measure_key=measure_key,
+        inputs=input_summary(cfg),
+    )
 
 
 # PackConfig fields the run derives rather than takes from the same-named prepare setting
@@ -510,7 +517,8 @@ def run_prepare(
     cfg: PrepareConfig, *, stage: str | None = None, rank: int = 0, world_size: int = 1
 ) -> dict[str, Any]:
     """Run all stages into ``cfg.output`` (or, with ``stage``, that stage's units ``rank::world_size``);
-    returns the run summary (also stored in omnipack.json), or a staged piece's counts."""
+    returns the run summary as omnipack.json records it (``RunSummary.to_json``, with the root digest), or a
+    staged piece's counts."""
     _check_run_arguments(cfg, stage, rank, world_size)
     # credentials and permissions of every store the run uses, before any work (one line, no retries)
     # (not an HTTP(S) media root: a web server's answer for a folder URL, often 403 or 404, says nothing about
@@ -551,10 +559,10 @@ def run_prepare(
         try:
             say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
             spec = build_spec(cfg)
-            say(f"omnipack prepare: {cfg.profile_choice.describe(spec.summary['profile']['settings'])}")
+            say(f"omnipack prepare: {cfg.profile_choice.describe(spec.facts.profile['settings'])}")
             reuse = cfg.from_stage == "pack"
             if reuse and stage in (None, "pack"):
-                _check_measure_reusable(spec.measure_dir, spec.summary["measure_key"])
+                _check_measure_reusable(spec.measure_dir, spec.facts.measure_key)
             if state == "repack":
                 remove_meta(out)  # first: a dataset in the making never looks whole
         except BaseException:
@@ -590,4 +598,4 @@ def _run_stages(
                 return {"stage": stage, "shards": len(shards), "rows": sum(r.rows_written for r in shards)}
         say("finalize: metadata and rejects", cfg.progress)
         with stage_work("finalize"):
-            return finalize(spec, plan, reuse_measure=reuse)
+            return finalize(spec, plan, reuse_measure=reuse).to_json()

@@ -212,7 +212,7 @@ def _plan(spec: RunSpec, records: list[PartRecord], reuse_measure: bool) -> Plan
     n_input = int(offsets[-1])
     if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings
         write_json_atomic(
-            spec.measure_dir / MEASURE_KEY_FILE, {**spec.summary["measure_key"], "input": n_input}
+            spec.measure_dir / MEASURE_KEY_FILE, {**spec.facts.measure_key, "input": n_input}
         )
     return PlanRecord(
         "",
