@@ -26,7 +26,7 @@ from omnipack.media.probe import materialize, probe
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta, MediaPlan, MediaRejected
 from omnipack.profiles.gemma4 import CHAT_TEMPLATE, aspect_preserving_size, audio_soft_tokens
-from omnipack.profiles.inputs import MediaInputOptions
+from omnipack.profiles.model_inputs import MediaInputOptions
 
 pytest.importorskip("transformers")
 

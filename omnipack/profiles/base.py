@@ -5,7 +5,7 @@ A family has two halves, both in its one module ``omnipack/profiles/<name>.py``:
 - the offline planner, :class:`ModelProfile` (this module): for one media item, how it is materialised
   (target size, sampled frames, sample rate), how many placeholder tokens it expands to, which tokens the
   chat template writes for it, mRoPE positions and training cost. Used by ``omnipack prepare``/``verify``.
-- the trainer side, :class:`omnipack.profiles.inputs.EncoderInputs`: stored payloads -> encoder inputs,
+- the trainer side, :class:`omnipack.profiles.model_inputs.EncoderInputs`: stored payloads -> encoder inputs,
   built from the settings the planner recorded in ``omnipack.json``. The loader uses only this half.
 
 Nothing outside ``omnipack/profiles`` knows which model it serves; the registry
@@ -25,7 +25,7 @@ from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
 from ..media.storage_plan import StoragePlan
 from .cost import CostModel, TransformerShape, build_cost_model
-from .inputs import EncoderInputs
+from .model_inputs import EncoderInputs
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class ModelProfile(ABC):
     """The offline planner of a model family.
 
     A family module ``omnipack/profiles/<name>.py`` defines a subclass with ``name = "<name>"`` and its
-    trainer half ``inputs_class`` (an ``EncoderInputs`` subclass, whose members ``omnipack.profiles.inputs``
+    trainer half ``inputs_class`` (an ``EncoderInputs`` subclass, whose members ``omnipack.profiles.model_inputs``
     documents), and registers the planner as the module attribute ``PROFILE``. Nothing else names the
     family. The interface, member by member ("must" = no default); ``tests/test_family_conformance.py``
     checks every registered family against it:

@@ -50,7 +50,7 @@ from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
 from .base import MediaPlan, ModelProfile, Segment
 from .hf_config import read_preprocessor_config
-from .inputs import (
+from .model_inputs import (
     EncoderInputs,
     MediaInputOptions,
     Payload,

@@ -33,7 +33,7 @@ from .audio_features import parakeet_log_mel
 from .base import MediaPlan, ModelProfile, Segment
 from .cost import TransformerShape, blocks_pairs, encoder_flops
 from .hf_config import read_preprocessor_config
-from .inputs import (
+from .model_inputs import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
     EncoderInputs,
