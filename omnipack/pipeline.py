@@ -27,7 +27,6 @@ from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .media.remote import RemoteSettings
 from .media.sources import media_root_key, probe_locations
-from .plan import PackConfig
 from .profiles import PROFILES, get_profile
 from .profiles.checkpoint import choose_profile
 from .profiles.hf_config import placeholder_token_ids
@@ -37,6 +36,7 @@ from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock, OutputLocked
 from .stages.measure import MEASURE, PART_LINES, PARTS_FILE, load_parts, parts_key
 from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
+from .stages.pack_planner import PackConfig
 from .stages.records import PlanRecord, digest, read_record, write_json_atomic
 from .stages.spec import (
     REJECTS_FILE,

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ..media.remote import DEFAULT_REMOTE, RemoteSettings
-from ..plan import PackConfig
 from .model_files import ShippedModel
+from .pack_planner import PackConfig
 from .storage import STAGES_DIR, output_path
 
 REJECTS_FILE = "rejects.jsonl"

@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import packing
-from .alignment import check_seq_length, pad_to_multiple
-from .errors import Reject
-from .packing.balance import balance_costs
-from .packing.cost import cost_stats, row_constant, row_costs
-from .packing.plan import build_plan
+from .. import packing
+from ..alignment import check_seq_length, pad_to_multiple
+from ..errors import Reject
+from ..packing.balance import balance_costs
+from ..packing.cost import cost_stats, row_constant, row_costs
+from ..packing.plan import build_plan
 
 PLAN_SCHEMA = pa.schema([("row", pa.int32()), ("sample_index", pa.int64())])
 PACK_COLUMNS = [
