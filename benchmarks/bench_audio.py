@@ -132,7 +132,7 @@ def omnipack_path(path: Path) -> tuple[np.ndarray, float, float, int]:
     from omnipack.loader.media import decode_payload
     from omnipack.media.probe import materialize, probe
     from omnipack.profiles import get_profile
-    from omnipack.profiles.inputs import audio_waveform
+    from omnipack.profiles.model_inputs import audio_waveform
 
     t0 = time.perf_counter()
     meta = probe(path, "audio")

@@ -65,7 +65,7 @@ def main() -> None:
     from transformers import ParakeetFeatureExtractor, WhisperFeatureExtractor
 
     from omnipack.dataset.codec import view_npy
-    from omnipack.profiles.inputs import audio_waveform
+    from omnipack.profiles.model_inputs import audio_waveform
     from omnipack.profiles.nemotron_omni import parakeet_features
     from omnipack.profiles.qwen3_omni import whisper_features
 

@@ -260,7 +260,7 @@ def storage_candidates(media: Path, profile_name: str) -> list[str]:
     from omnipack.media.image import encode_image, load_image
     from omnipack.media.probe import probe
     from omnipack.profiles import get_profile
-    from omnipack.profiles.inputs import MediaInputOptions
+    from omnipack.profiles.model_inputs import MediaInputOptions
     from omnipack.profiles.qwen_vl import _spatial_patches
 
     try:

@@ -182,8 +182,8 @@ def measure_speed(n: int, tokenizer: Path, repeats: int, chunk: int = 250) -> di
     from transformers import AutoTokenizer
 
     from omnipack.manifest import read_manifest
-    from omnipack.plan import PackConfig
     from omnipack.stages.measure import _measurer, measure_part, split_input
+    from omnipack.stages.pack_planner import PackConfig
     from omnipack.stages.spec import MeasureConfig, RunSpec, ShardLayout, WriteSettings
     from omnipack.text.chat import template_messages
 

@@ -254,9 +254,9 @@ def pack_memory_child(n: int, folder: str) -> None:
     """The pack stage on the synthetic parts under ``folder``; prints its peak RSS above the baseline."""
     import pyarrow as pa
 
-    from omnipack.plan import PackConfig
     from omnipack.stages.measure import InputPart
     from omnipack.stages.pack import run_pack_stage
+    from omnipack.stages.pack_planner import PackConfig
     from omnipack.stages.spec import MeasureConfig, RunSpec, ShardLayout, WriteSettings
 
     out, per_part = Path(folder), 100_000
@@ -275,7 +275,6 @@ def pack_memory_child(n: int, folder: str) -> None:
         layout=ShardLayout(),
         write=WriteSettings("", 8192, 1, 0),
         parts=tuple(parts),
-        summary={"measure_key": {}},
     )
     import gc
 

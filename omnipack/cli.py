@@ -24,6 +24,7 @@ from .packing.cost import describe_row_cost
 from .pipeline import NothingPacked, PrepareConfig, run_prepare
 from .profiles import PROFILES, get_profile
 from .profiles.checkpoint import PROCESSOR_PROFILE, choose_profile, native_families_line
+from .profiles.hf_config import PROCESSOR_OPTIONS
 from .stages.finalize import WriteIncomplete
 from .stages.lock import OutputLocked, Terminated
 from .stages.model_files import shipped_for_output, shipped_option
@@ -320,7 +321,7 @@ def _check_model_settings(d: dict[str, Any]) -> None:
             raise ValueError(f"model folder {str(model)!r} holds no config.json (--model)")
         d["model"] = str(model)
     opts = d.get("profile_options") or {}
-    for key in ("preprocessor_config", "video_preprocessor_config"):
+    for key in PROCESSOR_OPTIONS:
         if opts.get(key) is None:
             continue
         flag = "--preprocessor-config" if key == "preprocessor_config" else f"--profile-option {key}=..."

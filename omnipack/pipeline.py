@@ -22,12 +22,11 @@ from .dataset.meta import DATASET_CONFIG, NV_META, OMNIPACK_META
 from .dataset.shards import SHARD_CHECKSUMS
 from .errors import StageError
 from .executors import make_executor
-from .inputs import InputSpec, data_files, select_inputs
+from .inputs import InputPart, InputSpec, data_files, select_inputs
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .media.remote import RemoteSettings
 from .media.sources import media_root_key, probe_locations
-from .plan import PackConfig
 from .profiles import PROFILES, get_profile
 from .profiles.checkpoint import choose_profile
 from .profiles.hf_config import placeholder_token_ids
@@ -37,8 +36,17 @@ from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock, OutputLocked
 from .stages.measure import MEASURE, PART_LINES, PARTS_FILE, load_parts, parts_key
 from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
+from .stages.pack_planner import PackConfig
 from .stages.records import PlanRecord, digest, read_record, write_json_atomic
-from .stages.spec import REJECTS_FILE, STAGES_DIR, MeasureConfig, RunSpec, ShardLayout, WriteSettings
+from .stages.spec import (
+    REJECTS_FILE,
+    STAGES_DIR,
+    MeasureConfig,
+    RunFacts,
+    RunSpec,
+    ShardLayout,
+    WriteSettings,
+)
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
 from .stages.unit import Stage
 from .stages.write import WRITE
@@ -205,26 +213,8 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     if pad_id is None:
         pad_id = chat.tokenizer.eos_token_id
     inputs = cfg.input_spec
-    max_line_bytes = inputs.max_record_bytes
     parts = load_parts(out / STAGES_DIR, list(cfg.manifest), inputs, cfg.part_lines)
-    measure_key = {
-        "profile": cfg.profile,
-        "profile_options": dict(cfg.profile_options),
-        "tokenizer_fingerprint": chat.fingerprint(),
-        "mrope": cfg.mrope,
-        "manifest": [str(p) for p in cfg.manifest],
-        # contents, not just paths: an edited manifest must be measured again
-        "manifest_xxh3": digest([p.xxh3 for p in parts]),
-        # the split: in manifest_xxh3; roles only when set (the keys of earlier runs without roles)
-        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)]
-        + ([dict(cfg.input_roles)] if cfg.input_roles else []),
-        "media_root": media_root_key(cfg.media_root),
-        "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
-        # only when not the default (the keys of earlier runs have none)
-        **({"remote_media": cfg.remote.access()} if cfg.remote.access() != RemoteSettings().access() else {}),
-        "max_line_bytes": max_line_bytes,
-        "max_tokens": cfg.seq_length,
-    }
+    measure_key = _measure_key(cfg, chat.fingerprint(), parts, inputs.max_record_bytes)
     return RunSpec(
         output=str(out),
         manifests=tuple(str(p) for p in cfg.manifest),
@@ -240,7 +230,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             remote=cfg.remote,
             cost=None if cost_model is None else dict(cfg.cost),
         ),
-        max_line_bytes=max_line_bytes,
+        max_line_bytes=inputs.max_record_bytes,
         part_lines=cfg.part_lines,
         # The pack settings are the same-named fields of the prepare config, and the cost model's numbers.
         pack=PackConfig(
@@ -251,41 +241,76 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         layout=ShardLayout(
             int(cfg.shard_size_mb * (1 << 20)), cfg.shard_max_rows, cfg.val_fraction, cfg.seed
         ),
-        write=WriteSettings(
-            media_root=cfg.media_root,
-            seq_length=cfg.seq_length,
-            align=align,
-            pad_token_id=int(pad_id),
-            image_encoding=cfg.image_encoding,
-            compress_video=cfg.compress_video,
-            shard_checksums=SHARD_CHECKSUMS + (("sha256",) if cfg.shard_sha256 else ()),
-            media_allow_roots=tuple(cfg.media_allow_roots),
-            remote=cfg.remote,
-        ),
+        write=_write_settings(cfg, align, int(pad_id)),
         inputs=inputs,
         parts=tuple(parts),
         model=tokenizer.shipped,
         model_options=shipped_options,
-        summary={
-            "omnipack_version": __version__,
-            "profile": {
-                "name": cfg.profile,
-                "options": dict(cfg.profile_options),
-                "settings": chat.profile.settings(),
-                **cfg.profile_choice.record(),  # where the choice and the processor settings came from
-            },
-            "tokenizer": {
-                "path": tokenizer.name,
-                "fingerprint": chat.fingerprint(),
-                "pad_token_id": int(pad_id),
-                # lets the loader count placeholders without the tokenizer directory
-                "placeholder_token_ids": placeholder_token_ids(chat.profile, chat.tokenizer),
-            },
-            "parallel": asdict(cfg.layout),
-            "tokenizer_fingerprint": chat.fingerprint(),
-            "measure_key": measure_key,
-            "inputs": input_summary(cfg),
+        facts=_run_facts(cfg, tokenizer.name, chat, int(pad_id), measure_key),
+    )
+
+
+def _measure_key(
+    cfg: PrepareConfig, fingerprint: str, parts: list[InputPart], max_line_bytes: int
+) -> dict[str, Any]:
+    """What the measured samples depend on: a run whose key differs measures again."""
+    return {
+        "profile": cfg.profile,
+        "profile_options": dict(cfg.profile_options),
+        "tokenizer_fingerprint": fingerprint,
+        "mrope": cfg.mrope,
+        "manifest": [str(p) for p in cfg.manifest],
+        # contents, not just paths: an edited manifest must be measured again
+        "manifest_xxh3": digest([p.xxh3 for p in parts]),
+        # the split: in manifest_xxh3; roles only when set (the keys of earlier runs without roles)
+        "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)]
+        + ([dict(cfg.input_roles)] if cfg.input_roles else []),
+        "media_root": media_root_key(cfg.media_root),
+        "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
+        # only when not the default (the keys of earlier runs have none)
+        **({"remote_media": cfg.remote.access()} if cfg.remote.access() != RemoteSettings().access() else {}),
+        "max_line_bytes": max_line_bytes,
+        "max_tokens": cfg.seq_length,
+    }
+
+
+def _write_settings(cfg: PrepareConfig, align: int, pad_id: int) -> WriteSettings:
+    """The write stage's settings: the same-named prepare settings, the alignment and the pad token."""
+    return WriteSettings(
+        media_root=cfg.media_root,
+        seq_length=cfg.seq_length,
+        align=align,
+        pad_token_id=pad_id,
+        image_encoding=cfg.image_encoding,
+        compress_video=cfg.compress_video,
+        shard_checksums=SHARD_CHECKSUMS + (("sha256",) if cfg.shard_sha256 else ()),
+        media_allow_roots=tuple(cfg.media_allow_roots),
+        remote=cfg.remote,
+    )
+
+
+def _run_facts(
+    cfg: PrepareConfig, tokenizer: str, chat: ChatTokenizer, pad_id: int, measure_key: dict[str, Any]
+) -> RunFacts:
+    """The run facts omnipack.json records (finalize adds the counts)."""
+    return RunFacts(
+        omnipack_version=__version__,
+        profile={
+            "name": cfg.profile,
+            "options": dict(cfg.profile_options),
+            "settings": chat.profile.settings(),
+            **cfg.profile_choice.record(),  # where the choice and the processor settings came from
         },
+        tokenizer={
+            "path": tokenizer,
+            "fingerprint": chat.fingerprint(),
+            "pad_token_id": pad_id,
+            # lets the loader count placeholders without the tokenizer directory
+            "placeholder_token_ids": placeholder_token_ids(chat.profile, chat.tokenizer),
+        },
+        parallel=asdict(cfg.layout),
+        measure_key=measure_key,
+        inputs=input_summary(cfg),
     )
 
 
@@ -492,7 +517,8 @@ def run_prepare(
     cfg: PrepareConfig, *, stage: str | None = None, rank: int = 0, world_size: int = 1
 ) -> dict[str, Any]:
     """Run all stages into ``cfg.output`` (or, with ``stage``, that stage's units ``rank::world_size``);
-    returns the run summary (also stored in omnipack.json), or a staged piece's counts."""
+    returns the run summary as omnipack.json records it (``RunSummary.to_json``, with the root digest), or a
+    staged piece's counts."""
     _check_run_arguments(cfg, stage, rank, world_size)
     # credentials and permissions of every store the run uses, before any work (one line, no retries)
     # (not an HTTP(S) media root: a web server's answer for a folder URL, often 403 or 404, says nothing about
@@ -533,10 +559,10 @@ def run_prepare(
         try:
             say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
             spec = build_spec(cfg)
-            say(f"omnipack prepare: {cfg.profile_choice.describe(spec.summary['profile']['settings'])}")
+            say(f"omnipack prepare: {cfg.profile_choice.describe(spec.facts.profile['settings'])}")
             reuse = cfg.from_stage == "pack"
             if reuse and stage in (None, "pack"):
-                _check_measure_reusable(spec.measure_dir, spec.summary["measure_key"])
+                _check_measure_reusable(spec.measure_dir, spec.facts.measure_key)
             if state == "repack":
                 remove_meta(out)  # first: a dataset in the making never looks whole
         except BaseException:
@@ -572,4 +598,4 @@ def _run_stages(
                 return {"stage": stage, "shards": len(shards), "rows": sum(r.rows_written for r in shards)}
         say("finalize: metadata and rejects", cfg.progress)
         with stage_work("finalize"):
-            return finalize(spec, plan, reuse_measure=reuse)
+            return finalize(spec, plan, reuse_measure=reuse).to_json()

@@ -18,7 +18,7 @@ import numpy as np
 
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta, MediaPlan, ModelProfile
-from omnipack.profiles.inputs import EncoderInputs, MediaInputOptions
+from omnipack.profiles.model_inputs import EncoderInputs, MediaInputOptions
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ import pytest
 from omnipack.packing import PackConstraints, pack
 from omnipack.packing.balance import balance_costs
 from omnipack.packing.cost import row_costs, straggler_overhead
-from omnipack.plan import PackConfig, run_pack
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaPlan
 from omnipack.profiles.cost import TransformerShape, build_cost_model, media_encoder_flops, windowed_pairs
 from omnipack.stages.pack import MeasureIncomplete
+from omnipack.stages.pack_planner import PackConfig, run_pack
 
 # ---- cost model ---------------------------------------------------------------------------------------
 
@@ -435,7 +435,7 @@ def test_planning_imports_no_profile():
     import sys
 
     code = (
-        "import sys, omnipack.plan, omnipack.packing, omnipack.packing.cost\n"
+        "import sys, omnipack.stages.pack_planner, omnipack.packing, omnipack.packing.cost\n"
         "bad = sorted(m for m in sys.modules if m.startswith(('omnipack.profiles', 'transformers')))\n"
         "assert not bad, bad\n"
     )

@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 TOY = """
 from omnipack.profiles.base import ModelProfile, Segment
-from omnipack.profiles.inputs import EncoderInputs
+from omnipack.profiles.model_inputs import EncoderInputs
 
 class ToyInputs(EncoderInputs):
     name = "toy_tokens"

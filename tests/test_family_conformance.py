@@ -22,7 +22,7 @@ import pytest
 
 from omnipack.profiles import available_profiles, get_encoder_inputs, get_profile, profile_class
 from omnipack.profiles.base import ModelProfile
-from omnipack.profiles.inputs import EncoderInputs, MediaInputOptions
+from omnipack.profiles.model_inputs import EncoderInputs, MediaInputOptions
 from tests import trainer_only_check
 from tests.family_kit import ANSWERS, conversation, family_profile, kit_media, reference, supervised_runs
 
@@ -51,7 +51,7 @@ def prepared(family: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_families_are_discovered():
     assert FAMILIES, "no family module found"
-    assert "base" not in FAMILIES and "inputs" not in FAMILIES
+    assert "base" not in FAMILIES and "model_inputs" not in FAMILIES
 
 
 def test_interface_is_complete(family):

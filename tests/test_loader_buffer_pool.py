@@ -15,7 +15,7 @@ from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 from omnipack.loader import buffer_pool
 from omnipack.loader.buffer_pool import FREE, BufferLease, SlotView, WorkerBufferPool, sweep_released
 from omnipack.loader.task_encoder import OmnipackTaskEncoder
-from omnipack.profiles.inputs import storage_view
+from omnipack.profiles.model_inputs import storage_view
 
 PROFILE = "qwen3_omni"
 

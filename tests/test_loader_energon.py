@@ -18,7 +18,7 @@ from omnipack.loader.compat import DatasetAlignmentError
 from omnipack.loader.media import MediaMismatchError, decode_payload
 from omnipack.loader.sample import cook_packed_row
 from omnipack.loader.task_encoder import OmnipackTaskEncoder
-from omnipack.profiles.inputs import MediaInputOptions
+from omnipack.profiles.model_inputs import MediaInputOptions
 from tests.test_pipeline import read_rows_from_tars
 
 PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory

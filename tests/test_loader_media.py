@@ -9,7 +9,7 @@ import torch
 from omnipack.dataset.contract import MediaItem
 from omnipack.loader.media import MediaMismatchError, check_row_media, decode_payload
 from omnipack.profiles import get_profile
-from omnipack.profiles.inputs import MediaInputOptions
+from omnipack.profiles.model_inputs import MediaInputOptions
 from omnipack.profiles.qwen3_omni import audio_output_length
 from tests.hf_oracles import qwen_image_processor
 
@@ -113,7 +113,7 @@ def test_both_pixel_paths_are_bit_identical_to_theqwen_image_processor(name):
 def test_deferred_patches_build_once_into_the_batch_tensor():
     """``deferred=True`` gives PendingRows that collate_media writes into one batch tensor, equal to the
     eager inputs concatenated; no per-item patch array is built first."""
-    from omnipack.profiles.inputs import PendingRows
+    from omnipack.profiles.model_inputs import PendingRows
 
     profile = get_profile("qwen2_5_vl")
     f = profile.image.factor

@@ -15,7 +15,7 @@ import pytest
 
 from omnipack.dataset.contract import MediaItem
 from omnipack.profiles import MediaMeta, get_profile
-from omnipack.profiles.inputs import MediaInputOptions
+from omnipack.profiles.model_inputs import MediaInputOptions
 from omnipack.profiles.nemotron_omni import parakeet_tokens, radio_patches
 from tests.hf_oracles import import_hf
 

@@ -21,7 +21,7 @@ from omnipack.media.image import encode_image
 from omnipack.media.probe import materialize, probe
 from omnipack.media.video import encode_video
 from omnipack.profiles import get_profile
-from omnipack.profiles.inputs import MediaInputOptions
+from omnipack.profiles.model_inputs import MediaInputOptions
 from tests.hf_oracles import qwen_image_processor
 
 PROFILE = "qwen3_omni"

@@ -21,7 +21,7 @@ from omnipack.media.errors import MediaError
 from omnipack.media.probe import materialize, probe
 from omnipack.media.storage_plan import StoragePlan
 from omnipack.profiles import MediaPlan, get_profile
-from omnipack.profiles.inputs import MediaInputOptions
+from omnipack.profiles.model_inputs import MediaInputOptions
 
 PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
 
@@ -177,7 +177,7 @@ def test_stored_audio_and_features_are_the_reference(tmp_path, name, writer, rat
             assert got.shape == want.shape
             assert float(np.abs(got - want).max()) <= FEATURE_TOL
     # storage is exact: int16 only where the waveform sits on the int16 grid (16 kHz mono, <= 16-bit)
-    from omnipack.profiles.inputs import audio_waveform
+    from omnipack.profiles.model_inputs import audio_waveform
 
     np.testing.assert_array_equal(audio_waveform(stored), ref)
     int16_exact = rate == RATE and channels == 1 and writer in (("WAV", "PCM_16"), ("WAV", "PCM_U8"))
@@ -282,7 +282,7 @@ def test_nemotron_30s_cap_stores_the_reference_prefix(tmp_path):
     sf.write(str(p), x, 22050, subtype="PCM_16")
     ref = reference_load(p)
     plan = get_profile("nemotron_omni").plan(probe(p, "audio"))
-    assert plan.info["truncated"] and plan.num_audio_samples == 30 * RATE < len(ref)
+    assert plan.truncate and plan.num_audio_samples == 30 * RATE < len(ref)
     stored = _stored(*materialize(p, plan))
     np.testing.assert_array_equal(stored, ref[: 30 * RATE])
     # the writer decodes by the typed storage plan alone: its truncate flag, not the family's info

@@ -13,7 +13,7 @@ import pytest
 
 from omnipack.profiles import get_profile
 from omnipack.profiles.audio_features import slaney_mel_filters
-from omnipack.profiles.inputs import MediaInputOptions, audio_waveform
+from omnipack.profiles.model_inputs import MediaInputOptions, audio_waveform
 from omnipack.profiles.nemotron_omni import parakeet_features
 from omnipack.profiles.qwen3_omni import whisper_features
 

@@ -28,7 +28,7 @@ from omnipack.profiles.gemma3 import (
     image_token_type_ids,
     pan_and_scan_boxes,
 )
-from omnipack.profiles.inputs import MediaInputOptions
+from omnipack.profiles.model_inputs import MediaInputOptions
 
 PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
 

@@ -26,7 +26,7 @@ from omnipack.media.probe import materialize, probe
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta, MediaPlan, MediaRejected
 from omnipack.profiles.gemma4 import CHAT_TEMPLATE, aspect_preserving_size, audio_soft_tokens
-from omnipack.profiles.inputs import MediaInputOptions
+from omnipack.profiles.model_inputs import MediaInputOptions
 
 pytest.importorskip("transformers")
 
@@ -220,7 +220,7 @@ def test_audio_features_and_counts_match_the_feature_extractor(processor, n, tmp
     src = _wav_file(wave, tmp_path, f"a{n}")
     plan = prof.plan(probe(src, "audio"))
     stored = _stored(src, plan)
-    assert stored.shape == (min(n, 480000),) and plan.info["truncated"] == (n > 480000)
+    assert stored.shape == (min(n, 480000),) and plan.truncate == (n > 480000)
     fe = processor.feature_extractor(raw_speech=[wave], return_tensors="np")
     mask = fe["input_features_mask"][0]
     # the processor's count: the valid-frame mask halved twice

@@ -98,7 +98,7 @@ def test_audio_rules_bridge_vs_hf():
 def test_audio_truncation_30s():
     prof = get_profile("nemotron_omni")
     plan = prof.plan(MediaMeta(kind="audio", num_samples=44100 * 40, sample_rate=44100))
-    assert plan.num_audio_samples == 480000 and plan.info["truncated"]
+    assert plan.num_audio_samples == 480000 and plan.truncate
     assert plan.num_tokens == parakeet_tokens(3000)
     assert (
         get_profile("nemotron_omni", max_audio_seconds=None)
@@ -147,7 +147,7 @@ def test_hf_audio_rule_counts_the_whole_clip():
     hf = get_profile("nemotron_omni", audio_count_rule="hf")
     plan = hf.plan(meta)
     assert plan.num_tokens == max(1, P._estimate_audio_num_embeddings(stub, n)) > 800
-    assert plan.num_audio_samples == n and not plan.info["truncated"]
+    assert plan.num_audio_samples == n and plan.truncate is False
     assert hf.settings()["max_audio_seconds"] is None
     bridge = get_profile("nemotron_omni")
     assert bridge.settings()["max_audio_seconds"] == 30.0

@@ -28,7 +28,7 @@ from omnipack.loader.media import decode_payload, normalize_pixels
 from omnipack.media.probe import materialize, probe
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta, MediaPlan
-from omnipack.profiles.inputs import MediaInputOptions
+from omnipack.profiles.model_inputs import MediaInputOptions
 from tests.hf_oracles import import_hf
 from tests.qwen3_5_model import (
     RELEASED_VIDEO_PREPROCESSOR_CONFIG,

@@ -24,7 +24,7 @@ from omnipack.profiles import (
     profile_class,
 )
 from omnipack.profiles.base import ModelProfile
-from omnipack.profiles.inputs import EncoderInputs
+from omnipack.profiles.model_inputs import EncoderInputs
 from tests.family_kit import encode_payloads
 
 ROOT = Path(__file__).parents[1]
@@ -42,7 +42,7 @@ def test_registry_resolves_names_to_their_modules():
         assert cls.name == name and cls.__module__ == f"omnipack.profiles.{name}"
         assert issubclass(cls.inputs_class, EncoderInputs) and cls.inputs_class.name == name
         assert set(cls().kinds) <= set(cls.inputs_class.placeholder_tokens)
-    for bad in ("base", "inputs", "qwen_vl", "audio_features", "nope", "../x", "Qwen3_VL", ""):
+    for bad in ("base", "model_inputs", "qwen_vl", "audio_features", "nope", "../x", "Qwen3_VL", ""):
         with pytest.raises(ValueError, match=f"unknown profile .*available: {', '.join(available_profiles())}$"):
             get_profile(bad)
 
@@ -55,7 +55,7 @@ def test_a_new_family_is_one_module(tmp_path, monkeypatch):
         textwrap.dedent(
             """
             from omnipack.profiles.base import ModelProfile, Segment
-            from omnipack.profiles.inputs import EncoderInputs, payload_frames
+            from omnipack.profiles.model_inputs import EncoderInputs, payload_frames
 
             class ToyInputs(EncoderInputs):
                 name = "toy_family"

@@ -113,20 +113,21 @@ def test_seq_length_must_be_multiple_of_alignment():
 
 
 def test_row_media_info_keeps_its_shape_with_a_typed_storage_plan():
-    """The writer's typed instructions (``truncate``) stay out of the row's media info, which keeps the keys
-    and order datasets were written with; a video stores its own audio only when its block interleaves it."""
+    """The writer's typed instructions (``truncate``) are recorded in the row's media info as the keys and
+    order datasets were written with ("truncated" in its info under a length cap, nothing without one); a
+    video stores its own audio only when its block interleaves it."""
     from omnipack.media.storage_plan import StoragePlan
     from omnipack.profiles import MediaPlan
 
-    audio = MediaPlan("audio", 4, sample_rate=16000, num_audio_samples=480000, audio_frames=3000, truncate=True,
-                      info={"truncated": True})  # fmt: skip
     ids = np.arange(10, 16, dtype=np.int32)
-    seq = SequenceInput("a", ids, np.full(6, IGNORE_INDEX, np.int32), [(audio, (1, 5, 1, 4), "media.0.npy")])
-    (item,) = assemble_row([seq], 8, 8, PAD).media
-    assert list(item.info.items()) == [
-        ("sample_rate", 16000), ("num_audio_samples", 480000), ("audio_frames", 3000), ("info", {"truncated": True}),
-    ]  # fmt: skip
-    assert audio.storage.truncate and audio.storage.num_audio_samples == 480000
+    for truncate, recorded in ((True, {"truncated": True}), (False, {"truncated": False}), (None, None)):
+        audio = MediaPlan("audio", 4, sample_rate=16000, num_audio_samples=480000, audio_frames=3000,
+                          truncate=truncate)  # fmt: skip
+        seq = SequenceInput("a", ids, np.full(6, IGNORE_INDEX, np.int32), [(audio, (1, 5, 1, 4), "media.0.npy")])
+        (item,) = assemble_row([seq], 8, 8, PAD).media
+        expected = [("sample_rate", 16000), ("num_audio_samples", 480000), ("audio_frames", 3000)]
+        assert list(item.info.items()) == expected + ([("info", recorded)] if recorded else [])
+        assert audio.storage.truncate is bool(truncate) and audio.storage.num_audio_samples == 480000
     video = MediaPlan("video", 8, target_hw=(28, 28), frame_indices=(0, 1), sample_rate=16000, num_audio_samples=99)
     assert video.storage == StoragePlan("video", target_hw=(28, 28), frame_indices=(0, 1), sample_rate=16000)
     with_audio = MediaPlan("video", 8, frame_indices=(0, 1), sample_rate=16000, num_audio_samples=99, audio_num_tokens=2)

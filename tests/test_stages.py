@@ -10,6 +10,7 @@ import pytest
 from omnipack.cli import main
 from omnipack.inputs import InputSpec
 from omnipack.pipeline import run_prepare
+from omnipack.stages.finalize import RunSummary
 from omnipack.stages.measure import split_input
 from tests.stage_outputs import cli_args, dataset_bytes, demo_config
 
@@ -48,6 +49,19 @@ def test_parts_cover_every_line_once_with_their_line_numbers(tmp_path):
         for p in parts[:5]:
             assert data[p.start_byte :].split(b"\n")[0] == lines[p.first_line - 1].encode()
         assert len({p.xxh3 for p in parts}) == len(parts)
+
+
+def test_run_summary_is_omnipack_json_and_reads_back_whole(reference):
+    """The typed run summary is what omnipack.json records (with the root stamped in afterwards), and the file
+    reads back into it: the same JSON, the counts and shards typed."""
+    files, summary = reference
+    text = files[".nv-meta/omnipack.json"].decode()
+    assert json.loads(text) == summary and summary["root"]["sha256"]
+    typed = RunSummary.from_json(json.loads(text))
+    assert typed.counts.input == typed.counts.packed + typed.counts.rejected > 0
+    assert [s.path for s in typed.shards] == [s["path"] for s in summary["shards"]]
+    assert json.dumps(typed.to_json(), indent=2) + "\n" == text
+    assert "processor_cache" not in typed.to_json() and typed.processor_cache is None
 
 
 def test_staged_cli_ranks_give_the_bytes_of_one_local_run(tmp_path, reference, demo_tokenizer, demo_corpus):
@@ -192,7 +206,7 @@ def test_finalize_streams_rejects_to_disk(tmp_path, demo_tokenizer, demo_corpus)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert again == summary
+    assert again.to_json() == summary
     lines = (tmp_path / "ds" / "rejects.jsonl").read_text().splitlines()
     rejects = [json.loads(line) for line in lines]
     assert len(rejects) == summary["counts"]["rejected"] >= n_broken

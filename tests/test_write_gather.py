@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute
 
-from omnipack.plan import PackResult
 from omnipack.stages.measure import SAMPLES_SCHEMA, TableWriter, part_files
+from omnipack.stages.pack_planner import PackResult
 from omnipack.stages.write import MeasuredParts, MeasuredSamples
 
 

@@ -47,7 +47,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..alignment import pad_to_multiple
-from ..profiles.inputs import storage_view
+from ..profiles.model_inputs import storage_view
 
 MAX_SLOTS = 32  # per worker: batches in flight and held by the trainer, a few buffers each
 SLOT_ROUNDING = 1 << 20  # slot sizes are whole MiB, so rows of similar size share slots

@@ -2,7 +2,7 @@
 
 Parts are what ``omnipack.media.probe.materialize`` wrote: images npy (default) or png (older datasets)
 uint8 RGB already at the target size, videos npz {frames uint8 [T,H,W,3], audio} (stored or deflated),
-audio npy mono at 16 kHz (int16 when exact, else float32; ``profiles.inputs.audio_waveform`` reads both).
+audio npy mono at 16 kHz (int16 when exact, else float32; ``profiles.model_inputs.audio_waveform`` reads both).
 npy and stored npz members are read as zero-copy views of the part's bytes; PIL is imported only when a
 png is actually decoded.
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..dataset.codec import view_npy, view_npz
 from ..dataset.contract import MediaItem, is_any_of
-from ..profiles.inputs import EncoderInputs, MediaInputOptions, Payload
+from ..profiles.model_inputs import EncoderInputs, MediaInputOptions, Payload
 
 
 class MediaMismatchError(ValueError):

@@ -57,7 +57,7 @@ class PackedRowSample(RowReading, Sample):
     mrope_position_ids: torch.Tensor | None = None
     media: dict[str, bytes] | None = None
     # Per-item encoder inputs in placeholder order, set by the task encoder's encode_sample: numpy arrays,
-    # pixel patches as ``profiles.inputs.PendingRows`` that ``profile.collate_media`` builds into the batch.
+    # pixel patches as ``profiles.model_inputs.PendingRows`` that ``profile.collate_media`` builds into the batch.
     media_inputs: list[dict[str, Any]] | None = None
 
 

@@ -25,7 +25,7 @@ from ..dataset.meta import read_omnipack_meta
 from ..profiles import get_encoder_inputs
 from ..profiles.base import ModelProfile
 from ..profiles.hf_config import dataset_placeholder_ids
-from ..profiles.inputs import EncoderInputs, MediaInputOptions, storage_view
+from ..profiles.model_inputs import EncoderInputs, MediaInputOptions, storage_view
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
 from .buffer_pool import ALIGN, BufferLease, batch_storage, unpin_small, worker_pool
 from .compat import check_dataset_alignment

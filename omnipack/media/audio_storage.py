@@ -1,5 +1,5 @@
 """How audio payloads are stored: the constants the writer (``omnipack.media.audio``) and the trainer's reader
-(``omnipack.profiles.inputs``) share. numpy only, so the trainer side imports it without the decoders."""
+(``omnipack.profiles.model_inputs``) share. numpy only, so the trainer side imports it without the decoders."""
 
 from __future__ import annotations
 

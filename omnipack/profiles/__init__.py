@@ -17,7 +17,7 @@ from typing import Any
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
 from .base import MediaPlan, MediaSpan, ModelProfile, Segment
-from .inputs import EncoderInputs
+from .model_inputs import EncoderInputs
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 

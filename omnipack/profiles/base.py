@@ -5,7 +5,7 @@ A family has two halves, both in its one module ``omnipack/profiles/<name>.py``:
 - the offline planner, :class:`ModelProfile` (this module): for one media item, how it is materialised
   (target size, sampled frames, sample rate), how many placeholder tokens it expands to, which tokens the
   chat template writes for it, mRoPE positions and training cost. Used by ``omnipack prepare``/``verify``.
-- the trainer side, :class:`omnipack.profiles.inputs.EncoderInputs`: stored payloads -> encoder inputs,
+- the trainer side, :class:`omnipack.profiles.model_inputs.EncoderInputs`: stored payloads -> encoder inputs,
   built from the settings the planner recorded in ``omnipack.json``. The loader uses only this half.
 
 Nothing outside ``omnipack/profiles`` knows which model it serves; the registry
@@ -25,7 +25,7 @@ from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
 from ..media.storage_plan import StoragePlan
 from .cost import CostModel, TransformerShape, build_cost_model
-from .inputs import EncoderInputs
+from .model_inputs import EncoderInputs
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,12 @@ class MediaPlan:
     image_views: tuple[tuple[int, int, int, int], ...] | None = None
     # The resize filter, a PIL resampling name ("bilinear", ...); None: ``omnipack.media.image.RESAMPLE``.
     resample: str | None = None
-    # Audio longer than ``num_audio_samples`` is cut to it (a profile's length cap, e.g. Nemotron's 30 s).
-    truncate: bool = False
+    # Audio under a profile's length cap (e.g. Nemotron's 30 s): whether the clip is longer and cut to
+    # ``num_audio_samples``; None: the profile caps no length. The row's media info records it as "truncated".
+    truncate: bool | None = None
 
     # Optional storage fields, left out of the JSON when unset (plans without them record what they did).
-    _OPTIONAL: ClassVar[dict[str, Any]] = {"image_views": None, "resample": None, "truncate": False}
+    _OPTIONAL: ClassVar[dict[str, Any]] = {"image_views": None, "resample": None, "truncate": None}
 
     @property
     def storage(self) -> StoragePlan:
@@ -72,8 +73,13 @@ class MediaPlan:
             num_audio_samples=self.num_audio_samples if self.kind != "video" or self.audio_num_tokens else None,
             image_views=self.image_views,
             resample=self.resample,
-            truncate=self.truncate,
+            truncate=bool(self.truncate),
         )
+
+    @property
+    def recorded_info(self) -> dict[str, Any]:
+        """The profile's ``info`` as a row's media info records it: with "truncated" under a length cap."""
+        return self.info if self.truncate is None else {**self.info, "truncated": self.truncate}
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -126,7 +132,7 @@ class ModelProfile(ABC):
     """The offline planner of a model family.
 
     A family module ``omnipack/profiles/<name>.py`` defines a subclass with ``name = "<name>"`` and its
-    trainer half ``inputs_class`` (an ``EncoderInputs`` subclass, whose members ``omnipack.profiles.inputs``
+    trainer half ``inputs_class`` (an ``EncoderInputs`` subclass, whose members ``omnipack.profiles.model_inputs``
     documents), and registers the planner as the module attribute ``PROFILE``. Nothing else names the
     family. The interface, member by member ("must" = no default); ``tests/test_family_conformance.py``
     checks every registered family against it:

@@ -17,14 +17,12 @@ from typing import Any
 
 from . import available_profiles, model_type_families, profile_class
 from .base import ModelProfile
-from .hf_config import PROCESSOR_CONFIG_FILES, processor_config_source
+from .hf_config import PROCESSOR_OPTIONS, PROCESSOR_SETTINGS, processor_config_source
 
 DEFAULT_PROFILE = "qwen2_5_vl"
 # The processor-backed profile: the model's own processor decides (for a model type without a native family).
 PROCESSOR_PROFILE = "hf"
 CONFIG_FILE = "config.json"
-# Profile options that name a processor settings folder, and the kind of settings each reads there.
-PROCESSOR_OPTIONS = {"preprocessor_config": "image", "video_preprocessor_config": "video"}
 
 
 @dataclass(frozen=True)
@@ -176,7 +174,7 @@ def _checkpoint_profile(explicit: str | None, checkpoint: Checkpoint) -> tuple[s
 def _processor_files(cls: type[ModelProfile], options: dict[str, Any]) -> dict[str, str]:
     """kind -> where the profile reads that kind's processor settings, for the options that name them."""
     if options.get("model_dir") is not None and _takes_option(cls, "model_dir"):  # the processor reads them all
-        found = {kind: processor_config_source(options["model_dir"], kind) for kind in PROCESSOR_CONFIG_FILES}
+        found = {kind: processor_config_source(options["model_dir"], kind) for kind in PROCESSOR_SETTINGS}
         return {kind: f"{f[0]}#{f[1]}" if f[1] else str(f[0]) for kind, f in found.items() if f is not None}
     return {
         kind: _settings_file(options[option], kind)

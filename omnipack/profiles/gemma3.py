@@ -38,7 +38,7 @@ from ..media.meta import MediaMeta
 from .base import MediaPlan, ModelProfile, Segment
 from .cost import TransformerShape, blocks_pairs, encoder_flops
 from .hf_config import read_preprocessor_config
-from .inputs import EncoderInputs, MediaInputOptions, Payload, PendingRows, item_kind, payload_frames
+from .model_inputs import EncoderInputs, MediaInputOptions, Payload, PendingRows, item_kind, payload_frames
 
 BOI_TOKEN = "<start_of_image>"
 EOI_TOKEN = "<end_of_image>"

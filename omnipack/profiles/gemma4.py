@@ -50,7 +50,7 @@ from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
 from .base import MediaPlan, ModelProfile, Segment
 from .hf_config import read_preprocessor_config
-from .inputs import (
+from .model_inputs import (
     EncoderInputs,
     MediaInputOptions,
     Payload,
@@ -581,7 +581,6 @@ class Gemma4Profile(ModelProfile):
             num_audio_samples=n,
             audio_frames=mel_frame_counts(n)[0],
             truncate=truncated,  # the writer cuts the decoded clip to ``num_audio_samples``
-            info={"truncated": truncated},  # the row's record of it (the dataset's media info)
         )
 
     def expand(self, plan: MediaPlan) -> list[Segment]:

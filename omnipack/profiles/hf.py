@@ -41,7 +41,7 @@ from ..media.audio import audio_samples_at
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
 from .base import MediaPlan, ModelProfile, Segment
-from .inputs import (
+from .model_inputs import (
     EncoderInputs,
     MediaInputOptions,
     Payload,

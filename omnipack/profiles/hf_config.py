@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,25 +44,36 @@ def placeholder_token_ids(profile: HasPlaceholders, tokenizer: Any) -> dict[str,
     return out
 
 
+@dataclass(frozen=True)
+class ProcessorSettings:
+    """Where one kind of processor settings lives, and the profile option (if any) that names it."""
+
+    section: str  # the section of ``processor_config.json``
+    file: str  # the kind's own json file in a model folder
+    option: str | None = None  # the profile option naming a settings file or model folder for this kind
+
+
 # Where transformers (5.x) finds a model folder's processor settings of each kind, in its order: the section of
 # ``processor_config.json`` (what ``save_pretrained`` writes since 5.0), else the kind's own file. (A video
 # processor without either would fall back to the image file; omnipack keeps the profile's video defaults then.)
 PROCESSOR_CONFIG = "processor_config.json"
-PROCESSOR_CONFIG_FILES = {
-    "image": ("image_processor", "preprocessor_config.json"),
-    "video": ("video_processor", "video_preprocessor_config.json"),
-    "audio": ("feature_extractor", "preprocessor_config.json"),
+PROCESSOR_SETTINGS: dict[str, ProcessorSettings] = {
+    "image": ProcessorSettings("image_processor", "preprocessor_config.json", "preprocessor_config"),
+    "video": ProcessorSettings("video_processor", "video_preprocessor_config.json", "video_preprocessor_config"),
+    "audio": ProcessorSettings("feature_extractor", "preprocessor_config.json"),
 }
+# Profile options that name processor settings (a json file or a model folder) -> the kind each reads there.
+PROCESSOR_OPTIONS: dict[str, str] = {s.option: kind for kind, s in PROCESSOR_SETTINGS.items() if s.option}
 
 
 def processor_config_source(folder: str | Path, kind: str = "image") -> tuple[Path, str | None] | None:
     """Where a model folder keeps its ``kind`` processor settings: (``processor_config.json``, its section),
     (the kind's own json file, None), or None."""
-    section, name = PROCESSOR_CONFIG_FILES[kind]
+    settings = PROCESSOR_SETTINGS[kind]
     nested = Path(folder) / PROCESSOR_CONFIG
-    if nested.is_file() and isinstance(json.loads(nested.read_text()).get(section), dict):
-        return nested, section
-    own = Path(folder) / name
+    if nested.is_file() and isinstance(json.loads(nested.read_text()).get(settings.section), dict):
+        return nested, settings.section
+    own = Path(folder) / settings.file
     return (own, None) if own.is_file() else None
 
 

@@ -33,7 +33,7 @@ from .audio_features import parakeet_log_mel
 from .base import MediaPlan, ModelProfile, Segment
 from .cost import TransformerShape, blocks_pairs, encoder_flops
 from .hf_config import read_preprocessor_config
-from .inputs import (
+from .model_inputs import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
     EncoderInputs,
@@ -440,8 +440,7 @@ class NemotronOmniProfile(ModelProfile):
             sample_rate=AUDIO_RATE,
             num_audio_samples=n,
             audio_frames=n // HOP_LENGTH,
-            truncate=truncated,
-            info={"truncated": truncated},  # the row's record of it (the dataset's media info)
+            truncate=truncated,  # the writer cuts the decoded clip to ``num_audio_samples``
         )
 
     # ---- expansion ----

@@ -22,7 +22,7 @@ from ..media.meta import MediaMeta
 from .audio_features import whisper_log_mel
 from .base import MediaPlan, MediaSpan, Segment
 from .cost import TransformerShape, blocks_pairs, encoder_flops, tiled_sizes
-from .inputs import MediaInputOptions, Payload, audio_waveform, item_kind, payload_audio, payload_frames
+from .model_inputs import MediaInputOptions, Payload, audio_waveform, item_kind, payload_audio, payload_frames
 from .qwen_vl import HALF, VISION_BATCH_KEYS, QwenVLInputs, QwenVLProfile, VideoSettings, VisionSettings
 
 AUDIO_RATE = 16000

@@ -26,7 +26,7 @@ from ..media.meta import MediaMeta
 from .base import MediaPlan, MediaSpan, ModelProfile, Segment
 from .cost import TransformerShape, windowed_pairs
 from .hf_config import read_preprocessor_config
-from .inputs import (
+from .model_inputs import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
     EncoderInputs,

@@ -15,9 +15,9 @@ import shutil
 from array import array
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -220,7 +220,7 @@ def processor_cache_summary(parts: list[PartRecord]) -> dict[str, dict[str, Any]
     return out
 
 
-def finalize(spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False) -> dict[str, Any]:
+def finalize(spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False) -> RunSummary:
     """Write the dataset's metadata from the shard records; returns the run summary (``omnipack.json``)."""
     records = shard_records(spec, plan)
     parts = part_records(spec, check_keys=not reuse_measure)
@@ -244,9 +244,9 @@ def finalize(spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False) ->
         staging = spec.stages / "finalize"
         shutil.rmtree(staging, ignore_errors=True)
         write_energon_meta(staging, shards)
-        write_omnipack_meta(staging, summary)
+        write_omnipack_meta(staging, summary.to_json())
         os.replace(ledger, staging / NV_META / ACCOUNTING_FILE)
-        summary["root"] = stamp_root(staging, spec.out)  # the root digest over every file (dataset.root)
+        summary.root = stamp_root(staging, spec.out)  # the root digest over every file (dataset.root)
         crash_point("finalize", 0)
         shutil.rmtree(spec.out / NV_META, ignore_errors=True)
         os.replace(staging / NV_META, spec.out / NV_META)  # the dataset appears here, whole
@@ -257,6 +257,60 @@ def finalize(spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False) ->
     return summary
 
 
+@dataclass
+class SampleCounts:
+    """Where the run's input samples went, checked: input = packed + rejected, in total and per data file."""
+
+    input: int
+    packed: int
+    rejected: int
+    rows: int
+    rows_by_split: dict[str, int]
+    rejected_by_stage: dict[str, int]
+    measured: int
+    reject_fraction: float
+    by_input: list[dict[str, Any]]  # per input data file, checked: input = packed + rejected
+
+
+@dataclass
+class RunSummary:
+    """A finished run: what ``omnipack.json`` records (``to_json``, in this order), and the root digest
+    stamped into it afterwards."""
+
+    omnipack_version: str
+    profile: dict[str, Any]
+    tokenizer: dict[str, Any]
+    seq_length: int
+    align: int
+    parallel: dict[str, Any]
+    image_encoding: str
+    compress_video: bool
+    mrope_position_ids: bool
+    inputs: list[dict[str, Any]] | None  # per input path: the split read and its data files
+    counts: SampleCounts
+    packing: dict[str, Any]  # the plan's packing statistics and settings, and the written rows' efficiency
+    shards: list[ShardInfo]
+    rejects_file: str = REJECTS_FILE
+    accounting_file: str = f"{NV_META}/{ACCOUNTING_FILE}"  # where each input sample went (row or reject)
+    processor_cache: dict[str, dict[str, Any]] | None = None  # a processor-backed profile: calls, cache hits
+    root: dict[str, Any] | None = None  # the root digest over every file (``dataset.root``), once stamped
+
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("processor_cache", "root")  # left out of the JSON when None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if not (k in self._OPTIONAL and v is None)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunSummary:
+        return cls(
+            **{
+                **d,
+                "counts": SampleCounts(**d["counts"]),
+                "shards": [ShardInfo(**s) for s in d["shards"]],
+            }
+        )
+
+
 def run_summary(
     spec: RunSpec,
     plan: PlanRecord,
@@ -265,7 +319,7 @@ def run_summary(
     shards: list[ShardInfo],
     rejected: np.ndarray,
     rejected_by_stage: dict[str, int],
-) -> dict[str, Any]:
+) -> RunSummary:
     """The run summary (``omnipack.json``) from the stage records, checked: every input sample is either
     packed or rejected."""
     n_input, n_rejected = plan.input, len(rejected)
@@ -275,32 +329,32 @@ def run_summary(
     if packed + n_rejected != n_input:  # every input sample is either packed or rejected
         raise AssertionError(f"accounting: {n_input} input != {packed} packed + {n_rejected} rejected")
     seq_length = spec.pack.seq_length
-    summary = {
-        "omnipack_version": spec.summary["omnipack_version"],
-        "profile": spec.summary["profile"],
-        "tokenizer": spec.summary["tokenizer"],
-        "seq_length": seq_length,
-        "align": spec.pack.align,
-        "parallel": spec.summary["parallel"],
-        "image_encoding": spec.write.image_encoding,
-        "compress_video": spec.write.compress_video,
-        "mrope_position_ids": spec.measure.mrope,
-        "inputs": spec.summary.get("inputs"),  # per input path: the split read and its data files
-        "counts": {
-            "input": n_input,
-            "packed": packed,
-            "rejected": n_rejected,
-            "rows": rows,
-            "rows_by_split": {
+    facts = spec.facts
+    return RunSummary(
+        omnipack_version=facts.omnipack_version,
+        profile=facts.profile,
+        tokenizer=facts.tokenizer,
+        seq_length=seq_length,
+        align=spec.pack.align,
+        parallel=facts.parallel,
+        image_encoding=spec.write.image_encoding,
+        compress_video=spec.write.compress_video,
+        mrope_position_ids=spec.measure.mrope,
+        inputs=facts.inputs,
+        counts=SampleCounts(
+            input=n_input,
+            packed=packed,
+            rejected=n_rejected,
+            rows=rows,
+            rows_by_split={
                 part: sum(s.count for s in shards if s.split == part) for part in ("train", "val")
             },
-            "rejected_by_stage": rejected_by_stage,
-            "measured": plan.measured,
-            "reject_fraction": n_rejected / n_input if n_input else 0.0,
-            # per input data file, checked: input = packed + rejected
-            "by_input": by_input_file(spec, parts, rejected, records),
-        },
-        "packing": {
+            rejected_by_stage=rejected_by_stage,
+            measured=plan.measured,
+            reject_fraction=n_rejected / n_input if n_input else 0.0,
+            by_input=by_input_file(spec, parts, rejected, records),
+        ),
+        packing={
             **plan.stats,
             "algorithm": spec.pack.algorithm,
             "seed": spec.pack.seed,
@@ -308,24 +362,22 @@ def run_summary(
             "real_tokens": real_tokens,
             "real_efficiency_written": real_tokens / (rows * seq_length) if rows else 0.0,
         },
-        "shards": [asdict(s) for s in shards],
-        "rejects_file": REJECTS_FILE,
-        "accounting_file": f"{NV_META}/{ACCOUNTING_FILE}",  # where each input sample went (row or reject)
-    }
-    if any(p.processor_cache is not None for p in parts):  # a processor-backed profile: calls, cache hits
-        summary["processor_cache"] = processor_cache_summary(parts)
-    return summary
+        shards=list(shards),
+        # a processor-backed profile: calls, cache hits
+        processor_cache=processor_cache_summary(parts) if any(p.processor_cache is not None for p in parts)
+        else None,
+    )
 
 
-def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: dict[str, Any], ledger: Path) -> None:
+def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: RunSummary, ledger: Path) -> None:
     """An object store has no folder rename: the metadata files go up one by one, ``dataset.yaml`` (what
     Energon opens a dataset by) last, so the dataset appears only once every other file is in place."""
     staging = staging_file(spec.out / NV_META).with_suffix(".d")
     shutil.rmtree(staging, ignore_errors=True)
     write_energon_meta(staging, shards)
-    write_omnipack_meta(staging, summary)
+    write_omnipack_meta(staging, summary.to_json())
     shutil.move(ledger, staging / NV_META / ACCOUNTING_FILE)
-    summary["root"] = stamp_root(staging, spec.out)
+    summary.root = stamp_root(staging, spec.out)
     remove_meta(spec.out)
     files = sorted((staging / NV_META).iterdir(), key=lambda p: (p.name == DATASET_CONFIG, p.name))
     for i, local in enumerate(files):

@@ -402,7 +402,7 @@ def measure_settings(spec: RunSpec) -> dict[str, Any]:
         # timeouts change how a part is measured, not what: a resumed run may change them
         "measure": {**asdict(spec.measure), "remote": spec.measure.remote.access()},
         "media_root": media_root_key(spec.measure.media_root),
-        "tokenizer_fingerprint": spec.summary.get("tokenizer_fingerprint"),
+        "tokenizer_fingerprint": spec.facts.tokenizer_fingerprint,
         "max_line_bytes": spec.max_line_bytes,
         "inputs": spec.inputs.settings() if spec.inputs is not None else None,  # format, layout, field map
     }

@@ -27,8 +27,7 @@ from typing import Any
 
 import xxhash
 
-from ..profiles.checkpoint import PROCESSOR_OPTIONS
-from ..profiles.hf_config import processor_config_source
+from ..profiles.hf_config import PROCESSOR_OPTIONS, processor_config_source
 from ..progress import say
 from ..text.hub_cache import NotCached, resolve_model_dir
 from .records import digest, write_json_atomic
@@ -123,16 +122,13 @@ def _shipped(record: dict[str, Any], stages: AnyPath) -> ShippedModel:
     return ShippedModel(record["name"], str(stages / MODEL_DIR / record["digest"]), record["digest"], files)
 
 
-# Profile options naming a local preprocessor config (a file, or a model folder) and the kind each reads:
-# shipped like the tokenizer, so every node's profile reads the same settings.
-PATH_OPTIONS = PROCESSOR_OPTIONS
 OPTIONS_RECORD = "profile_options.json"
 
 
 def run_profile_options(
     options: dict[str, Any], stages: AnyPath
 ) -> tuple[dict[str, Any], tuple[tuple[str, ShippedModel], ...]]:
-    """``options`` with each preprocessor config path (``PATH_OPTIONS``) on this machine, and those files'
+    """``options`` with each preprocessor config path (``PROCESSOR_OPTIONS``) on this machine, and those files'
     copies in the output: shipped where the path exists, read from the copy where it does not. A model
     folder's file is the one transformers reads for the option's kind (``processor_config_source``), and the
     option then names the copy's folder, so the profile reads it the same way."""
@@ -141,7 +137,8 @@ def run_profile_options(
     except (FileNotFoundError, json.JSONDecodeError):
         recorded = {}
     local, shipped, folders = dict(options), [], {}
-    for key, kind in PATH_OPTIONS.items():
+    # shipped like the tokenizer, so every node's profile reads the same settings
+    for key, kind in PROCESSOR_OPTIONS.items():
         if options.get(key) is None:
             continue
         name = str(options[key])

@@ -1,7 +1,7 @@
 """Pack stage: the length columns of every measured part -> the plan and the shard layout (once, one node).
 
 Reads only the parts' length columns (a few bytes a sample), makes their record indices global, finds ids
-that repeat across parts (within a part the reader finds them), plans rows (``omnipack.plan``), and cuts
+that repeat across parts (within a part the reader finds them), plans rows (``omnipack.stages.pack_planner``), and cuts
 the plan's rows into shards by their estimated size, so each shard is a write unit known before writing.
 Modeled costs come as numbers too (the measure stage's ``sample_cost`` column): no profile is built here.
 """
@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import Reject
-from ..plan import COST_COLUMN, PACK_COLUMNS, PackResult, run_pack, write_plan
 from .measure import part_files, part_offsets, read_measured, read_part_record
+from .pack_planner import COST_COLUMN, PACK_COLUMNS, PackResult, run_pack, write_plan
 from .records import PartRecord, PlannedShard, PlanRecord, digest, write_json_atomic
 from .spec import RunSpec, ShardLayout
 from .storage import make_dirs, publish, read_parquet, staging_file
@@ -212,7 +212,7 @@ def _plan(spec: RunSpec, records: list[PartRecord], reuse_measure: bool) -> Plan
     n_input = int(offsets[-1])
     if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings
         write_json_atomic(
-            spec.measure_dir / MEASURE_KEY_FILE, {**spec.summary["measure_key"], "input": n_input}
+            spec.measure_dir / MEASURE_KEY_FILE, {**spec.facts.measure_key, "input": n_input}
         )
     return PlanRecord(
         "",

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ..media.remote import DEFAULT_REMOTE, RemoteSettings
-from ..plan import PackConfig
 from .model_files import ShippedModel
+from .pack_planner import PackConfig
 from .storage import STAGES_DIR, output_path
 
 REJECTS_FILE = "rejects.jsonl"
@@ -58,6 +58,23 @@ class WriteSettings:
 
 
 @dataclass(frozen=True)
+class RunFacts:
+    """What a run records of itself in omnipack.json besides its counts, known before any stage runs (built
+    by ``pipeline.build_spec``; finalize copies it into the ``RunSummary``)."""
+
+    omnipack_version: str = ""
+    profile: dict[str, Any] = field(default_factory=dict)  # name, options, settings, the choice
+    tokenizer: dict[str, Any] = field(default_factory=dict)  # path, fingerprint, pad and placeholder ids
+    parallel: dict[str, Any] = field(default_factory=dict)  # the parallel layout (tp, cp, sp, fp8)
+    measure_key: dict[str, Any] = field(default_factory=dict)  # what the measured samples depend on
+    inputs: list[dict[str, Any]] | None = None  # per input path: the split read and its data files
+
+    @property
+    def tokenizer_fingerprint(self) -> str | None:
+        return self.tokenizer.get("fingerprint")
+
+
+@dataclass(frozen=True)
 class RunSpec:
     output: str
     manifests: tuple[str, ...]
@@ -68,7 +85,7 @@ class RunSpec:
     layout: ShardLayout
     write: WriteSettings
     parts: tuple[Any, ...] = ()  # InputPart, filled in once the input is split
-    summary: dict[str, Any] = field(default_factory=dict)  # run facts for omnipack.json (profile, tokenizer)
+    facts: RunFacts = field(default_factory=RunFacts)  # run facts for omnipack.json (profile, tokenizer)
     inputs: Any = None  # omnipack.inputs.InputSpec: how the parts are read (None: omnipack JSONL defaults)
     model: ShippedModel | None = None  # the tokenizer's copy in the output, for nodes without its folder
     model_options: tuple[tuple[str, ShippedModel], ...] = ()  # profile option -> its preprocessor config

@@ -125,8 +125,9 @@ def _media_items(seq: SequenceInput, i: int, start_pos: int) -> list[MediaItem]:
     """The media of sequence ``i`` of a row, placed at its start position ``start_pos``."""
     items = []
     for plan, (start, end, ph_start, n_ph), part in seq.media:
-        # (``truncate`` is the writer's instruction; a family records it in its own ``info`` if at all)
+        # (``truncate`` is the writer's instruction, recorded as the info's "truncated")
         info = {k: v for k, v in plan.to_json().items() if k not in _NOT_INFO}
+        info["info"] = plan.recorded_info
         items.append(
             MediaItem(
                 kind=plan.kind,

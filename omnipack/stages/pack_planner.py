@@ -10,12 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import packing
-from .alignment import check_seq_length, pad_to_multiple
-from .errors import Reject
-from .packing.balance import balance_costs
-from .packing.cost import cost_stats, row_constant, row_costs
-from .packing.plan import build_plan
+from .. import packing
+from ..alignment import check_seq_length, pad_to_multiple
+from ..errors import Reject
+from ..packing.balance import balance_costs
+from ..packing.cost import cost_stats, row_constant, row_costs
+from ..packing.plan import build_plan
 
 PLAN_SCHEMA = pa.schema([("row", pa.int32()), ("sample_index", pa.int64())])
 PACK_COLUMNS = [
@@ -91,6 +91,39 @@ def run_pack(samples: Path | pa.Table, cfg: PackConfig) -> PackResult:
         table = pq.read_table(samples, columns=PACK_COLUMNS + ([COST_COLUMN] if cfg.cost_model else []))
     n_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
     padded = pad_to_multiple(n_tokens, cfg.align)
+    bad, rejects = _pack_rejects(table, n_tokens, padded, cfg)
+    keep = np.flatnonzero(~bad)
+    sample_index = table.column("sample_index").to_numpy()
+    if len(keep) == 0:
+        return PackResult(np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), rejects, {"rows": 0})
+    constraints = _constraints(table, keep, cfg)
+    # the kept samples' modeled costs (rejects are never placed)
+    sample_cost = None if cfg.cost_model is None else _sample_costs(table)[keep]
+    if cfg.balance and sample_cost is not None:
+        plan = _pack_cost_balanced(padded[keep], sample_cost, constraints, cfg)
+    else:
+        plan = packing.pack(
+            padded[keep],
+            cfg.seq_length,
+            algorithm=cfg.algorithm,
+            constraints=constraints,
+            window=cfg.window,
+            balance=cfg.balance,
+            shuffle=cfg.shuffle,
+            seed=cfg.seed,
+        )
+    stats = packing.packing_stats(n_tokens[keep], padded[keep], plan, cfg.seq_length)
+    if sample_cost is not None:
+        constant = row_constant(cfg.cost_model, cfg.seq_length)
+        costs = row_costs(plan.row_of, plan.num_rows, sample_cost, constant)
+        stats["row_cost"] = cost_stats(costs, cfg.cost_model, _dp_sizes(cfg.data_parallel))
+    return PackResult(plan.row_ptr.astype(np.int64), sample_index[keep][plan.members], rejects, stats)
+
+
+def _pack_rejects(
+    table: pa.Table, n_tokens: np.ndarray, padded: np.ndarray, cfg: PackConfig
+) -> tuple[np.ndarray, list[Reject]]:
+    """The samples no row can take (a bool mask) and their rejects: over-length, or over a per-row budget."""
     too_long = padded > cfg.seq_length
     budget_cols = {
         "num_media": cfg.max_media_per_row,
@@ -124,32 +157,7 @@ def run_pack(samples: Path | pa.Table, cfg: PackConfig) -> PackResult:
                 reason,
             )
         )
-    keep = np.flatnonzero(~bad)
-    sample_index = indices.to_numpy()
-    if len(keep) == 0:
-        return PackResult(np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64), rejects, {"rows": 0})
-    constraints = _constraints(table, keep, cfg)
-    # the kept samples' modeled costs (rejects are never placed)
-    sample_cost = None if cfg.cost_model is None else _sample_costs(table)[keep]
-    if cfg.balance and sample_cost is not None:
-        plan = _pack_cost_balanced(padded[keep], sample_cost, constraints, cfg)
-    else:
-        plan = packing.pack(
-            padded[keep],
-            cfg.seq_length,
-            algorithm=cfg.algorithm,
-            constraints=constraints,
-            window=cfg.window,
-            balance=cfg.balance,
-            shuffle=cfg.shuffle,
-            seed=cfg.seed,
-        )
-    stats = packing.packing_stats(n_tokens[keep], padded[keep], plan, cfg.seq_length)
-    if sample_cost is not None:
-        constant = row_constant(cfg.cost_model, cfg.seq_length)
-        costs = row_costs(plan.row_of, plan.num_rows, sample_cost, constant)
-        stats["row_cost"] = cost_stats(costs, cfg.cost_model, _dp_sizes(cfg.data_parallel))
-    return PackResult(plan.row_ptr.astype(np.int64), sample_index[keep][plan.members], rejects, stats)
+    return bad, rejects
 
 
 def _dp_sizes(value: tuple[int, ...] | list[int] | int) -> list[int]:
