@@ -285,6 +285,8 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             "tokenizer_fingerprint": chat.fingerprint(),
             "measure_key": measure_key,
             "inputs": input_summary(cfg),
+            # what ``verify --source`` re-derives the samples with (where the run wrote them is no setting)
+            "settings": {k: v for k, v in _run_settings(cfg).items() if k != "output"},
         },
     )
 

@@ -30,7 +30,7 @@ from ..errors import Reject
 from ..inputs.accounting import per_file_counts
 from .measure import part_offsets, read_measured
 from .pack import part_records
-from .records import PartRecord, PlanRecord, ShardRecord, crash_point
+from .records import PartRecord, PlanRecord, ShardRecord, crash_point, digest
 from .spec import REJECTS_FILE, RunSpec
 from .storage import is_local, publish, read_parquet, remove_tree, staging_file
 from .write import read_shard_record, shard_done
@@ -311,10 +311,30 @@ def run_summary(
         "shards": [asdict(s) for s in shards],
         "rejects_file": REJECTS_FILE,
         "accounting_file": f"{NV_META}/{ACCOUNTING_FILE}",  # where each input sample went (row or reject)
+        "source": source_record(spec, parts),
     }
     if any(p.processor_cache is not None for p in parts):  # a processor-backed profile: calls, cache hits
         summary["processor_cache"] = processor_cache_summary(parts)
     return summary
+
+
+def source_record(spec: RunSpec, parts: list[PartRecord]) -> dict[str, Any]:
+    """What ``omnipack verify --source`` needs to re-derive every sample from the run's inputs: the run's
+    settings and, per input data file, a digest of its parts' checksums (a JSONL part's is of its bytes;
+    other formats' of the file's path, size and modification time) and the records each part holds."""
+    files: dict[str, dict[str, Any]] = {}
+    for rec in sorted(parts, key=lambda r: r.number):
+        entry = files.setdefault(rec.part.path, {"path": rec.part.path, "xxh3": [], "records": []})
+        entry["xxh3"].append(rec.part.xxh3)
+        entry["records"].append(rec.records)
+    for entry in files.values():
+        entry["xxh3"] = digest(entry["xxh3"])
+    return {
+        "settings": spec.summary.get("settings"),
+        "media_root": spec.measure.media_root,
+        "part_lines": spec.part_lines,
+        "files": list(files.values()),
+    }
 
 
 def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: dict[str, Any], ledger: Path) -> None:
