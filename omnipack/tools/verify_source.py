@@ -395,12 +395,25 @@ def _media_difference(row: Any, i: int, a: int, derived: Any, raw: RawRow, paylo
         for name in ("token_start", "block_start", "block_end"):
             if getattr(s, name) != getattr(d, name) + a:
                 return f"{what}.{name} differs: stored {getattr(s, name)}, the source gives {getattr(d, name) + a}"
-        for key in sorted(set(s.info) | set(d.info)):
-            if json.dumps(s.info.get(key)) != json.dumps(d.info.get(key)):
-                return f"{what}.info.{key} differs: stored {s.info.get(key)}, the source gives {d.info.get(key)}"
+        diff = _info_difference(s.info, d.info, f"{what}.info")
+        if diff is not None:
+            return diff
         diff = _payload_difference(s.part, raw.parts.get(s.part), d.part, payloads[d.part])
         if diff is not None:
             return f"{what}.payload{diff}"
+    return None
+
+
+def _info_difference(stored: Any, derived: Any, path: str) -> str | None:
+    """The first differing key of a media item's plan info (timing included), nested keys by dots."""
+    if isinstance(stored, dict) and isinstance(derived, dict):
+        for key in sorted(set(stored) | set(derived)):
+            diff = _info_difference(stored.get(key), derived.get(key), f"{path}.{key}")
+            if diff is not None:
+                return diff
+        return None
+    if json.dumps(stored) != json.dumps(derived):
+        return f"{path} differs: stored {stored}, the source gives {derived}"
     return None
 
 
