@@ -285,8 +285,9 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             "tokenizer_fingerprint": chat.fingerprint(),
             "measure_key": measure_key,
             "inputs": input_summary(cfg),
-            # what ``verify --source`` re-derives the samples with (where the run wrote them is no setting)
-            "settings": {k: v for k, v in _run_settings(cfg).items() if k != "output"},
+            # what ``verify --source`` re-derives the samples with (not where the run wrote them, nor how
+            # it split the input: the dataset's bytes depend on neither)
+            "settings": {k: v for k, v in _run_settings(cfg).items() if k not in ("output", "part_lines")},
         },
     )
 

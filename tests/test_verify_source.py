@@ -255,7 +255,7 @@ def test_changed_input_is_refused_unless_allowed(small: Path, tmp_path: Path) ->
 
     edit_json(ds / ".nv-meta" / "omnipack.json", point_to_copy)
     res = source_result(ds)
-    assert res.status == "fail" and f"input {moved}: digest" in res.failures[0]
+    assert res.status == "fail" and f"input {moved}: xxh3-128" in res.failures[0]
     assert "--allow-changed-source" in res.failures[-1]
     res = source_result(ds, allow_changed=True)
     assert any("changed since prepare" in n for n in res.notes)

@@ -28,9 +28,10 @@ from ..dataset.root import stamp_root
 from ..dataset.shards import ShardInfo
 from ..errors import Reject
 from ..inputs.accounting import per_file_counts
+from ..inputs.base import input_path
 from .measure import part_offsets, read_measured
 from .pack import part_records
-from .records import PartRecord, PlanRecord, ShardRecord, crash_point, digest
+from .records import PartRecord, PlanRecord, ShardRecord, crash_point, file_xxh3
 from .spec import REJECTS_FILE, RunSpec
 from .storage import is_local, publish, read_parquet, remove_tree, staging_file
 from .write import read_shard_record, shard_done
@@ -320,21 +321,16 @@ def run_summary(
 
 def source_record(spec: RunSpec, parts: list[PartRecord]) -> dict[str, Any]:
     """What ``omnipack verify --source`` needs to re-derive every sample from the run's inputs: the run's
-    settings and, per input data file, a digest of its parts' checksums (a JSONL part's is of its bytes;
-    other formats' of the file's path, size and modification time) and the records each part holds."""
+    settings and, per input data file, its records and the xxh3-128 of its bytes (a local file; None for a
+    remote one). Neither depends on how the input was split into parts."""
     files: dict[str, dict[str, Any]] = {}
     for rec in sorted(parts, key=lambda r: r.number):
-        entry = files.setdefault(rec.part.path, {"path": rec.part.path, "xxh3": [], "records": []})
-        entry["xxh3"].append(rec.part.xxh3)
-        entry["records"].append(rec.records)
+        entry = files.setdefault(rec.part.path, {"path": rec.part.path, "xxh3": None, "records": 0})
+        entry["records"] += rec.records
     for entry in files.values():
-        entry["xxh3"] = digest(entry["xxh3"])
-    return {
-        "settings": spec.summary.get("settings"),
-        "media_root": spec.measure.media_root,
-        "part_lines": spec.part_lines,
-        "files": list(files.values()),
-    }
+        path = input_path(entry["path"])
+        entry["xxh3"] = file_xxh3(path) if is_local(path) else None
+    return {"settings": spec.summary.get("settings"), "files": list(files.values())}
 
 
 def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: dict[str, Any], ledger: Path) -> None:

@@ -27,15 +27,16 @@ from ..dataset.accounting import read_ledger
 from ..dataset.reader import Dataset, RawRow, open_dataset, read_index, read_row
 from ..executors import make_executor
 from ..inputs import InputPart, InputSpec, read_part
+from ..inputs.base import input_path
 from ..loader.media import decode_payload
 from ..pipeline import PrepareConfig
 from ..profiles import get_profile, profile_class
 from ..profiles.checkpoint import PROCESSOR_OPTIONS
-from ..stages.measure import _measurer, sample_arrays, split_input
+from ..stages.measure import PART_LINES, _measurer, sample_arrays, split_input
 from ..stages.model_files import MODEL_DIR, OPTIONS_RECORD, _shipped, local_copy, read_shipped
-from ..stages.records import digest
+from ..stages.records import file_xxh3
 from ..stages.spec import MeasureConfig, WriteSettings
-from ..stages.storage import STAGES_DIR
+from ..stages.storage import STAGES_DIR, is_local
 from ..stages.write import SequenceInput, assemble_row, sample_media
 from ..text.chat import ChatTokenizer
 
@@ -55,7 +56,6 @@ MEDIA_FIELDS = ("kind", "num_tokens", "grid_thw")
 class Picked:
     """One input sample to re-derive, and where the dataset says it went."""
 
-    local: int  # record index within its input part
     index: int  # global sample index
     sample_id: str
     source: str
@@ -138,20 +138,21 @@ def _model_changes(ds: Dataset, chat: ChatTokenizer) -> list[str]:
     return changes
 
 
-def _input_changes(recorded: list[dict[str, Any]], parts: list[InputPart]) -> list[str]:
-    """Each input file's digest (of its parts' checksums) and part count against those recorded."""
-    now: dict[str, list[str]] = {}
-    for p in parts:
-        now.setdefault(p.path, []).append(p.xxh3)
-    changes = []
+def _input_changes(recorded: list[dict[str, Any]], parts: list[InputPart]) -> tuple[list[str], list[str]]:
+    """(changes, notes): each input file's xxh3-128 against the recorded one; files gone or new."""
+    now = list(dict.fromkeys(p.path for p in parts))
+    changes, notes = [], []
     for f in recorded:
-        xs = now.pop(f["path"], None)
-        if xs is None:
+        path = input_path(f["path"])
+        if f["path"] not in now:
             changes.append(f"input {f['path']}: not read now (missing, or no longer selected)")
-        elif digest(xs) != f["xxh3"] or len(xs) != len(f["records"]):
-            changes.append(f"input {f['path']}: digest {digest(xs)}, recorded {f['xxh3']}")
-    changes += [f"input {path}: not an input of the recorded run" for path in now]
-    return changes
+        elif f.get("xxh3") is None:
+            notes.append(f"input {f['path']}: no digest recorded (a remote file): its bytes are not compared")
+        elif is_local(path) and file_xxh3(path) != f["xxh3"]:
+            changes.append(f"input {f['path']}: xxh3-128 {file_xxh3(path)}, recorded {f['xxh3']}")
+    changes += [f"input {path}: not an input of the recorded run" for path in now if path not in
+                {f["path"] for f in recorded}]  # fmt: skip
+    return changes, notes
 
 
 def _row_locations(ds: Dataset) -> dict[int, tuple[str, int]]:
@@ -193,7 +194,7 @@ def _pick(ledger: Any, rows: dict[int, tuple[str, int]], fraction: float, seed: 
             if not chosen.intersection(members):
                 chosen.add(int(rng.choice(members)))
     return [
-        Picked(-1, d["sample_index"][i], d["sample_id"][i], d["source"][i], d["row"][i], d["position"][i],
+        Picked(d["sample_index"][i], d["sample_id"][i], d["source"][i], d["row"][i], d["position"][i],
                d["stage"][i], rows.get(d["row"][i]) if d["row"][i] is not None else None)
         for i in sorted(chosen)
     ]  # fmt: skip
@@ -217,17 +218,35 @@ def _spec(ds: Dataset, source: dict[str, Any]) -> tuple[SourceSpec, ChatTokenize
         cfg.media_root, cfg.seq_length, align, pad_id, cfg.image_encoding, cfg.compress_video,
         media_allow_roots=tuple(cfg.media_allow_roots), remote=cfg.remote,
     )  # fmt: skip
-    parts = split_input([Path(m) for m in cfg.manifest], source.get("part_lines") or cfg.part_lines, cfg.input_spec)
+    parts = split_input(list(cfg.manifest), PART_LINES, cfg.input_spec)
     return SourceSpec(str(ds.root), measure, write, cfg.input_spec, tuple(parts), {}), chat, parts
 
 
-def _by_part(picked: list[Picked], files: list[dict[str, Any]]) -> dict[int, tuple[Picked, ...]]:
-    """The picked samples grouped by input part, each with its record index within the part."""
-    offsets = np.concatenate([[0], np.cumsum([n for f in files for n in f["records"]])]).astype(np.int64)
+def _source_key(source: str) -> tuple[str, str, int] | None:
+    """A record's source (``file:line`` for line-based files, ``file#record`` otherwise) as (file label,
+    separator, number)."""
+    for sep in ("#", ":"):
+        label, found, number = source.rpartition(sep)
+        if found and number.isdigit():
+            return label, sep, int(number)
+    return None
+
+
+def _by_part(picked: list[Picked], parts: list[InputPart]) -> dict[int, tuple[Picked, ...]]:
+    """The picked samples grouped by the input part that holds their source record."""
+    ranges: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+    for p in parts:
+        if p.format == "jsonl":
+            ranges.setdefault((p.file_label, ":"), []).append((p.first_line, p.first_line + p.num_lines, p.number))
+        else:
+            end = p.first_record + p.num_records
+            ranges.setdefault((p.file_label, "#"), []).append((p.first_record, end, p.number))
     out: dict[int, list[Picked]] = {}
-    for p in picked:
-        part = int(np.searchsorted(offsets, p.index, side="right")) - 1
-        out.setdefault(part, []).append(replace(p, local=int(p.index - offsets[part])))
+    for pick in picked:
+        key = _source_key(pick.source)
+        spans = ranges.get(key[:2], []) if key else []
+        number = next((n for lo, hi, n in spans if lo <= key[2] < hi), -1) if key else -1
+        out.setdefault(number, []).append(pick)
     return {k: tuple(v) for k, v in out.items()}
 
 
@@ -247,8 +266,8 @@ def run_source_check(
         spec, chat, parts = _spec(ds, source)
     except (LookupError, FileNotFoundError, ValueError) as e:
         return [str(e)], []
-    changes = _model_changes(ds, chat) + _input_changes(source.get("files") or [], parts)
-    notes = []
+    input_changes, notes = _input_changes(source.get("files") or [], parts)
+    changes = _model_changes(ds, chat) + input_changes
     if changes and not allow_changed:
         return [f"changed since prepare: {c}" for c in changes] + [
             "not compared: give --allow-changed-source to compare anyway and count the differences"
@@ -259,8 +278,9 @@ def run_source_check(
     if fraction is None:
         fraction = 1.0 if packed < FULL_BELOW else DEFAULT_FRACTION
     picked = _pick(ledger, _row_locations(ds), fraction, seed)
-    spec = replace(spec, picked=_by_part(picked, source.get("files") or []))
+    spec = replace(spec, picked=_by_part(picked, parts))
     found = PartFindings()
+    found.differences += [f"{_where(p)}: its source record is in no input part now" for p in spec.picked.pop(-1, ())]
     with make_executor(executor, workers) as ex:
         for f in ex.map(check_part, spec, sorted(spec.picked)):
             found.checked += f.checked
@@ -288,14 +308,14 @@ def _rows(ds: Dataset, cache: dict[int, tuple[RawRow, Any]], global_row: int) ->
 def check_part(spec: SourceSpec, number: int) -> PartFindings:
     """Part ``number``'s chosen samples re-derived and compared with the dataset (a unit function)."""
     ds = _DATASETS.setdefault(spec.root, open_dataset(spec.root))
-    picked = {p.local: p for p in spec.picked.get(number, ())}
-    raws = [r for r in read_part(spec.parts[number], spec.inputs) if r.index in picked]
+    picked = {p.source: p for p in spec.picked.get(number, ())}
+    raws = [r for r in read_part(spec.parts[number], spec.inputs) if r.source in picked]
     measurer = _measurer(spec.measure)
     own = profile_class(spec.measure.profile).stores_own_media()
     store = measurer.profile.store_media if own else None
     found, rows = PartFindings(), {}
     for raw, (kind, rec) in zip(raws, measurer.measure_many(raws), strict=True):
-        p = picked[raw.index]
+        p = picked[raw.source]
         found.checked += 1
         where = _where(p)
         if kind != "sample":
@@ -312,7 +332,7 @@ def check_part(spec: SourceSpec, number: int) -> PartFindings:
         diff = first_difference(p, rec, raw_row, row, spec.write, store)
         if diff is not None:
             found.differences.append(f"{where}: {diff}")
-    missing = sorted(set(picked) - {r.index for r in raws})
+    missing = sorted(set(picked) - {r.source for r in raws})
     found.differences += [f"{_where(picked[k])}: its source record is not in the input now" for k in missing]
     return found
 
