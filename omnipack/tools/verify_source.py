@@ -32,9 +32,9 @@ from ..loader.media import decode_payload
 from ..pipeline import PrepareConfig
 from ..profiles import get_profile, profile_class
 from ..profiles.checkpoint import PROCESSOR_OPTIONS
+from ..stages.finalize import input_xxh3
 from ..stages.measure import PART_LINES, _measurer, sample_arrays, split_input
 from ..stages.model_files import MODEL_DIR, OPTIONS_RECORD, _shipped, local_copy, read_shipped
-from ..stages.records import file_xxh3
 from ..stages.spec import MeasureConfig, WriteSettings
 from ..stages.storage import STAGES_DIR, is_local
 from ..stages.write import SequenceInput, assemble_row, sample_media
@@ -148,8 +148,8 @@ def _input_changes(recorded: list[dict[str, Any]], parts: list[InputPart]) -> tu
             changes.append(f"input {f['path']}: not read now (missing, or no longer selected)")
         elif f.get("xxh3") is None:
             notes.append(f"input {f['path']}: no digest recorded (a remote file): its bytes are not compared")
-        elif is_local(path) and file_xxh3(path) != f["xxh3"]:
-            changes.append(f"input {f['path']}: xxh3-128 {file_xxh3(path)}, recorded {f['xxh3']}")
+        elif is_local(path) and input_xxh3(path) != f["xxh3"]:
+            changes.append(f"input {f['path']}: xxh3-128 {input_xxh3(path)}, recorded {f['xxh3']}")
     changes += [f"input {path}: not an input of the recorded run" for path in now if path not in
                 {f["path"] for f in recorded}]  # fmt: skip
     return changes, notes
