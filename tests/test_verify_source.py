@@ -276,3 +276,27 @@ def test_a_dataset_without_source_settings_says_so(small: Path, tmp_path: Path) 
     edit_json(ds / ".nv-meta" / "omnipack.json", lambda d: d.pop("source"))
     res = source_result(ds)
     assert res.status == "fail" and "records no source settings" in res.failures[0]
+
+
+def test_worker_processes_report_what_one_process_reports(
+    small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Input parts of 8 records on two spawned workers of the local executor: the same findings."""
+    import omnipack.tools.verify_source as vs
+
+    ds = copy_dataset(small, tmp_path / "ds")
+
+    def edit(r, row, meta, where) -> bool:
+        labels, loss = row.labels.copy(), row.loss_mask.copy()
+        i = _text_position(row, 0)
+        labels[i], loss[i] = row.tokens[i + 1], 1
+        _set_arrays(r, labels=labels, loss_mask=loss)
+        where["sid"] = row.sample_ids[0]
+        return True
+
+    where = _damage_row(ds, edit)
+    monkeypatch.setattr(vs, "PART_LINES", 8)
+    one = vs.run_source_check(ds, workers=1)
+    two = vs.run_source_check(ds, workers=2)
+    assert sorted(one[0]) == sorted(two[0]) and len(one[0]) == 1 and f"sample {where['sid']} " in one[0][0]
+    assert one[1] == two[1]
