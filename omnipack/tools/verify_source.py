@@ -273,7 +273,10 @@ def run_source_check(
             "not compared: give --allow-changed-source to compare anyway and count the differences"
         ], []
     notes += [f"changed since prepare (compared anyway): {c}" for c in changes]
-    ledger = read_ledger(ds.root / ds.meta.get("accounting_file", ".nv-meta/accounting.parquet"))
+    try:  # where each sample went: the slot its re-derivation is compared with
+        ledger = read_ledger(ds.root / ds.meta.get("accounting_file", ".nv-meta/accounting.parquet"))
+    except (FileNotFoundError, ValueError) as e:
+        return [f"the accounting ledger, which says where each sample went, is unusable: {e}"], notes
     packed = int((ds.meta.get("counts") or {}).get("packed", ledger.num_rows))
     if fraction is None:
         fraction = 1.0 if packed < FULL_BELOW else DEFAULT_FRACTION
