@@ -336,7 +336,8 @@ def source_record(spec: RunSpec, parts: list[PartRecord]) -> dict[str, Any]:
     remote one). Neither depends on how the input was split into parts."""
     files: dict[str, dict[str, Any]] = {}
     for rec in sorted(parts, key=lambda r: r.number):
-        entry = files.setdefault(rec.part.path, {"path": rec.part.path, "xxh3": None, "records": 0})
+        path = rec.part.path if "://" in rec.part.path else os.path.abspath(rec.part.path)
+        entry = files.setdefault(path, {"path": path, "xxh3": None, "records": 0})
         entry["records"] += rec.records
     for entry in files.values():
         path = input_path(entry["path"])

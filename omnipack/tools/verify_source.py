@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -140,7 +141,7 @@ def _model_changes(ds: Dataset, chat: ChatTokenizer) -> list[str]:
 
 def _input_changes(recorded: list[dict[str, Any]], parts: list[InputPart]) -> tuple[list[str], list[str]]:
     """(changes, notes): each input file's xxh3-128 against the recorded one; files gone or new."""
-    now = list(dict.fromkeys(p.path for p in parts))
+    now = list(dict.fromkeys(p.path if "://" in p.path else os.path.abspath(p.path) for p in parts))
     changes, notes = [], []
     for f in recorded:
         path = input_path(f["path"])
