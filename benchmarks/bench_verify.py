@@ -14,6 +14,8 @@ Measured per dataset, page cache warm (each timing is the best of ``--repeat`` r
 - **verify --no-checksums**: every check but the shards' sha256 (the fingerprints still cover content);
 - **decode payloads**: reading the shards and fully decoding every media part (what payload checks cost
   when they decode pixels, as verify did before it read headers).
+- **verify --source** against **prepare**: every sample re-derived from the corpus (measure and media
+  materialised, no packing or writing) with prepare's worker count, once, against prepare's own time.
 
 Ratios are against the read floor, and against read + sha256. ``-j`` runs verify with that many worker
 processes as well (the floor stays single-process).
@@ -67,6 +69,9 @@ def build_corpus(root: Path, n: int, seed: int = 0) -> tuple[Path, Path]:
     return manifest, media
 
 
+PREPARE_WORKERS = 2
+
+
 def prepare(root: Path, manifest: Path, media: Path, tokenizer: Path, encoding: str) -> Path:
     from omnipack.pipeline import PrepareConfig, run_prepare
 
@@ -79,7 +84,7 @@ def prepare(root: Path, manifest: Path, media: Path, tokenizer: Path, encoding: 
         seq_length=8192,
         image_encoding=encoding,
         shard_size_mb=64,
-        workers=2,
+        workers=PREPARE_WORKERS,
         mrope=False,  # the recorded numbers' workload (mRoPE ids are on by default now)
         progress=False,
     )
@@ -139,6 +144,17 @@ def run_verify(ds: Path, payloads: bool, workers: int, checksums: bool = True, s
         raise SystemExit(f"verify failed on an intact dataset: {bad}")
 
 
+def run_verify_source(ds: Path, workers: int) -> float:
+    """Seconds of the source check alone (every sample re-derived and compared)."""
+    from omnipack.tools.verify_source import run_source_check
+
+    t = time.perf_counter()
+    failures, notes = run_source_check(ds, fraction=1.0, workers=workers)
+    if failures:
+        raise SystemExit(f"verify --source failed on an intact dataset: {failures[:2]}")
+    return time.perf_counter() - t
+
+
 def best_of(fn: Callable[[], object], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -162,6 +178,7 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory(prefix="bench_verify_")
     root = Path(tmp.name)
     datasets = [(Path(d).name, Path(d)) for d in args.dataset]
+    prepared: dict[str, float] = {}
     if not datasets:
         from omnipack.demo.tokenizer import build_demo_tokenizer
 
@@ -170,9 +187,11 @@ def main() -> None:
         for enc in args.encodings.split(","):
             t = time.perf_counter()
             datasets.append((enc, prepare(root, manifest, media, tok, enc)))
-            print(f"prepared {enc}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+            prepared[enc] = time.perf_counter() - t
+            print(f"prepared {enc}: {prepared[enc]:.1f} s", file=sys.stderr)
 
     rows = []
+    source_s: dict[str, float] = {}
     for name, ds in datasets:
         size = read_floor(ds)  # also warms the page cache
         floor = best_of(lambda ds=ds: read_floor(ds), args.repeat)
@@ -189,6 +208,7 @@ def main() -> None:
             )
         timings["decode payloads (no checks)"] = best_of(lambda ds=ds: decode_payloads(ds), 1)
         rows.append((name, size, floor, fast, sha, timings))
+        source_s[name] = run_verify_source(ds, PREPARE_WORKERS)
 
     print(f"\n{n} photo samples, one image each; best of {args.repeat}; page cache warm\n")
     print("| dataset | MB | read floor s | read+xxh3 s | read+sha256 s | what | s | × floor | × read+sha256 |")
@@ -199,6 +219,11 @@ def main() -> None:
                 f"| {name} | {size / 1e6:.0f} | {floor:.3f} | {fast:.3f} | {sha:.3f} | {what} | {t:.3f} | "
                 f"{t / floor:.1f} | {t / sha:.2f} |"
             )
+    print(f"\n| dataset | prepare s ({PREPARE_WORKERS} workers) | verify --source s | × prepare |")
+    print("|---|---|---|---|")
+    for name, t in source_s.items():
+        p = prepared.get(name)
+        print(f"| {name} | {'' if p is None else f'{p:.1f}'} | {t:.1f} | {'' if p is None else f'{t / p:.2f}'} |")
     tmp.cleanup()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
@@ -311,6 +312,9 @@ def _run_facts(
         parallel=asdict(cfg.layout),
         measure_key=measure_key,
         inputs=input_summary(cfg),
+        # what ``verify --source`` re-derives the samples with (not where the run wrote them, nor how it
+        # split the input: the dataset's bytes depend on neither)
+        settings=source_settings(cfg),
     )
 
 
@@ -387,6 +391,25 @@ HOW_NOT_WHAT = (
     "http_read_timeout",
     "http_deadline",
 )
+
+
+def absolute(path: Any) -> Any:
+    """A local path that exists, made absolute (a URL, a Hub id or None as given)."""
+    if isinstance(path, str) and "://" not in path and os.path.exists(path):
+        return os.path.abspath(path)
+    return path
+
+
+def source_settings(cfg: PrepareConfig) -> dict[str, Any]:
+    """The run's settings as ``verify --source`` re-derives the samples with them: local paths absolute (it
+    may run elsewhere); not where the run wrote them, nor how it split the input (the bytes depend on
+    neither)."""
+    settings = {k: v for k, v in _run_settings(cfg).items() if k not in ("output", "part_lines")}
+    for key in ("media_root", "tokenizer", "model"):
+        settings[key] = absolute(settings.get(key))
+    for key in ("manifest", "media_allow_roots"):
+        settings[key] = [absolute(p) for p in settings.get(key) or []]
+    return settings
 
 
 def _run_settings(cfg: PrepareConfig) -> dict[str, Any]:

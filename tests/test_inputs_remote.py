@@ -92,6 +92,11 @@ def test_jsonl_json_and_a_parquet_prefix_on_s3_give_the_local_dataset(inputs, tm
     where = {k: [(i.pop("path"), i) for i in m.pop("inputs")] for k, m in meta.items()}
     assert [p for p, _ in where["got"]] == [u.rstrip("/") for u in remote] and [p for p, _ in where["want"]] == [str(local / n) for n in names]
     assert [i for _, i in where["got"]] == [i for _, i in where["want"]]  # the same split and files
+    # the source record names the inputs too, and digests only local files
+    sources = {k: m.pop("source") for k, m in meta.items()}
+    assert [f["records"] for f in sources["got"]["files"]] == [f["records"] for f in sources["want"]["files"]]
+    assert all(f["xxh3"] is None for f in sources["got"]["files"])
+    assert all(f["xxh3"] for f in sources["want"]["files"])
     # the root covers omnipack.json, which records the input paths: every other file's leaf is the same
     leaves = {k: [f for f in m.pop("root")["leaves"] if f[0] != ".nv-meta/omnipack.json"] for k, m in meta.items()}
     assert leaves["got"] == leaves["want"]

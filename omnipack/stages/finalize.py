@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 from ..dataset.accounting import ACCOUNTING_FILE, LedgerWriter
 from ..dataset.meta import DATASET_CONFIG, NV_META, write_energon_meta, write_omnipack_meta
@@ -28,6 +29,7 @@ from ..dataset.root import stamp_root
 from ..dataset.shards import ShardInfo
 from ..errors import Reject
 from ..inputs.accounting import per_file_counts
+from ..inputs.base import input_path
 from .measure import part_offsets, read_measured
 from .pack import part_records
 from .records import PartRecord, PlanRecord, ShardRecord, crash_point
@@ -292,6 +294,7 @@ class RunSummary:
     shards: list[ShardInfo]
     rejects_file: str = REJECTS_FILE
     accounting_file: str = f"{NV_META}/{ACCOUNTING_FILE}"  # where each input sample went (row or reject)
+    source: dict[str, Any] | None = None  # the settings and input digests ``verify --source`` starts from
     processor_cache: dict[str, dict[str, Any]] | None = None  # a processor-backed profile: calls, cache hits
     root: dict[str, Any] | None = None  # the root digest over every file (``dataset.root``), once stamped
 
@@ -363,10 +366,36 @@ def run_summary(
             "real_efficiency_written": real_tokens / (rows * seq_length) if rows else 0.0,
         },
         shards=list(shards),
+        source=source_record(spec, parts),
         # a processor-backed profile: calls, cache hits
         processor_cache=processor_cache_summary(parts) if any(p.processor_cache is not None for p in parts)
         else None,
     )
+
+
+def input_xxh3(path: Path) -> str:
+    """xxh3-128 of an input file, read in small chunks (finalize's memory stays flat; the hash runs at
+    several GB/s either way)."""
+    h = xxhash.xxh3_128()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 18):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def source_record(spec: RunSpec, parts: list[PartRecord]) -> dict[str, Any]:
+    """What ``omnipack verify --source`` needs to re-derive every sample from the run's inputs: the run's
+    settings and, per input data file, its records and the xxh3-128 of its bytes (a local file; None for a
+    remote one). Neither depends on how the input was split into parts."""
+    files: dict[str, dict[str, Any]] = {}
+    for rec in sorted(parts, key=lambda r: r.number):
+        path = rec.part.path if "://" in rec.part.path else os.path.abspath(rec.part.path)
+        entry = files.setdefault(path, {"path": path, "xxh3": None, "records": 0})
+        entry["records"] += rec.records
+    for entry in files.values():
+        path = input_path(entry["path"])
+        entry["xxh3"] = input_xxh3(path) if is_local(path) else None
+    return {"settings": spec.facts.settings, "files": list(files.values())}
 
 
 def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: RunSummary, ledger: Path) -> None:

@@ -68,6 +68,7 @@ class RunFacts:
     parallel: dict[str, Any] = field(default_factory=dict)  # the parallel layout (tp, cp, sp, fp8)
     measure_key: dict[str, Any] = field(default_factory=dict)  # what the measured samples depend on
     inputs: list[dict[str, Any]] | None = None  # per input path: the split read and its data files
+    settings: dict[str, Any] = field(default_factory=dict)  # what ``verify --source`` re-derives samples with
 
     @property
     def tokenizer_fingerprint(self) -> str | None:

@@ -153,6 +153,30 @@ class RowResult:
     real_tokens: int
 
 
+def sample_media(
+    rec: dict[str, Any], cfg: WriteSettings, store_media: MediaStore | None = None, first: int = 0
+) -> tuple[list[tuple[MediaPlan, tuple[int, int, int, int], str]], dict[str, bytes]]:
+    """A measured sample's media materialised as stored: (plan, span, part name) per item and the parts'
+    bytes, named from ``media.{first}`` on (the items of the row before it); ``SampleReject`` for media
+    that can not be read."""
+    media, payloads = [], {}
+    for m in json.loads(rec["media_json"]):
+        plan = MediaPlan.from_json(m["plan"])
+        ext, data = materialize(
+            resolve_source(m["ref"], cfg.media_root, cfg.media_allow_roots, cfg.remote),
+            plan.storage,
+            image_encoding=cfg.image_encoding if store_media is None else "npy",
+            compress_video=cfg.compress_video and store_media is None,
+        )
+        if store_media is not None:  # npy / stored npz: the decoded arrays are views of the bytes
+            decoded = view_npy(data) if ext == "npy" else view_npz(data)
+            ext, data = "npz", npz_bytes(store_media(plan, decoded))
+        part = f"media.{first + len(payloads)}.{ext}"
+        payloads[part] = data
+        media.append((plan, tuple(m["span"]), part))
+    return media, payloads
+
+
 def build_row(
     key: str, records: list[dict[str, Any]], cfg: WriteSettings, store_media: MediaStore | None = None
 ) -> RowResult:
@@ -162,22 +186,8 @@ def build_row(
     payloads: dict[str, bytes] = {}
     rejects: list[Reject] = []
     for rec in records:
-        media, sample_payloads = [], {}
         try:
-            for m in json.loads(rec["media_json"]):
-                plan = MediaPlan.from_json(m["plan"])
-                ext, data = materialize(
-                    resolve_source(m["ref"], cfg.media_root, cfg.media_allow_roots, cfg.remote),
-                    plan.storage,
-                    image_encoding=cfg.image_encoding if store_media is None else "npy",
-                    compress_video=cfg.compress_video and store_media is None,
-                )
-                if store_media is not None:  # npy / stored npz: the decoded arrays are views of the bytes
-                    decoded = view_npy(data) if ext == "npy" else view_npz(data)
-                    ext, data = "npz", npz_bytes(store_media(plan, decoded))
-                part = f"media.{len(payloads) + len(sample_payloads)}.{ext}"
-                sample_payloads[part] = data
-                media.append((plan, tuple(m["span"]), part))
+            media, sample_payloads = sample_media(rec, cfg, store_media, len(payloads))
         except SampleReject as e:
             rejects.append(Reject.of(rec["sample_index"], rec["sample_id"], rec["source"], "write", e))
             continue

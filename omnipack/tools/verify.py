@@ -12,7 +12,7 @@ import functools
 import json
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +46,13 @@ from ..dataset.root import (
     merkle_root,
     shard_algorithm,
 )
+from ..executors import EXECUTORS
 from ..loader.media import decode_payload
 from ..media.audio_storage import STORED_AUDIO_DTYPES
 from ..profiles import get_profile
 from ..profiles.base import MediaPlan, MediaSpan
 from ..profiles.hf_config import dataset_placeholder_ids
+from .verify_source import SOURCE_CHECK, run_source_check
 
 # (name, what it proves), in report order.
 CHECKS: list[tuple[str, str]] = [
@@ -314,7 +316,30 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
         return
     where = _describe(job, local, raw.key, row.sample_ids)
     rep.rows_seen.append(RowSeen(raw.key, where, list(row.sample_ids)))
+    _check_parts(job, row, raw, where, rep)
+    mrope_ok = _check_meta(job, row, meta, where, rep)
+    errs = row_invariant_errors(row, job.align)
+    for e in errs:
+        rep.fail("row-contract", f"{where}: {e}")
+    shape_ok = len(row.cu_seqlens) == len(row.sample_ids) + 1 == len(row.cu_seqlens_padded)
+    if not shape_ok or any("shape" in e for e in errs):
+        return  # later checks index by the boundaries
+    for name, expected in (
+        ("seq_length", row.seq_length),
+        ("max_seqlen", row.max_seqlen),
+        ("max_seqlen_padded", row.max_seqlen_padded),
+        ("num_real_tokens", int(row.seqlens.sum())),
+    ):
+        if name in meta and meta[name] != expected:
+            rep.fail("row-meta", f"{where}: meta.json {name}={meta[name]}, the arrays say {expected}")
+    _check_content(job, row, meta, raw, where, rep)
+    profile = _check_tokens(job, row, where, rep, mrope_ok and not errs)
+    if job.payloads:
+        _check_payloads(profile, row, raw, where, rep)
 
+
+def _check_parts(job: ShardJob, row: Any, raw: Any, where: str, rep: ShardReport) -> None:
+    """Each media part present, none stray, none shared; mRoPE ids present as omnipack.json says."""
     media_parts = {m.part for m in row.media}
     absent = sorted(p for p in media_parts if p not in raw.parts)
     stray = sorted(p for p in raw.parts if p not in KNOWN_PARTS and p not in media_parts)
@@ -328,6 +353,9 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
         has = "has" if row.mrope_position_ids is not None else "lacks"
         rep.fail("row-parts", f"{where}: {has} mrope_position_ids, omnipack.json says mrope={job.mrope}")
 
+
+def _check_meta(job: ShardJob, row: Any, meta: dict, where: str, rep: ShardReport) -> bool:
+    """meta.json's keys, width and version; whether the mRoPE ids (if any) have the row's shape."""
     w = row.seq_length
     if w != job.seq_length:
         rep.fail("row-meta", f"{where}: W={w}, dataset seq_length={job.seq_length}")
@@ -341,23 +369,11 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
         rep.fail(
             "row-contract", f"{where}: mrope_position_ids shape {row.mrope_position_ids.shape} != (3, {w})"
         )
+    return mrope_ok
 
-    errs = row_invariant_errors(row, job.align)
-    for e in errs:
-        rep.fail("row-contract", f"{where}: {e}")
-    shape_ok = len(row.cu_seqlens) == len(row.sample_ids) + 1 == len(row.cu_seqlens_padded)
-    if not shape_ok or any("shape" in e for e in errs):
-        return  # later checks index by the boundaries
-    for name, expected in (
-        ("seq_length", w),
-        ("max_seqlen", row.max_seqlen),
-        ("max_seqlen_padded", row.max_seqlen_padded),
-        ("num_real_tokens", int(row.seqlens.sum())),
-    ):
-        if name in meta and meta[name] != expected:
-            rep.fail("row-meta", f"{where}: meta.json {name}={meta[name]}, the arrays say {expected}")
-    _check_content(job, row, meta, raw, where, rep)
 
+def _check_tokens(job: ShardJob, row: Any, where: str, rep: ShardReport, mrope_checkable: bool) -> Any:
+    """Placeholders never supervised and counted per block; mRoPE ids recomputed. Returns the profile."""
     unknown = {m.kind for m in row.media} - set(job.placeholder_ids or {})
     if unknown and job.placeholder_ids is not None:
         rep.notes.update(f"{k} blocks not counted: no placeholder id recorded for {k}" for k in unknown)
@@ -367,11 +383,13 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
         for e in media_placeholder_errors(row, job.placeholder_ids, job.merge_sizes):
             rep.fail("media", f"{where}: {e}")
     profile = _profile(job.profile) if job.profile is not None else None
-    if profile is not None and row.mrope_position_ids is not None and mrope_ok and not errs:
+    if profile is not None and row.mrope_position_ids is not None and mrope_checkable:
         for e in _mrope_errors(profile, row):
             rep.fail("row-contract", f"{where}: {e}")
-    if not job.payloads:
-        return
+    return profile
+
+
+def _check_payloads(profile: Any, row: Any, raw: Any, where: str, rep: ShardReport) -> None:
     for i, m in enumerate(row.media):
         if m.part not in raw.parts:
             continue  # reported by row-parts
@@ -798,8 +816,10 @@ def run_verify(
     checksums: bool = True,
     sha256: bool = False,
     expect_root: str | None = None,
+    source: SourceOptions | None = None,
 ) -> list[CheckResult]:
-    """Run every check over the dataset at ``root``; returns one result per check, in ``CHECKS`` order.
+    """Run every check over the dataset at ``root``; returns one result per check, in ``CHECKS`` order
+    (then ``source``'s, when asked for).
 
     Each shard's checksum is its recorded xxh3-128 (near memory speed); ``sha256=True`` recomputes the
     sha256 instead (shards written without an xxh3-128 always are). ``checksums=False`` skips both
@@ -810,20 +830,60 @@ def run_verify(
     features they give, and its recorded fingerprint (the heavy part; no pixel is decoded).
 
     ``expect_root`` is the root digest the dataset's producer printed (``omnipack.dataset.root``): the files
-    must give it (without it, only omnipack.json's record of the root is checked against its leaves)."""
+    must give it (without it, only omnipack.json's record of the root is checked against its leaves).
+
+    ``source`` re-derives samples from the run's inputs (``omnipack.tools.verify_source``)."""
     ds = open_dataset(root)
     results = {name: CheckResult(name, desc) for name, desc in CHECKS}
     _dataset_checks(ds, results)
-    prof = ds.meta.get("profile") or {}
-    profile_spec = None
-    if prof.get("name"):
-        profile_spec = json.dumps({"name": prof["name"], "options": prof.get("options") or {}})
-        try:
-            _profile(profile_spec)
-        except Exception as e:
-            results["media"].notes.append(f"payload features and mRoPE not checked: profile unusable: {e}")
-            profile_spec = None
+    jobs = _shard_jobs(ds, results, tokenizer, payloads=payloads, checksums=checksums, sha256=sha256)
+    # A worker process costs about a second to start (interpreter, numpy, torch): worth it only for
+    # several GiB of shards, which one process checks at a few GiB/s.
+    total_bytes = sum((job.recorded or {}).get("num_bytes") or 0 for job in jobs)
+    shard_workers = min(workers, max(1, total_bytes // BYTES_PER_WORKER))
+    reports = map_shards(verify_shard, jobs, workers=shard_workers, progress=progress, label="verify")
+    _collect(reports, results)
+    _accounting(ds, reports, results["accounting"])
+    _check_splits(ds, reports, results["splits"])
+    _check_root(ds, reports, results["root"], expect_root)
+    if not checksums and not results["checksums"].failures:
+        results["checksums"].skipped = "shard checksums not recomputed (--no-checksums); sizes compared"
+    out = [results[n] for n in CHECK_NAMES]
+    if source is not None:
+        res = CheckResult(*SOURCE_CHECK)
+        res.failures, res.notes = run_source_check(root, workers=workers, **asdict(source))
+        out.append(res)
+    return out
 
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """``verify --source``: which samples are re-derived and how (``verify_source.run_source_check``)."""
+
+    fraction: float | None = None  # None: all under 100k packed samples, 1% above
+    seed: int = 0
+    executor: str = "local"
+    allow_changed: bool = False
+
+
+def _profile_spec(ds: Dataset, results: dict[str, CheckResult]) -> str | None:
+    """The recorded profile as JSON for the shard workers; None (said) when it can not be loaded."""
+    prof = ds.meta.get("profile") or {}
+    if not prof.get("name"):
+        return None
+    spec = json.dumps({"name": prof["name"], "options": prof.get("options") or {}})
+    try:
+        _profile(spec)
+    except Exception as e:
+        results["media"].notes.append(f"payload features and mRoPE not checked: profile unusable: {e}")
+        return None
+    return spec
+
+
+def _shard_jobs(
+    ds: Dataset, results: dict[str, CheckResult], tokenizer: str | None, **flags: bool
+) -> list[ShardJob]:
+    profile_spec = _profile_spec(ds, results)
     ph_ids, source = placeholder_ids_for(ds, tokenizer)
     if ph_ids is None:
         results["media"].skipped = f"placeholder counts not checked: {source}"
@@ -846,20 +906,18 @@ def run_verify(
                 placeholder_ids=ph_ids,
                 merge_sizes=_merge_sizes(ds),
                 profile=profile_spec,
-                payloads=payloads,
                 mrope=None if mrope is None else bool(mrope),
-                checksums=checksums,
-                sha256=sha256,
+                **flags,
             )
         )
         first += counts.get(shard, (recorded.get(shard) or {}).get("count", 0))
     if not jobs:
         results["shard-files"].failures.append("the dataset names no shards")
-    # A worker process costs about a second to start (interpreter, numpy, torch): worth it only for
-    # several GiB of shards, which one process checks at a few GiB/s.
-    total_bytes = sum((job.recorded or {}).get("num_bytes") or 0 for job in jobs)
-    workers = min(workers, max(1, total_bytes // BYTES_PER_WORKER))
-    reports = map_shards(verify_shard, jobs, workers=workers, progress=progress, label="verify")
+    return jobs
+
+
+def _collect(reports: list[ShardReport], results: dict[str, CheckResult]) -> None:
+    """The shard reports' failures and notes into the checks' results."""
     for rep in reports:
         for check, msgs in rep.failures.items():
             results[check].failures.extend(msgs)
@@ -870,12 +928,6 @@ def run_verify(
         results["content"].skipped = "no row records content fingerprints (written before they existed)"
     else:
         results["content"].failures += [f"{w}: meta.json lacks the content fingerprints" for w in without]
-    _accounting(ds, reports, results["accounting"])
-    _check_splits(ds, reports, results["splits"])
-    _check_root(ds, reports, results["root"], expect_root)
-    if not checksums and not results["checksums"].failures:
-        results["checksums"].skipped = "shard checksums not recomputed (--no-checksums); sizes compared"
-    return [results[n] for n in CHECK_NAMES]
 
 
 def print_report(results: list[CheckResult], root: str, max_shown: int = MAX_SHOWN) -> None:
@@ -917,6 +969,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         checksums=args.checksums,
         sha256=args.sha256,
         expect_root=args.expect_root,
+        source=SourceOptions(
+            args.source_fraction, args.source_seed, args.executor, args.allow_changed_source
+        )
+        if args.source
+        else None,
     )
     if args.json:
         out = {
@@ -992,5 +1049,35 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the root digest the dataset's producer printed (omnipack.json's root.sha256): the files must "
         "give it, so a copy damaged and re-checksummed is caught (README: Verifying a dataset)",
     )
+    _source_arguments(p)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.set_defaults(func=cmd_verify)
+
+
+def _source_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--source",
+        action="store_true",
+        help="also re-derive samples from the run's inputs and settings (omnipack.json's source) with "
+        "prepare's own code and compare them bit for bit; refuses changed inputs or tokenizer",
+    )
+    p.add_argument(
+        "--source-fraction",
+        type=float,
+        metavar="F",
+        help="with --source: re-derive a seeded random fraction F of the samples, at least one per shard "
+        "(default: all under 100k packed samples, 1%% above)",
+    )
+    p.add_argument("--source-seed", type=int, default=0, help="with --source-fraction: the seed")
+    p.add_argument(
+        "--allow-changed-source",
+        action="store_true",
+        help="with --source: compare even when an input's digest or the tokenizer / processor differs from "
+        "the recorded ones (the changes are listed and the differences counted)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=EXECUTORS,
+        default="local",
+        help="with --source: where the re-derivation runs, as prepare's --executor (local processes, ray)",
+    )
