@@ -30,6 +30,7 @@ Media kinds: images and audio. Video processors are not run yet (a processor's v
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -139,6 +140,7 @@ class HFProfile(ModelProfile):
         self.processor_calls: Counter[str] = Counter()
         self.cache_hits: Counter[str] = Counter()
         self.template_blocks = {}
+        self.feature_tokens: dict[str, str] = {}  # {kind: the token the model's features replace}
         self.media_arrays: dict[str, dict[str, int]] = {}
         self.sampling_rate: int | None = None  # audio's: the rate clips are decoded at (the extractor's)
         if self.model_dir is None:  # no model: no media kinds (a run always passes the model folder)
@@ -166,6 +168,7 @@ class HFProfile(ModelProfile):
             self.sampling_rate = int(self._audio_processor().sampling_rate)
         self.turn_end = self._find_turn_end()
         self._added = {int(i) for i in tokenizer.backend_tokenizer.get_added_tokens_decoder()}
+        self.feature_tokens = {kind: self._find_feature_token(kind) for kind in self.template_blocks}
         self.media_arrays = {kind: self._find_item_axes(kind) for kind in self.template_blocks}
 
     def _audio_processor(self) -> Any:
@@ -191,6 +194,43 @@ class HFProfile(ModelProfile):
                 "not supported yet)"
             )
         return kinds
+
+    def _find_feature_token(self, kind: str) -> str:
+        """The token the model's features replace in a ``kind`` item's expansion. Not always the one the text
+        holds: Gemma 3's text holds ``<start_of_image>``, which its processor expands to ``<start_of_image>``,
+        256 ``<image_soft_token>`` and ``<end_of_image>``. Candidates, first one in a probe item's expansion
+        wins: the model config's ``{kind}_token_id`` / ``{kind}_token_index`` (what its forward replaces), the
+        tokenizer's ``{kind}_token`` (transformers' multimodal tokenizer attribute), the processor's."""
+        name = type(self.processor).__name__
+        candidates = [self._config_token(kind), getattr(self.tokenizer, f"{kind}_token", None)]
+        candidates.append(self.template_blocks[kind][0])
+        blank = self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))
+        try:
+            out = self._call(kind, [blank], return_text_replacement_offsets=True)
+        except Exception as e:
+            raise ValueError(f"profile hf: {name} of {self.model_dir} cannot process a sample's {kind}s offline ({e})") from None
+        replacements = out.get("text_replacement_offsets") or [[]]
+        if len(replacements[0]) != 1:
+            raise ValueError(f"profile hf: {name} of {self.model_dir} reports no text replacement for an {kind}")
+        expanded = {r[1] for r in self._runs(replacements[0][0]["replacement"], "") if r[0] == "token"}
+        for token in candidates:
+            if token and str(token) in expanded:
+                return str(token)
+        raise ValueError(
+            f"profile hf: {name} of {self.model_dir} expands an {kind} to {sorted(expanded)}, none of them the "
+            f"model's {kind} token ({[str(t) for t in candidates if t]})"
+        )
+
+    def _config_token(self, kind: str) -> str | None:
+        """The token of the model config's ``{kind}_token_id`` / ``{kind}_token_index`` (None without one)."""
+        path = Path(str(self.model_dir)) / "config.json"
+        if not path.is_file():
+            return None
+        config = json.loads(path.read_text())
+        token_id = config.get(f"{kind}_token_id", config.get(f"{kind}_token_index"))
+        if not isinstance(token_id, int) or not 0 <= token_id < len(self.tokenizer):
+            return None
+        return str(self.tokenizer.convert_ids_to_tokens(token_id))
 
     def _call(self, kind: str, items: list[Any], **kwargs: Any) -> Any:
         """The processor on one text holding ``items`` (each at its placeholder), numpy outputs."""
@@ -307,7 +347,7 @@ class HFProfile(ModelProfile):
 
     @property
     def placeholder_tokens(self) -> dict[str, tuple[str, ...]]:
-        return dict(self.template_blocks)
+        return {kind: (token,) for kind, token in self.feature_tokens.items()}
 
     # ---- counts: the processor on the item's shape, once per shape ----
 
@@ -349,7 +389,7 @@ class HFProfile(ModelProfile):
     def _run_processor(self, kind: str, shape: tuple[int, ...]) -> _Counted:
         """The processor on one blank item of ``shape``: (placeholder count, expansion runs, its stored
         arrays' ``{key: [shape, dtype]}``)."""
-        token = self.template_blocks[kind][0]
+        token = self.feature_tokens[kind]
         try:
             out = self._call(kind, [self._blank(kind, shape)], return_text_replacement_offsets=True)
         except Exception as e:  # the processor refuses this shape: a reject with its reason
@@ -391,7 +431,7 @@ class HFProfile(ModelProfile):
                     f"audio decoded to {item.shape[0]} samples at {plan.sample_rate} Hz, the processor takes "
                     f"{self.sampling_rate} Hz and the plan {plan.num_audio_samples} samples"
                 )
-        token_id = self.tokenizer.convert_tokens_to_ids(self.template_blocks[kind][0])
+        token_id = self.tokenizer.convert_tokens_to_ids(self.feature_tokens[kind])
         try:
             out = self._call(kind, [item])
         except Exception as e:
@@ -452,7 +492,9 @@ class HFProfile(ModelProfile):
             "model_dir": self.model_dir,
             "processor_class": type(self.processor).__name__ if self.model_dir else None,
             "processor_kwargs": self.processor_kwargs,
-            "placeholder_tokens": {k: list(v) for k, v in self.template_blocks.items()},
+            # the tokens the model's features replace; the text's (the chat template's) where they differ
+            "placeholder_tokens": {k: [v] for k, v in self.feature_tokens.items()},
+            "template_blocks": {k: list(v) for k, v in self.template_blocks.items()},
             "media_arrays": self.media_arrays,
             "sampling_rate": self.sampling_rate,  # audio's (None without audio): what clips were decoded at
             "turn_end": self.turn_end,
