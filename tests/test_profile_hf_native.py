@@ -101,11 +101,13 @@ def both(request, tmp_path_factory, model_dir):
 
 
 def _per_sample(out: Path, image_id: int) -> dict[str, dict[str, np.ndarray]]:
-    """{sample id: its token ids, labels and pixel_values} as the loader hands them (pixels normalized:
-    each sample's views, split off its row's by the sample's image soft tokens, 256 per view)."""
+    """{sample id: its token ids, labels, its images' feature counts and pixel_values} as the loader hands
+    them (pixels normalized: each sample's views, split off its row's by its image soft tokens, 256 per
+    view); the loader's placeholder ids, the ones the model's features replace, under ``"placeholder_ids"``."""
+    from omnipack.loader.task_encoder import OmnipackTaskEncoder
     from tests.test_profile_hf_payload import _loader_batches
 
-    found = {}
+    found = {"placeholder_ids": {"ids": np.asarray(OmnipackTaskEncoder.from_dataset(out).placeholder_ids["image"])}}
     for batch in _loader_batches(out, batch_size=1):
         d = batch.as_dict()
         pixels = d.get("pixel_values")
@@ -115,7 +117,9 @@ def _per_sample(out: Path, image_id: int) -> dict[str, dict[str, np.ndarray]]:
             a, n = int(cup[k]), int(cu[k + 1] - cu[k])
             tokens = d["tokens"][0, a : a + n].numpy()
             views = int((tokens == image_id).sum()) // IMAGE_SEQ_LENGTH
-            found[sid] = {"tokens": tokens, "labels": d["labels"][0, a : a + n].numpy()}
+            found[sid] = {key: d[key][0, a : a + n].numpy() for key in ("tokens", "labels", "token_type_ids")}
+            items = [m for m in batch.row_meta[0]["media"] if m["sample_index"] == k]
+            found[sid]["num_tokens"] = np.asarray([m["num_tokens"] for m in items], np.int64)
             if views:
                 found[sid]["pixel_values"] = pixels[at : at + views].numpy()
             at += views
@@ -143,14 +147,16 @@ def test_token_ids_labels_and_pixels_equal_the_native_familys(both, model_dir):
     out, ids, option = both
     image_id = AutoTokenizer.from_pretrained(model_dir).convert_tokens_to_ids("<image_soft_token>")
     native, hf = (_per_sample(out[name], image_id) for name in ("gemma3", "hf"))
-    assert sorted(native) == sorted(hf) == ids
+    assert sorted(native) == sorted(hf) == ["placeholder_ids", *ids]
+    assert native["placeholder_ids"]["ids"].tolist() == [image_id]
     views = 0
-    for sid in ids:
+    for sid in ["placeholder_ids", *ids]:
         assert native[sid].keys() == hf[sid].keys(), sid
         for key, want in native[sid].items():
             got = hf[sid][key]
             assert (got.dtype, got.shape) == (want.dtype, want.shape), (sid, key, got.shape, want.shape)
             assert got.tobytes() == want.tobytes(), (sid, key)
         views += len(native[sid].get("pixel_values", ()))
+        assert native[sid].get("num_tokens", np.zeros(0)).sum() == IMAGE_SEQ_LENGTH * len(native[sid].get("pixel_values", ()))
     images = sum(i % 3 for i in range(len(ids)))
     assert views >= images and (views > images) == (option == "pan_and_scan")

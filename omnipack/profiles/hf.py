@@ -21,7 +21,9 @@ non-text outputs (``pixel_values``, ``pixel_attention_mask``, ``input_features``
 processor batches each key (the axis along which two items' outputs join: 1 for Idefics3's
 ``[1, tiles, 3, H, W]``, 0 for LLaVA's ``[images, 3, H, W]`` and Qwen2-Audio's ``[clips, mels, frames]``) is
 found at start by running it on one and on two items, and recorded; the trainer half joins a micro-batch's
-items along it, reading nothing but numpy. Keys shaped like the token ids (per-token inputs) are not stored.
+items along it, reading nothing but numpy. Keys shaped like the token ids (per-token inputs: Gemma 3's
+``token_type_ids``) are not stored: each must be a function of the token ids, recorded as such and derived
+from the packed tokens by the trainer half.
 Stored per item, the outputs must not depend on the sample's other items: a probe item beside a smaller one
 must give its outputs alone (joined as the loader joins them), else the processor is refused at start.
 
@@ -78,6 +80,8 @@ class HFInputs(EncoderInputs):
         # {kind: {key: item axis}}: what the processor returns per item, and how its batch joins items
         self.item_axes = {kind: dict(axes) for kind, axes in settings["media_arrays"].items()}
         self.batch_keys = tuple(dict.fromkeys(k for axes in self.item_axes.values() for k in axes))
+        # {key: [[token id, value], ...]}: the processor's per-token outputs, a function of the token ids
+        self.token_values = {k: [(int(t), int(v)) for t, v in pairs] for k, pairs in settings.get("token_inputs", {}).items()}
 
     def stored_arrays(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
         """The item's stored arrays by key, checked against the keys of its kind and the shapes and dtypes its
@@ -106,6 +110,17 @@ class HFInputs(EncoderInputs):
 
     def media_inputs(self, item: Any, payload: Payload, options: MediaInputOptions) -> dict[str, Any]:
         return self.stored_arrays(item, payload)  # views of the stored bytes; collate_media copies them once
+
+    def token_inputs(self, tokens: Any, placeholder_ids: Mapping[str, Any]) -> dict[str, Any]:
+        """The processor's per-token outputs (``token_type_ids``, ``mm_token_type_ids``): each token's recorded
+        value, 0 elsewhere, in the tokens' dtype (int64, as the processor's)."""
+        out = {}
+        for key, pairs in self.token_values.items():
+            values = tokens.new_zeros(tokens.shape)
+            for token_id, value in pairs:
+                values[tokens == token_id] = value
+            out[key] = values
+        return out
 
     def collate_media(self, per_item: list[dict[str, Any]], options: MediaInputOptions) -> dict[str, Any]:
         """Items' arrays joined along each key's item axis, as the processor batches one sample's items (other
@@ -142,6 +157,7 @@ class HFProfile(ModelProfile):
         self.template_blocks = {}
         self.feature_tokens: dict[str, str] = {}  # {kind: the token the model's features replace}
         self.media_arrays: dict[str, dict[str, int]] = {}
+        self.token_inputs: dict[str, list[list[int]]] = {}  # {key: [[token id, value], ...]}
         self.sampling_rate: int | None = None  # audio's: the rate clips are decoded at (the extractor's)
         if self.model_dir is None:  # no model: no media kinds (a run always passes the model folder)
             return
@@ -170,6 +186,7 @@ class HFProfile(ModelProfile):
         self._added = {int(i) for i in tokenizer.backend_tokenizer.get_added_tokens_decoder()}
         self.feature_tokens = {kind: self._find_feature_token(kind) for kind in self.template_blocks}
         self.media_arrays = {kind: self._find_item_axes(kind) for kind in self.template_blocks}
+        self.token_inputs = self._find_token_inputs()
 
     def _audio_processor(self) -> Any:
         """The processor's audio front end (a feature extractor), None when it takes no audio."""
@@ -288,6 +305,29 @@ class HFProfile(ModelProfile):
             raise ValueError(f"profile hf: {name} of {self.model_dir} returns no {kind} inputs")
         self._check_items_independent(kind, axes)
         return axes
+
+    def _find_token_inputs(self) -> dict[str, list[list[int]]]:
+        """{key: [[token id, value], ...]} of the processor's per-token outputs (shaped like the token ids:
+        Gemma 3's ``token_type_ids``, the ``mm_token_type_ids`` of others), which the trainer half derives
+        from the packed tokens; read off a sample holding an item of every kind, refused unless each is a
+        function of the token ids (0 on text)."""
+        name = type(self.processor).__name__
+        outs = [self._call(kind, [self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))]) for kind in self.template_blocks]
+        found: dict[str, dict[int, int]] = {}
+        for out in outs:
+            ids = np.asarray(out["input_ids"])
+            for k, v in out.items():
+                v = np.asarray(v)
+                if k in ("input_ids", "attention_mask") or v.shape != ids.shape or v.dtype.kind not in "iub":
+                    continue
+                values = found.setdefault(k, {})
+                for token_id, value in zip(ids.reshape(-1).tolist(), v.reshape(-1).tolist(), strict=True):
+                    if values.setdefault(int(token_id), int(value)) != int(value):
+                        raise ValueError(
+                            f"profile hf: {name} of {self.model_dir} gives per-token {k!r} that is no function of "
+                            f"the token ids (token {token_id}: {values[int(token_id)]} and {value})"
+                        )
+        return {k: [[t, v] for t, v in sorted(values.items()) if v] for k, values in found.items()}
 
     def _shape(self, kind: str, shape: tuple[float, ...]) -> tuple[int, ...]:
         """A probe shape in the kind's units: (height, width) pixels; (seconds,) as samples at the rate."""
@@ -496,6 +536,7 @@ class HFProfile(ModelProfile):
             "placeholder_tokens": {k: [v] for k, v in self.feature_tokens.items()},
             "template_blocks": {k: list(v) for k, v in self.template_blocks.items()},
             "media_arrays": self.media_arrays,
+            "token_inputs": self.token_inputs,  # per-token outputs: {key: [[token id, value], ...]}, 0 elsewhere
             "sampling_rate": self.sampling_rate,  # audio's (None without audio): what clips were decoded at
             "turn_end": self.turn_end,
         }
