@@ -2,7 +2,8 @@
 
 The model folder's ``AutoProcessor`` is run on each media item's shape: the text it substitutes for the item's
 placeholder token (``return_text_replacement_offsets``) is the item's expansion, exactly as the processor
-writes it, and its placeholder tokens are the item's feature count. A count depends on the item's shape only
+writes it, and the tokens in it that the model's features replace (``_find_feature_token``: Gemma 3's
+``<image_soft_token>``, not the ``<start_of_image>`` its text holds) are the item's feature count. A count depends on the item's shape only
 (an image's size, an audio clip's length in samples at the processor's ``sampling_rate``), so the processor
 runs once per distinct shape (``cache_stats``), on a blank item of that shape (a black image, a silent
 clip): a corpus of 10k images of 50 sizes calls it 50 times per process.
