@@ -139,6 +139,7 @@ def test_the_profiles_are_the_checkpoints_and_the_processors(both, model_dir):
     assert settings["template_blocks"] == {"image": ["<start_of_image>"]}
     assert settings["placeholder_tokens"] == {"image": ["<image_soft_token>"]}
     assert native["counts"]["packed"] == hf["counts"]["packed"] == len(ids)
+    assert main(["verify", str(out["hf"]), "--workers", "1"]) == 0  # re-measured by the processor, as written
 
 
 def test_token_ids_labels_and_pixels_equal_the_native_familys(both, model_dir):
