@@ -67,6 +67,13 @@ _PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,)}  # (height, width); (secon
 _SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,)}
 
 
+def _first_sentence(e: Exception) -> str:
+    """``Type: first sentence`` of an error whose message may start with a blank line and wrap (transformers'
+    "X requires the Torchvision library but it was not found in your environment. Check out ...")."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text.split('. ')[0]}"
+
+
 class HFInputs(EncoderInputs):
     """Trainer half: the stored processor outputs as they are, under the processor's keys, joined per
     micro-batch along each key's recorded item axis. Placeholder tokens as the processor named them; an
@@ -168,8 +175,7 @@ class HFProfile(ModelProfile):
             self.processor = AutoProcessor.from_pretrained(self.model_dir, local_files_only=True)
         except Exception as e:  # a processor that can not be built here can not count anything
             raise ValueError(
-                f"profile hf: the processor of {self.model_dir} cannot be loaded offline "
-                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                f"profile hf: the processor of {self.model_dir} cannot be loaded offline ({_first_sentence(e)})"
             ) from None
         tokenizer = getattr(self.processor, "tokenizer", None)
         if tokenizer is None or not hasattr(self.processor, "replace_image_token"):
