@@ -265,6 +265,40 @@ def test_a_processor_that_cannot_be_loaded_is_refused_at_start(tmp_path, capsys)
     assert not (tmp_path / "ds").exists()
 
 
+def test_a_processor_that_needs_torchvision_is_refused_naming_it(tmp_path, capsys):
+    """LLaVA-OneVision's processor holds a video processor, which transformers builds only with torchvision:
+    without it the run is refused at start, the one-line reason naming the class and the library. (The
+    folder is written by hand: transformers cannot build that processor here to save it.)"""
+    import transformers
+    from transformers import AutoTokenizer
+
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+
+    if transformers.utils.is_torchvision_available():
+        pytest.skip("torchvision is installed: the processor loads")
+    folder = build_demo_tokenizer(tmp_path / "model")
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})
+    tok.save_pretrained(folder)
+    images = transformers.LlavaOnevisionImageProcessorPil(size={"height": 64, "width": 64})
+    processor = {
+        "processor_class": "LlavaOnevisionProcessor", "image_processor": images.to_dict(),
+        "video_processor": {"video_processor_type": "LlavaOnevisionVideoProcessor"}, "num_image_tokens": 16,
+    }  # fmt: skip
+    (folder / "processor_config.json").write_text(json.dumps(processor))
+    transformers.LlavaOnevisionConfig().save_pretrained(folder)
+    manifest, media, _ = _corpus(tmp_path / "src", n=2)
+    args = [
+        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(folder),
+        "-o", str(tmp_path / "ds"), "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"profile hf: the processor of {folder} cannot be loaded offline" in err
+    assert "(ImportError: LlavaOnevisionVideoProcessor requires the Torchvision library but it was not found" in err
+    assert not (tmp_path / "ds").exists()
+
+
 def test_verify_and_the_loader_read_the_dataset(prepared):
     """``omnipack verify`` re-measures with the recorded profile (the processor again) and finds every row as
     written; the Energon loader, built from omnipack.json alone, hands out the packed rows."""

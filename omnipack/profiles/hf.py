@@ -2,7 +2,8 @@
 
 The model folder's ``AutoProcessor`` is run on each media item's shape: the text it substitutes for the item's
 placeholder token (``return_text_replacement_offsets``) is the item's expansion, exactly as the processor
-writes it, and its placeholder tokens are the item's feature count. A count depends on the item's shape only
+writes it, and the tokens in it that the model's features replace (``_find_feature_token``: Gemma 3's
+``<image_soft_token>``, not the ``<start_of_image>`` its text holds) are the item's feature count. A count depends on the item's shape only
 (an image's size, an audio clip's length in samples at the processor's ``sampling_rate``), so the processor
 runs once per distinct shape (``cache_stats``), on a blank item of that shape (a black image, a silent
 clip): a corpus of 10k images of 50 sizes calls it 50 times per process.
@@ -21,7 +22,9 @@ non-text outputs (``pixel_values``, ``pixel_attention_mask``, ``input_features``
 processor batches each key (the axis along which two items' outputs join: 1 for Idefics3's
 ``[1, tiles, 3, H, W]``, 0 for LLaVA's ``[images, 3, H, W]`` and Qwen2-Audio's ``[clips, mels, frames]``) is
 found at start by running it on one and on two items, and recorded; the trainer half joins a micro-batch's
-items along it, reading nothing but numpy. Keys shaped like the token ids (per-token inputs) are not stored.
+items along it, reading nothing but numpy. Keys shaped like the token ids (per-token inputs: Gemma 3's
+``token_type_ids``) are not stored: each must be a function of the token ids, recorded as such and derived
+from the packed tokens by the trainer half.
 Stored per item, the outputs must not depend on the sample's other items: a probe item beside a smaller one
 must give its outputs alone (joined as the loader joins them), else the processor is refused at start.
 
@@ -30,6 +33,7 @@ Media kinds: images and audio. Video processors are not run yet (a processor's v
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,6 +67,13 @@ _PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,)}  # (height, width); (secon
 _SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,)}
 
 
+def _first_sentence(e: Exception) -> str:
+    """``Type: first sentence`` of an error whose message may start with a blank line and wrap (transformers'
+    "X requires the Torchvision library but it was not found in your environment. Check out ...")."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text.split('. ')[0]}"
+
+
 class HFInputs(EncoderInputs):
     """Trainer half: the stored processor outputs as they are, under the processor's keys, joined per
     micro-batch along each key's recorded item axis. Placeholder tokens as the processor named them; an
@@ -77,6 +88,8 @@ class HFInputs(EncoderInputs):
         # {kind: {key: item axis}}: what the processor returns per item, and how its batch joins items
         self.item_axes = {kind: dict(axes) for kind, axes in settings["media_arrays"].items()}
         self.batch_keys = tuple(dict.fromkeys(k for axes in self.item_axes.values() for k in axes))
+        # {key: [[token id, value], ...]}: the processor's per-token outputs, a function of the token ids
+        self.token_values = {k: [(int(t), int(v)) for t, v in pairs] for k, pairs in settings.get("token_inputs", {}).items()}
 
     def stored_arrays(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
         """The item's stored arrays by key, checked against the keys of its kind and the shapes and dtypes its
@@ -105,6 +118,17 @@ class HFInputs(EncoderInputs):
 
     def media_inputs(self, item: Any, payload: Payload, options: MediaInputOptions) -> dict[str, Any]:
         return self.stored_arrays(item, payload)  # views of the stored bytes; collate_media copies them once
+
+    def token_inputs(self, tokens: Any, placeholder_ids: Mapping[str, Any]) -> dict[str, Any]:
+        """The processor's per-token outputs (``token_type_ids``, ``mm_token_type_ids``): each token's recorded
+        value, 0 elsewhere, in the tokens' dtype (int64, as the processor's)."""
+        out = {}
+        for key, pairs in self.token_values.items():
+            values = tokens.new_zeros(tokens.shape)
+            for token_id, value in pairs:
+                values[tokens == token_id] = value
+            out[key] = values
+        return out
 
     def collate_media(self, per_item: list[dict[str, Any]], options: MediaInputOptions) -> dict[str, Any]:
         """Items' arrays joined along each key's item axis, as the processor batches one sample's items (other
@@ -139,7 +163,9 @@ class HFProfile(ModelProfile):
         self.processor_calls: Counter[str] = Counter()
         self.cache_hits: Counter[str] = Counter()
         self.template_blocks = {}
+        self.feature_tokens: dict[str, str] = {}  # {kind: the token the model's features replace}
         self.media_arrays: dict[str, dict[str, int]] = {}
+        self.token_inputs: dict[str, list[list[int]]] = {}  # {key: [[token id, value], ...]}
         self.sampling_rate: int | None = None  # audio's: the rate clips are decoded at (the extractor's)
         if self.model_dir is None:  # no model: no media kinds (a run always passes the model folder)
             return
@@ -149,8 +175,7 @@ class HFProfile(ModelProfile):
             self.processor = AutoProcessor.from_pretrained(self.model_dir, local_files_only=True)
         except Exception as e:  # a processor that can not be built here can not count anything
             raise ValueError(
-                f"profile hf: the processor of {self.model_dir} cannot be loaded offline "
-                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                f"profile hf: the processor of {self.model_dir} cannot be loaded offline ({_first_sentence(e)})"
             ) from None
         tokenizer = getattr(self.processor, "tokenizer", None)
         if tokenizer is None or not hasattr(self.processor, "replace_image_token"):
@@ -166,7 +191,9 @@ class HFProfile(ModelProfile):
             self.sampling_rate = int(self._audio_processor().sampling_rate)
         self.turn_end = self._find_turn_end()
         self._added = {int(i) for i in tokenizer.backend_tokenizer.get_added_tokens_decoder()}
+        self.feature_tokens = {kind: self._find_feature_token(kind) for kind in self.template_blocks}
         self.media_arrays = {kind: self._find_item_axes(kind) for kind in self.template_blocks}
+        self.token_inputs = self._find_token_inputs()
 
     def _audio_processor(self) -> Any:
         """The processor's audio front end (a feature extractor), None when it takes no audio."""
@@ -191,6 +218,43 @@ class HFProfile(ModelProfile):
                 "not supported yet)"
             )
         return kinds
+
+    def _find_feature_token(self, kind: str) -> str:
+        """The token the model's features replace in a ``kind`` item's expansion. Not always the one the text
+        holds: Gemma 3's text holds ``<start_of_image>``, which its processor expands to ``<start_of_image>``,
+        256 ``<image_soft_token>`` and ``<end_of_image>``. Candidates, first one in a probe item's expansion
+        wins: the model config's ``{kind}_token_id`` / ``{kind}_token_index`` (what its forward replaces), the
+        tokenizer's ``{kind}_token`` (transformers' multimodal tokenizer attribute), the processor's."""
+        name = type(self.processor).__name__
+        candidates = [self._config_token(kind), getattr(self.tokenizer, f"{kind}_token", None)]
+        candidates.append(self.template_blocks[kind][0])
+        blank = self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))
+        try:
+            out = self._call(kind, [blank], return_text_replacement_offsets=True)
+        except Exception as e:
+            raise ValueError(f"profile hf: {name} of {self.model_dir} cannot process a sample's {kind}s offline ({e})") from None
+        replacements = out.get("text_replacement_offsets") or [[]]
+        if len(replacements[0]) != 1:
+            raise ValueError(f"profile hf: {name} of {self.model_dir} reports no text replacement for an {kind}")
+        expanded = {r[1] for r in self._runs(replacements[0][0]["replacement"], "") if r[0] == "token"}
+        for token in candidates:
+            if token and str(token) in expanded:
+                return str(token)
+        raise ValueError(
+            f"profile hf: {name} of {self.model_dir} expands an {kind} to {sorted(expanded)}, none of them the "
+            f"model's {kind} token ({[str(t) for t in candidates if t]})"
+        )
+
+    def _config_token(self, kind: str) -> str | None:
+        """The token of the model config's ``{kind}_token_id`` / ``{kind}_token_index`` (None without one)."""
+        path = Path(str(self.model_dir)) / "config.json"
+        if not path.is_file():
+            return None
+        config = json.loads(path.read_text())
+        token_id = config.get(f"{kind}_token_id", config.get(f"{kind}_token_index"))
+        if not isinstance(token_id, int) or not 0 <= token_id < len(self.tokenizer):
+            return None
+        return str(self.tokenizer.convert_ids_to_tokens(token_id))
 
     def _call(self, kind: str, items: list[Any], **kwargs: Any) -> Any:
         """The processor on one text holding ``items`` (each at its placeholder), numpy outputs."""
@@ -248,6 +312,29 @@ class HFProfile(ModelProfile):
             raise ValueError(f"profile hf: {name} of {self.model_dir} returns no {kind} inputs")
         self._check_items_independent(kind, axes)
         return axes
+
+    def _find_token_inputs(self) -> dict[str, list[list[int]]]:
+        """{key: [[token id, value], ...]} of the processor's per-token outputs (shaped like the token ids:
+        Gemma 3's ``token_type_ids``, the ``mm_token_type_ids`` of others), which the trainer half derives
+        from the packed tokens; read off a sample holding an item of every kind, refused unless each is a
+        function of the token ids (0 on text)."""
+        name = type(self.processor).__name__
+        outs = [self._call(kind, [self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))]) for kind in self.template_blocks]
+        found: dict[str, dict[int, int]] = {}
+        for out in outs:
+            ids = np.asarray(out["input_ids"])
+            for k, v in out.items():
+                v = np.asarray(v)
+                if k in ("input_ids", "attention_mask") or v.shape != ids.shape or v.dtype.kind not in "iub":
+                    continue
+                values = found.setdefault(k, {})
+                for token_id, value in zip(ids.reshape(-1).tolist(), v.reshape(-1).tolist(), strict=True):
+                    if values.setdefault(int(token_id), int(value)) != int(value):
+                        raise ValueError(
+                            f"profile hf: {name} of {self.model_dir} gives per-token {k!r} that is no function of "
+                            f"the token ids (token {token_id}: {values[int(token_id)]} and {value})"
+                        )
+        return {k: [[t, v] for t, v in sorted(values.items()) if v] for k, values in found.items()}
 
     def _shape(self, kind: str, shape: tuple[float, ...]) -> tuple[int, ...]:
         """A probe shape in the kind's units: (height, width) pixels; (seconds,) as samples at the rate."""
@@ -307,7 +394,7 @@ class HFProfile(ModelProfile):
 
     @property
     def placeholder_tokens(self) -> dict[str, tuple[str, ...]]:
-        return dict(self.template_blocks)
+        return {kind: (token,) for kind, token in self.feature_tokens.items()}
 
     # ---- counts: the processor on the item's shape, once per shape ----
 
@@ -349,7 +436,7 @@ class HFProfile(ModelProfile):
     def _run_processor(self, kind: str, shape: tuple[int, ...]) -> _Counted:
         """The processor on one blank item of ``shape``: (placeholder count, expansion runs, its stored
         arrays' ``{key: [shape, dtype]}``)."""
-        token = self.template_blocks[kind][0]
+        token = self.feature_tokens[kind]
         try:
             out = self._call(kind, [self._blank(kind, shape)], return_text_replacement_offsets=True)
         except Exception as e:  # the processor refuses this shape: a reject with its reason
@@ -391,7 +478,7 @@ class HFProfile(ModelProfile):
                     f"audio decoded to {item.shape[0]} samples at {plan.sample_rate} Hz, the processor takes "
                     f"{self.sampling_rate} Hz and the plan {plan.num_audio_samples} samples"
                 )
-        token_id = self.tokenizer.convert_tokens_to_ids(self.template_blocks[kind][0])
+        token_id = self.tokenizer.convert_tokens_to_ids(self.feature_tokens[kind])
         try:
             out = self._call(kind, [item])
         except Exception as e:
@@ -452,8 +539,11 @@ class HFProfile(ModelProfile):
             "model_dir": self.model_dir,
             "processor_class": type(self.processor).__name__ if self.model_dir else None,
             "processor_kwargs": self.processor_kwargs,
-            "placeholder_tokens": {k: list(v) for k, v in self.template_blocks.items()},
+            # the tokens the model's features replace; the text's (the chat template's) where they differ
+            "placeholder_tokens": {k: [v] for k, v in self.feature_tokens.items()},
+            "template_blocks": {k: list(v) for k, v in self.template_blocks.items()},
             "media_arrays": self.media_arrays,
+            "token_inputs": self.token_inputs,  # per-token outputs: {key: [[token id, value], ...]}, 0 elsewhere
             "sampling_rate": self.sampling_rate,  # audio's (None without audio): what clips were decoded at
             "turn_end": self.turn_end,
         }
