@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 import yaml
 
 from omnipack.cli import build_parser, main
+from omnipack.stages.records import HOLD_ENV
 
 
 def _subcommands() -> list[str]:
@@ -162,7 +164,10 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path, demo_tokenizer, 
     out = tmp_path / "ds"
     cmd = [sys.executable, "-m", "omnipack", *_prepare_args(manifest, media, demo_tokenizer, out)]
     cmd += ["-j", "2", "--part-lines", "8", "--shard-max-rows", "1", "--seq-length", "2048"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    # the last write unit is held at its commit point: the signal lands while the run works, however loaded
+    # the machine (a run of 7 small shards can otherwise end between two polls)
+    env = {**os.environ, HOLD_ENV: "write:6"}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     first_shard = out / "stages" / "write" / "shard-000000.json"
     deadline = time.monotonic() + 300
     while not first_shard.exists() and proc.poll() is None and time.monotonic() < deadline:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,6 +26,7 @@ from .storage import is_local, write_bytes_atomic
 CRASH_ENV = (
     "OMNIPACK_CRASH_AT"  # tests: "STAGE:UNIT" kills this process (SIGKILL) at that unit's commit point
 )
+HOLD_ENV = "OMNIPACK_HOLD_AT"  # tests: "STAGE:UNIT" holds that unit at its commit point until a signal
 
 
 def digest(value: Any) -> str:
@@ -78,6 +80,8 @@ def crash_point(stage: str, unit: int | str) -> None:
     """Test hook: die as a ``kill -9`` would, between a unit's outputs and its record (the worst moment)."""
     if os.environ.get(CRASH_ENV) == f"{stage}:{unit}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(HOLD_ENV) == f"{stage}:{unit}":  # an interrupt test's run never ends by itself
+        time.sleep(600)
 
 
 # ---- the records' types: each unit's record as a dataclass, and its JSON object (keys in field order, as
