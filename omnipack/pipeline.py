@@ -41,7 +41,7 @@ from .stages.records import PlanRecord, digest, read_record, write_json_atomic
 from .stages.spec import REJECTS_FILE, STAGES_DIR, MeasureConfig, RunSpec, ShardLayout, WriteSettings
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
 from .stages.unit import Stage
-from .stages.write import WRITE
+from .stages.write import WRITE, sample_store
 from .text.chat import ChatTokenizer
 from .text.hub_cache import NotCached, resolve_model_dir
 
@@ -120,6 +120,9 @@ class PrepareConfig:
     overwrite: bool = False
     progress: bool = True
     from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
+    # processed media payloads kept for repacks (stages.sample_store): a local folder shared by packings;
+    # None: stages/samples of a local output; "off": none
+    sample_store: str | None = None
     executor: str = "local"  # "ray": the same units on a Ray cluster (omnipack's ray extra)
     ray_address: str | None = None  # "local" (a new Ray), "auto", host:port; None: RAY_ADDRESS or local
     part_lines: int = PART_LINES  # input records (JSONL: lines) per measure unit
@@ -261,6 +264,8 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             shard_checksums=SHARD_CHECKSUMS + (("sha256",) if cfg.shard_sha256 else ()),
             media_allow_roots=tuple(cfg.media_allow_roots),
             remote=cfg.remote,
+            # a folder as its absolute path: every worker (a Ray actor too) finds the same store
+            sample_store=cfg.sample_store if cfg.sample_store in (None, "off") else str(Path(cfg.sample_store).resolve()),
         ),
         inputs=inputs,
         parts=tuple(parts),
@@ -357,6 +362,7 @@ HOW_NOT_WHAT = (
     "progress",
     "overwrite",
     "from_stage",
+    "sample_store",
     "max_reject_fraction",
     "http_connect_timeout",
     "http_read_timeout",
@@ -567,6 +573,8 @@ def _run_stages(
         if plan is None:
             raise FileNotFoundError(f"no plan under {spec.stages}: run the pack stage first")
         if stage in (None, "write"):
+            if (samples := sample_store(spec)) is not None:  # the payloads earlier writes kept, merged
+                samples.refresh_index()
             shards = run_mapped(WRITE, spec, plan, executor, **share)
             if stage:
                 return {"stage": stage, "shards": len(shards), "rows": sum(r.rows_written for r in shards)}

@@ -1,0 +1,117 @@
+"""Repack without re-decoding: the write stage keeps each processed media payload once in a sample store,
+and a repack (other seq length, parallel layout, seed, packing limits) copies the stored bytes instead of
+decoding and resizing again; the dataset is byte-identical to a fresh prepare with the same settings."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import omnipack.stages.write as write_stage
+from omnipack.pipeline import PrepareConfig, run_prepare
+from omnipack.tools.verify import run_verify
+
+
+@pytest.fixture
+def corpus(tmp_path, demo_corpus):
+    """A private copy of the demo corpus: the tests move its media away during a repack."""
+    manifest, media = demo_corpus
+    copy = tmp_path / "corpus"
+    shutil.copytree(media, copy / "media")
+    shutil.copy(manifest, copy / "manifest.jsonl")
+    return copy / "manifest.jsonl", copy / "media"
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+    """Counts the write stage's media decodes (one process: the local executor runs one worker inline)."""
+    calls = []
+    real = write_stage.materialize
+
+    def counting(source, *args, **kwargs):
+        calls.append(source)
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(write_stage, "materialize", counting)
+    return calls
+
+
+def _prepare(out: Path, tokenizer: Path, corpus: tuple[Path, Path], **kw) -> dict:
+    manifest, media = corpus
+    cfg = PrepareConfig(
+        manifest=[str(manifest)], media_root=str(media), tokenizer=str(tokenizer), output=str(out),
+        progress=False, **kw,
+    )  # fmt: skip
+    return run_prepare(cfg)
+
+
+def dataset_bytes(root: Path) -> dict[str, bytes]:
+    """Every shard, index and Energon metadata file of a dataset (not the run's own records)."""
+    skip = ("stages/", ".nv-meta/omnipack.json")
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.relative_to(root).as_posix().startswith(skip) and p.suffix != ".parquet"
+    }
+
+
+def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(tmp_path, demo_tokenizer, corpus, decodes):
+    fresh = tmp_path / "fresh"
+    _prepare(fresh, demo_tokenizer, corpus, seq_length=2048, cp=2, sample_store="off")
+    decoded_fresh = len(decodes)
+    assert decoded_fresh > 0
+
+    repacked = tmp_path / "repacked"
+    _prepare(repacked, demo_tokenizer, corpus, seq_length=4096, seed=3)
+    assert len(list((repacked / "stages" / "samples").rglob("*.bin"))) >= 1
+    decodes.clear()
+    media = corpus[1]
+    hidden = media.with_name("media-away")
+    media.rename(hidden)  # any decode now fails: the repack must not read the media at all
+    try:
+        summary = _prepare(repacked, demo_tokenizer, corpus, seq_length=2048, cp=2, from_stage="pack")
+    finally:
+        hidden.rename(media)
+    assert decodes == []
+    assert summary["counts"]["rows"] > 0
+    want, got = dataset_bytes(fresh), dataset_bytes(repacked)
+    assert any(k.endswith(".tar") for k in want)
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k]] == []
+    failed = {r.name: r.failures for r in run_verify(repacked, progress=False) if r.status == "fail"}
+    assert not failed, failed
+
+
+def test_changed_pixel_settings_do_not_reuse_stored_payloads(tmp_path, demo_tokenizer, corpus, decodes):
+    """The store's keys hold what shapes a payload: a repack with other settings decodes again."""
+    fresh = tmp_path / "fresh"
+    _prepare(fresh, demo_tokenizer, corpus, seq_length=2048, image_encoding="png", sample_store="off")
+    out = tmp_path / "out"
+    _prepare(out, demo_tokenizer, corpus, seq_length=2048)
+    decodes.clear()
+    _prepare(out, demo_tokenizer, corpus, seq_length=2048, image_encoding="png", from_stage="pack")
+    assert len(decodes) > 0
+    want, got = dataset_bytes(fresh), dataset_bytes(out)
+    assert [k for k in want if got.get(k) != want[k]] == []
+
+
+def test_a_shared_store_keys_payloads_by_profile_options(tmp_path, demo_tokenizer, corpus, decodes):
+    """Two packings share one ``--sample-store``: other profile options (another image size) never take the
+    first packing's payloads, the same options take all of them."""
+    store = tmp_path / "store"
+    small = {"max_pixels": 50176}
+    fresh = tmp_path / "fresh"
+    _prepare(fresh, demo_tokenizer, corpus, profile_options=small, sample_store="off")
+    _prepare(tmp_path / "first", demo_tokenizer, corpus, sample_store=str(store))
+    decodes.clear()
+    second = tmp_path / "second"
+    _prepare(second, demo_tokenizer, corpus, profile_options=small, sample_store=str(store))
+    assert len(decodes) > 0
+    want, got = dataset_bytes(fresh), dataset_bytes(second)
+    assert [k for k in want if got.get(k) != want[k]] == []
+    decodes.clear()
+    _prepare(tmp_path / "third", demo_tokenizer, corpus, profile_options=small, seed=5, sample_store=str(store))
+    assert decodes == []
+    assert len([p for p in store.iterdir() if p.is_dir()]) == 2  # one folder per payload shape
