@@ -115,3 +115,36 @@ def test_a_shared_store_keys_payloads_by_profile_options(tmp_path, demo_tokenize
     _prepare(tmp_path / "third", demo_tokenizer, corpus, profile_options=small, seed=5, sample_store=str(store))
     assert decodes == []
     assert len([p for p in store.iterdir() if p.is_dir()]) == 2  # one folder per payload shape
+
+
+def test_store_segments_merge_into_one_index_and_damaged_payloads_read_as_absent(tmp_path):
+    from omnipack.stages.sample_store import SampleStore, item_key
+
+    store = SampleStore.at(tmp_path / "store", {"format": 1, "profile": "p"})
+    keys = [item_key(None, f"img{i}.jpg", {"target_hw": [28, 28]}) for i in range(5)]
+    first, second = store.writer("shard-000000"), store.writer("shard-000001")
+    for i, k in enumerate(keys[:3]):
+        first.put(k, "npy", bytes([i]) * (100 + i))
+    second.put(keys[2], "npy", b"\x02" * 102)  # stored by two units: one index entry
+    second.put(keys[3], "npz", b"z" * 7)
+    first.commit()
+    second.commit()
+    third = store.writer("shard-000002")
+    third.put(keys[4], "npy", b"never committed")  # a unit killed before its commit: not indexed
+    store.load_index()
+    assert store.get(keys[0]) is None  # nothing merged yet
+    store.refresh_index()
+    store.load_index()
+    assert [store.get(k) for k in keys] == [
+        ("npy", b"\x00" * 100), ("npy", b"\x01" * 101), ("npy", b"\x02" * 102), ("npz", b"z" * 7), None,
+    ]  # fmt: skip
+    assert store.refresh_index() == store.refresh_index()  # unchanged segments: the same merged index
+    assert len(list(store.folder.glob("index-*.arrow"))) == 1
+    # a payload changed on disk after it was indexed is absent (decoded again), never copied
+    segment = next(p for p in store.segments.glob("shard-000000-*.bin"))
+    data = bytearray(segment.read_bytes())
+    data[150] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    store.close_files()
+    assert store.get(keys[1]) is None
+    assert store.get(keys[0]) == ("npy", b"\x00" * 100)

@@ -104,6 +104,11 @@ def _empty_index() -> _Index:
     return _Index(z, z, np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int8), z, [], [])
 
 
+def _view(column: pa.ChunkedArray) -> np.ndarray:
+    """A column of the mapped index as numpy, zero-copy (its one chunk is a view of the mapped file)."""
+    return column.chunk(0).to_numpy() if column.num_chunks == 1 else column.to_numpy()
+
+
 class SampleStore:
     """One shape's folder of a store: lookups in the merged index, and a writer for this unit's new payloads."""
 
@@ -142,9 +147,8 @@ class SampleStore:
             first = np.ones(len(order), dtype=bool)  # a key stored by two units: keep one
             first[1:] = (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])
             order = order[first]
-            ext = table.column("ext").to_numpy(zero_copy_only=False)
-            exts = sorted(set(ext.tolist()))
-            code = {e: i for i, e in enumerate(exts)}
+            ext = table.column("ext").combine_chunks().dictionary_encode()
+            exts = ext.dictionary.to_pylist()
             merged = pa.table(
                 {
                     "key0": k0[first],
@@ -152,11 +156,11 @@ class SampleStore:
                     "segment": seg[order],
                     "offset": table.column("offset").to_numpy()[order],
                     "length": table.column("length").to_numpy()[order],
-                    "ext": np.asarray([code[e] for e in ext[order].tolist()], dtype=np.int8),
+                    "ext": ext.indices.to_numpy()[order].astype(np.int8),
                     "xxh3": table.column("xxh3").to_numpy()[order],
                 }
             ).replace_schema_metadata({"segments": json.dumps(names), "exts": json.dumps(exts)})
-            tmp = path.with_name(f"{name}.{uuid.uuid4().hex}.tmp")
+            tmp = path.with_name(f"{name}.{uuid.uuid4().hex}.partial")  # a run's start removes leftovers
             with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, merged.schema) as w:
                 w.write_table(merged)
             os.replace(tmp, path)
@@ -181,7 +185,7 @@ class SampleStore:
             except FileNotFoundError:  # replaced meanwhile by a newer merge
                 continue
             meta = table.schema.metadata
-            cols = {c: table.column(c).to_numpy() for c in table.column_names}
+            cols = {c: _view(table.column(c)) for c in table.column_names}
             self._index = _Index(
                 cols["key0"], cols["key1"], cols["segment"], cols["offset"], cols["length"], cols["ext"],
                 cols["xxh3"], json.loads(meta[b"segments"]), json.loads(meta[b"exts"]),
@@ -249,7 +253,7 @@ class SegmentWriter:
         self._file.close()
         self._file = None
         table = pa.table(self._rows, schema=SEGMENT_SCHEMA)
-        tmp = self.index.with_name(f"{self.index.name}.{uuid.uuid4().hex}.tmp")
+        tmp = self.index.with_name(f"{self.index.name}.{uuid.uuid4().hex}.partial")
         pq.write_table(table, tmp)
         os.replace(tmp, self.index)
 
@@ -266,13 +270,9 @@ class UnitPayloads:
     def __init__(self, store: SampleStore, media_root: str | None, unit: str) -> None:
         self.store, self.media_root = store, media_root
         self.writer = store.writer(unit)
-        self.hits = self.misses = 0
 
     def get(self, ref: str, plan: dict[str, Any]) -> tuple[str, bytes] | None:
-        found = self.store.get(item_key(self.media_root, ref, plan))
-        self.hits += found is not None
-        self.misses += found is None
-        return found
+        return self.store.get(item_key(self.media_root, ref, plan))
 
     def put(self, ref: str, plan: dict[str, Any], ext: str, data: bytes) -> None:
         self.writer.put(item_key(self.media_root, ref, plan), ext, data)
