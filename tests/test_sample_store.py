@@ -148,3 +148,34 @@ def test_store_segments_merge_into_one_index_and_damaged_payloads_read_as_absent
     store.close_files()
     assert store.get(keys[1]) is None
     assert store.get(keys[0]) == ("npy", b"\x00" * 100)
+
+
+def test_repack_copies_the_processor_tensors_of_the_hf_profile(tmp_path, decodes):
+    """The hf profile stores its processor's tensors (npz): a repack copies them too, byte for byte."""
+    from omnipack.cli import main
+    from tests.test_profile_hf import _corpus, build_llava_model_dir
+
+    model = build_llava_model_dir(tmp_path / "model")
+    manifest, media, _ = _corpus(tmp_path / "src")
+
+    def prepare(out: Path, seq_length: int, *extra: str) -> None:
+        args = [
+            "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(model),
+            "-o", str(out), "--seq-length", str(seq_length), "--shard-max-rows", "2", "--no-progress", *extra,
+        ]  # fmt: skip
+        assert main(args) == 0
+
+    prepare(tmp_path / "fresh", 1024, "--sample-store", "off")
+    out = tmp_path / "out"
+    prepare(out, 2048)
+    decodes.clear()
+    hidden = media.with_name("away")
+    media.rename(hidden)
+    try:
+        prepare(out, 1024, "--from-stage", "pack")
+    finally:
+        hidden.rename(media)
+    assert decodes == []
+    want, got = dataset_bytes(tmp_path / "fresh"), dataset_bytes(out)
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k]] == []
