@@ -38,6 +38,7 @@ from .stages.measure import MEASURE, PART_LINES, PARTS_FILE, load_parts, parts_k
 from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
 from .stages.records import PlanRecord, digest, read_record, write_json_atomic
+from .stages.sample_store import check_store_location, store_location
 from .stages.spec import REJECTS_FILE, STAGES_DIR, MeasureConfig, RunSpec, ShardLayout, WriteSettings
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
 from .stages.unit import Stage
@@ -265,7 +266,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
             media_allow_roots=tuple(cfg.media_allow_roots),
             remote=cfg.remote,
             # a folder as its absolute path: every worker (a Ray actor too) finds the same store
-            sample_store=cfg.sample_store if cfg.sample_store in (None, "off") else str(Path(cfg.sample_store).resolve()),
+            sample_store=store_location(cfg.sample_store),
         ),
         inputs=inputs,
         parts=tuple(parts),
@@ -491,6 +492,7 @@ def _check_run_arguments(cfg: PrepareConfig, stage: str | None, rank: int, world
         raise ValueError("--overwrite applies to whole runs; remove the old output before a staged run")
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
+    check_store_location(cfg.sample_store)
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
 
 

@@ -179,3 +179,9 @@ def test_repack_copies_the_processor_tensors_of_the_hf_profile(tmp_path, decodes
     want, got = dataset_bytes(tmp_path / "fresh"), dataset_bytes(out)
     assert sorted(got) == sorted(want)
     assert [k for k in want if got[k] != want[k]] == []
+
+
+def test_an_object_store_url_as_sample_store_is_refused_before_any_work(tmp_path, demo_tokenizer, corpus):
+    with pytest.raises(ValueError, match="--sample-store must be a local or mounted folder"):
+        _prepare(tmp_path / "out", demo_tokenizer, corpus, sample_store="s3://bucket/samples")
+    assert not (tmp_path / "out").exists()

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
+from ..media.sources import local_location
 from .records import digest, write_json_atomic
 from .storage import is_local, make_dirs
 
@@ -80,10 +81,24 @@ def store_root(spec: Any) -> Path | None:
     if chosen == OFF:
         return None
     if chosen is not None:
-        if "://" in str(chosen) and not str(chosen).startswith("file://"):
-            raise ValueError(f"--sample-store must be a local folder, got {chosen}")
-        return Path(str(chosen).removeprefix("file://")).resolve()
+        return Path(store_location(chosen))
     return spec.stages / STORE_DIR if is_local(spec.stages) else None
+
+
+def store_location(chosen: str | None) -> str | None:
+    """``--sample-store`` as the run records it: a folder as its absolute path (every worker, a Ray actor
+    too, finds the same store), None and ``off`` as they are."""
+    check_store_location(chosen)
+    if chosen in (None, OFF):
+        return chosen
+    return str(Path(local_location(str(chosen))).resolve())
+
+
+def check_store_location(chosen: str | None) -> None:
+    """A store is a local (or mounted) folder: its payloads are read by ranged reads of memory-mapped
+    indices and segment files, which an object store's whole-object PUTs do not give."""
+    if chosen not in (None, OFF) and "://" in str(chosen) and not str(chosen).startswith("file://"):
+        raise ValueError(f"--sample-store must be a local or mounted folder (or 'off'), got {chosen}")
 
 
 @dataclass
