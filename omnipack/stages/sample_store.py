@@ -15,13 +15,14 @@ besides its source and plan (profile, its options and resolved settings, pixel e
 A media item's key is the digest (``records.digest``, as every completion key) of its measured reference,
 the media root and its plan (target size, frames, samples): what the measure stage recorded for it. Files
 scale with write units, not samples; a lookup is a binary search in the mapped index and a payload read is
-one ranged read, checked against its recorded xxh3 (a damaged payload is decoded again, never copied).
+a view of the memory-mapped segment, checked against its recorded xxh3 (a damaged payload is decoded again, never copied).
 Segments a stage writes become visible to the next run's index (``refresh_index``, before the write stage).
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import uuid
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ def store_location(chosen: str | None) -> str | None:
 
 
 def check_store_location(chosen: str | None) -> None:
-    """A store is a local (or mounted) folder: its payloads are read by ranged reads of memory-mapped
+    """A store is a local (or mounted) folder: its payloads are read as views of memory-mapped
     indices and segment files, which an object store's whole-object PUTs do not give."""
     if chosen not in (None, OFF) and "://" in str(chosen) and not str(chosen).startswith("file://"):
         raise ValueError(f"--sample-store must be a local or mounted folder (or 'off'), got {chosen}")
@@ -133,7 +134,7 @@ class SampleStore:
         self.segments = folder / "segments"
         self._index = _empty_index()
         self._index_name: str | None = None
-        self._files: dict[int, int] = {}  # segment number -> open file descriptor
+        self._files: dict[int, mmap.mmap] = {}  # segment number -> its mapped bytes
 
     @classmethod
     def at(cls, root: Path, shape: dict[str, Any]) -> SampleStore:
@@ -210,26 +211,27 @@ class SampleStore:
             return
         raise RuntimeError(f"the sample store's index under {self.folder} keeps changing")
 
-    def get(self, key: tuple[int, int]) -> tuple[str, bytes] | None:
+    def get(self, key: tuple[int, int]) -> tuple[str, memoryview] | None:
         """(ext, payload bytes) stored under ``key``; None when absent or damaged (then decoded again)."""
         ix = self._index
         lo = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="left"))
         hi = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="right"))
         for i in range(lo, hi):
             if int(ix.key1[i]) == key[1]:
-                seg, length = int(ix.segment[i]), int(ix.length[i])
-                fd = self._files.get(seg)
-                if fd is None:
-                    fd = self._files[seg] = os.open(self.segments / f"{ix.segments[seg]}.bin", os.O_RDONLY)
-                data = os.pread(fd, length, int(ix.offset[i]))
-                if len(data) != length or xxhash.xxh3_64_intdigest(data) != int(ix.xxh3[i]):
+                seg, start = int(ix.segment[i]), int(ix.offset[i])
+                mapped = self._files.get(seg)
+                if mapped is None:
+                    with open(self.segments / f"{ix.segments[seg]}.bin", "rb") as f:
+                        mapped = self._files[seg] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                # a view of the mapped segment: the row's tar member is written from it, no copy
+                data = memoryview(mapped)[start : start + int(ix.length[i])]
+                if len(data) != int(ix.length[i]) or xxhash.xxh3_64_intdigest(data) != int(ix.xxh3[i]):
                     return None
                 return ix.exts[int(ix.ext[i])], data
         return None
 
     def close_files(self) -> None:
-        for fd in self._files.values():
-            os.close(fd)
+        """Drop the segment maps (each unmapped once no payload view of it is left)."""
         self._files.clear()
 
     def writer(self, unit: str) -> SegmentWriter:
@@ -286,7 +288,7 @@ class UnitPayloads:
         self.store, self.media_root = store, media_root
         self.writer = store.writer(unit)
 
-    def get(self, ref: str, plan: dict[str, Any]) -> tuple[str, bytes] | None:
+    def get(self, ref: str, plan: dict[str, Any]) -> tuple[str, memoryview] | None:
         return self.store.get(item_key(self.media_root, ref, plan))
 
     def put(self, ref: str, plan: dict[str, Any], ext: str, data: bytes) -> None:
