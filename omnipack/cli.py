@@ -158,6 +158,14 @@ PREPARE_FLAGS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
         },
     ),
     (
+        ("--sample-store",),
+        {
+            "help": "folder keeping the processed media payloads, so a repack (other seq length, parallel "
+            "layout, seed, packing limits) copies them instead of decoding; may be shared by many packings "
+            "(default: stages/samples of a local output; 'off': keep none)",
+        },
+    ),
+    (
         ("--overwrite",),
         {"action": argparse.BooleanOptionalAction, "default": None, "help": "replace what the output holds"},
     ),

@@ -39,6 +39,7 @@ from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
 from .stages.pack_planner import PackConfig
 from .stages.records import PlanRecord, digest, read_record, write_json_atomic
+from .stages.sample_store import check_store_location, store_location
 from .stages.spec import (
     REJECTS_FILE,
     STAGES_DIR,
@@ -50,7 +51,7 @@ from .stages.spec import (
 )
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
 from .stages.unit import Stage
-from .stages.write import WRITE
+from .stages.write import WRITE, sample_store
 from .text.chat import ChatTokenizer
 from .text.hub_cache import NotCached, resolve_model_dir
 
@@ -129,6 +130,9 @@ class PrepareConfig:
     overwrite: bool = False
     progress: bool = True
     from_stage: str = "measure"  # "pack": reuse the measure tables under stages/ (repack, rewrite)
+    # processed media payloads kept for repacks (stages.sample_store): a local folder shared by packings;
+    # None: stages/samples of a local output; "off": none
+    sample_store: str | None = None
     executor: str = "local"  # "ray": the same units on a Ray cluster (omnipack's ray extra)
     ray_address: str | None = None  # "local" (a new Ray), "auto", host:port; None: RAY_ADDRESS or local
     part_lines: int = PART_LINES  # input records (JSONL: lines) per measure unit
@@ -287,6 +291,8 @@ def _write_settings(cfg: PrepareConfig, align: int, pad_id: int) -> WriteSetting
         shard_checksums=SHARD_CHECKSUMS + (("sha256",) if cfg.shard_sha256 else ()),
         media_allow_roots=tuple(cfg.media_allow_roots),
         remote=cfg.remote,
+        # a folder as its absolute path: every worker (a Ray actor too) finds the same store
+        sample_store=store_location(cfg.sample_store),
     )
 
 
@@ -386,6 +392,7 @@ HOW_NOT_WHAT = (
     "progress",
     "overwrite",
     "from_stage",
+    "sample_store",
     "max_reject_fraction",
     "http_connect_timeout",
     "http_read_timeout",
@@ -533,6 +540,7 @@ def _check_run_arguments(cfg: PrepareConfig, stage: str | None, rank: int, world
         raise ValueError("--overwrite applies to whole runs; remove the old output before a staged run")
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
+    check_store_location(cfg.sample_store)
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
 
 
@@ -616,6 +624,8 @@ def _run_stages(
         if plan is None:
             raise FileNotFoundError(f"no plan under {spec.stages}: run the pack stage first")
         if stage in (None, "write"):
+            if (samples := sample_store(spec)) is not None:  # the payloads earlier writes kept, merged
+                samples.refresh_index()
             shards = run_mapped(WRITE, spec, plan, executor, **share)
             if stage:
                 return {"stage": stage, "shards": len(shards), "rows": sum(r.rows_written for r in shards)}

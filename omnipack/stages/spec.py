@@ -55,6 +55,9 @@ class WriteSettings:
     # how media URLs are fetched; not in the repr, so not in the shard key: the measure key holds what of it
     # decides which samples are packed, and timeouts may change on a resumed run
     remote: RemoteSettings = field(default=DEFAULT_REMOTE, repr=False)
+    # where processed media payloads are kept for repacks (stages.sample_store): None, the run's stages/
+    # folder; "off", none. Not in the repr (the shard key): a store changes how a shard is made, not its bytes
+    sample_store: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from ..dataset.contract import IGNORE_INDEX, MediaItem, PackedRowArrays, row_inv
 from ..dataset.shards import ShardWriter
 from ..errors import Reject, SampleReject, sample_failed
 from ..media.probe import materialize
-from ..media.sources import resolve_source
+from ..media.sources import media_root_key, resolve_source
 from ..profiles import get_profile, profile_class
 from ..profiles.base import MediaPlan
 from .measure import part_files, sample_arrays
@@ -43,6 +43,7 @@ from .records import (
     file_xxh3,
     output_stamp,
 )
+from .sample_store import SampleStore, UnitPayloads, shape_settings, store_root
 from .spec import RunSpec, WriteSettings
 from .storage import is_local, local_file, publish, read_parquet, remove_partials, staging_file
 from .unit import Stage, run_once
@@ -154,23 +155,26 @@ class RowResult:
 
 
 def sample_media(
-    rec: dict[str, Any], cfg: WriteSettings, store_media: MediaStore | None = None, first: int = 0
+    rec: dict[str, Any],
+    cfg: WriteSettings,
+    store_media: MediaStore | None = None,
+    first: int = 0,
+    samples: UnitPayloads | None = None,
 ) -> tuple[list[tuple[MediaPlan, tuple[int, int, int, int], str]], dict[str, bytes]]:
     """A measured sample's media materialised as stored: (plan, span, part name) per item and the parts'
     bytes, named from ``media.{first}`` on (the items of the row before it); ``SampleReject`` for media
-    that can not be read."""
+    that can not be read. ``samples``: the sample store, whose payloads are copied instead of decoded (and
+    new ones kept)."""
     media, payloads = [], {}
     for m in json.loads(rec["media_json"]):
         plan = MediaPlan.from_json(m["plan"])
-        ext, data = materialize(
-            resolve_source(m["ref"], cfg.media_root, cfg.media_allow_roots, cfg.remote),
-            plan.storage,
-            image_encoding=cfg.image_encoding if store_media is None else "npy",
-            compress_video=cfg.compress_video and store_media is None,
-        )
-        if store_media is not None:  # npy / stored npz: the decoded arrays are views of the bytes
-            decoded = view_npy(data) if ext == "npy" else view_npz(data)
-            ext, data = "npz", npz_bytes(store_media(plan, decoded))
+        stored = None if samples is None else samples.get(m["ref"], m["plan"])
+        if stored is not None:  # a repack: the payload as an earlier write made it
+            ext, data = stored
+        else:
+            ext, data = _materialized(m["ref"], plan, cfg, store_media)
+            if samples is not None:
+                samples.put(m["ref"], m["plan"], ext, data)
         part = f"media.{first + len(payloads)}.{ext}"
         payloads[part] = data
         media.append((plan, tuple(m["span"]), part))
@@ -178,16 +182,21 @@ def sample_media(
 
 
 def build_row(
-    key: str, records: list[dict[str, Any]], cfg: WriteSettings, store_media: MediaStore | None = None
+    key: str,
+    records: list[dict[str, Any]],
+    cfg: WriteSettings,
+    store_media: MediaStore | None = None,
+    samples: UnitPayloads | None = None,
 ) -> RowResult:
     """Materialise a row's media and assemble its arrays; pure function of its inputs. ``store_media``: a
-    profile's own arrays for a decoded item (``ModelProfile.store_media``), stored as npz instead of it."""
+    profile's own arrays for a decoded item (``ModelProfile.store_media``), stored as npz instead of it.
+    ``samples``: the sample store, whose payloads are copied instead of decoded (and new ones kept)."""
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
     rejects: list[Reject] = []
     for rec in records:
         try:
-            media, sample_payloads = sample_media(rec, cfg, store_media, len(payloads))
+            media, sample_payloads = sample_media(rec, cfg, store_media, len(payloads), samples)
         except SampleReject as e:
             rejects.append(Reject.of(rec["sample_index"], rec["sample_id"], rec["source"], "write", e))
             continue
@@ -203,6 +212,22 @@ def build_row(
     if errors:  # a bug, not bad input: refuse to write a wrong row
         raise AssertionError(f"row {key} breaks the contract: {errors}")
     return RowResult(key, encode_row(row, payloads), rejects, len(seqs), int(row.seqlens.sum()))
+
+
+def _materialized(
+    ref: str, plan: MediaPlan, cfg: WriteSettings, store_media: MediaStore | None
+) -> tuple[str, bytes]:
+    """(ext, bytes) of a media item's payload, decoded from its source and sized to its plan."""
+    ext, data = materialize(
+        resolve_source(ref, cfg.media_root, cfg.media_allow_roots, cfg.remote),
+        plan.storage,
+        image_encoding=cfg.image_encoding if store_media is None else "npy",
+        compress_video=cfg.compress_video and store_media is None,
+    )
+    if store_media is not None:  # npy / stored npz: the decoded arrays are views of the bytes
+        decoded = view_npy(data) if ext == "npy" else view_npz(data)
+        ext, data = "npz", npz_bytes(store_media(plan, decoded))
+    return ext, data
 
 
 class MeasuredSamples:
@@ -352,6 +377,22 @@ def _media_store(spec: RunSpec) -> MediaStore | None:
     return _STORES[key]
 
 
+_SAMPLE_STORES: dict[str, SampleStore] = {}
+
+
+def sample_store(spec: RunSpec) -> SampleStore | None:
+    """The run's sample store for its profile and pixel settings (``stages.sample_store``), opened once per
+    process and store; None when the run keeps none."""
+    root = store_root(spec)
+    if root is None:
+        return None
+    shape = shape_settings(spec, _media_store(spec) is not None)
+    key = digest({"root": str(root), "shape": shape})
+    if key not in _SAMPLE_STORES:
+        _SAMPLE_STORES[key] = SampleStore.at(root, shape)
+    return _SAMPLE_STORES[key]
+
+
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     """Named arrays as an uncompressed npz (the loader views its members in place)."""
     buf = io.BytesIO()
@@ -463,10 +504,14 @@ def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -
     )
     record = ShardRecord("", number, None, None, None, [], 0, 0, 0)
     store = _media_store(spec)
+    samples = None
+    if (kept := sample_store(spec)) is not None:
+        kept.load_index()  # the index the run merged before this stage (segments of earlier writes)
+        samples = UnitPayloads(kept, media_root_key(spec.write.media_root), f"shard-{number:06d}")
 
     def build(r: int) -> RowResult:
         members = view.sample_index[view.row_ptr[r] : view.row_ptr[r + 1]]
-        return build_row(f"{r:09d}", view.samples.records(members), spec.write, store)
+        return build_row(f"{r:09d}", view.samples.records(members), spec.write, store, samples)
 
     rows = _built_ahead(build, np.flatnonzero(view.shard_of == number).tolist())
     try:
@@ -481,8 +526,12 @@ def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -
     except BaseException:
         rows.close()  # stop the build-ahead thread now, not when the traceback is collected
         writer.abort()
+        if samples is not None:
+            samples.writer.abort()
         raise
     infos = writer.close()
+    if samples is not None:  # after the shard is whole: payloads of a failed unit are not kept
+        samples.writer.commit()
     pa.default_memory_pool().release_unused()
     record.shard = infos[0] if infos else None
     return record

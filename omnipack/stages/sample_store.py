@@ -1,0 +1,295 @@
+"""Sample store: the write stage's processed media payloads (the exact bytes of a shard's ``media.*`` members:
+resized pixels, frames, audio, or a profile's own tensors), kept once so that a repack copies them instead
+of decoding and resizing again.
+
+A store is a local folder: by default ``stages/samples`` of the run, or ``--sample-store PATH`` shared by
+many packings of one corpus. Inside it, one folder per *shape*, the settings that decide a payload's bytes
+besides its source and plan (profile, its options and resolved settings, pixel encodings, this format)::
+
+    <store>/<shape>/settings.json              the shape, readable
+    <store>/<shape>/segments/<writer>.bin      append-only payload bytes of one write unit
+    <store>/<shape>/segments/<writer>.parquet  its index (key, offset, length, ext, xxh3); written last
+    <store>/<shape>/index.json                 names the merged index now current
+    <store>/<shape>/index-<digest>.arrow       every segment's index merged, sorted by key (memory-mapped)
+
+A media item's key is the digest (``records.digest``, as every completion key) of its measured reference,
+the media root and its plan (target size, frames, samples): what the measure stage recorded for it. Files
+scale with write units, not samples; a lookup is a binary search in the mapped index and a payload read is
+a view of the memory-mapped segment, checked against its recorded xxh3 (a damaged payload is decoded again, never copied).
+Segments a stage writes become visible to the next run's index (``refresh_index``, before the write stage).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+
+from ..media.sources import local_location
+from .records import digest, write_json_atomic
+from .storage import is_local, make_dirs
+
+STORE_FORMAT = 1  # bump when the bytes a payload holds change for the same source, plan and settings
+STORE_DIR = "samples"  # the default store under the run's stages/ folder
+OFF = "off"  # ``--sample-store off``: no store (every write decodes)
+
+SEGMENT_SCHEMA = pa.schema(
+    [
+        ("key0", pa.uint64()),  # the 128-bit key, high and low halves
+        ("key1", pa.uint64()),
+        ("offset", pa.int64()),
+        ("length", pa.int64()),
+        ("ext", pa.string()),
+        ("xxh3", pa.uint64()),  # xxh3-64 of the payload, checked on every read
+    ]
+)
+
+
+def shape_settings(spec: Any, own_media: bool) -> dict[str, Any]:
+    """What shapes a payload beyond its source and plan: the profile (name, options, the settings it resolved
+    from the model folder, e.g. a processor's normalisation) and how pixels are stored."""
+    w, m = spec.write, spec.measure
+    return {
+        "format": STORE_FORMAT,
+        "profile": m.profile,
+        "options": m.profile_options,
+        "settings": spec.facts.profile.get("settings"),
+        "own_media": own_media,  # a profile's own tensors (npz) instead of the decoded media
+        "image_encoding": "npy" if own_media else w.image_encoding,
+        "compress_video": bool(w.compress_video and not own_media),
+    }
+
+
+def item_key(media_root: str | None, ref: str, plan: dict[str, Any]) -> tuple[int, int]:
+    """A media item's key: its reference (as measured), the media root it is relative to, and its plan."""
+    h = digest({"media_root": media_root, "ref": ref, "plan": plan})
+    return int(h[:16], 16), int(h[16:32], 16)
+
+
+def store_root(spec: Any) -> Path | None:
+    """The run's store folder: ``--sample-store``, else ``stages/samples`` of a local output; None when off
+    (``off``, or an object-store output without a store path)."""
+    chosen = spec.write.sample_store
+    if chosen == OFF:
+        return None
+    if chosen is not None:
+        return Path(store_location(chosen))
+    return spec.stages / STORE_DIR if is_local(spec.stages) else None
+
+
+def store_location(chosen: str | None) -> str | None:
+    """``--sample-store`` as the run records it: a folder as its absolute path (every worker, a Ray actor
+    too, finds the same store), None and ``off`` as they are."""
+    check_store_location(chosen)
+    if chosen in (None, OFF):
+        return chosen
+    return str(Path(local_location(str(chosen))).resolve())
+
+
+def check_store_location(chosen: str | None) -> None:
+    """A store is a local (or mounted) folder: its payloads are read as views of memory-mapped
+    indices and segment files, which an object store's whole-object PUTs do not give."""
+    if chosen not in (None, OFF) and "://" in str(chosen) and not str(chosen).startswith("file://"):
+        raise ValueError(f"--sample-store must be a local or mounted folder (or 'off'), got {chosen}")
+
+
+@dataclass
+class _Index:
+    key0: np.ndarray
+    key1: np.ndarray
+    segment: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    ext: np.ndarray
+    xxh3: np.ndarray
+    segments: list[str]
+    exts: list[str]
+
+
+def _empty_index() -> _Index:
+    z = np.zeros(0, dtype=np.uint64)
+    return _Index(z, z, np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int8), z, [], [])
+
+
+def _view(column: pa.ChunkedArray) -> np.ndarray:
+    """A column of the mapped index as numpy, zero-copy (its one chunk is a view of the mapped file)."""
+    return column.chunk(0).to_numpy() if column.num_chunks == 1 else column.to_numpy()
+
+
+class SampleStore:
+    """One shape's folder of a store: lookups in the merged index, and a writer for this unit's new payloads."""
+
+    def __init__(self, folder: Path, shape: dict[str, Any]) -> None:
+        self.folder = folder
+        self.shape = shape
+        self.segments = folder / "segments"
+        self._index = _empty_index()
+        self._index_name: str | None = None
+        self._files: dict[int, mmap.mmap] = {}  # segment number -> its mapped bytes
+
+    @classmethod
+    def at(cls, root: Path, shape: dict[str, Any]) -> SampleStore:
+        folder = root / digest(shape)[:20]
+        make_dirs(folder / "segments")
+        settings = folder / "settings.json"
+        if not settings.exists():
+            write_json_atomic(settings, shape)
+        return cls(folder, shape)
+
+    # ---- the merged index
+
+    def refresh_index(self) -> str:
+        """Merge every committed segment's index into one sorted, memory-mappable file (kept while the
+        segments are the same) and name it current; returns its name."""
+        names = sorted(p.stem for p in self.segments.glob("*.parquet"))
+        name = f"index-{digest(names)[:16]}.arrow"
+        path = self.folder / name
+        if not path.exists():
+            tables = [pq.read_table(self.segments / f"{n}.parquet") for n in names]
+            table = pa.concat_tables(tables) if tables else SEGMENT_SCHEMA.empty_table()
+            seg = np.concatenate([np.full(len(t), i, np.int32) for i, t in enumerate(tables)] or [np.zeros(0, np.int32)])
+            k0, k1 = table.column("key0").to_numpy(), table.column("key1").to_numpy()
+            order = np.lexsort((k1, k0))
+            k0, k1 = k0[order], k1[order]
+            first = np.ones(len(order), dtype=bool)  # a key stored by two units: keep one
+            first[1:] = (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])
+            order = order[first]
+            ext = table.column("ext").combine_chunks().dictionary_encode()
+            exts = ext.dictionary.to_pylist()
+            merged = pa.table(
+                {
+                    "key0": k0[first],
+                    "key1": k1[first],
+                    "segment": seg[order],
+                    "offset": table.column("offset").to_numpy()[order],
+                    "length": table.column("length").to_numpy()[order],
+                    "ext": ext.indices.to_numpy()[order].astype(np.int8),
+                    "xxh3": table.column("xxh3").to_numpy()[order],
+                }
+            ).replace_schema_metadata({"segments": json.dumps(names), "exts": json.dumps(exts)})
+            tmp = path.with_name(f"{name}.{uuid.uuid4().hex}.partial")  # a run's start removes leftovers
+            with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, merged.schema) as w:
+                w.write_table(merged)
+            os.replace(tmp, path)
+        write_json_atomic(self.folder / "index.json", {"current": name})
+        for old in self.folder.glob("index-*.arrow"):  # a reader that lost one re-reads index.json
+            if old.name != name:
+                old.unlink(missing_ok=True)
+        return name
+
+    def load_index(self) -> None:
+        """Map the current merged index (none yet: an empty store)."""
+        for _ in range(3):
+            try:
+                name = json.loads((self.folder / "index.json").read_text())["current"]
+            except FileNotFoundError:
+                self._index, self._index_name = _empty_index(), None
+                return
+            if name == self._index_name:
+                return
+            try:
+                table = pa.ipc.open_file(pa.memory_map(str(self.folder / name))).read_all()
+            except FileNotFoundError:  # replaced meanwhile by a newer merge
+                continue
+            meta = table.schema.metadata
+            cols = {c: _view(table.column(c)) for c in table.column_names}
+            self._index = _Index(
+                cols["key0"], cols["key1"], cols["segment"], cols["offset"], cols["length"], cols["ext"],
+                cols["xxh3"], json.loads(meta[b"segments"]), json.loads(meta[b"exts"]),
+            )  # fmt: skip
+            self._index_name = name
+            self.close_files()
+            return
+        raise RuntimeError(f"the sample store's index under {self.folder} keeps changing")
+
+    def get(self, key: tuple[int, int]) -> tuple[str, memoryview] | None:
+        """(ext, payload bytes) stored under ``key``; None when absent or damaged (then decoded again)."""
+        ix = self._index
+        lo = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="left"))
+        hi = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="right"))
+        for i in range(lo, hi):
+            if int(ix.key1[i]) == key[1]:
+                seg, start = int(ix.segment[i]), int(ix.offset[i])
+                mapped = self._files.get(seg)
+                if mapped is None:
+                    with open(self.segments / f"{ix.segments[seg]}.bin", "rb") as f:
+                        mapped = self._files[seg] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                # a view of the mapped segment: the row's tar member is written from it, no copy
+                data = memoryview(mapped)[start : start + int(ix.length[i])]
+                if len(data) != int(ix.length[i]) or xxhash.xxh3_64_intdigest(data) != int(ix.xxh3[i]):
+                    return None
+                return ix.exts[int(ix.ext[i])], data
+        return None
+
+    def close_files(self) -> None:
+        """Drop the segment maps (each unmapped once no payload view of it is left)."""
+        self._files.clear()
+
+    def writer(self, unit: str) -> SegmentWriter:
+        return SegmentWriter(self.segments, f"{unit}-{uuid.uuid4().hex[:12]}")
+
+
+class SegmentWriter:
+    """One write unit's new payloads: appended to its own ``.bin``, indexed in its ``.parquet`` on commit
+    (a unit killed before that leaves only an unindexed ``.bin``, never read)."""
+
+    def __init__(self, folder: Path, name: str) -> None:
+        self.bin, self.index = folder / f"{name}.bin", folder / f"{name}.parquet"
+        self._file: Any = None
+        self._rows: dict[str, list[Any]] = {f.name: [] for f in SEGMENT_SCHEMA}
+        self._keys: set[tuple[int, int]] = set()
+        self._offset = 0
+
+    def put(self, key: tuple[int, int], ext: str, data: bytes) -> None:
+        if key in self._keys:
+            return
+        if self._file is None:
+            self._file = open(self.bin, "wb")  # noqa: SIM115 - held open across the unit's rows
+        self._file.write(data)
+        for name, value in zip(
+            self._rows, (key[0], key[1], self._offset, len(data), ext, xxhash.xxh3_64_intdigest(data)), strict=True
+        ):
+            self._rows[name].append(value)
+        self._keys.add(key)
+        self._offset += len(data)
+
+    def commit(self) -> None:
+        """The payloads written, then their index (the segment's commit point). No fsync: a payload lost or
+        torn by a crash fails its xxh3 check on read and is decoded again."""
+        if self._file is None:
+            return
+        self._file.close()
+        self._file = None
+        table = pa.table(self._rows, schema=SEGMENT_SCHEMA)
+        tmp = self.index.with_name(f"{self.index.name}.{uuid.uuid4().hex}.partial")
+        pq.write_table(table, tmp)
+        os.replace(tmp, self.index)
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self.bin.unlink(missing_ok=True)
+
+
+class UnitPayloads:
+    """A write unit's view of the store: payloads by media item (reference and plan), and its new ones."""
+
+    def __init__(self, store: SampleStore, media_root: str | None, unit: str) -> None:
+        self.store, self.media_root = store, media_root
+        self.writer = store.writer(unit)
+
+    def get(self, ref: str, plan: dict[str, Any]) -> tuple[str, memoryview] | None:
+        return self.store.get(item_key(self.media_root, ref, plan))
+
+    def put(self, ref: str, plan: dict[str, Any], ext: str, data: bytes) -> None:
+        self.writer.put(item_key(self.media_root, ref, plan), ext, data)

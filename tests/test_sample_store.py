@@ -1,0 +1,187 @@
+"""Repack without re-decoding: the write stage keeps each processed media payload once in a sample store,
+and a repack (other seq length, parallel layout, seed, packing limits) copies the stored bytes instead of
+decoding and resizing again; the dataset is byte-identical to a fresh prepare with the same settings."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import omnipack.stages.write as write_stage
+from omnipack.pipeline import PrepareConfig, run_prepare
+from omnipack.tools.verify import run_verify
+
+
+@pytest.fixture
+def corpus(tmp_path, demo_corpus):
+    """A private copy of the demo corpus: the tests move its media away during a repack."""
+    manifest, media = demo_corpus
+    copy = tmp_path / "corpus"
+    shutil.copytree(media, copy / "media")
+    shutil.copy(manifest, copy / "manifest.jsonl")
+    return copy / "manifest.jsonl", copy / "media"
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+    """Counts the write stage's media decodes (one process: the local executor runs one worker inline)."""
+    calls = []
+    real = write_stage.materialize
+
+    def counting(source, *args, **kwargs):
+        calls.append(source)
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(write_stage, "materialize", counting)
+    return calls
+
+
+def _prepare(out: Path, tokenizer: Path, corpus: tuple[Path, Path], **kw) -> dict:
+    manifest, media = corpus
+    cfg = PrepareConfig(
+        manifest=[str(manifest)], media_root=str(media), tokenizer=str(tokenizer), output=str(out),
+        progress=False, **kw,
+    )  # fmt: skip
+    return run_prepare(cfg)
+
+
+def dataset_bytes(root: Path) -> dict[str, bytes]:
+    """Every shard, index and Energon metadata file of a dataset (not the run's own records)."""
+    skip = ("stages/", ".nv-meta/omnipack.json")
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.relative_to(root).as_posix().startswith(skip) and p.suffix != ".parquet"
+    }
+
+
+def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(tmp_path, demo_tokenizer, corpus, decodes):
+    fresh = tmp_path / "fresh"
+    _prepare(fresh, demo_tokenizer, corpus, seq_length=2048, cp=2, sample_store="off")
+    decoded_fresh = len(decodes)
+    assert decoded_fresh > 0
+
+    repacked = tmp_path / "repacked"
+    _prepare(repacked, demo_tokenizer, corpus, seq_length=4096, seed=3)
+    assert len(list((repacked / "stages" / "samples").rglob("*.bin"))) >= 1
+    decodes.clear()
+    media = corpus[1]
+    hidden = media.with_name("media-away")
+    media.rename(hidden)  # any decode now fails: the repack must not read the media at all
+    try:
+        summary = _prepare(repacked, demo_tokenizer, corpus, seq_length=2048, cp=2, from_stage="pack")
+    finally:
+        hidden.rename(media)
+    assert decodes == []
+    assert summary["counts"]["rows"] > 0
+    want, got = dataset_bytes(fresh), dataset_bytes(repacked)
+    assert any(k.endswith(".tar") for k in want)
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k]] == []
+    failed = {r.name: r.failures for r in run_verify(repacked, progress=False) if r.status == "fail"}
+    assert not failed, failed
+
+
+def test_changed_pixel_settings_do_not_reuse_stored_payloads(tmp_path, demo_tokenizer, corpus, decodes):
+    """The store's keys hold what shapes a payload: a repack with other settings decodes again."""
+    fresh = tmp_path / "fresh"
+    _prepare(fresh, demo_tokenizer, corpus, seq_length=2048, image_encoding="png", sample_store="off")
+    out = tmp_path / "out"
+    _prepare(out, demo_tokenizer, corpus, seq_length=2048)
+    decodes.clear()
+    _prepare(out, demo_tokenizer, corpus, seq_length=2048, image_encoding="png", from_stage="pack")
+    assert len(decodes) > 0
+    want, got = dataset_bytes(fresh), dataset_bytes(out)
+    assert [k for k in want if got.get(k) != want[k]] == []
+
+
+def test_a_shared_store_keys_payloads_by_profile_options(tmp_path, demo_tokenizer, corpus, decodes):
+    """Two packings share one ``--sample-store``: other profile options (another image size) never take the
+    first packing's payloads, the same options take all of them."""
+    store = tmp_path / "store"
+    small = {"max_pixels": 50176}
+    fresh = tmp_path / "fresh"
+    _prepare(fresh, demo_tokenizer, corpus, profile_options=small, sample_store="off")
+    _prepare(tmp_path / "first", demo_tokenizer, corpus, sample_store=str(store))
+    decodes.clear()
+    second = tmp_path / "second"
+    _prepare(second, demo_tokenizer, corpus, profile_options=small, sample_store=str(store))
+    assert len(decodes) > 0
+    want, got = dataset_bytes(fresh), dataset_bytes(second)
+    assert [k for k in want if got.get(k) != want[k]] == []
+    decodes.clear()
+    _prepare(tmp_path / "third", demo_tokenizer, corpus, profile_options=small, seed=5, sample_store=str(store))
+    assert decodes == []
+    assert len([p for p in store.iterdir() if p.is_dir()]) == 2  # one folder per payload shape
+
+
+def test_store_segments_merge_into_one_index_and_damaged_payloads_read_as_absent(tmp_path):
+    from omnipack.stages.sample_store import SampleStore, item_key
+
+    store = SampleStore.at(tmp_path / "store", {"format": 1, "profile": "p"})
+    keys = [item_key(None, f"img{i}.jpg", {"target_hw": [28, 28]}) for i in range(5)]
+    first, second = store.writer("shard-000000"), store.writer("shard-000001")
+    for i, k in enumerate(keys[:3]):
+        first.put(k, "npy", bytes([i]) * (100 + i))
+    second.put(keys[2], "npy", b"\x02" * 102)  # stored by two units: one index entry
+    second.put(keys[3], "npz", b"z" * 7)
+    first.commit()
+    second.commit()
+    third = store.writer("shard-000002")
+    third.put(keys[4], "npy", b"never committed")  # a unit killed before its commit: not indexed
+    store.load_index()
+    assert store.get(keys[0]) is None  # nothing merged yet
+    store.refresh_index()
+    store.load_index()
+    assert [store.get(k) for k in keys] == [
+        ("npy", b"\x00" * 100), ("npy", b"\x01" * 101), ("npy", b"\x02" * 102), ("npz", b"z" * 7), None,
+    ]  # fmt: skip
+    assert store.refresh_index() == store.refresh_index()  # unchanged segments: the same merged index
+    assert len(list(store.folder.glob("index-*.arrow"))) == 1
+    # a payload changed on disk after it was indexed is absent (decoded again), never copied
+    segment = next(p for p in store.segments.glob("shard-000000-*.bin"))
+    data = bytearray(segment.read_bytes())
+    data[150] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    store.close_files()
+    assert store.get(keys[1]) is None
+    assert store.get(keys[0]) == ("npy", b"\x00" * 100)
+
+
+def test_repack_copies_the_processor_tensors_of_the_hf_profile(tmp_path, decodes):
+    """The hf profile stores its processor's tensors (npz): a repack copies them too, byte for byte."""
+    from omnipack.cli import main
+    from tests.test_profile_hf import _corpus, build_llava_model_dir
+
+    model = build_llava_model_dir(tmp_path / "model")
+    manifest, media, _ = _corpus(tmp_path / "src")
+
+    def prepare(out: Path, seq_length: int, *extra: str) -> None:
+        args = [
+            "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(model),
+            "-o", str(out), "--seq-length", str(seq_length), "--shard-max-rows", "2", "--no-progress", *extra,
+        ]  # fmt: skip
+        assert main(args) == 0
+
+    prepare(tmp_path / "fresh", 1024, "--sample-store", "off")
+    out = tmp_path / "out"
+    prepare(out, 2048)
+    decodes.clear()
+    hidden = media.with_name("away")
+    media.rename(hidden)
+    try:
+        prepare(out, 1024, "--from-stage", "pack")
+    finally:
+        hidden.rename(media)
+    assert decodes == []
+    want, got = dataset_bytes(tmp_path / "fresh"), dataset_bytes(out)
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k]] == []
+
+
+def test_an_object_store_url_as_sample_store_is_refused_before_any_work(tmp_path, demo_tokenizer, corpus):
+    with pytest.raises(ValueError, match="--sample-store must be a local or mounted folder"):
+        _prepare(tmp_path / "out", demo_tokenizer, corpus, sample_store="s3://bucket/samples")
+    assert not (tmp_path / "out").exists()
