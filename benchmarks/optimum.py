@@ -11,6 +11,7 @@ meets ``ceil(LP)`` the optimum is proven.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,12 +98,17 @@ def _greedy_patterns(values: np.ndarray, counts: np.ndarray, capacity: int) -> l
 
 
 def bin_packing_optimum(
-    lengths: np.ndarray, capacity: int, upper: int | None = None, mip_seconds: float = 5.0
+    lengths: np.ndarray,
+    capacity: int,
+    upper: int | None = None,
+    lp_seconds: float = 30.0,
+    mip_seconds: float = 5.0,
 ) -> Optimum:
     """Gilmore-Gomory LP bound and the best integer packing over its patterns (see the module doc).
 
     ``upper`` (rows of a known packing) ends the column generation as soon as Farley's bound
-    ``LP_restricted / best_pricing_value`` proves that packing optimal, and skips the MIP then.
+    ``LP_restricted / best_pricing_value`` proves that packing optimal, and skips the MIP then. After
+    ``lp_seconds`` the column generation stops with Farley's bound, which is still a valid lower bound.
     """
     import highspy
 
@@ -125,8 +131,8 @@ def bin_packing_optimum(
     for pattern in _greedy_patterns(values_s, counts, cap_s):
         add(pattern)
     if upper is None:
-        upper = len(columns)  # distinct FFD patterns: not a row count, only a cap for the early stop
         upper = int(counts.sum())
+    deadline = time.perf_counter() + lp_seconds
     while True:
         h.run()
         lp = h.getInfo().objective_function_value
@@ -134,6 +140,8 @@ def bin_packing_optimum(
         value, pattern = _best_pattern(values_s, counts, cap_s, duals)
         farley = math.ceil(lp / max(value, 1.0) - 1e-6)
         if value <= 1 + 1e-9 or farley >= upper or farley >= math.ceil(lp - 1e-6):
+            break
+        if time.perf_counter() > deadline:
             break
         add(pattern)
     lp_bound = max(farley, 0)
