@@ -24,6 +24,7 @@ class Optimum:
     lp_bound: int  # ceil of the Gilmore-Gomory LP: no packing has fewer rows
     best_known: int  # rows of the best packing found from the generated patterns (MIP), an upper bound
     patterns: int  # columns generated
+    converged: bool  # the LP was solved (lp_bound is ceil(LP)); else Farley's bound at the time limit
 
     @property
     def proven(self) -> bool:
@@ -139,14 +140,13 @@ def bin_packing_optimum(
         duals = np.maximum(np.asarray(h.getSolution().row_dual, dtype=np.float64)[:m], 0.0)
         value, pattern = _best_pattern(values_s, counts, cap_s, duals)
         farley = math.ceil(lp / max(value, 1.0) - 1e-6)
-        if value <= 1 + 1e-9 or farley >= upper or farley >= math.ceil(lp - 1e-6):
-            break
-        if time.perf_counter() > deadline:
+        converged = value <= 1 + 1e-9 or farley >= math.ceil(lp - 1e-6)
+        if converged or farley >= upper or time.perf_counter() > deadline:
             break
         add(pattern)
     lp_bound = max(farley, 0)
     if lp_bound >= upper:
-        return Optimum(lp_bound=lp_bound, best_known=upper, patterns=len(columns))
+        return Optimum(lp_bound=lp_bound, best_known=upper, patterns=len(columns), converged=True)
     h.setOptionValue("time_limit", float(mip_seconds))
     h.changeColsIntegrality(
         len(columns),
@@ -156,4 +156,6 @@ def bin_packing_optimum(
     h.run()
     solution = np.asarray(h.getSolution().col_value)
     mip_rows = int(np.round(solution).sum()) if h.getInfo().primal_solution_status == 2 else upper
-    return Optimum(lp_bound=lp_bound, best_known=min(mip_rows, upper), patterns=len(columns))
+    return Optimum(
+        lp_bound=lp_bound, best_known=min(mip_rows, upper), patterns=len(columns), converged=converged
+    )
