@@ -10,6 +10,7 @@ from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
 from .plan import PackPlan, build_plan
 from .refill import refill_classes
+from .swap import swap_search
 from .vector_fill import balanced_fill, fits_balanced_fill
 
 ALGORITHMS = ("bfd", "ffd")
@@ -20,6 +21,7 @@ FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
 REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill: ~0.5-1.5 s
 POOL_SHARES = (0.5, 1, 2, 4)  # full rows mixed into the FFD re-pack, per row that is not full
 MIX_MAX_SLACK_SHARE = 0.25  # the mixed re-pack runs when at most this share of rows is not exactly full
+SWAP_MAX_ROWS = 600  # rows in the swap search's pool (its rounds walk every pool row in Python)
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -150,6 +152,31 @@ def _mix_and_repack(
     return best
 
 
+def _swap_pool(
+    slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray, capacity: int
+) -> tuple[np.ndarray, int]:
+    """Re-pack the least filled rows plus evenly spread exactly full rows (at most SWAP_MAX_ROWS) by FFD,
+    then improve that by the swap local search (``swap.swap_search``)."""
+    fill = _row_fill(slot_rows, num_rows, values, counts)
+    slack_rows = np.flatnonzero(fill < capacity)
+    if not len(slack_rows):
+        return slot_rows, num_rows
+    slack_rows = slack_rows[np.argsort(fill[slack_rows], kind="stable")][: SWAP_MAX_ROWS // 2]
+    full_rows = np.flatnonzero(fill == capacity)
+    take = min(len(full_rows), SWAP_MAX_ROWS - len(slack_rows))
+    repack = np.zeros(num_rows, dtype=bool)
+    repack[slack_rows] = True
+    if take:
+        repack[full_rows[np.linspace(0, len(full_rows) - 1, take).round().astype(np.int64)]] = True
+
+    def packer(v: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, int]:
+        start, rows = ffd_classes(v, c, capacity)
+        sizes = np.repeat(v, c)
+        return swap_search(sizes, start, rows, capacity, target=-(-int(sizes.sum()) // capacity))
+
+    return _repack_rows(slot_rows, num_rows, values, counts, capacity, repack, packer)
+
+
 def _assign(
     lengths: np.ndarray,
     capacity: int,
@@ -242,6 +269,10 @@ def _improve(
         for (new_slots, new_rows), name in candidates:
             if new_rows < num_rows:
                 slot_rows, num_rows, used = new_slots, new_rows, name
+    if num_rows > bound * (1 + REFILL_TARGET) or num_rows > bound and num_rows < SWAP_MAX_ROWS:
+        new_slots, new_rows = _swap_pool(slot_rows, num_rows, values, counts, capacity)
+        if new_rows < num_rows:
+            slot_rows, num_rows, used = new_slots, new_rows, used.split("(")[0] + "+swap"
     return slot_rows, num_rows, used
 
 

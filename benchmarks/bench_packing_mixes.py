@@ -1,0 +1,224 @@
+"""Property-based packing benchmark: rows against the bound and the optimum over random length mixtures.
+
+    python benchmarks/bench_packing_mixes.py          # 200 mixtures, 10k-100k samples, optima at 1000 items
+    python benchmarks/bench_packing_mixes.py --full   # 200 mixtures, 10k-1M samples, optima at 2000 items
+
+Each mixture (``mixes.random_mixture``: 2-4 modes of lognormal, uniform, spike and power-law-tail lengths,
+W in 4096/8192/16384/32768, seeded by its index) is packed twice:
+
+- **large**: n log-uniform in the size range; rows against the best lower bound max(L1, L2, DFF) and
+  against classic first-fit decreasing (never more rows allowed);
+- **small** (same mixture, 1000 or 2000 items): where ``pack`` is above that bound, the Gilmore-Gomory LP
+  bound and an integer packing of its patterns (``optimum.bin_packing_optimum``, HiGHS) split the excess
+  into "bound not tight" (the LP bound is above the simple one) and "packer's loss" (``pack`` above the LP
+  bound; loss against the optimum when the MIP proves it).
+
+``--speed`` adds the plan-speed comparison with lightbinpack (bench_packing's, on 4M text samples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+from mixes import WIDTHS, describe, random_mixture, sample_mixture  # noqa: E402
+from optimum import bin_packing_optimum  # noqa: E402
+
+from omnipack.packing import lower_bounds, pack  # noqa: E402
+
+
+def mixture(index: int) -> tuple[int, list[dict], np.random.Generator]:
+    rng = np.random.default_rng(10_000 + index)
+    width = WIDTHS[int(rng.integers(len(WIDTHS)))]
+    return width, random_mixture(rng, width), rng
+
+
+def run_large(index: int, low: int, high: int) -> dict:
+    width, modes, rng = mixture(index)
+    n = int(np.exp(rng.uniform(np.log(low), np.log(high))))
+    lengths = sample_mixture(rng, modes, n, width)
+    bound = max(lower_bounds(lengths, width).values())
+    start = time.perf_counter()
+    plan = pack(lengths, width, shuffle=False)
+    seconds = time.perf_counter() - start
+    ffd = pack(lengths, width, algorithm="ffd", shuffle=False).num_rows
+    return {
+        "index": index,
+        "W": width,
+        "n": n,
+        "rows": plan.num_rows,
+        "bound": bound,
+        "ffd": ffd,
+        "seconds": seconds,
+        "algorithm": plan.algorithm,
+        "mix": describe(modes),
+    }
+
+
+def run_small(index: int, n: int, lp_seconds: float) -> dict:
+    width, modes, rng = mixture(index)
+    rng = np.random.default_rng(20_000 + index)
+    lengths = sample_mixture(rng, modes, n, width)
+    bound = max(lower_bounds(lengths, width).values())
+    rows = pack(lengths, width, shuffle=False).num_rows
+    ffd = pack(lengths, width, algorithm="ffd", shuffle=False).num_rows
+    out = {"index": index, "W": width, "rows": rows, "bound": bound, "ffd": ffd, "lp": bound, "optimum": bound}
+    out["converged"] = True
+    if rows > bound:
+        opt = bin_packing_optimum(lengths, width, upper=rows, lp_seconds=lp_seconds)
+        out["lp"] = opt.lp_bound
+        out["optimum"] = opt.lp_bound if opt.best_known == opt.lp_bound else None
+        out["best_known"] = opt.best_known
+        out["converged"] = opt.converged
+    return out
+
+
+def summarize_large(results: list[dict]) -> list[dict]:
+    rows = []
+    for width in (*WIDTHS, None):
+        sel = [r for r in results if width is None or r["W"] == width]
+        if not sel:
+            continue
+        ratio = np.array([r["rows"] / r["bound"] for r in sel])
+        vs_ffd = np.array([r["rows"] / r["ffd"] for r in sel])
+        rows.append(
+            {
+                "W": "all" if width is None else width,
+                "mixtures": len(sel),
+                "worst rows/bound": ratio.max(),
+                "p99": np.quantile(ratio, 0.99),
+                "median": np.median(ratio),
+                "> bound+0.1%": int((ratio > 1.001).sum()),
+                "worst rows/ffd": vs_ffd.max(),
+                "mean rows/ffd": vs_ffd.mean(),
+                "ffd worst/bound": max(r["ffd"] / r["bound"] for r in sel),
+                "max s": max(r["seconds"] for r in sel),
+            }
+        )
+    return rows
+
+
+def summarize_small(results: list[dict]) -> dict:
+    over = [r for r in results if r["rows"] > r["bound"]]
+    proven = [r for r in results if r["optimum"] is not None]
+    at_opt = [r for r in proven if r["rows"] == r["optimum"]]
+    loss = [r for r in results if r["rows"] > r["lp"] and r["converged"]]
+    return {
+        "instances": len(results),
+        "at simple bound": len(results) - len(over),
+        "bound not tight (LP > bound)": sum(r["lp"] > r["bound"] for r in results),
+        "optimum proven": len(proven),
+        "pack at optimum": len(at_opt),
+        "packer's loss (rows > ceil LP)": len(loss),
+        "LP not solved in time": sum(not r["converged"] for r in results),
+        "worst rows/ceil LP": max((r["rows"] / r["lp"] for r in results if r["converged"]), default=1.0),
+        "worst rows/optimum": max((r["rows"] / r["optimum"] for r in proven), default=1.0),
+        "worst rows/bound": max(r["rows"] / r["bound"] for r in results),
+        "worst rows/ffd": max(r["rows"] / r["ffd"] for r in results),
+    }
+
+
+FORMATS = {float: "{:.4f}", np.floating: "{:.4f}"}
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = list(rows[0])
+
+    def cell(v) -> str:
+        if isinstance(v, float | np.floating):
+            return f"{v:.2f}" if abs(v) >= 10 else f"{v:.4f}"
+        return str(v)
+
+    cells = [[cell(r[c]) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in cells:
+        print("| " + " | ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) + " |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="10k-1M samples, optima at 2000 items")
+    parser.add_argument("--mixtures", type=int, default=200)
+    parser.add_argument("--speed", action="store_true", help="plan speed vs lightbinpack (4M text samples)")
+    args = parser.parse_args()
+    high = 1_000_000 if args.full else 100_000
+    small_n = 2000 if args.full else 1000
+    lp_seconds = 60.0 if args.full else 10.0
+    large, small = [], []
+    for index in range(args.mixtures):
+        r = run_large(index, 10_000, high)
+        large.append(r)
+        s = run_small(index, small_n, lp_seconds)
+        small.append(s)
+        print(
+            f"# {index} W={r['W']} n={r['n']}: {r['rows']} rows, bound {r['bound']}, ffd {r['ffd']}, "
+            f"{r['seconds']:.2f} s [{r['algorithm']}]; small: {s['rows']} rows, bound {s['bound']}, "
+            f"LP {s['lp']}, optimum {s['optimum']}",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(f"\nLarge instances: {args.mixtures} mixtures, n log-uniform in [10k, {high // 1000}k]\n")
+    print_table(summarize_large(large))
+    print(f"\nSmall instances: the same mixtures at {small_n} items, against the LP bound / optimum (HiGHS)\n")
+    print_table([summarize_small(small)])
+    print("\nWorst 10 large instances (rows / bound):\n")
+    worst = sorted(large, key=lambda r: -r["rows"] / r["bound"])[:10]
+    print_table(
+        [
+            {
+                "mixture": r["index"],
+                "W": r["W"],
+                "n": r["n"],
+                "rows": r["rows"],
+                "bound": r["bound"],
+                "ffd": r["ffd"],
+                "small: rows/LP": next(
+                    f"{s['rows'] / s['lp']:.4f}{'' if s['converged'] else ' (LP unsolved)'}"
+                    for s in small
+                    if s["index"] == r["index"]
+                ),
+                "plan": r["algorithm"],
+                "modes": r["mix"],
+            }
+            for r in worst
+        ]
+    )
+    losses = [s for s in small if s["rows"] > s["lp"]]
+    if losses:
+        print("\nSmall instances where pack is above the LP bound (or the LP was not solved in time):\n")
+        print_table(
+            [
+                {
+                    "mixture": s["index"],
+                    "W": s["W"],
+                    "rows": s["rows"],
+                    "LP bound": s["lp"] if s["converged"] else f"{s['lp']} (Farley, LP unsolved)",
+                    "best MIP": s.get("best_known", s["rows"]),
+                    "ffd": s["ffd"],
+                    "modes": describe(mixture(s["index"])[1]),
+                }
+                for s in losses
+            ]
+        )
+    if args.speed:
+        from bench_packing import padded, speed_vs_lightbinpack, text_sft
+        from peers import LIGHTBINPACK_OBFD
+
+        speed_n = 4_000_000
+        print(f"\nPlan speed, text {speed_n // 1_000_000}M W=4096 (same run, best of 3):\n")
+        if LIGHTBINPACK_OBFD is None:
+            print("lightbinpack is not installed (pip install lightbinpack): speed comparison skipped.")
+        else:
+            lengths = padded(text_sft(np.random.default_rng(7), speed_n, 4096)["real"], 4096)
+            print_table(speed_vs_lightbinpack(lengths, 4096))
+
+
+if __name__ == "__main__":
+    main()

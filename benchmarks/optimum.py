@@ -1,0 +1,161 @@
+"""Exact bin-packing optima for small instances, with HiGHS (``highspy``): benchmarks and tests only.
+
+Gilmore-Gomory: the LP over row patterns (how many items of each length a row holds) is solved by column
+generation, pricing new patterns with an exact bounded knapsack (dynamic programming over the row width,
+counts split in powers of two). ``ceil(LP)`` is a lower bound on the rows of any packing, and on practical
+instances it equals the optimum (the integer round-up property fails only on rare, constructed
+instances). An integer solution over the generated patterns (HiGHS MIP) gives an upper bound; when it
+meets ``ceil(LP)`` the optimum is proven.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+LP_EPS = 1e-7
+
+
+@dataclass(frozen=True)
+class Optimum:
+    lp_bound: int  # ceil of the Gilmore-Gomory LP: no packing has fewer rows
+    best_known: int  # rows of the best packing found from the generated patterns (MIP), an upper bound
+    patterns: int  # columns generated
+    converged: bool  # the LP was solved (lp_bound is ceil(LP)); else Farley's bound at the time limit
+
+    @property
+    def proven(self) -> bool:
+        return self.best_known == self.lp_bound
+
+    def known(self, packer_rows: int) -> int | None:
+        """The optimum when proven by the MIP or by a packer's own result meeting the LP bound."""
+        if self.proven or packer_rows <= self.lp_bound:
+            return self.lp_bound
+        return None
+
+
+def _classes(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
+    return values[::-1].copy(), counts[::-1].copy()
+
+
+def _best_pattern(values: np.ndarray, counts: np.ndarray, capacity: int, duals: np.ndarray) -> tuple[float, np.ndarray]:
+    """Bounded knapsack: the pattern maximising sum(duals * a) with sum(values * a) <= capacity."""
+    dp = np.zeros(capacity + 1)
+    chunks: list[tuple[int, int]] = []  # (class, items)
+    took: list[np.ndarray] = []
+    for j, (v, c, p) in enumerate(zip(values.tolist(), counts.tolist(), duals.tolist(), strict=True)):
+        if p <= LP_EPS:
+            continue
+        c = min(c, capacity // v)
+        step = 1
+        while c > 0:
+            take = min(step, c)
+            c -= take
+            step *= 2
+            w = v * take
+            cand = dp[: capacity + 1 - w] + p * take
+            better = cand > dp[w:] + 1e-12
+            dp[w:] = np.where(better, cand, dp[w:])
+            full = np.zeros(capacity + 1, dtype=bool)
+            full[w:] = better
+            chunks.append((j, take))
+            took.append(full)
+    pattern = np.zeros(len(values), dtype=np.int64)
+    cap = int(np.argmax(dp))
+    best = float(dp[cap])
+    for (j, take), full in zip(reversed(chunks), reversed(took), strict=True):
+        if full[cap]:
+            pattern[j] += take
+            cap -= int(values[j]) * take
+    return best, pattern
+
+
+def _greedy_patterns(values: np.ndarray, counts: np.ndarray, capacity: int) -> list[np.ndarray]:
+    """First-fit decreasing rows as patterns (distinct ones): a feasible start for the master LP."""
+    rows: list[list[int]] = []  # per row: [space, *items per class]
+    patterns = {}
+    space: list[int] = []
+    content: list[np.ndarray] = []
+    for j, (v, c) in enumerate(zip(values.tolist(), counts.tolist(), strict=True)):
+        for _ in range(c):
+            for r, s in enumerate(space):
+                if s >= v:
+                    space[r] -= v
+                    content[r][j] += 1
+                    break
+            else:
+                space.append(capacity - v)
+                row = np.zeros(len(values), dtype=np.int64)
+                row[j] = 1
+                content.append(row)
+    del rows
+    for row in content:
+        patterns[row.tobytes()] = row
+    return list(patterns.values())
+
+
+def bin_packing_optimum(
+    lengths: np.ndarray,
+    capacity: int,
+    upper: int | None = None,
+    lp_seconds: float = 30.0,
+    mip_seconds: float = 5.0,
+) -> Optimum:
+    """Gilmore-Gomory LP bound and the best integer packing over its patterns (see the module doc).
+
+    ``upper`` (rows of a known packing) ends the column generation as soon as Farley's bound
+    ``LP_restricted / best_pricing_value`` proves that packing optimal, and skips the MIP then. After
+    ``lp_seconds`` the column generation stops with Farley's bound, which is still a valid lower bound.
+    """
+    import highspy
+
+    values, counts = _classes(lengths)
+    g = math.gcd(int(capacity), *values.tolist())
+    values_s, cap_s = values // g, int(capacity) // g
+    m = len(values)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    inf = highspy.kHighsInf
+    for d in counts.tolist():
+        h.addRow(float(d), inf, 0, np.array([], dtype=np.int32), np.array([], dtype=np.float64))
+    columns: list[np.ndarray] = []
+
+    def add(pattern: np.ndarray) -> None:
+        idx = np.flatnonzero(pattern).astype(np.int32)
+        h.addCol(1.0, 0.0, inf, len(idx), idx, pattern[idx].astype(np.float64))
+        columns.append(pattern)
+
+    for pattern in _greedy_patterns(values_s, counts, cap_s):
+        add(pattern)
+    if upper is None:
+        upper = int(counts.sum())
+    deadline = time.perf_counter() + lp_seconds
+    while True:
+        h.run()
+        lp = h.getInfo().objective_function_value
+        duals = np.maximum(np.asarray(h.getSolution().row_dual, dtype=np.float64)[:m], 0.0)
+        value, pattern = _best_pattern(values_s, counts, cap_s, duals)
+        farley = math.ceil(lp / max(value, 1.0) - 1e-6)
+        converged = value <= 1 + 1e-9 or farley >= math.ceil(lp - 1e-6)
+        if converged or farley >= upper or time.perf_counter() > deadline:
+            break
+        add(pattern)
+    lp_bound = max(farley, 0)
+    if lp_bound >= upper:
+        return Optimum(lp_bound=lp_bound, best_known=upper, patterns=len(columns), converged=True)
+    h.setOptionValue("time_limit", float(mip_seconds))
+    h.changeColsIntegrality(
+        len(columns),
+        np.arange(len(columns), dtype=np.int32),
+        np.full(len(columns), highspy.HighsVarType.kInteger),
+    )
+    h.run()
+    solution = np.asarray(h.getSolution().col_value)
+    mip_rows = int(np.round(solution).sum()) if h.getInfo().primal_solution_status == 2 else upper
+    return Optimum(
+        lp_bound=lp_bound, best_known=min(mip_rows, upper), patterns=len(columns), converged=converged
+    )
