@@ -80,9 +80,7 @@ def swap_search(
     best_rows, best_row_of = num_rows, row_of
     work = 0
     for _ in range(max_rounds):
-        if work > MAX_WORK:
-            break
-        if len(rows) <= target:
+        if work > MAX_WORK or len(rows) <= target:
             break
         fills = [sum(size[i] for i in r) for r in rows]
         order = sorted(range(len(rows)), key=lambda r: (fills[r], r))
@@ -114,16 +112,7 @@ def swap_search(
             for i in given:
                 free_ids.insert(_insert_at(free_ids, size, i), i)
             dirty = True
-        # Place the free items: first fit (largest first) into the rows' space, then new rows.
-        for i in sorted(free_ids, key=lambda i: (-size[i], i)):
-            for r in range(len(rows)):
-                if fills[r] + size[i] <= capacity:
-                    rows[r].append(i)
-                    fills[r] += size[i]
-                    break
-            else:
-                rows.append([i])
-                fills.append(size[i])
+        _first_fit(rows, fills, free_ids, size, capacity)
         if len(rows) < best_rows:
             best_rows = len(rows)
             best_row_of = np.empty(len(sizes), dtype=np.int64)
@@ -132,6 +121,21 @@ def swap_search(
         elif len(rows) > best_rows + free_rows:
             break
     return best_row_of, best_rows
+
+
+def _first_fit(
+    rows: list[list[int]], fills: list[int], free_ids: list[int], size: list[int], capacity: int
+) -> None:
+    """Place the free items: first fit (largest first) into the rows' space, then new rows."""
+    for i in sorted(free_ids, key=lambda i: (-size[i], i)):
+        for r in range(len(rows)):
+            if fills[r] + size[i] <= capacity:
+                rows[r].append(i)
+                fills[r] += size[i]
+                break
+        else:
+            rows.append([i])
+            fills.append(size[i])
 
 
 def _insert_at(free_ids: list[int], size: list[int], item: int) -> int:
