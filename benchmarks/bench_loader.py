@@ -420,6 +420,77 @@ def bench_omnipack(ds: Path, workers: int, passes: int, **encoder_options: Any) 
     return timed(batches(), lambda b: (1, len(b.sample_ids[0])), max(workers, 1) - 1)
 
 
+# ---------------------------------------------------------------- floor
+
+
+def tar_rows(ds: Path) -> list[tuple[str, int, int]]:
+    """``(shard, start, end)`` byte range of every row, in dataset order: Energon's ``.tar.idx`` holds each
+    row's offset in its shard and then the end of the last row."""
+    info = json.loads((ds / ".nv-meta" / ".info.json").read_text())
+    rows = []
+    for shard in info["shard_counts"]:
+        offsets = np.fromfile(ds / f"{shard}.idx", dtype=np.uint64).tolist()
+        rows += [(str(ds / shard), a, b) for a, b in zip(offsets, offsets[1:], strict=False)]
+    return rows
+
+
+def read_row(path: str, start: int, end: int, shared: bool) -> tuple[torch.Tensor, list[tuple[str, int, int]]]:
+    """A row's tar bytes in one read into one uint8 tensor (shared memory in a loader worker, so the hand-over
+    copies nothing) and its members ``(name, data offset, size)``: tar headers walked, nothing decoded."""
+    n = end - start
+    buf = torch.UntypedStorage._new_shared(n) if shared else torch.UntypedStorage(n)
+    arr = torch.empty(0, dtype=torch.uint8).set_(buf, 0, (n,)).numpy()
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        got = f.readinto(arr)
+    assert got == n, (path, start, got, n)
+    members, pos = [], 0
+    while pos + 512 <= n:
+        header = arr[pos : pos + 512].tobytes()
+        size = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
+        if header[156:157] in (b"0", b"\0"):
+            members.append((header[:100].rstrip(b"\0").decode(), pos + 512, size))
+        pos += 512 + -(-size // 512) * 512
+    return torch.empty(0, dtype=torch.uint8).set_(buf, 0, (n,)), members
+
+
+def member_tensors(row: torch.Tensor, members: list[tuple[str, int, int]]) -> tuple[dict[str, torch.Tensor], int]:
+    """The row's members as uint8 tensors over its bytes (``np.frombuffer``'s work, no copy) and its sample
+    count (the entries of its ``cu_seqlens.npy`` less one; an npy v1 header is 10 bytes + its length)."""
+    out = {name.split(".", 1)[1]: row[a : a + size] for name, a, size in members}
+    cu = out["cu_seqlens.npy"]
+    header = 10 + int(cu[8]) + 256 * int(cu[9])
+    return out, (cu.numel() - header) // 4 - 1
+
+
+class FloorRows(torch.utils.data.Dataset):
+    """Every row of an omnipack dataset as its raw member bytes: the physical floor of the loader."""
+
+    def __init__(self, ds: Path) -> None:
+        self.rows = tar_rows(ds)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, list[tuple[str, int, int]]]:
+        return read_row(*self.rows[i], shared=torch.utils.data.get_worker_info() is not None)
+
+
+def bench_floor(ds: Path, workers: int, passes: int) -> tuple[int, int, float]:
+    """The loader's physical floor: each row's tar members read (one read per row, at the ``.tar.idx``
+    offset) into tensors with no decoding (``member_tensors``), in the trainer process; with workers through
+    a torch DataLoader (rows in order, one row per batch, the bytes read straight into shared memory)."""
+
+    def batches() -> Iterable[Any]:
+        for _ in range(passes):
+            for row, members in torch.utils.data.DataLoader(
+                FloorRows(ds), batch_size=None, num_workers=workers, collate_fn=None
+            ):
+                yield member_tensors(row, members)
+
+    return timed(batches(), lambda b: (1, b[1]), max(workers, 1) - 1)
+
+
 # ---------------------------------------------------------------- online
 
 
