@@ -116,6 +116,68 @@ def test_worker_batches_carry_each_image_slot_once(datasets) -> None:
     assert images >= 2
 
 
+def test_uint8_batches_carry_the_stored_frames_and_patchify_where_used(datasets) -> None:
+    """Default (uint8) batches hold each image's and each video's stored frames byte for byte (a worker only
+    copies the stored bytes, no transposing gather), videos padded with their last frame to whole temporal
+    patches; every accessor cuts them into patches, the same bits as float32 batches built in full."""
+    import json
+
+    from omnipack.loader.media import patchify_frames
+
+    tps = get_profile(PROFILE).image.temporal_patch_size
+    u8 = _batches(datasets["default"], workers=2)
+    f32 = {b.__key__[0]: b for b in _batches(datasets["default"], pixel_dtype="float32")}
+    kinds = set()
+    for b in u8:
+        raw = b.encoder_inputs or {}
+        unpatched = b.unpatched_pixels or {}
+        assert set(unpatched) == {k for k in raw if k in b.pixel_keys}
+        key = b.__key__[0]
+        # The row's stored frames, in placeholder order, read straight from its shard.
+        row = _stored_row(datasets["default"], key)
+        items = sorted(
+            json.loads(row["meta.json"])["media"], key=lambda m: (m["sample_index"], m["token_start"])
+        )
+        for pixel_key, kind in (("pixel_values", "image"), ("pixel_values_videos", "video")):
+            stored = []
+            for m in (m for m in items if m["kind"] == kind):
+                payload = decode_payload(m["part"], row[m["part"]])
+                frames = payload["frames"] if isinstance(payload, dict) else payload[None]
+                pad = (-len(frames)) % tps if kind == "video" else 0
+                stored.append(np.concatenate([frames, frames[-1:].repeat(pad, 0)]).reshape(-1))
+            if not stored:
+                assert pixel_key not in raw
+                continue
+            kinds.add(kind)
+            assert np.array_equal(raw[pixel_key].numpy().reshape(-1), np.concatenate(stored)), (key, pixel_key)
+            grid_key, ps, merge, frames_per_step = unpatched[pixel_key]
+            patches = patchify_frames(raw[pixel_key], raw[grid_key].tolist(), 3, ps, merge, frames_per_step)
+            assert patches.shape == raw[pixel_key].shape
+        full = f32[key].media_inputs()
+        for k, v in b.media_inputs().items():
+            assert v.dtype == (torch.uint8 if k in b.pixel_keys else full[k].dtype)
+        got = b.as_dict()
+        for k, v in full.items():
+            assert torch.equal(got[k], v), (key, k)
+    assert kinds == {"image", "video"}
+
+
+def _stored_row(ds: Path, key: str) -> dict[str, bytes]:
+    """A row's members (name without the key -> bytes), read with tarfile from the dataset's shards."""
+    import tarfile
+
+    for shard in sorted((ds / "shards").glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            members = {
+                m.name.split(".", 1)[1]: tar.extractfile(m).read()
+                for m in tar.getmembers()
+                if m.name.split(".", 1)[0] == key
+            }
+        if members:
+            return members
+    raise KeyError(key)
+
+
 def test_stored_pixels_are_what_the_hf_image_processor_gives(datasets) -> None:
     """Source image file -> plan -> stored npy -> loader patches (uint8, normalized as on the GPU) equals
     Qwen2VLImageProcessorPil run on the source file itself, bit for bit."""
