@@ -278,3 +278,28 @@ def test_worker_batches_share_one_storage_for_their_small_tensors(monkeypatch) -
         assert v.dtype == values[k].dtype and torch.equal(v, values[k]), k
     out["tokens"].fill_(-1)  # views do not overlap
     assert torch.equal(out["loss_mask"], values["loss_mask"]) and int(out["max_seqlen"]) == 7
+
+
+def test_each_distinct_npy_header_is_parsed_once(monkeypatch) -> None:
+    """Rows repeat the same few npy headers (every token part of a dataset has one shape): numpy's header
+    parser (an ``ast.literal_eval``, more than the part's read) runs once per distinct header, and the
+    arrays, errors and copies stay what they were."""
+    from omnipack.dataset.codec import load_npy, npy_header
+
+    calls = []
+    parse = np.lib.format.read_array_header_1_0
+    monkeypatch.setattr(np.lib.format, "read_array_header_1_0", lambda fp: calls.append(1) or parse(fp))
+    shape = (3, 7, int(np.random.default_rng().integers(1, 1 << 12)))  # a header no other test made
+    rows = [np.full(shape, i, np.int32) for i in range(5)]
+    for i, arr in enumerate(rows):
+        data = npy_bytes(arr)
+        h = npy_header(data)
+        assert (h.dtype, h.shape, h.data_offset) == (np.dtype(np.int32), shape, len(data) - arr.nbytes)
+        got = load_npy(data)
+        assert np.array_equal(got, arr) and got.flags.writeable and not np.shares_memory(got, data)
+        assert np.array_equal(view_npy(data), np.full(shape, i, np.int32))
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="not an npy payload"):
+        npy_header(b"\x93NUMPY\x01\x00\x40\x00{'descr': '<i4'")  # header cut short
+    with pytest.raises(ValueError, match="not an npy payload"):
+        npy_header(b"PK\x03\x04" + bytes(60))
