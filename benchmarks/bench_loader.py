@@ -33,6 +33,8 @@ the omnipack rows are packed over the whole dataset, the online rows only within
         # targets 3-4 on a shared box: every prepare and loader run 3 times in turn, median and min-max
     PYTHONPATH=. python benchmarks/bench_loader.py --profiles qwen2_5_vl --reuse-ab 8
         # only the worker hand-over (buffers reused or not), 8 alternating rounds, paired ratios
+    PYTHONPATH=. python benchmarks/bench_loader.py --floor 5
+        # only the loader against its physical floor (tar members read into tensors), 0 and 2 workers
 """
 
 from __future__ import annotations
@@ -400,10 +402,21 @@ def timed(
     return rows, samples, time.perf_counter() - (t or time.perf_counter())
 
 
-def bench_omnipack(ds: Path, workers: int, passes: int, **encoder_options: Any) -> tuple[int, int, float]:
+def bench_omnipack(
+    ds: Path, workers: int, passes: int, patches_in_worker: bool = False, **encoder_options: Any
+) -> tuple[int, int, float]:
+    """The loader at default settings plus ``encoder_options``; ``patches_in_worker``: the previous
+    default, uint8 pixels cut into patches in the worker (not left to the consumer as the stored frames)."""
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
     from omnipack.loader.task_encoder import OmnipackTaskEncoder
+
+    def encoder() -> OmnipackTaskEncoder:
+        te = OmnipackTaskEncoder.from_dataset(ds, **encoder_options)
+        if patches_in_worker:
+            te.unpatched_pixels = {}
+            te.media_options = dataclasses.replace(te.media_options, unpatched=False)
+        return te
 
     def batches() -> Iterable[Any]:
         for _ in range(passes):
@@ -413,11 +426,82 @@ def bench_omnipack(ds: Path, workers: int, passes: int, **encoder_options: Any) 
                     split_part="train",
                     batch_size=1,
                     worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
-                    task_encoder=OmnipackTaskEncoder.from_dataset(ds, **encoder_options),
+                    task_encoder=encoder(),
                 )
             )
 
     return timed(batches(), lambda b: (1, len(b.sample_ids[0])), max(workers, 1) - 1)
+
+
+# ---------------------------------------------------------------- floor
+
+
+def tar_rows(ds: Path) -> list[tuple[str, int, int]]:
+    """``(shard, start, end)`` byte range of every row, in dataset order: Energon's ``.tar.idx`` holds each
+    row's offset in its shard and then the end of the last row."""
+    info = json.loads((ds / ".nv-meta" / ".info.json").read_text())
+    rows = []
+    for shard in info["shard_counts"]:
+        offsets = np.fromfile(ds / f"{shard}.idx", dtype=np.uint64).tolist()
+        rows += [(str(ds / shard), a, b) for a, b in zip(offsets, offsets[1:], strict=False)]
+    return rows
+
+
+def read_row(path: str, start: int, end: int, shared: bool) -> tuple[torch.Tensor, list[tuple[str, int, int]]]:
+    """A row's tar bytes in one read into one uint8 tensor (shared memory in a loader worker, so the hand-over
+    copies nothing) and its members ``(name, data offset, size)``: tar headers walked, nothing decoded."""
+    n = end - start
+    buf = torch.UntypedStorage._new_shared(n) if shared else torch.UntypedStorage(n)
+    arr = torch.empty(0, dtype=torch.uint8).set_(buf, 0, (n,)).numpy()
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        got = f.readinto(arr)
+    assert got == n, (path, start, got, n)
+    members, pos = [], 0
+    while pos + 512 <= n:
+        header = arr[pos : pos + 512].tobytes()
+        size = int(header[124:136].rstrip(b"\0 ") or b"0", 8)
+        if header[156:157] in (b"0", b"\0"):
+            members.append((header[:100].rstrip(b"\0").decode(), pos + 512, size))
+        pos += 512 + -(-size // 512) * 512
+    return torch.empty(0, dtype=torch.uint8).set_(buf, 0, (n,)), members
+
+
+def member_tensors(row: torch.Tensor, members: list[tuple[str, int, int]]) -> tuple[dict[str, torch.Tensor], int]:
+    """The row's members as uint8 tensors over its bytes (``np.frombuffer``'s work, no copy) and its sample
+    count (the entries of its ``cu_seqlens.npy`` less one; an npy v1 header is 10 bytes + its length)."""
+    out = {name.split(".", 1)[1]: row[a : a + size] for name, a, size in members}
+    cu = out["cu_seqlens.npy"]
+    header = 10 + int(cu[8]) + 256 * int(cu[9])
+    return out, (cu.numel() - header) // 4 - 1
+
+
+class FloorRows(torch.utils.data.Dataset):
+    """Every row of an omnipack dataset as its raw member bytes: the physical floor of the loader."""
+
+    def __init__(self, ds: Path) -> None:
+        self.rows = tar_rows(ds)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, list[tuple[str, int, int]]]:
+        return read_row(*self.rows[i], shared=torch.utils.data.get_worker_info() is not None)
+
+
+def bench_floor(ds: Path, workers: int, passes: int) -> tuple[int, int, float]:
+    """The loader's physical floor: each row's tar members read (one read per row, at the ``.tar.idx``
+    offset) into tensors with no decoding (``member_tensors``), in the trainer process; with workers through
+    a torch DataLoader (rows in order, one row per batch, the bytes read straight into shared memory)."""
+
+    def batches() -> Iterable[Any]:
+        for _ in range(passes):
+            for row, members in torch.utils.data.DataLoader(
+                FloorRows(ds), batch_size=None, num_workers=workers, collate_fn=None
+            ):
+                yield member_tensors(row, members)
+
+    return timed(batches(), lambda b: (1, b[1]), max(workers, 1) - 1)
 
 
 # ---------------------------------------------------------------- online
@@ -642,6 +726,7 @@ def run_profile(
         res: dict[tuple[str, int], list[tuple[int, int, float]]] = {}
         for _ in range(repeats):  # every pipeline once per repeat, in turn: load drift falls on all alike
             for w in (0, 2):
+                res.setdefault((FLOOR, w), []).append(bench_floor(dss["npy"], w, passes))
                 for name, (ds, options) in pipelines.items():
                     res.setdefault((name, w), []).append(bench_omnipack(dss[ds], w, passes, **options))
                 res.setdefault(("online", w), []).append(
@@ -689,6 +774,8 @@ def run_profile(
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for (name, w), runs in res.items():
+        if name == FLOOR:
+            continue
         rates = [s / sec if sec else float("nan") for _, s, sec in runs]
         online_rates = [so / to if to else float("nan") for _, so, to in res[("online", w)]]
         ratios = [a / b for a, b in zip(rates, online_rates, strict=True)]
@@ -698,12 +785,78 @@ def run_profile(
             f"| {name} | {w} | {r} | {s} | {secs:.2f} | {statistics.median(rates):.1f} ({max(rates):.1f}) | "
             f"{_ratio_cells(ratios)} |"
         )
+    out += ["", *floor_table(res, "omnipack default (npy, uint8 pixels, row check on)")]
     out += [
         "",
         f"Per-row contract check: {check_s * 1e3 / check_rows:.2f} ms per row, {check_s:.3f} s of a {loader_s:.2f} s "
         f"in-process pass over {check_rows} rows = {100 * check_s / loader_s:.1f}% of loader time.",
     ]
     return out
+
+
+FLOOR = "floor: tar members -> tensors, no decoding"
+
+
+def floor_table(res: dict[tuple[str, int], list[tuple[int, int, float]]], default: str) -> list[str]:
+    """The loader's pipelines against the physical floor with the same workers, in the same repeat:
+    samples/s median (min-max) and floor rate / pipeline rate, median (min-max)."""
+    out = [
+        f"Against the physical floor (`{FLOOR}` = each row's tar members read at their `.tar.idx` offset into "
+        "uint8 tensors, nothing decoded; with workers read into shared memory and handed over; x = floor "
+        "samples/s / pipeline samples/s in the same repeat, target <= x2 for the default):",
+        "",
+        "| pipeline | workers | samples/s, median (min-max) | x floor, median (min-max) |",
+        "|---|---:|---:|---:|",
+    ]
+    for w in sorted({w for _, w in res}):
+        floor = [s / sec for _, s, sec in res[(FLOOR, w)]]
+        for (name, w2), runs in res.items():
+            if w2 != w or name == "online":
+                continue
+            rates = [s / sec for _, s, sec in runs]
+            ratios = [f / r for f, r in zip(floor, rates, strict=True)]
+            label = f"**{name}**" if name == default else name
+            out.append(
+                f"| {label} | {w} | {statistics.median(rates):.1f} ({min(rates):.1f}-{max(rates):.1f}) | "
+                + ("x1.00 |" if name == FLOOR else
+                   f"x{statistics.median(ratios):.2f} (x{min(ratios):.2f}-x{max(ratios):.2f}) |")
+            )
+    return out
+
+
+def floor_run(profile: str, samples: int, seq_length: int, repeats: int, passes: int) -> list[str]:
+    """Only the loader against its floor: the floor, the default, the default without the row check,
+    without buffer reuse, and with patches cut in the worker (the previous default), 0 and 2 workers,
+    every pipeline once per repeat in turn (order reversed every other repeat)."""
+    pipelines: dict[str, dict[str, Any]] = {
+        FLOOR: {},
+        "omnipack default": {},
+        "omnipack default, check_rows=False": {"check_rows": False},
+        "omnipack default, reuse_buffers=False": {"reuse_buffers": False},
+        "omnipack, patches cut in the worker (previous default)": {"patches_in_worker": True},
+    }
+    load_before = os.getloadavg()
+    res: dict[tuple[str, int], list[tuple[int, int, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        _, _, _, dss, _ = prepare(Path(tmp), profile, samples, seq_length, ["npy"])
+        for r in range(repeats):
+            for w in (0, 2):
+                order = list(pipelines.items()) if r % 2 == 0 else list(reversed(pipelines.items()))
+                for name, options in order:
+                    run = (
+                        bench_floor(dss["npy"], w, passes)
+                        if name == FLOOR
+                        else bench_omnipack(dss["npy"], w, passes, **options)
+                    )
+                    res.setdefault((name, w), []).append(run)
+    res = {k: res[k] for w in (0, 2) for k in [(n, w) for n in pipelines]}
+    kinds = "images only" if profile == "qwen2_5_vl" else "1/4 photo(s), 1/4 video, 1/4 audio, 1/4 photo+audio"
+    return [
+        f"### {profile} against the floor ({kinds}; {samples} samples, W={seq_length}, {repeats} repeats of "
+        f"{passes} pass(es); load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after)",
+        "",
+        *floor_table(res, "omnipack default"),
+    ]
 
 
 def reuse_ab(profile: str, samples: int, seq_length: int, rounds: int, passes: int) -> list[str]:
@@ -767,6 +920,13 @@ def main() -> None:
         metavar="ROUNDS",
         help="only the worker hand-over: default vs no copy-out vs reuse_buffers=False, alternating",
     )
+    ap.add_argument(
+        "--floor",
+        type=int,
+        default=0,
+        metavar="REPEATS",
+        help="only the loader against its physical floor (0 and 2 workers), REPEATS interleaved repeats",
+    )
     args = ap.parse_args()
     samples = args.samples or (24 if args.quick else 96)
     passes = args.passes or 1
@@ -774,6 +934,10 @@ def main() -> None:
     torch.set_num_threads(1)  # both sides single-threaded per process; workers give the parallelism
     print(f"cpus={os.cpu_count()}; timing starts after each worker's first batch\n")
     for profile in args.profiles.split(","):
+        if args.floor:
+            lines = floor_run(profile, samples, args.seq_length, args.floor, passes)
+            print("\n".join(lines) + "\n", flush=True)
+            continue
         if args.reuse_ab:
             lines = reuse_ab(profile, samples, args.seq_length, args.reuse_ab, args.passes or 2)
             print("\n".join(lines) + "\n", flush=True)

@@ -269,3 +269,28 @@ def test_default_collate_concatenates_in_order():
         3 * 2 * 14 * 14,
     )
     assert torch.equal(out["pixel_values"][8:], torch.from_numpy(b["pixel_values"]))
+
+
+def test_patchify_frames_gives_the_processor_layout() -> None:
+    """Stored frames in the rows of their patches (as the loader's uint8 batches hold them) -> exactly the
+    uint8 patches ``qwen_patches`` builds: images one frame (the compact slot), videos whole temporal
+    patches with the last frame repeated into the padding, several items in one tensor."""
+    from omnipack.loader.media import patchify_frames
+    from omnipack.profiles.qwen_vl import qwen_image_patches_compact, qwen_patches
+
+    rng = np.random.default_rng(3)
+    ps, merge, tps = 14, 2, 2
+    mean = std = (0.5, 0.5, 0.5)
+    images = [rng.integers(0, 256, (1, 28 * a, 28 * b, 3), dtype=np.uint8) for a, b in [(2, 3), (1, 1), (4, 2)]]
+    held = torch.from_numpy(np.concatenate([f.reshape(-1) for f in images]).reshape(-1, 3 * ps * ps))
+    grids = [[1, f.shape[1] // ps, f.shape[2] // ps] for f in images]
+    want = np.concatenate([qwen_image_patches_compact(f, ps, merge) for f in images])
+    assert np.array_equal(patchify_frames(held, grids, 3, ps, merge, 1).numpy(), want)
+    videos = [rng.integers(0, 256, (t, 28 * a, 28 * b, 3), dtype=np.uint8) for t, a, b in [(3, 1, 2), (4, 2, 1)]]
+    padded = [np.concatenate([v, v[-1:].repeat(len(v) % tps, 0)]) for v in videos]
+    held = torch.from_numpy(np.concatenate([f.reshape(-1) for f in padded]).reshape(-1, 3 * tps * ps * ps))
+    grids = [[len(f) // tps, f.shape[1] // ps, f.shape[2] // ps] for f in padded]
+    want = np.concatenate([qwen_patches(v, mean, std, ps, merge, tps, pixel_dtype="uint8") for v in videos])
+    assert np.array_equal(patchify_frames(held, grids, 3, ps, merge, tps).numpy(), want)
+    with pytest.raises(ValueError, match="grids cover"):
+        patchify_frames(held, grids[:1], 3, ps, merge, tps)

@@ -116,6 +116,68 @@ def test_worker_batches_carry_each_image_slot_once(datasets) -> None:
     assert images >= 2
 
 
+def test_uint8_batches_carry_the_stored_frames_and_patchify_where_used(datasets) -> None:
+    """Default (uint8) batches hold each image's and each video's stored frames byte for byte (a worker only
+    copies the stored bytes, no transposing gather), videos padded with their last frame to whole temporal
+    patches; every accessor cuts them into patches, the same bits as float32 batches built in full."""
+    import json
+
+    from omnipack.loader.media import patchify_frames
+
+    tps = get_profile(PROFILE).image.temporal_patch_size
+    u8 = _batches(datasets["default"], workers=2)
+    f32 = {b.__key__[0]: b for b in _batches(datasets["default"], pixel_dtype="float32")}
+    kinds = set()
+    for b in u8:
+        raw = b.encoder_inputs or {}
+        unpatched = b.unpatched_pixels or {}
+        assert set(unpatched) == {k for k in raw if k in b.pixel_keys}
+        key = b.__key__[0]
+        # The row's stored frames, in placeholder order, read straight from its shard.
+        row = _stored_row(datasets["default"], key)
+        items = sorted(
+            json.loads(row["meta.json"])["media"], key=lambda m: (m["sample_index"], m["token_start"])
+        )
+        for pixel_key, kind in (("pixel_values", "image"), ("pixel_values_videos", "video")):
+            stored = []
+            for m in (m for m in items if m["kind"] == kind):
+                payload = decode_payload(m["part"], row[m["part"]])
+                frames = payload["frames"] if isinstance(payload, dict) else payload[None]
+                pad = (-len(frames)) % tps if kind == "video" else 0
+                stored.append(np.concatenate([frames, frames[-1:].repeat(pad, 0)]).reshape(-1))
+            if not stored:
+                assert pixel_key not in raw
+                continue
+            kinds.add(kind)
+            assert np.array_equal(raw[pixel_key].numpy().reshape(-1), np.concatenate(stored)), (key, pixel_key)
+            grid_key, ps, merge, frames_per_step = unpatched[pixel_key]
+            patches = patchify_frames(raw[pixel_key], raw[grid_key].tolist(), 3, ps, merge, frames_per_step)
+            assert patches.shape == raw[pixel_key].shape
+        full = f32[key].media_inputs()
+        for k, v in b.media_inputs().items():
+            assert v.dtype == (torch.uint8 if k in b.pixel_keys else full[k].dtype)
+        got = b.as_dict()
+        for k, v in full.items():
+            assert torch.equal(got[k], v), (key, k)
+    assert kinds == {"image", "video"}
+
+
+def _stored_row(ds: Path, key: str) -> dict[str, bytes]:
+    """A row's members (name without the key -> bytes), read with tarfile from the dataset's shards."""
+    import tarfile
+
+    for shard in sorted((ds / "shards").glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            members = {
+                m.name.split(".", 1)[1]: tar.extractfile(m).read()
+                for m in tar.getmembers()
+                if m.name.split(".", 1)[0] == key
+            }
+        if members:
+            return members
+    raise KeyError(key)
+
+
 def test_stored_pixels_are_what_the_hf_image_processor_gives(datasets) -> None:
     """Source image file -> plan -> stored npy -> loader patches (uint8, normalized as on the GPU) equals
     Qwen2VLImageProcessorPil run on the source file itself, bit for bit."""
@@ -216,3 +278,28 @@ def test_worker_batches_share_one_storage_for_their_small_tensors(monkeypatch) -
         assert v.dtype == values[k].dtype and torch.equal(v, values[k]), k
     out["tokens"].fill_(-1)  # views do not overlap
     assert torch.equal(out["loss_mask"], values["loss_mask"]) and int(out["max_seqlen"]) == 7
+
+
+def test_each_distinct_npy_header_is_parsed_once(monkeypatch) -> None:
+    """Rows repeat the same few npy headers (every token part of a dataset has one shape): numpy's header
+    parser (an ``ast.literal_eval``, more than the part's read) runs once per distinct header, and the
+    arrays, errors and copies stay what they were."""
+    from omnipack.dataset.codec import load_npy, npy_header
+
+    calls = []
+    parse = np.lib.format.read_array_header_1_0
+    monkeypatch.setattr(np.lib.format, "read_array_header_1_0", lambda fp: calls.append(1) or parse(fp))
+    shape = (3, 7, int(np.random.default_rng().integers(1, 1 << 12)))  # a header no other test made
+    rows = [np.full(shape, i, np.int32) for i in range(5)]
+    for i, arr in enumerate(rows):
+        data = npy_bytes(arr)
+        h = npy_header(data)
+        assert (h.dtype, h.shape, h.data_offset) == (np.dtype(np.int32), shape, len(data) - arr.nbytes)
+        got = load_npy(data)
+        assert np.array_equal(got, arr) and got.flags.writeable and not np.shares_memory(got, data)
+        assert np.array_equal(view_npy(data), np.full(shape, i, np.int32))
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="not an npy payload"):
+        npy_header(b"\x93NUMPY\x01\x00\x40\x00{'descr': '<i4'")  # header cut short
+    with pytest.raises(ValueError, match="not an npy payload"):
+        npy_header(b"PK\x03\x04" + bytes(60))

@@ -117,3 +117,32 @@ def expand_temporal(pixels: Any, channels: int, repeat: int) -> Any:
     batch is used (the GPU), so workers build and ship one slot."""
     n = pixels.shape[0]
     return pixels.reshape(n, channels, 1, -1).expand(n, channels, repeat, -1).reshape(n, -1)
+
+
+def patchify_frames(
+    pixels: Any, grids: Sequence[Sequence[int]], channels: int, patch_size: int, merge_size: int, frames: int
+) -> Any:
+    """Rows holding each item's stored uint8 frames in turn -> its patches, in the HF Qwen-VL layout.
+
+    ``pixels`` ``[N, C*frames*P]`` holds, for each item of ``grids`` (``(t, gh, gw)`` rows, in order), its
+    ``t*frames`` frames ``[H, W, C]`` as stored (``H = gh*patch_size``; videos padded with their last frame
+    to whole temporal patches), in its ``t*gh*gw`` rows (``EncoderInputs.unpatched_pixels``). Returns the
+    same shape with rows over (t, h-block, w-block, merge-h, merge-w) and columns over (channel, frame,
+    patch-h, patch-w): what the processor gives (``frames`` = its temporal patch size), or the compact
+    one-slot layout (``frames`` = 1) that ``expand_temporal`` repeats. A torch function, run where the
+    batch is used (the GPU), so the loader workers only copy stored bytes. ``grids``: Python ints (read
+    them before moving the batch to a device)."""
+    import torch
+
+    out = torch.empty_like(pixels)
+    ps, m, c, start = patch_size, merge_size, channels, 0
+    for t, gh, gw in grids:
+        n = t * gh * gw
+        x = pixels[start : start + n].reshape(t, frames, gh // m, m, ps, gw // m, m, ps, c)
+        out[start : start + n].view(t, gh // m, gw // m, m, m, c, frames, ps, ps).copy_(
+            x.permute(0, 2, 5, 3, 6, 8, 1, 4, 7)
+        )
+        start += n
+    if start != pixels.shape[0]:
+        raise ValueError(f"grids cover {start} patch rows, the pixels hold {pixels.shape[0]}")
+    return out

@@ -64,7 +64,8 @@ class PackedRowSample(RowReading, Sample):
 
 def _tensor(a: Any) -> torch.Tensor:
     if isinstance(a, np.ndarray):
-        return torch.from_numpy(np.array(a))  # copy: arrays from np.load over bytes are read-only
+        # A read-only view of the part's bytes is copied (torch would alias memory it must not write).
+        return torch.from_numpy(a if a.flags.writeable else np.array(a))
     return torch.as_tensor(a)
 
 

@@ -36,6 +36,7 @@ from .media import (
     decode_payload,
     expand_temporal,
     normalize_pixels,
+    patchify_frames,
     row_media_inputs,
 )
 from .sample import PackedRowSample, cook_packed_row
@@ -93,6 +94,11 @@ class PackedBatch(Batch):
     # ``media_inputs`` / ``normalized_media_inputs`` / ``as_dict``) repeats it to ``[N, 3*r*P]``
     # (``EncoderInputs.pixel_repeats``; half the bytes to build, hand over and copy to the GPU at r=2).
     pixel_repeats: dict[str, int] | None = None
+    # Pixel keys whose rows in ``encoder_inputs`` hold each item's stored uint8 frames, not yet cut into
+    # patches (``EncoderInputs.unpatched_pixels``: grid key, patch size, merge size, frames per temporal
+    # patch); every accessor below patchifies them (``loader.media.patchify_frames``; on the device for
+    # ``as_dict(device)``), so workers only copy stored bytes.
+    unpatched_pixels: dict[str, tuple[str, int, int, int]] | None = None
     # cp_size > 1: int64 [T_local], the full-stream position of each of this rank's tokens.
     cp_token_indices: torch.Tensor | None = None
     # Per-token model inputs the family derives from the tokens (``EncoderInputs.token_inputs``, e.g.
@@ -122,15 +128,30 @@ class PackedBatch(Batch):
 
     def media_inputs(self) -> dict[str, torch.Tensor]:
         """The encoder inputs present in this batch (placeholder order across the micro-batch), in the HF
-        layout: temporally compact pixels (``pixel_repeats``) are repeated here (a copy)."""
-        out = dict(self.encoder_inputs or {})
+        layout: unpatched pixels (``unpatched_pixels``) are cut into patches and temporally compact ones
+        (``pixel_repeats``) repeated here (copies)."""
+        out = self._patchified(dict(self.encoder_inputs or {}), self.encoder_inputs or {})
         return {k: self._expanded(k, v) for k, v in out.items()}
+
+    def _channels(self) -> int:
+        return len(self.pixel_mean) if self.pixel_mean is not None else 3
+
+    def _patchified(
+        self, values: dict[str, torch.Tensor], host: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """``values`` with its unpatched pixel keys cut into patches (where they are: the device), the items'
+        grids read from ``host`` (this batch's own tensors, so no device sync)."""
+        for key, (grid_key, ps, merge, frames) in (self.unpatched_pixels or {}).items():
+            if key in values:
+                grids = host[grid_key].tolist()
+                values[key] = patchify_frames(values[key], grids, self._channels(), ps, merge, frames)
+        return values
 
     def _expanded(self, key: str, value: torch.Tensor) -> torch.Tensor:
         repeat = (self.pixel_repeats or {}).get(key, 1)
         if repeat == 1:
             return value
-        return expand_temporal(value, len(self.pixel_mean) if self.pixel_mean is not None else 3, repeat)
+        return expand_temporal(value, self._channels(), repeat)
 
     def normalized_media_inputs(self, device: Any = None) -> dict[str, torch.Tensor]:
         """``media_inputs`` moved to ``device`` with uint8 pixel patches normalized to float32 there.
@@ -143,6 +164,8 @@ class PackedBatch(Batch):
             k: v.to(device, non_blocking=True) if device is not None else v
             for k, v in (self.encoder_inputs or {}).items()
         }
+        # Stored frames cross the link as they are and are cut into patches there (a copy on the device).
+        out = self._patchified(out, self.encoder_inputs or {})
         if self.pixel_mean is not None and self.pixel_std is not None:
             for k in self.pixel_keys:
                 if k in out and out[k].dtype == torch.uint8:
@@ -276,10 +299,19 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         self.pixel_repeats = (
             dict(profile.pixel_repeats(pixel_dtype)) if decode_media and self.pixel_mean is not None else {}
         )
+        # Pixel keys the workers fill with the stored frames (a copy of the stored bytes, no transposing
+        # gather); the batch's accessors cut them into patches where it is used.
+        self.unpatched_pixels = (
+            dict(profile.unpatched_pixels(pixel_dtype)) if decode_media and self.pixel_mean is not None else {}
+        )
         # What every media_inputs / collate_media call gets. Deferred: pixel patches are built once, in
         # batch(), straight into the batch tensor, which the workers' reused shared buffers hold.
         self.media_options = MediaInputOptions(
-            pixel_dtype=pixel_dtype, deferred=True, compact=bool(self.pixel_repeats), allocate=batch_storage
+            pixel_dtype=pixel_dtype,
+            deferred=True,
+            compact=bool(self.pixel_repeats),
+            unpatched=bool(self.unpatched_pixels),
+            allocate=batch_storage,
         )
 
     @classmethod
@@ -438,6 +470,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             token_inputs=token_fields or None,
             pixel_keys=tuple(self.profile.pixel_keys) if self.profile is not None else (),
             pixel_repeats={k: r for k, r in self.pixel_repeats.items() if k in encoder_inputs} or None,
+            unpatched_pixels={k: v for k, v in self.unpatched_pixels.items() if k in encoder_inputs} or None,
             sample_ids=[s.sample_ids for s in samples],
             row_meta=[s.meta for s in samples],
             media=None if self.decode_media else [s.media or {} for s in samples],

@@ -47,6 +47,9 @@ Once, when the loader is configured
         device (the loader's default for it).
     ``pixel_repeats(pixel_dtype) -> {key: r}`` (default none): pixel keys the family can give temporally
         compact (one slot where the model input holds ``r`` identical ones) under ``options.compact``.
+    ``unpatched_pixels(pixel_dtype) -> {key: (grid key, patch size, merge size, frames)}`` (default none):
+        pixel keys the family can give as the stored frames under ``options.unpatched`` (patchified by the
+        consumer, ``omnipack.loader.media.patchify_frames``).
 """
 
 from __future__ import annotations
@@ -91,12 +94,16 @@ class MediaInputOptions:
     give plain arrays). ``compact``: the keys ``pixel_repeats(pixel_dtype)`` names hold one temporal slot
     per patch row. ``allocate``: storage for the batch tensors ``collate_media`` builds (the loader passes
     its workers' shared, reused buffers; default: private memory); a tensor made otherwise (e.g. by
-    ``torch.from_numpy``) is copied into the loader's shared memory afterwards.
+    ``torch.from_numpy``) is copied into the loader's shared memory afterwards. ``unpatched`` (uint8): the
+    keys ``unpatched_pixels(pixel_dtype)`` names hold each item's stored frames, not yet cut into patches
+    (still images one frame, so it implies ``compact``); the consumer patchifies them where the batch is
+    used.
     """
 
     pixel_dtype: str = "float32"
     deferred: bool = False
     compact: bool = False
+    unpatched: bool = False
     allocate: Allocator = private_storage
 
     def __post_init__(self) -> None:
@@ -167,6 +174,18 @@ class EncoderInputs(ABC):
         and the consumer repeats the slot where the batch is used (``loader.media.expand_temporal``,
         after normalizing on the device). ``MediaInputOptions(compact=True)`` asks for that layout.
         Default: none.
+        """
+        return {}
+
+    def unpatched_pixels(self, pixel_dtype: str) -> dict[str, tuple[str, int, int, int]]:
+        """Pixel keys the loader can fill with the stored uint8 frames instead of patches, each with
+        ``(grid key, patch size, merge size, frames per temporal patch)``.
+
+        Under ``MediaInputOptions(unpatched=True)`` (which implies ``compact``) a key ``k`` here holds, for each item,
+        its frames ``[H, W, C]`` as stored in its rows of the batch tensor (same shape as the patches: the
+        same bytes in stored order), so workers copy stored bytes (a memcpy) instead of the transposing
+        copy; ``loader.media.patchify_frames`` (which ``PackedBatch`` accessors run on the device) gives the
+        patches. Default: none.
         """
         return {}
 

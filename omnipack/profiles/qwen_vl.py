@@ -719,15 +719,30 @@ class QwenVLInputs(EncoderInputs):
         tps = self.image.temporal_patch_size
         return {"pixel_values": tps} if pixel_dtype == "uint8" and tps > 1 else {}
 
+    def unpatched_pixels(self, pixel_dtype: str) -> dict[str, tuple[str, int, int, int]]:
+        # Still images one frame (patchified: the compact layout, repeated as ``pixel_repeats`` says),
+        # videos whole temporal patches.
+        if pixel_dtype != "uint8":
+            return {}
+        s = self.image
+        return {
+            "pixel_values": ("image_grid_thw", s.patch_size, s.merge_size, 1),
+            "pixel_values_videos": ("video_grid_thw", s.patch_size, s.merge_size, s.temporal_patch_size),
+        }
+
     def vision_inputs(
         self, kind: str, item: Any, frames: np.ndarray, options: MediaInputOptions
     ) -> dict[str, Any]:
         """Patches and grid of stored frames; ``options.deferred``: patches as ``PendingRows`` that
         ``collate_media`` writes straight into the batch tensor (built once, never concatenated again).
-        ``options.compact`` (with uint8): image patches hold their temporal slot once (``pixel_repeats``)."""
+        ``options.compact`` (with uint8): image patches hold their temporal slot once (``pixel_repeats``).
+        ``options.unpatched`` (with uint8): the stored frames in the patches' place, one copy of their
+        bytes (``unpatched_pixels``); a still image is held once, so patchified it is the compact layout."""
         pixel_dtype, deferred = options.pixel_dtype, options.deferred
         s = self.image
         grid = np.asarray([self.stored_grid(frames)], dtype=np.int64)
+        if options.unpatched and pixel_dtype == "uint8":
+            return self._unpatched_inputs(kind, item, frames, grid, deferred)
         if options.compact and kind == "image" and self.pixel_repeats(pixel_dtype):
             build_compact = functools.partial(qwen_image_patches_compact, frames, s.patch_size, s.merge_size)
             if deferred:
@@ -762,6 +777,32 @@ class QwenVLInputs(EncoderInputs):
             out[self.second_per_grid_key] = np.asarray([spg], dtype=np.float32)
         return out
 
+
+    def _unpatched_inputs(
+        self, kind: str, item: Any, frames: np.ndarray, grid: np.ndarray, deferred: bool
+    ) -> dict[str, Any]:
+        """``vision_inputs`` under ``options.unpatched``: the frames as stored in the rows of their patches
+        (videos padded with their last frame to whole temporal patches, as ``qwen_patches`` pads)."""
+        key = "pixel_values" if kind == "image" else "pixel_values_videos"
+        grid_key, ps, _, per_step = self.unpatched_pixels("uint8")[key]
+        t, gh, gw = (int(v) for v in grid[0])
+        shape = (t * gh * gw, frames.shape[-1] * per_step * ps * ps)
+
+        def fill(out: np.ndarray) -> np.ndarray:
+            held = out.reshape(t * per_step, *frames.shape[1:])
+            n = min(frames.shape[0], len(held))
+            np.copyto(held[:n], frames[:n])
+            held[n:] = frames[n - 1]
+            return out
+
+        pixels: Any = PendingRows(shape, np.dtype(np.uint8), fill)
+        if not deferred:
+            pixels = fill(np.empty(shape, np.uint8))
+        out = {key: pixels, grid_key: grid}
+        spg = item_info(item).get("info", {}).get("second_per_grid") if kind == "video" else None
+        if self.second_per_grid_key and spg is not None:
+            out[self.second_per_grid_key] = np.asarray([spg], dtype=np.float32)
+        return out
 
     def media_inputs(self, item: Any, payload: Payload, options: MediaInputOptions) -> dict[str, Any]:
         kind = item_kind(item)
