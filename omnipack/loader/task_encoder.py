@@ -217,6 +217,22 @@ class PackedBatch(Batch):
         return packed_seq_fields(self._token_fields())
 
 
+def _resolved_pixel_dtype(
+    pixel_dtype: str, profile: EncoderInputs | None, decode_media: bool
+) -> tuple[str, tuple[Any, Any] | None]:
+    """The pixel dtype ``auto`` stands for, and the profile's pixel normalisation; checked."""
+    if pixel_dtype not in PIXEL_DTYPE_CHOICES:
+        raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPE_CHOICES}, got {pixel_dtype!r}")
+    if decode_media and profile is None:
+        raise ValueError("decode_media needs a profile (use OmnipackTaskEncoder.from_dataset)")
+    norm = profile.pixel_normalization() if profile is not None else None
+    if pixel_dtype == "auto":
+        pixel_dtype = "uint8" if norm is not None else "float32"
+    if pixel_dtype == "uint8" and decode_media and norm is None:
+        raise ValueError(f"profile {getattr(profile, 'name', None)!r} has no uint8 pixel path")
+    return pixel_dtype, norm
+
+
 class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, PackedBatch, PackedBatch]):
     """Cooks omnipack rows and batches them into THD micro-batches (CP-sliced when ``cp_size > 1``).
 
@@ -267,17 +283,9 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         super().__init__(raw_batch_type=PackedBatch, batch_type=PackedBatch)
         if isinstance(profile, ModelProfile):  # a planner: the loader needs only its trainer half
             profile = profile.inputs()
-        if pixel_dtype not in PIXEL_DTYPE_CHOICES:
-            raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPE_CHOICES}, got {pixel_dtype!r}")
-        norm = profile.pixel_normalization() if profile is not None else None
-        if pixel_dtype == "auto":
-            pixel_dtype = "uint8" if norm is not None else "float32"
-        if pixel_dtype == "uint8" and decode_media and norm is None:
-            raise ValueError(f"profile {getattr(profile, 'name', None)!r} has no uint8 pixel path")
+        pixel_dtype, norm = _resolved_pixel_dtype(pixel_dtype, profile, decode_media)
         if not 0 <= cp_rank < cp_size:
             raise ValueError(f"cp_rank {cp_rank} outside [0, {cp_size})")
-        if decode_media and profile is None:
-            raise ValueError("decode_media needs a profile (use OmnipackTaskEncoder.from_dataset)")
         self.cp_size, self.cp_rank = cp_size, cp_rank
         self.tp_size, self.sequence_parallel = tp_size, sequence_parallel
         self.profile = profile
