@@ -76,13 +76,45 @@ def finishes_within(seconds: float, fn):
     return result[0]
 
 
+def start_local_ray() -> None:
+    """A Ray cluster of this process's own with 2 CPUs ("local"), never whatever Ray already runs on the
+    machine (``RAY_ADDRESS``, or the cluster ``ray start`` last left in ``ray_current_cluster``): joining one
+    would fail, as num_cpus cannot be set when joining, or run the tests on another job's cluster."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    # a cluster of its own ("local"), not whatever Ray already runs on the machine (num_cpus cannot be set
-    # when joining one)
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    start_local_ray()
     yield
     ray.shutdown()
+
+
+def test_the_fixture_starts_a_cluster_of_its_own_beside_one_already_running(local_ray):
+    """With a cluster already running on the machine (the module's own, announced as ``ray start`` and
+    ``ray job submit`` announce one: RAY_ADDRESS and RAY_TMPDIR's ``ray/ray_current_cluster``), the fixture's
+    start in another process gives that process a new cluster with its own 2 CPUs, not the running one."""
+    import subprocess
+    import sys
+    import tempfile
+
+    running = ray.get_runtime_context().gcs_address
+    code = (
+        "import ray; from tests.test_ray import start_local_ray; start_local_ray(); "
+        "print(ray.get_runtime_context().gcs_address, ray.cluster_resources()['CPU']); ray.shutdown()"
+    )
+    with tempfile.TemporaryDirectory(prefix="rt", dir="/tmp") as ray_tmp:  # short: Ray's socket paths go here
+        os.makedirs(os.path.join(ray_tmp, "ray"))
+        with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as f:
+            f.write(running)
+        env = {**os.environ, "RAY_ADDRESS": running, "RAY_TMPDIR": ray_tmp}
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+            cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    address, cpus = run.stdout.strip().splitlines()[-1].split()
+    assert address != running and float(cpus) == 2
 
 
 def test_ray_actors_give_the_bytes_of_a_local_run(
