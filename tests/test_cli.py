@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 import yaml
 
 from omnipack.cli import build_parser, main
+from tests.prepare_child import run_omnipack
 
 
 def _subcommands() -> list[str]:
@@ -16,10 +18,15 @@ def _subcommands() -> list[str]:
     return sorted(sub.choices)
 
 
+def _omnipack(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m omnipack ARGV`` in a child process forked from the test session's warm server (no
+    interpreter start and imports for each; ``test_demo_command`` runs the real ``python -m omnipack``)."""
+    return run_omnipack(list(argv), dict(os.environ), timeout=120)
+
+
 @pytest.mark.parametrize("command", [None, *_subcommands()])
 def test_help_everywhere(command):
-    args = [sys.executable, "-m", "omnipack"] + ([command] if command else []) + ["--help"]
-    res = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    res = _omnipack(*([command] if command else []), "--help")
     assert res.returncode == 0 and "usage: omnipack" in res.stdout
 
 
@@ -111,9 +118,7 @@ def _prepare_args(manifest, media, tokenizer, out) -> list[str]:
 
 
 def test_help_shows_the_defaults():
-    prepare = subprocess.run(
-        [sys.executable, "-m", "omnipack", "prepare", "--help"], capture_output=True, text=True, timeout=120
-    ).stdout
+    prepare = _omnipack("prepare", "--help").stdout
     flat = " ".join(prepare.split("options:", 1)[1].split())  # the option list, not the usage line
     for flag, default in [
         ("--seq-length SEQ_LENGTH", "4096"),
@@ -125,9 +130,7 @@ def test_help_shows_the_defaults():
         section = flat[flat.index(flag) :]
         nxt = section.find(" --", len(flag))
         assert f"(default: {default})" in section[:nxt], (flag, section[:nxt])
-    demo = subprocess.run(
-        [sys.executable, "-m", "omnipack", "demo", "--help"], capture_output=True, text=True, timeout=120
-    ).stdout
+    demo = _omnipack("demo", "--help").stdout
     assert "(default: 200)" in " ".join(demo.split())
 
 
