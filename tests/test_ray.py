@@ -25,10 +25,8 @@ def node_of(spec, unit):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, demo_tokenizer, demo_corpus):
-    out = tmp_path_factory.mktemp("reference")
-    run_prepare(demo_config(out, demo_tokenizer, demo_corpus))
-    return dataset_bytes(out)
+def reference(demo_reference):
+    return dataset_bytes(demo_reference)
 
 
 def pid_of(spec, unit):
