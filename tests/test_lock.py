@@ -27,6 +27,7 @@ from omnipack.stages.lock import (
     OutputLocked,
     _start_time,
 )
+from tests.prepare_child import run_omnipack
 from tests.stage_outputs import cli_args, dataset_bytes, demo_config, prepare_in_subprocess
 
 HOLDER = """
@@ -258,7 +259,7 @@ def test_sigterm_mid_run_releases_the_lease_and_the_rerun_completes(
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _processes_with(marker)
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    res = run_omnipack(cli_args(cfg), dict(os.environ), timeout=600)  # the same command, in a warm child
     assert res.returncode == 0 and "taking over" not in res.stderr, res.stderr
 
 
