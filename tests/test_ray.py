@@ -16,6 +16,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from omnipack.pipeline import run_prepare  # noqa: E402
+from tests.prepare_child import run_omnipack  # noqa: E402
 from tests.stage_outputs import cli_args, dataset_bytes, demo_config  # noqa: E402
 
 
@@ -249,8 +250,6 @@ def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
     """Without --ray-address a run joins the cluster in RAY_ADDRESS, and otherwise starts its own: not the one
     Ray's default would join, the cluster last started on the machine (its address in RAY_TMPDIR's
     ``ray/ray_current_cluster``). Each says where it runs, with the cluster's address and CPUs."""
-    import subprocess
-    import sys
     import tempfile
 
     address = ray.get_runtime_context().gcs_address
@@ -263,13 +262,8 @@ def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
         for name, extra in (("joined", {"RAY_ADDRESS": address}), ("own", {"RAY_TMPDIR": ray_tmp})):
             out = tmp_path / name
             args = [*cli_args(demo_config(out, demo_tokenizer, demo_corpus, workers=2)), "--executor", "ray"]
-            runs[name] = run = subprocess.run(
-                [sys.executable, "-m", "omnipack", *args],
-                env={**clean, **extra},
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
+            # the command in a child of its own, forked from the warm server (no torch import for each)
+            runs[name] = run = run_omnipack(args, {**clean, **extra}, timeout=600)
             assert run.returncode == 0, run.stderr
             assert dataset_bytes(out) == reference
     assert f"ray: joined the Ray cluster at {address}: 2 CPUs on 1 node(s)" in runs["joined"].stderr
