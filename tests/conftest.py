@@ -26,3 +26,51 @@ def demo_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from omnipack.demo.corpus import build_demo_corpus
 
     return build_demo_corpus(tmp_path_factory.mktemp("corpus"), num_samples=60)
+
+
+@pytest.fixture(scope="session")
+def demo_reference(tmp_path_factory: pytest.TempPathFactory, demo_tokenizer: Path, demo_corpus) -> Path:
+    """The demo corpus prepared once, in this process, with ``tests/stage_outputs.demo_config``'s settings:
+    the dataset that every other way of running it (staged, resumed, on Ray, to S3) must reproduce byte for
+    byte. Shared by those tests: read it, never write into it."""
+    from omnipack.pipeline import run_prepare
+    from tests.stage_outputs import demo_config
+
+    out = tmp_path_factory.mktemp("demo_reference")
+    run_prepare(demo_config(out, demo_tokenizer, demo_corpus))
+    return out
+
+
+# The processor-backed (``hf``) checkpoints of tests/test_profile_hf.py and their prepared datasets, built once
+# per family for the session: test_profile_hf.py and test_profile_hf_payload.py both read them.
+HF_FAMILIES = ["idefics3", "llava", "llava_next"]
+
+
+@pytest.fixture(scope="session", params=HF_FAMILIES)
+def hf_family(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def hf_model_dir(tmp_path_factory: pytest.TempPathFactory, hf_family: str) -> Path:
+    from tests.test_profile_hf import FAMILIES
+
+    assert sorted(FAMILIES) == HF_FAMILIES  # a family added there is added here
+    return FAMILIES[hf_family][0](tmp_path_factory.mktemp(hf_family) / "model")
+
+
+@pytest.fixture(scope="session")
+def hf_prepared(tmp_path_factory: pytest.TempPathFactory, hf_model_dir: Path):
+    """(media, samples, dataset) of test_profile_hf.py's corpus prepared with ``--model hf_model_dir``."""
+    from omnipack.cli import main
+    from tests.test_profile_hf import _corpus
+
+    root = tmp_path_factory.mktemp("hf_e2e")
+    manifest, media, samples = _corpus(root / "src")
+    out = root / "ds"
+    args = [
+        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(hf_model_dir),
+        "-o", str(out), "--seq-length", "1024", "--shard-max-rows", "2", "--workers", "1", "--no-progress",
+    ]  # fmt: skip
+    assert main(args) == 0
+    return media, samples, out

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from omnipack.pipeline import PrepareConfig
 from omnipack.stages.records import CRASH_ENV
+from tests.prepare_child import run_omnipack
 
 
 def demo_config(out: Path, tokenizer: Path, corpus: tuple[Path, Path], **kw) -> PrepareConfig:
@@ -60,14 +60,9 @@ def prepare_in_subprocess(
     cfg: PrepareConfig, crash_at: str | None = None, *, args: tuple[str, ...] = (), env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """``omnipack prepare`` for ``cfg`` (and more flags ``args``) in a child process (the environment carried,
-    e.g. AWS_* settings, with ``env`` on top), killed with SIGKILL at ``crash_at`` (``OMNIPACK_CRASH_AT``)."""
+    e.g. AWS_* settings, with ``env`` on top), killed with SIGKILL at ``crash_at`` (``OMNIPACK_CRASH_AT``).
+    The child is forked from a process that imported the prepare stack once (``tests/prepare_child.py``)."""
     child_env = {k: v for k, v in os.environ.items() if k != CRASH_ENV} | (env or {})
     if crash_at:
         child_env[CRASH_ENV] = crash_at
-    return subprocess.run(
-        [sys.executable, "-m", "omnipack", *cli_args(cfg), *args],
-        env=child_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_omnipack([*cli_args(cfg), *args], child_env, timeout=300)

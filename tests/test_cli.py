@@ -11,6 +11,7 @@ import yaml
 
 from omnipack.cli import build_parser, main
 from omnipack.stages.records import HOLD_ENV
+from tests.prepare_child import run_omnipack
 
 
 def _subcommands() -> list[str]:
@@ -18,10 +19,15 @@ def _subcommands() -> list[str]:
     return sorted(sub.choices)
 
 
+def _omnipack(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m omnipack ARGV`` in a child process forked from the test session's warm server (no
+    interpreter start and imports for each; ``test_demo_command`` runs the real ``python -m omnipack``)."""
+    return run_omnipack(list(argv), dict(os.environ), timeout=120)
+
+
 @pytest.mark.parametrize("command", [None, *_subcommands()])
 def test_help_everywhere(command):
-    args = [sys.executable, "-m", "omnipack"] + ([command] if command else []) + ["--help"]
-    res = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    res = _omnipack(*([command] if command else []), "--help")
     assert res.returncode == 0 and "usage: omnipack" in res.stdout
 
 
@@ -113,9 +119,7 @@ def _prepare_args(manifest, media, tokenizer, out) -> list[str]:
 
 
 def test_help_shows_the_defaults():
-    prepare = subprocess.run(
-        [sys.executable, "-m", "omnipack", "prepare", "--help"], capture_output=True, text=True, timeout=120
-    ).stdout
+    prepare = _omnipack("prepare", "--help").stdout
     flat = " ".join(prepare.split("options:", 1)[1].split())  # the option list, not the usage line
     for flag, default in [
         ("--seq-length SEQ_LENGTH", "4096"),
@@ -127,9 +131,7 @@ def test_help_shows_the_defaults():
         section = flat[flat.index(flag) :]
         nxt = section.find(" --", len(flag))
         assert f"(default: {default})" in section[:nxt], (flag, section[:nxt])
-    demo = subprocess.run(
-        [sys.executable, "-m", "omnipack", "demo", "--help"], capture_output=True, text=True, timeout=120
-    ).stdout
+    demo = _omnipack("demo", "--help").stdout
     assert "(default: 200)" in " ".join(demo.split())
 
 
@@ -182,7 +184,7 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path, demo_tokenizer, 
     assert lines == ["omnipack prepare: interrupted; rerun the same command to resume"], err
     assert not (out / ".nv-meta" / "omnipack.json").exists()
 
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    res = run_omnipack(cmd[3:], dict(os.environ), timeout=600)  # the same command, in a warm child
     assert res.returncode == 0, res.stderr
     parts = len(list((out / "stages" / "measure").glob("part-*.json")))
     assert f"resuming: {parts} of {parts} measure units done" in res.stderr

@@ -36,10 +36,8 @@ def s3():
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, demo_tokenizer, demo_corpus):
-    out = tmp_path_factory.mktemp("reference")
-    run_prepare(demo_config(out, demo_tokenizer, demo_corpus))
-    return out
+def reference(demo_reference):
+    return demo_reference
 
 
 def _fs():

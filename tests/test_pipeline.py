@@ -169,22 +169,20 @@ def test_output_is_deterministic_across_worker_counts(tmp_path, demo_tokenizer, 
 
 
 def test_energon_lint_info_and_preview_pass(dataset):
+    """``energon lint`` as a user runs it (a fresh process that finds the sample type the dataset names), then
+    ``info`` and ``preview``: the same click commands, in this process (no interpreter start for each)."""
+    from click.testing import CliRunner
+    from megatron.energon.cli.main import main as energon_main
+
     root, _ = dataset
-    energon = [sys.executable, "-m", "megatron.energon.cli.main"]
-    for cmd in (
-        ["lint", str(root)],  # dataset.yaml, as every Energon tool and loader reads it by default
-        ["info", str(root)],
-    ):
-        res = subprocess.run(energon + cmd, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stdout + res.stderr
-    preview = subprocess.run(
-        [*energon, "preview", str(root)],
-        input="n\n",
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert preview.returncode == 0 and "Sample 0" in preview.stdout and "cu_seqlens_padded" in preview.stdout
+    # lint reads dataset.yaml, as every Energon tool and loader does by default
+    lint = [sys.executable, "-m", "megatron.energon.cli.main", "lint", str(root)]
+    res = subprocess.run(lint, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    info = CliRunner().invoke(energon_main, ["info", str(root)])
+    assert info.exit_code == 0, info.output
+    preview = CliRunner().invoke(energon_main, ["preview", str(root)], input="n\n")
+    assert preview.exit_code == 0 and "Sample 0" in preview.output and "cu_seqlens_padded" in preview.output
 
 
 def test_nothing_packed_is_an_error(tmp_path, demo_tokenizer, demo_corpus):

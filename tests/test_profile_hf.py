@@ -141,27 +141,21 @@ def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]
     return manifest, media, samples
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request) -> str:
-    return request.param
+# The family, its model folder and its prepared dataset: built once per session (tests/conftest.py), shared
+# with test_profile_hf_payload.py.
+@pytest.fixture(scope="module")
+def family(hf_family) -> str:
+    return hf_family
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, family) -> Path:
-    return FAMILIES[family][0](tmp_path_factory.mktemp(family) / "model")
+def model_dir(hf_model_dir) -> Path:
+    return hf_model_dir
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory, model_dir):
-    root = tmp_path_factory.mktemp("hf_e2e")
-    manifest, media, samples = _corpus(root / "src")
-    out = root / "ds"
-    args = [
-        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(model_dir),
-        "-o", str(out), "--seq-length", "1024", "--shard-max-rows", "2", "--workers", "1", "--no-progress",
-    ]  # fmt: skip
-    assert main(args) == 0
-    return media, samples, out
+def prepared(hf_prepared):
+    return hf_prepared
 
 
 def test_a_model_type_without_a_native_profile_falls_back_to_its_processor(prepared, model_dir, family):

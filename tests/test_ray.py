@@ -16,6 +16,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from omnipack.pipeline import run_prepare  # noqa: E402
+from tests.prepare_child import run_omnipack  # noqa: E402
 from tests.stage_outputs import cli_args, dataset_bytes, demo_config  # noqa: E402
 
 
@@ -25,10 +26,8 @@ def node_of(spec, unit):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, demo_tokenizer, demo_corpus):
-    out = tmp_path_factory.mktemp("reference")
-    run_prepare(demo_config(out, demo_tokenizer, demo_corpus))
-    return dataset_bytes(out)
+def reference(demo_reference):
+    return dataset_bytes(demo_reference)
 
 
 def pid_of(spec, unit):
@@ -76,13 +75,45 @@ def finishes_within(seconds: float, fn):
     return result[0]
 
 
+def start_local_ray() -> None:
+    """A Ray cluster of this process's own with 2 CPUs ("local"), never whatever Ray already runs on the
+    machine (``RAY_ADDRESS``, or the cluster ``ray start`` last left in ``ray_current_cluster``): joining one
+    would fail, as num_cpus cannot be set when joining, or run the tests on another job's cluster."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+
+
 @pytest.fixture(scope="module")
 def local_ray():
-    # a cluster of its own ("local"), not whatever Ray already runs on the machine (num_cpus cannot be set
-    # when joining one)
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    start_local_ray()
     yield
     ray.shutdown()
+
+
+def test_the_fixture_starts_a_cluster_of_its_own_beside_one_already_running(local_ray):
+    """With a cluster already running on the machine (the module's own, announced as ``ray start`` and
+    ``ray job submit`` announce one: RAY_ADDRESS and RAY_TMPDIR's ``ray/ray_current_cluster``), the fixture's
+    start in another process gives that process a new cluster with its own 2 CPUs, not the running one."""
+    import subprocess
+    import sys
+    import tempfile
+
+    running = ray.get_runtime_context().gcs_address
+    code = (
+        "import ray; from tests.test_ray import start_local_ray; start_local_ray(); "
+        "print(ray.get_runtime_context().gcs_address, ray.cluster_resources()['CPU']); ray.shutdown()"
+    )
+    with tempfile.TemporaryDirectory(prefix="rt", dir="/tmp") as ray_tmp:  # short: Ray's socket paths go here
+        os.makedirs(os.path.join(ray_tmp, "ray"))
+        with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as f:
+            f.write(running)
+        env = {**os.environ, "RAY_ADDRESS": running, "RAY_TMPDIR": ray_tmp}
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+            cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    address, cpus = run.stdout.strip().splitlines()[-1].split()
+    assert address != running and float(cpus) == 2
 
 
 def test_ray_actors_give_the_bytes_of_a_local_run(
@@ -219,8 +250,6 @@ def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
     """Without --ray-address a run joins the cluster in RAY_ADDRESS, and otherwise starts its own: not the one
     Ray's default would join, the cluster last started on the machine (its address in RAY_TMPDIR's
     ``ray/ray_current_cluster``). Each says where it runs, with the cluster's address and CPUs."""
-    import subprocess
-    import sys
     import tempfile
 
     address = ray.get_runtime_context().gcs_address
@@ -233,13 +262,8 @@ def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
         for name, extra in (("joined", {"RAY_ADDRESS": address}), ("own", {"RAY_TMPDIR": ray_tmp})):
             out = tmp_path / name
             args = [*cli_args(demo_config(out, demo_tokenizer, demo_corpus, workers=2)), "--executor", "ray"]
-            runs[name] = run = subprocess.run(
-                [sys.executable, "-m", "omnipack", *args],
-                env={**clean, **extra},
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
+            # the command in a child of its own, forked from the warm server (no torch import for each)
+            runs[name] = run = run_omnipack(args, {**clean, **extra}, timeout=600)
             assert run.returncode == 0, run.stderr
             assert dataset_bytes(out) == reference
     assert f"ray: joined the Ray cluster at {address}: 2 CPUs on 1 node(s)" in runs["joined"].stderr

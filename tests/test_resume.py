@@ -15,10 +15,8 @@ from tests.stage_outputs import dataset_bytes, demo_config, prepare_in_subproces
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, demo_tokenizer, demo_corpus):
-    out = tmp_path_factory.mktemp("reference")
-    run_prepare(demo_config(out, demo_tokenizer, demo_corpus))
-    return dataset_bytes(out)
+def reference(demo_reference):
+    return dataset_bytes(demo_reference)
 
 
 

@@ -16,11 +16,9 @@ from tests.stage_outputs import cli_args, dataset_bytes, demo_config
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, demo_tokenizer, demo_corpus):
+def reference(demo_reference):
     """One local run with one worker: the bytes every other way of running must reproduce."""
-    out = tmp_path_factory.mktemp("reference")
-    summary = run_prepare(demo_config(out, demo_tokenizer, demo_corpus))
-    return dataset_bytes(out), summary
+    return (dataset_bytes(demo_reference),)
 
 
 def test_parts_cover_every_line_once_with_their_line_numbers(tmp_path):
