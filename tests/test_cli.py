@@ -169,13 +169,15 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path, demo_tokenizer, 
     # the last write unit is held at its commit point: the signal lands while the run works, however loaded
     # the machine (a run of 7 small shards can otherwise end between two polls)
     env = {**os.environ, HOLD_ENV: "write:6"}
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, start_new_session=True
+    )
     first_shard = out / "stages" / "write" / "shard-000000.json"
     deadline = time.monotonic() + 300
     while not first_shard.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert proc.poll() is None, "the run ended before it could be interrupted"
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert err.startswith("omnipack prepare: reading 1 input file(s): ")  # said at once, before any work

@@ -80,8 +80,8 @@ def crash_point(stage: str, unit: int | str) -> None:
     """Test hook: die as a ``kill -9`` would, between a unit's outputs and its record (the worst moment)."""
     if os.environ.get(CRASH_ENV) == f"{stage}:{unit}":
         os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(HOLD_ENV) == f"{stage}:{unit}":  # an interrupt test's run never ends by itself
-        time.sleep(600)
+    if os.environ.get(HOLD_ENV) == f"{stage}:{unit}":  # an interrupt test's run does not end before its signal
+        time.sleep(60)
 
 
 # ---- the records' types: each unit's record as a dataclass, and its JSON object (keys in field order, as
