@@ -170,7 +170,15 @@ def test_ctrl_c_prints_one_line_and_the_rerun_resumes(tmp_path, demo_tokenizer, 
     # the machine (a run of 7 small shards can otherwise end between two polls)
     env = {**os.environ, HOLD_ENV: "write:6"}
     proc = subprocess.Popen(
-        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, start_new_session=True
+        cmd,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+        # SIGINT handled as in a terminal, also where this test runs in the background (a shell without job
+        # control starts background commands with SIGINT ignored, and the child would inherit that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     first_shard = out / "stages" / "write" / "shard-000000.json"
     deadline = time.monotonic() + 300

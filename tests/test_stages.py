@@ -52,10 +52,13 @@ def test_parts_cover_every_line_once_with_their_line_numbers(tmp_path):
 def test_run_summary_is_omnipack_json_and_reads_back_whole(reference):
     """The typed run summary is what omnipack.json records (with the root stamped in afterwards), and the file
     reads back into it: the same JSON, the counts and shards typed."""
-    files, summary = reference
+    (files,) = reference
     text = files[".nv-meta/omnipack.json"].decode()
-    assert json.loads(text) == summary and summary["root"]["sha256"]
-    typed = RunSummary.from_json(json.loads(text))
+    summary = json.loads(text)
+    assert summary["root"]["sha256"]
+    typed = RunSummary.from_json(summary)
+    assert typed.to_json() == summary  # every key, in the file's order
+    assert list(typed.to_json()) == list(summary)
     assert typed.counts.input == typed.counts.packed + typed.counts.rejected > 0
     assert [s.path for s in typed.shards] == [s["path"] for s in summary["shards"]]
     assert json.dumps(typed.to_json(), indent=2) + "\n" == text
