@@ -149,8 +149,8 @@ def _input_changes(recorded: list[dict[str, Any]], parts: list[InputPart]) -> tu
             changes.append(f"input {f['path']}: not read now (missing, or no longer selected)")
         elif f.get("xxh3") is None:
             notes.append(f"input {f['path']}: no digest recorded (a remote file): its bytes are not compared")
-        elif is_local(path) and input_xxh3(path) != f["xxh3"]:
-            changes.append(f"input {f['path']}: xxh3-128 {input_xxh3(path)}, recorded {f['xxh3']}")
+        elif is_local(path) and (digest_now := input_xxh3(path)) != f["xxh3"]:
+            changes.append(f"input {f['path']}: xxh3-128 {digest_now}, recorded {f['xxh3']}")
     changes += [f"input {path}: not an input of the recorded run" for path in now if path not in
                 {f["path"] for f in recorded}]  # fmt: skip
     return changes, notes
