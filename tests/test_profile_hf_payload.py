@@ -174,12 +174,12 @@ def test_a_stored_payload_unlike_the_processors_is_a_mismatch(prepared):  # noqa
     row, _ = decode_row(parts)
     payloads = [dict(decode_payload(m.part, parts[m.part])) for m in row.media]
     args = dict(placeholder_ids=te.placeholder_ids, row_key="r", sample_ids=row.sample_ids)
-    check_row_media(te.profile, row.media, payloads, row.tokens, **args)  # as stored: sound
-    key, axis = next(iter(te.profile.item_axes["image"].items()))
+    check_row_media(te.model_inputs, row.media, payloads, row.tokens, **args)  # as stored: sound
+    key, axis = next(iter(te.model_inputs.item_axes["image"].items()))
     cut = dict(payloads[0], **{key: np.delete(payloads[0][key], -1, axis=axis)})  # one tile / image less
     for bad in (cut, dict(payloads[0], **{key: payloads[0][key].astype(np.float64)}), {}):
         with pytest.raises(MediaMismatchError, match="stored media unusable"):
-            check_row_media(te.profile, row.media, [bad, *payloads[1:]], row.tokens, **args)
+            check_row_media(te.model_inputs, row.media, [bad, *payloads[1:]], row.tokens, **args)
 
 
 # ---- a tiny random model on the loader's packed rows ----
