@@ -4,7 +4,9 @@ decoding and resizing again; the dataset is byte-identical to a fresh prepare wi
 
 from __future__ import annotations
 
+import pickle
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -115,6 +117,37 @@ def test_a_shared_store_keys_payloads_by_profile_options(tmp_path, demo_tokenize
     _prepare(tmp_path / "third", demo_tokenizer, corpus, profile_options=small, seed=5, sample_store=str(store))
     assert decodes == []
     assert len([p for p in store.iterdir() if p.is_dir()]) == 2  # one folder per payload shape
+
+
+def test_each_run_opens_its_own_store_and_a_worker_gets_it_unopened(tmp_path, demo_tokenizer, corpus):
+    """The store lives on the run's spec, not in the process: a second run in this process over an overwritten
+    output (its store folder removed and made again) keeps its payloads in the new folder, and a spec pickled
+    to a worker carries no open store (each worker maps its own)."""
+    from omnipack.pipeline import build_spec
+
+    manifest, media = corpus
+    small = manifest.with_name("small.jsonl")
+    small.write_text("\n".join(manifest.read_text().splitlines()[:8]) + "\n")  # 8 sound samples, 5 images
+    out = tmp_path / "out"
+    _prepare(out, demo_tokenizer, (small, media))
+    first = sorted(p.name for p in (out / "stages" / "samples").rglob("*.parquet"))
+    _prepare(out, demo_tokenizer, (small, media), seed=3, overwrite=True)
+    again = sorted(p.name for p in (out / "stages" / "samples").rglob("*.parquet"))
+    assert first and again and set(first).isdisjoint(again)  # written anew by the second run
+    cfg = PrepareConfig(
+        manifest=[str(small)], media_root=str(media), tokenizer=str(demo_tokenizer), output=str(out), progress=False
+    )
+    spec = build_spec(cfg)
+    store = write_stage.sample_store(spec)
+    assert store is not None and store is write_stage.sample_store(spec)  # once per run and process
+    assert store.folder.parent == out / "stages" / "samples"
+    assert write_stage.sample_store(replace(spec)) is not store  # another run's spec: opened anew
+    store.refresh_index()  # the run's segments merged, and one of them mapped in this process
+    store.load_index()
+    assert store.get((int(store._index.key0[0]), int(store._index.key1[0]))) is not None
+    shipped = pickle.loads(pickle.dumps(spec))  # as the local executor ships it to its workers
+    assert shipped == spec
+    assert write_stage.sample_store(shipped) is not store
 
 
 def test_store_segments_merge_into_one_index_and_damaged_payloads_read_as_absent(tmp_path):

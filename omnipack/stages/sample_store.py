@@ -25,6 +25,7 @@ import json
 import mmap
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,29 @@ class SampleStore:
 
     def writer(self, unit: str) -> SegmentWriter:
         return SegmentWriter(self.segments, f"{unit}-{uuid.uuid4().hex[:12]}")
+
+
+class RunSampleStore:
+    """Where a run holds its sample store: opened on first use in each process that runs the run's write
+    units, then kept for its units there. Each run's spec holds its own (``RunSpec.samples``), so a run
+    opens the store anew (an overwrite before it may have removed the folder an earlier run mapped); a spec
+    pickled to a worker carries it unopened (each worker maps its own)."""
+
+    def __init__(self) -> None:
+        self._opened = False
+        self._store: SampleStore | None = None
+
+    def get(self, open_store: Callable[[], SampleStore | None]) -> SampleStore | None:
+        """The store ``open_store()`` opened at this process's first call (None: the run keeps none)."""
+        if not self._opened:
+            self._store, self._opened = open_store(), True
+        return self._store
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # mapped files stay in the process that mapped them
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
 
 
 class SegmentWriter:

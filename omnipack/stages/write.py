@@ -377,21 +377,16 @@ def _media_store(spec: RunSpec) -> MediaStore | None:
     return _STORES[key]
 
 
-_SAMPLE_STORES: dict[str, SampleStore] = {}
-
-
-def sample_store(spec: RunSpec, *, reopen: bool = False) -> SampleStore | None:
+def sample_store(spec: RunSpec) -> SampleStore | None:
     """The run's sample store for its profile and pixel settings (``stages.sample_store``), opened once per
-    process and store; None when the run keeps none. ``reopen``: open it again (a run's start: an earlier run
-    in this process may have opened it before an overwrite removed its folder)."""
-    root = store_root(spec)
-    if root is None:
-        return None
-    shape = shape_settings(spec, _media_store(spec) is not None)
-    key = digest({"root": str(root), "shape": shape})
-    if reopen or key not in _SAMPLE_STORES:
-        _SAMPLE_STORES[key] = SampleStore.at(root, shape)
-    return _SAMPLE_STORES[key]
+    process for the run (the spec holds it: ``RunSpec.samples``); None when the run keeps none."""
+
+    def open_store() -> SampleStore | None:
+        root = store_root(spec)
+        own_media = _media_store(spec) is not None
+        return None if root is None else SampleStore.at(root, shape_settings(spec, own_media))
+
+    return spec.samples.get(open_store)
 
 
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
