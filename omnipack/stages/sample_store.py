@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import xxhash
 
+from ..dataset.contract import media_digest
 from ..media.sources import local_location
 from .records import digest, write_json_atomic
 from .storage import is_local, make_dirs
@@ -50,7 +50,7 @@ SEGMENT_SCHEMA = pa.schema(
         ("offset", pa.int64()),
         ("length", pa.int64()),
         ("ext", pa.string()),
-        ("xxh3", pa.uint64()),  # xxh3-64 of the payload, checked on every read
+        ("xxh3", pa.uint64()),  # xxh3-64 of the payload (a row's media digest), checked on every read
     ]
 )
 
@@ -212,8 +212,9 @@ class SampleStore:
             return
         raise RuntimeError(f"the sample store's index under {self.folder} keeps changing")
 
-    def get(self, key: tuple[int, int]) -> tuple[str, memoryview] | None:
-        """(ext, payload bytes) stored under ``key``; None when absent or damaged (then decoded again)."""
+    def get(self, key: tuple[int, int]) -> tuple[str, memoryview, str] | None:
+        """(ext, payload bytes, their ``media_digest``) stored under ``key``; None when absent or damaged
+        (then decoded again)."""
         ix = self._index
         lo = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="left"))
         hi = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="right"))
@@ -226,9 +227,10 @@ class SampleStore:
                         mapped = self._files[seg] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
                 # a view of the mapped segment: the row's tar member is written from it, no copy
                 data = memoryview(mapped)[start : start + int(ix.length[i])]
-                if len(data) != int(ix.length[i]) or xxhash.xxh3_64_intdigest(data) != int(ix.xxh3[i]):
+                recorded = f"{int(ix.xxh3[i]):016x}"  # the digest's hex form
+                if len(data) != int(ix.length[i]) or media_digest(data) != recorded:
                     return None
-                return ix.exts[int(ix.ext[i])], data
+                return ix.exts[int(ix.ext[i])], data, recorded
         return None
 
     def close_files(self) -> None:
@@ -273,14 +275,15 @@ class SegmentWriter:
         self._keys: set[tuple[int, int]] = set()
         self._offset = 0
 
-    def put(self, key: tuple[int, int], ext: str, data: bytes) -> None:
+    def put(self, key: tuple[int, int], ext: str, data: bytes, digest: str) -> None:
+        """Keep ``data`` under ``key``; ``digest``: its ``media_digest`` (the writer's, for the row)."""
         if key in self._keys:
             return
         if self._file is None:
             self._file = open(self.bin, "wb")  # noqa: SIM115 - held open across the unit's rows
         self._file.write(data)
         for name, value in zip(
-            self._rows, (key[0], key[1], self._offset, len(data), ext, xxhash.xxh3_64_intdigest(data)), strict=True
+            self._rows, (key[0], key[1], self._offset, len(data), ext, int(digest, 16)), strict=True
         ):
             self._rows[name].append(value)
         self._keys.add(key)
@@ -312,8 +315,8 @@ class UnitPayloads:
         self.store, self.media_root = store, media_root
         self.writer = store.writer(unit)
 
-    def get(self, ref: str, plan: dict[str, Any]) -> tuple[str, memoryview] | None:
+    def get(self, ref: str, plan: dict[str, Any]) -> tuple[str, memoryview, str] | None:
         return self.store.get(item_key(self.media_root, ref, plan))
 
-    def put(self, ref: str, plan: dict[str, Any], ext: str, data: bytes) -> None:
-        self.writer.put(item_key(self.media_root, ref, plan), ext, data)
+    def put(self, ref: str, plan: dict[str, Any], ext: str, data: bytes, digest: str) -> None:
+        self.writer.put(item_key(self.media_root, ref, plan), ext, data, digest)
