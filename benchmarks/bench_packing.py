@@ -14,7 +14,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -192,25 +194,30 @@ def media_constraints(data: dict, width: int) -> PackConstraints:
     return PackConstraints(max_samples_per_row=64, resources=resources)
 
 
-def print_table(rows: list[dict]) -> None:
+COLUMN_FORMATS = {
+    "rows/l1": "{:.4f}",
+    "rows/l2": "{:.4f}",
+    "rows/dff": "{:.4f}",
+    "rows/bound": "{:.4f}",
+    "best s": "{:.3f}",
+    "vs lightbinpack": "{:.2f}x",
+    "real eff": "{:.2%}",
+    "padded eff": "{:.2%}",
+    "time s": "{:.2f}",
+    "max s": "{:.2f}",
+    "worst": "{:.4f}",
+    "median": "{:.4f}",
+    "baseline worst": "{:.4f}",
+    "baseline median": "{:.4f}",
+}
+
+
+def print_table(rows: list[dict], cell: Callable[[str, Any], str] | None = None) -> None:
+    """``rows`` (dicts with the same keys) as a markdown table, each value as ``cell(column, value)`` writes
+    it (default: its column's format in ``COLUMN_FORMATS``, else ``str``)."""
     cols = list(rows[0])
-    fmt = {
-        "rows/l1": "{:.4f}",
-        "rows/l2": "{:.4f}",
-        "rows/dff": "{:.4f}",
-        "rows/bound": "{:.4f}",
-        "best s": "{:.3f}",
-        "vs lightbinpack": "{:.2f}x",
-        "real eff": "{:.2%}",
-        "padded eff": "{:.2%}",
-        "time s": "{:.2f}",
-        "max s": "{:.2f}",
-        "worst": "{:.4f}",
-        "median": "{:.4f}",
-        "baseline worst": "{:.4f}",
-        "baseline median": "{:.4f}",
-    }
-    cells = [[fmt.get(c, "{}").format(r[c]) for c in cols] for r in rows]
+    cell = cell or (lambda column, value: COLUMN_FORMATS.get(column, "{}").format(value))
+    cells = [[cell(c, r[c]) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -336,12 +343,16 @@ def main() -> None:
         f"\nRows / best lower bound over {len(seeds)} seeds x sizes {sizes} (seeds differ from the table above):\n"
     )
     print_table(seed_sweep(seeds, sizes))
-    speed_n = big if args.quick else 4 * big
-    print(f"\nPlan speed, text {speed_n // big}M W=4096 (same run, best of 3):\n")
+    print_speed(big if args.quick else 4 * big)
+
+
+def print_speed(n: int) -> None:
+    """The plan speed table: ``n`` padded text samples at W=4096, omnipack against lightbinpack's OBFD."""
+    print(f"\nPlan speed, text {n // 1_000_000}M W=4096 (same run, best of 3):\n")
     if LIGHTBINPACK_OBFD is None:
         print("lightbinpack is not installed (pip install lightbinpack): speed comparison skipped.")
     else:
-        lengths = padded(text_sft(np.random.default_rng(7), speed_n, 4096)["real"], 4096)
+        lengths = padded(text_sft(np.random.default_rng(7), n, 4096)["real"], 4096)
         print_table(speed_vs_lightbinpack(lengths, 4096))
 
 

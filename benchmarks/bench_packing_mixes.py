@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+import bench_packing  # noqa: E402
 from mixes import WIDTHS, describe, random_mixture, sample_mixture  # noqa: E402
 from optimum import bin_packing_optimum  # noqa: E402
 
@@ -123,23 +124,15 @@ def summarize_small(results: list[dict]) -> dict:
     }
 
 
-FORMATS = {float: "{:.4f}", np.floating: "{:.4f}"}
+def _cell(column: str, value: object) -> str:
+    """Ratios with four decimals, larger numbers with two."""
+    if isinstance(value, float | np.floating):
+        return f"{value:.2f}" if abs(value) >= 10 else f"{value:.4f}"
+    return str(value)
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = list(rows[0])
-
-    def cell(v) -> str:
-        if isinstance(v, float | np.floating):
-            return f"{v:.2f}" if abs(v) >= 10 else f"{v:.4f}"
-        return str(v)
-
-    cells = [[cell(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("| " + " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for row in cells:
-        print("| " + " | ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) + " |", flush=True)
+    bench_packing.print_table(rows, _cell)
 
 
 def main() -> None:
@@ -208,16 +201,7 @@ def main() -> None:
             ]
         )
     if args.speed:
-        from bench_packing import padded, speed_vs_lightbinpack, text_sft
-        from peers import LIGHTBINPACK_OBFD
-
-        speed_n = 4_000_000
-        print(f"\nPlan speed, text {speed_n // 1_000_000}M W=4096 (same run, best of 3):\n")
-        if LIGHTBINPACK_OBFD is None:
-            print("lightbinpack is not installed (pip install lightbinpack): speed comparison skipped.")
-        else:
-            lengths = padded(text_sft(np.random.default_rng(7), speed_n, 4096)["real"], 4096)
-            print_table(speed_vs_lightbinpack(lengths, 4096))
+        bench_packing.print_speed(4_000_000)
 
 
 if __name__ == "__main__":

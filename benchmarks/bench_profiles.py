@@ -30,7 +30,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -85,15 +84,10 @@ def corpus(n: int, n_sizes: int) -> tuple[Path, Path]:
 
 def run_profile(name: str, options: dict, corpus_paths: tuple[Path, Path], out: Path, n: int) -> dict:
     """One whole run, stage by stage (measure and write timed, the executor already started)."""
-    from omnipack.executors import make_executor
-    from omnipack.pipeline import PrepareConfig, build_spec, run_mapped
-    from omnipack.stages.finalize import finalize
-    from omnipack.stages.lock import OutputLock
-    from omnipack.stages.measure import MEASURE
-    from omnipack.stages.pack import run_pack_stage
-    from omnipack.stages.write import WRITE
+    from bench_scale import timed_stages
 
-    shutil.rmtree(out, ignore_errors=True)
+    from omnipack.pipeline import PrepareConfig
+
     folder = model_dir()
     cfg = PrepareConfig(
         manifest=[str(corpus_paths[0])],
@@ -108,21 +102,11 @@ def run_profile(name: str, options: dict, corpus_paths: tuple[Path, Path], out: 
         part_lines=max(1, -(-n // 4)),
         progress=False,
     )
-    with OutputLock(out):
-        spec = build_spec(cfg)
-        with make_executor("local", 1) as ex:
-            t0 = time.perf_counter()
-            run_mapped(MEASURE, spec, None, ex)
-            t1 = time.perf_counter()
-            plan, _ = run_pack_stage(spec)
-            t2 = time.perf_counter()
-            run_mapped(WRITE, spec, plan, ex)
-            t3 = time.perf_counter()
-        summary = finalize(spec, plan)
+    summary, seconds = timed_stages(cfg, "local", 1)
     meta = json.loads((out / ".nv-meta" / "omnipack.json").read_text())
     return {
-        "measure_s": t1 - t0,
-        "write_s": t3 - t2,
+        "measure_s": seconds["measure_s"],
+        "write_s": seconds["write_s"],
         "packed": summary["counts"]["packed"],
         "shard_bytes": sum(s["num_bytes"] for s in summary["shards"]),
         "processor_cache": meta.get("processor_cache"),

@@ -122,15 +122,8 @@ def run_config(
     corpus: tuple[Path, Path], out: Path, executor: str, workers: int, n: int, shard_mb: float
 ) -> dict:
     """One whole run, stage by stage, timing measure and write (worker start included)."""
-    from omnipack.executors import make_executor
-    from omnipack.pipeline import PrepareConfig, build_spec, run_mapped
-    from omnipack.stages.finalize import finalize
-    from omnipack.stages.lock import OutputLock
-    from omnipack.stages.measure import MEASURE
-    from omnipack.stages.pack import run_pack_stage
-    from omnipack.stages.write import WRITE
+    from omnipack.pipeline import PrepareConfig
 
-    shutil.rmtree(out, ignore_errors=True)
     cfg = PrepareConfig(
         manifest=[str(corpus[0])],
         media_root=str(corpus[1]),
@@ -144,11 +137,38 @@ def run_config(
         mrope=False,  # the recorded numbers' workload (mRoPE ids are on by default now)
         progress=False,
     )
-    with OutputLock(out):
+    summary, seconds = timed_stages(cfg, executor, workers, warm_worker)
+    shard_bytes = sum(s["num_bytes"] for s in summary["shards"])
+    measure_bytes = sum(p.stat().st_size for p in (out / "stages" / "measure").glob("part-*.*"))
+    return {
+        **seconds,
+        "input": summary["counts"]["input"],
+        "packed": summary["counts"]["packed"],
+        "shards": len(summary["shards"]),
+        "shard_bytes": shard_bytes,
+        "measure_bytes": measure_bytes,
+    }
+
+
+def timed_stages(cfg: Any, executor: str, workers: int, warm: Any = None) -> tuple[dict, dict[str, float]]:
+    """``cfg`` run stage by stage into its output (removed first), under its lock: the run summary (as
+    omnipack.json records it) and the seconds the executor took to start (``warm``: run once on each of its
+    workers first, so the stages start warm), then measure, pack and write."""
+    from omnipack.executors import make_executor
+    from omnipack.pipeline import build_spec, run_mapped
+    from omnipack.stages.finalize import finalize
+    from omnipack.stages.lock import OutputLock
+    from omnipack.stages.measure import MEASURE
+    from omnipack.stages.pack import run_pack_stage
+    from omnipack.stages.write import WRITE
+
+    shutil.rmtree(cfg.output, ignore_errors=True)
+    with OutputLock(Path(cfg.output)):
         spec = build_spec(cfg)
         ts = time.perf_counter()
         with make_executor(executor, workers) as ex:
-            assert len(set(ex.map(warm_worker, spec, list(range(workers))))) == workers
+            if warm is not None:
+                assert len(set(ex.map(warm, spec, list(range(workers))))) == workers
             t0 = time.perf_counter()
             run_mapped(MEASURE, spec, None, ex)
             t1 = time.perf_counter()
@@ -156,20 +176,8 @@ def run_config(
             t2 = time.perf_counter()
             run_mapped(WRITE, spec, plan, ex)
             t3 = time.perf_counter()
-        summary = finalize(spec, plan)
-    shard_bytes = sum(s["num_bytes"] for s in summary["shards"])
-    measure_bytes = sum(p.stat().st_size for p in (out / "stages" / "measure").glob("part-*.*"))
-    return {
-        "start_s": t0 - ts,
-        "measure_s": t1 - t0,
-        "pack_s": t2 - t1,
-        "write_s": t3 - t2,
-        "input": summary["counts"]["input"],
-        "packed": summary["counts"]["packed"],
-        "shards": len(summary["shards"]),
-        "shard_bytes": shard_bytes,
-        "measure_bytes": measure_bytes,
-    }
+        summary = finalize(spec, plan).to_json()
+    return summary, {"start_s": t0 - ts, "measure_s": t1 - t0, "pack_s": t2 - t1, "write_s": t3 - t2}
 
 
 def warm_worker(spec, unit: int) -> int:

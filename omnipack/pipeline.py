@@ -624,7 +624,7 @@ def _run_stages(
         if plan is None:
             raise FileNotFoundError(f"no plan under {spec.stages}: run the pack stage first")
         if stage in (None, "write"):
-            if (samples := sample_store(spec, reopen=True)) is not None:  # earlier writes' payloads, merged
+            if (samples := sample_store(spec)) is not None:  # earlier writes' payloads, merged
                 samples.refresh_index()
             shards = run_mapped(WRITE, spec, plan, executor, **share)
             if stage:

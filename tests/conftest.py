@@ -62,15 +62,13 @@ def hf_model_dir(tmp_path_factory: pytest.TempPathFactory, hf_family: str) -> Pa
 @pytest.fixture(scope="session")
 def hf_prepared(tmp_path_factory: pytest.TempPathFactory, hf_model_dir: Path):
     """(media, samples, dataset) of test_profile_hf.py's corpus prepared with ``--model hf_model_dir``."""
-    from omnipack.cli import main
+    from tests.family_kit import prepare
     from tests.test_profile_hf import _corpus
 
     root = tmp_path_factory.mktemp("hf_e2e")
     manifest, media, samples = _corpus(root / "src")
-    out = root / "ds"
-    args = [
-        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(hf_model_dir),
-        "-o", str(out), "--seq-length", "1024", "--shard-max-rows", "2", "--workers", "1", "--no-progress",
-    ]  # fmt: skip
-    assert main(args) == 0
+    out = prepare(
+        manifest, media, root / "ds", "--model", str(hf_model_dir), "--seq-length", "1024",
+        "--shard-max-rows", "2",
+    )
     return media, samples, out

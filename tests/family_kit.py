@@ -9,7 +9,8 @@ file; nothing in the kit names a family.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ import numpy as np
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta, MediaPlan, ModelProfile
 from omnipack.profiles.model_inputs import EncoderInputs, MediaInputOptions
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,26 @@ class FamilyReference:
     hf_input_ids: Callable[[Path, list[dict], list[KitMedia], ModelProfile], list[int]]
     tokenizer: Callable[[Path, str], Path] = demo_tokenizer
     profile_options: dict[str, Any] = field(default_factory=dict)
+
+
+def byte_level_bpe(special_tokens: list[str], extra_text: list[str] = ()) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` (600 tokens) trained on the demo text and ``extra_text``,
+    with ``special_tokens`` first: the vocabulary a family's test model folder is built on."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from omnipack.demo.tokenizer import TRAINING_TEXT
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(TRAINING_TEXT * 20 + list(extra_text), trainer=trainer)
+    return tok
 
 
 def reference(name: str) -> FamilyReference:
@@ -174,3 +197,187 @@ def encode_payloads(inputs: EncoderInputs, name: str) -> dict[str, np.ndarray]:
     out = {k: np.asarray(v) for k, v in inputs.collate_media(per_item, plain).items()}
     out["_counts"] = np.asarray(counts)
     return out
+
+
+# ---- the family pipeline tests' corpora, runs and loader (test_pipeline_*.py, test_profile_hf*.py)
+
+MISSING = "bad-missing"  # the id of a corpus's one sample whose media file does not exist
+
+
+def noise_images(media: Path, rng: np.random.Generator, images: list[tuple[str, int, int]]) -> list[str]:
+    """Random-pixel images ``(file name, height, width)`` under ``media`` (the format from the name's
+    suffix); their names."""
+    from PIL import Image
+
+    media.mkdir(parents=True, exist_ok=True)
+    for name, h, w in images:
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(media / name)
+    return [name for name, _, _ in images]
+
+
+def chat_samples(
+    prefix: str,
+    n: int,
+    kind: str,
+    files: list[str],
+    question: str,
+    answer: str,
+    *,
+    follow_up: tuple[str, str] | None = None,
+    answer_parts: bool = True,
+    answer_repeats: int = 2,
+) -> dict[str, list[dict]]:
+    """``n`` conversations ``{prefix}-{i:03d}``: a user turn of ``i % 3`` items of ``kind`` (``files`` in
+    turn from the i-th) and ``question.format(i)``, then ``answer`` repeated ``1 + i % answer_repeats``
+    times (a text part, or plain content without ``answer_parts``); with ``follow_up`` (file, answer), every
+    fourth conversation goes on with that file, "And?" and that answer."""
+    samples: dict[str, list[dict]] = {}
+    for i in range(n):
+        user: list[dict] = [{"type": kind, kind: files[(i + j) % len(files)]} for j in range(i % 3)]
+        user.append({"type": "text", "text": question.format(i)})
+        said = answer * (1 + i % answer_repeats)
+        msgs = [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": [{"type": "text", "text": said}] if answer_parts else said},
+        ]
+        if follow_up is not None and i % 4 == 3:
+            turn = [{"type": kind, kind: follow_up[0]}, {"type": "text", "text": "And?"}]
+            msgs += [
+                {"role": "user", "content": turn},
+                {"role": "assistant", "content": [{"type": "text", "text": follow_up[1]}]},
+            ]
+        samples[f"{prefix}-{i:03d}"] = msgs
+    return samples
+
+
+def write_manifest(root: Path, samples: dict[str, list[dict]], missing: str | None = None) -> Path:
+    """``root/manifest.jsonl`` of ``samples``; with ``missing`` (a file name), one more sample ``MISSING``
+    whose media is that file, absent (the run must reject it, naming why)."""
+    lines = [{"id": k, "messages": v} for k, v in samples.items()]
+    if missing is not None:
+        kind = {".png": "image", ".wav": "audio", ".mp4": "video"}[Path(missing).suffix]
+        lines.append(
+            {
+                "id": MISSING,
+                "messages": [
+                    {"role": "user", "content": [{"type": kind, kind: missing}]},
+                    {"role": "assistant", "content": "ok"},
+                ],
+            }
+        )
+    manifest = root / "manifest.jsonl"
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return manifest
+
+
+def prepare_args(manifest: Path, media: Path, out: Path, *options: str) -> list[str]:
+    """``omnipack prepare``'s arguments for a test corpus into ``out``, without progress bars."""
+    where = ["--manifest", str(manifest), "--media-root", str(media), "-o", str(out)]
+    return ["prepare", *where, "--no-progress", *options]
+
+
+def prepare(manifest: Path, media: Path, out: Path, *options: str) -> Path:
+    """A test corpus prepared into ``out`` by the CLI (one worker: in this process); asserts it succeeded."""
+    from omnipack.cli import main
+
+    assert main(prepare_args(manifest, media, out, "--workers", "1", *options)) == 0
+    return out
+
+
+def prepare_family_corpus(
+    root: Path, model_dir: Path, corpus: Callable[[Path], tuple[Path, Path, dict]], name: str, *options: str
+) -> tuple[Path, Path, dict[str, list[dict]], Path]:
+    """(model_dir, media, samples, dataset): ``corpus(root / "src")`` (manifest, media, samples; one sample
+    of them ``MISSING``) prepared by family ``name`` with the tokenizer in ``model_dir``, two rows a shard."""
+    manifest, media, samples = corpus(root / "src")
+    out = prepare(
+        manifest, media, root / "ds", "--tokenizer", str(model_dir), "--profile", name,
+        "--shard-max-rows", "2", "--max-reject-fraction", "0.1", *options,  # one broken sample in a dozen
+    )  # fmt: skip
+    return model_dir, media, samples, out
+
+
+def run_meta(out: Path) -> dict[str, Any]:
+    """The dataset's ``omnipack.json``."""
+    return json.loads((out / ".nv-meta" / "omnipack.json").read_text())
+
+
+def assert_packed_but_the_missing(out: Path, samples: dict[str, list[dict]], reason: str) -> dict[str, Any]:
+    """Every sample packed but ``MISSING``, rejected with ``reason`` in its reason; returns omnipack.json."""
+    meta = run_meta(out)
+    assert meta["counts"]["packed"] == len(samples)
+    rejects = [json.loads(line) for line in (out / meta["rejects_file"]).read_text().splitlines()]
+    assert [r["sample_id"] for r in rejects] == [MISSING] and reason in rejects[0]["reason"], rejects
+    return meta
+
+
+def val_batches(
+    out: Path, task_encoder: Any = None, *, batch_size: int = 1, workers: int = 0
+) -> Iterator[Any]:
+    """The dataset's micro-batches in Energon's validation order (``task_encoder``: default, the one
+    ``OmnipackTaskEncoder.from_dataset`` configures)."""
+    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
+
+    from omnipack.loader.task_encoder import OmnipackTaskEncoder
+
+    ds = get_val_dataset(
+        str(out),
+        split_part="train",
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=workers),
+        batch_size=batch_size,
+        task_encoder=OmnipackTaskEncoder.from_dataset(out) if task_encoder is None else task_encoder,
+    )
+    return iter(get_loader(ds))
+
+
+def sample_spans(batch: Any) -> list[tuple[str, int, int]]:
+    """(sample id, start, tokens) of each sample of the batch's first row, in the stream."""
+    cu, cup = batch.cu_seqlens_q, batch.cu_seqlens_q_padded
+    return [(sid, int(cup[k]), int(cu[k + 1] - cu[k])) for k, sid in enumerate(batch.sample_ids[0])]
+
+
+def packed_row_logits(model: Any, batch: Any) -> Any:
+    """A model's logits on a micro-batch of one packed row: positions reset per sample, a block-diagonal
+    causal mask from the padded boundaries, the batch's encoder inputs under the model's keys."""
+    import torch
+
+    from omnipack.loader.masks import packed_layer_masks
+
+    d = batch.as_dict()
+    tokens = d["tokens"]
+    types = torch.zeros_like(tokens)
+    mask = packed_layer_masks(d["cu_seqlens_q_padded"], types, tokens.shape[1], dtype=torch.float32)
+    inputs = {"input_ids": tokens, "position_ids": d["position_ids"], **batch.media_inputs()}
+    return model(**inputs, attention_mask=mask["full_attention"]).logits[0]
+
+
+def encoder_inputs_by_batch(batches: Iterator[Any]) -> dict[str, np.ndarray]:
+    """Every micro-batch's encoder inputs, keyed ``"{batch}/{key}"``."""
+    return {f"{i}/{k}": v.numpy() for i, b in enumerate(batches) for k, v in (b.encoder_inputs or {}).items()}
+
+
+def trainer_only_encoder_inputs(
+    out: Path, scratch: Path, unimported: tuple[str, ...], check: str = ""
+) -> dict[str, np.ndarray]:
+    """``encoder_inputs_by_batch`` of the dataset's micro-batches of two rows, loaded by a process where the
+    prepare stack cannot be imported (``tests/test_profiles_split.BLOCKER``); there, none of the top-level
+    modules ``unimported`` was imported, and ``check`` (more code) passes."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.test_profiles_split import BLOCKER  # a test module that imports this one: imported here
+
+    code = BLOCKER + textwrap.dedent(
+        f"""
+        import numpy as np
+        from tests.family_kit import encoder_inputs_by_batch, val_batches
+        got = encoder_inputs_by_batch(val_batches({str(out)!r}, batch_size=2))
+        np.savez({str(scratch / "got.npz")!r}, **got)
+        bad = [m for m in sys.modules if m.split(".")[0] in {unimported!r}]
+        assert not bad, bad
+        """
+    ) + textwrap.dedent(check) + "\nprint('ok')\n"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+    return dict(np.load(scratch / "got.npz"))

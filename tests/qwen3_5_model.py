@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnipack.demo.tokenizer import TRAINING_TEXT
+from tests.family_kit import byte_level_bpe
 
 SPECIAL = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
@@ -68,22 +68,12 @@ CHAT_TEMPLATE = (
 
 def build_qwen35_model_dir(out_dir: str | Path) -> Path:
     """Tokenizer, released preprocessor configs and a tiny model config, saved as a model directory."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer
     from transformers.models.qwen3_5.tokenization_qwen3_5 import Qwen3_5Tokenizer
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(TRAINING_TEXT * 20, trainer=trainer)
-    model = json.loads(bpe.to_str())["model"]
+    model = json.loads(byte_level_bpe(SPECIAL).to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     tok = Qwen3_5Tokenizer(vocab=model["vocab"], merges=merges)
     tok.add_special_tokens({"additional_special_tokens": SPECIAL[1:]})

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnipack.cli import main
 from omnipack.loader.masks import packed_layer_masks
+from tests.family_kit import prepare, val_batches
 from tests.test_pipeline_gemma3 import _corpus
 from tests.test_profiles_gemma3 import build_gemma_model_dir
 from tests.test_profiles_split import BLOCKER
@@ -41,41 +41,16 @@ def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma3_packed")
     model_dir = build_gemma_model_dir(root / "model", newline_merges=True)
     manifest, media, _ = _corpus(root / "src", n=8)
-    out = root / "ds"
-    rc = main(
-        [
-            "prepare",
-            "--manifest", str(manifest),
-            "--media-root", str(media),
-            "--tokenizer", str(model_dir),
-            "--output", str(out),
-            "--profile", "gemma3",
-            "--seq-length", "1024",
-            "--cp", "2",
-            "--workers", "1",
-            "--no-progress",
-            "--max-reject-fraction", "0.2",  # the corpus holds 1 broken sample in 9
-        ]
+    out = prepare(
+        manifest, media, root / "ds", "--tokenizer", str(model_dir), "--profile", "gemma3",
+        "--seq-length", "1024", "--cp", "2", "--max-reject-fraction", "0.2",  # 1 broken sample in 9
     )  # fmt: skip
-    assert rc == 0
     return model_dir, out
 
 
 @pytest.fixture(scope="module")
 def batches(prepared):
-    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
-
-    from omnipack.loader.task_encoder import OmnipackTaskEncoder
-
-    _, out = prepared
-    ds = get_val_dataset(
-        str(out),
-        split_part="train",
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
-        batch_size=1,
-        task_encoder=OmnipackTaskEncoder.from_dataset(out),
-    )
-    got = [b.as_dict() for b in get_loader(ds)]
+    got = [b.as_dict() for b in val_batches(prepared[1])]
     # coverage: a row whose later sample holds an image, the case transformers 5.24 masks wrong
     assert any(_later_sample_has_image(b) for b in got)
     return got

@@ -18,6 +18,7 @@ from omnipack.loader.compat import DatasetAlignmentError
 from omnipack.loader.media import MediaMismatchError, decode_payload
 from omnipack.loader.sample import cook_packed_row
 from omnipack.loader.task_encoder import OmnipackTaskEncoder
+from omnipack.profiles import get_profile
 from omnipack.profiles.model_inputs import MediaInputOptions
 from tests.test_pipeline import read_rows_from_tars
 
@@ -70,18 +71,34 @@ def _expected_media(te: OmnipackTaskEncoder, rows: list[dict[str, bytes]]) -> di
     for parts in rows:
         row, _ = decode_row(parts)
         per_item += [
-            te.profile.media_inputs(m, decode_payload(m.part, parts[m.part]), PLAIN) for m in row.media
+            te.model_inputs.media_inputs(m, decode_payload(m.part, parts[m.part]), PLAIN) for m in row.media
         ]
-    return te.profile.collate_media(per_item, PLAIN) if per_item else {}
+    return te.model_inputs.collate_media(per_item, PLAIN) if per_item else {}
 
 
 def test_from_dataset_checks_alignment(dataset):
     te = OmnipackTaskEncoder.from_dataset(dataset, cp=2, cp_rank=1)
-    assert te.profile.name == PROFILE and te.cp_size == 2 and te.placeholder_ids["audio"]
+    assert te.model_inputs.name == PROFILE and te.cp_size == 2 and te.placeholder_ids["audio"]
     with pytest.raises(DatasetAlignmentError, match="alignment 4.*need a multiple of 8"):
         OmnipackTaskEncoder.from_dataset(dataset, cp=4)
     with pytest.raises(DatasetAlignmentError):
         OmnipackTaskEncoder.from_dataset(dataset, fp8="fp8")
+
+
+def test_model_inputs_takes_the_family_trainer_half_and_profile_is_its_deprecated_name():
+    planner = get_profile("qwen2_5_vl")
+    inputs = planner.inputs()
+    te = OmnipackTaskEncoder(model_inputs=inputs, decode_media=True)
+    assert te.model_inputs is inputs and te.pixel_dtype == "uint8" and te.check_media
+    assert type(OmnipackTaskEncoder(model_inputs=planner).model_inputs) is type(inputs)  # reduced to its half
+    with pytest.warns(DeprecationWarning, match="pass model_inputs="):
+        old = OmnipackTaskEncoder(profile=inputs, decode_media=True)
+    assert old.model_inputs is inputs and old.pixel_dtype == te.pixel_dtype
+    assert old.pixel_mean.tolist() == te.pixel_mean.tolist() and old.check_media
+    with pytest.warns(DeprecationWarning, match="read model_inputs"):
+        assert old.profile is inputs
+    with pytest.raises(TypeError, match="model_inputs= only"):
+        OmnipackTaskEncoder(model_inputs=inputs, profile=inputs)
 
 
 def test_two_workers_mbs2_batches_carry_media_in_placeholder_order(dataset):
@@ -118,8 +135,8 @@ def test_uint8_pixels_normalize_to_the_float32_batches(dataset):
     assert len(u8) == len(f32)
     seen = set()
     for a, b in zip(f32, u8, strict=True):
-        assert b.pixel_mean.tolist() == pytest.approx(list(te.profile.image_mean))
-        assert b.pixel_std.tolist() == pytest.approx(list(te.profile.image_std))
+        assert b.pixel_mean.tolist() == pytest.approx(list(te.model_inputs.image_mean))
+        assert b.pixel_std.tolist() == pytest.approx(list(te.model_inputs.image_std))
         fa, fb = a.media_inputs(), b.normalized_media_inputs()
         assert set(fa) == set(fb)
         for k, v in fa.items():

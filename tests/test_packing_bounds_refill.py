@@ -15,7 +15,19 @@ from omnipack.packing.greedy import bfd_classes
 from omnipack.packing.plan import group_by_row
 from omnipack.packing.refill import refill_classes
 
-SETTINGS = settings(max_examples=60, deadline=None)
+SETTINGS = settings(max_examples=60, deadline=None)  # the packing tests' hypothesis settings
+
+
+def capped_classes(capacity: int, raw: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Hypothesis' item sizes capped at ``capacity``, and their size classes (values, counts)."""
+    lengths = np.minimum(np.array(raw, dtype=np.int64), capacity)
+    return (lengths, *_classes(lengths, capacity))
+
+
+def padded(real: np.ndarray, width: int) -> np.ndarray:
+    """Token counts (rounded, at least 1, at most ``width``) padded to a multiple of 8, as rows hold them."""
+    real = np.clip(np.round(real), 1, width).astype(np.int64)
+    return np.minimum(-(-real // 8) * 8, width)
 
 
 def optimum_rows(vectors: np.ndarray, caps: np.ndarray) -> int:
@@ -118,8 +130,7 @@ def check_class_slots(slot_rows, num_rows, values, counts, capacity):
 @SETTINGS
 @given(st.integers(8, 200), st.lists(st.integers(1, 200), min_size=1, max_size=80))
 def test_refill_places_every_item_once_within_capacity(capacity, raw):
-    lengths = np.minimum(np.array(raw, dtype=np.int64), capacity)
-    values, counts = _classes(lengths, capacity)
+    lengths, values, counts = capped_classes(capacity, raw)
     slot_rows, num_rows = refill_classes(values, counts, capacity)
     check_class_slots(slot_rows, num_rows, values, counts, capacity)
     bfd_slots, bfd_rows = bfd_classes(values, counts, capacity)
@@ -136,7 +147,7 @@ def bimodal(seed: int, n: int, width: int) -> np.ndarray:
     image = np.where(
         large, rng.integers(int(0.2 * width), int(0.55 * width) + 1, n), rng.integers(512, 1537, n)
     )
-    return np.minimum((text + image + 7) // 8 * 8, width)
+    return padded(text + image, width)
 
 
 def test_refill_closes_the_bimodal_gap_that_bfd_and_ffd_leave():

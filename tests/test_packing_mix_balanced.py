@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from omnipack.packing import PackConstraints, lower_bounds, pack
@@ -14,16 +14,13 @@ from omnipack.packing.greedy import bfd_classes
 from omnipack.packing.refill import refill_classes
 from omnipack.packing.vector_fill import MAX_AMOUNT_VECTORS, balanced_fill
 
-from .test_packing_bounds_refill import bimodal, check_class_slots
-
-SETTINGS = settings(max_examples=60, deadline=None)
+from .test_packing_bounds_refill import SETTINGS, bimodal, capped_classes, check_class_slots
 
 
 @SETTINGS
 @given(st.integers(8, 200), st.lists(st.integers(1, 200), min_size=1, max_size=120))
 def test_mixed_repack_places_every_item_once_within_capacity(capacity, raw):
-    lengths = np.minimum(np.array(raw, dtype=np.int64), capacity)
-    values, counts = _classes(lengths, capacity)
+    _, values, counts = capped_classes(capacity, raw)
     for start in (bfd_classes(values, counts, capacity), refill_classes(values, counts, capacity)):
         slot_rows, num_rows = _mix_and_repack(*start, values, counts, capacity)
         check_class_slots(slot_rows, num_rows, values, counts, capacity)

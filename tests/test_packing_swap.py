@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from omnipack.packing import lower_bounds, pack
-from omnipack.packing.engine import _classes
 from omnipack.packing.greedy import ffd_classes
 from omnipack.packing.swap import swap_search
 
-SETTINGS = settings(max_examples=60, deadline=None)
+from .test_packing_bounds_refill import SETTINGS, capped_classes, padded
 
 
 @SETTINGS
 @given(st.integers(8, 300), st.lists(st.integers(1, 300), min_size=1, max_size=150))
 def test_swap_search_places_every_item_once_within_capacity(capacity, raw):
-    sizes = np.minimum(np.array(raw, dtype=np.int64), capacity)
-    values, counts = _classes(sizes, capacity)
+    _, values, counts = capped_classes(capacity, raw)
     start, rows = ffd_classes(values, counts, capacity)
     items = np.repeat(values, counts)
     row_of, new_rows = swap_search(items, start, rows, capacity, target=-(-int(items.sum()) // capacity))
@@ -28,16 +26,11 @@ def test_swap_search_places_every_item_once_within_capacity(capacity, raw):
     assert np.bincount(row_of, weights=items).max() <= capacity
 
 
-def _padded(real: np.ndarray, width: int) -> np.ndarray:
-    real = np.clip(np.round(real), 1, width).astype(np.int64)
-    return np.minimum(-(-real // 8) * 8, width)
-
-
 def _two_crops_and_a_spike(rng: np.random.Generator, n: int) -> np.ndarray:
     """W=8192: 37% crops of 2.4k-3.4k tokens, 53% of 0.7k-4.6k, 9% a 97-token image."""
     kind = rng.choice(3, n, p=[0.37, 0.54, 0.09])
     real = np.where(kind == 0, rng.uniform(2372, 3372, n), np.where(kind == 1, rng.uniform(706, 4584, n), 97))
-    return _padded(real, 8192)
+    return padded(real, 8192)
 
 
 def test_pack_meets_the_bound_where_the_refill_stopped_a_row_over():

@@ -4,7 +4,6 @@ directory built offline), with pan-and-scan on so images with and without crops 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,14 @@ from PIL import Image
 from omnipack.cli import main
 from omnipack.loader.media import decode_payload
 from omnipack.profiles import MediaMeta, get_profile
+from tests.family_kit import (
+    assert_packed_but_the_missing,
+    chat_samples,
+    noise_images,
+    prepare_family_corpus,
+    val_batches,
+    write_manifest,
+)
 from tests.test_profiles_gemma3 import build_gemma_model_dir
 
 pytest.importorskip("megatron.energon")
@@ -25,84 +32,30 @@ PAS = {"do_pan_and_scan": True}
 
 
 def _corpus(root: Path, n: int = 14) -> tuple[Path, Path, dict[str, list[dict]]]:
-    rng = np.random.default_rng(0)
     media = root / "media"
-    media.mkdir(parents=True)
-    for k, (h, w) in enumerate(SIZES):
-        px = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
-        Image.fromarray(px).save(media / f"img{k}.png")
-    samples: dict[str, list[dict]] = {}
-    for i in range(n):
-        user: list[dict] = [
-            {"type": "image", "image": f"img{(i + j) % len(SIZES)}.png"} for j in range(i % 3)
-        ]
-        user.append({"type": "text", "text": f"Describe the picture {i}."})
-        msgs = [
-            {"role": "user", "content": user},
-            {"role": "assistant", "content": "The image shows a red square." * (1 + i % 4)},
-        ]
-        if i % 4 == 3:
-            msgs += [
-                {
-                    "role": "user",
-                    "content": [{"type": "image", "image": "img0.png"}, {"type": "text", "text": "And?"}],
-                },
-                {"role": "assistant", "content": [{"type": "text", "text": "Count the objects."}]},
-            ]
-        samples[f"g-{i:03d}"] = msgs
-    lines = [{"id": k, "messages": v} for k, v in samples.items()]
-    lines.append(
-        {
-            "id": "bad-missing",
-            "messages": [
-                {"role": "user", "content": [{"type": "image", "image": "nope.png"}]},
-                {"role": "assistant", "content": "ok"},
-            ],
-        }
-    )
-    manifest = root / "manifest.jsonl"
-    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return manifest, media, samples
+    files = [(f"img{k}.png", h, w) for k, (h, w) in enumerate(SIZES)]
+    images = noise_images(media, np.random.default_rng(0), files)
+    samples = chat_samples(
+        "g", n, "image", images, "Describe the picture {}.", "The image shows a red square.",
+        follow_up=("img0.png", "Count the objects."), answer_parts=False, answer_repeats=4,
+    )  # fmt: skip
+    return write_manifest(root, samples, missing="nope.png"), media, samples
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma3_e2e")
     model_dir = build_gemma_model_dir(root / "model", newline_merges=True)  # as Gemma's vocabulary
-    manifest, media, samples = _corpus(root / "src")
-    out = root / "ds"
-    rc = main(
-        [
-            "prepare",
-            "--manifest", str(manifest),
-            "--media-root", str(media),
-            "--tokenizer", str(model_dir),
-            "--output", str(out),
-            "--profile", "gemma3",
-            "--profile-option", "do_pan_and_scan=true",
-            "--seq-length", "4096",
-            "--cp", "2",
-            "--shard-max-rows", "2",
-            "--workers", "1",
-            "--no-progress",
-            "--max-reject-fraction", "0.1",  # the corpus holds 1 broken sample in 15
-        ]
-    )  # fmt: skip
-    assert rc == 0
-    return model_dir, media, samples, out
+    options = ("--profile-option", "do_pan_and_scan=true", "--seq-length", "4096", "--cp", "2")
+    return prepare_family_corpus(root, model_dir, _corpus, "gemma3", *options)
 
 
 def test_prepare_records_the_family_and_rejects_with_reasons(prepared):
     _, _, samples, out = prepared
-    meta = json.loads((out / ".nv-meta" / "omnipack.json").read_text())
+    meta = assert_packed_but_the_missing(out, samples, "missing image file")
     assert meta["profile"]["name"] == "gemma3" and meta["profile"]["options"] == PAS
     assert meta["profile"]["settings"]["pan_and_scan"]["enabled"] is True
     assert meta["mrope_position_ids"] is False
-    assert meta["counts"]["packed"] == len(samples)
-    rejects = [json.loads(line) for line in (out / meta["rejects_file"]).read_text().splitlines()]
-    assert [r["sample_id"] for r in rejects] == ["bad-missing"] and "missing image file" in rejects[0][
-        "reason"
-    ]
 
 
 def test_verify_passes(prepared):
@@ -110,7 +63,6 @@ def test_verify_passes(prepared):
 
 
 def test_loader_batches_equal_the_processor_sample_by_sample(prepared):
-    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
     from transformers import AutoProcessor
 
     from omnipack.loader.task_encoder import OmnipackTaskEncoder
@@ -121,15 +73,8 @@ def test_loader_batches_equal_the_processor_sample_by_sample(prepared):
     planner = get_profile("gemma3", **PAS)
     soft_id = proc.tokenizer.image_token_id
     assert te.placeholder_ids == {"image": [soft_id]}
-    ds = get_val_dataset(
-        str(out),
-        split_part="train",
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1),
-        batch_size=1,
-        task_encoder=te,
-    )
     seen, crops_seen = [], set()
-    for batch in get_loader(ds):
+    for batch in val_batches(out, te, workers=1):
         tokens = batch.tokens[0].numpy()
         cu, cup = batch.cu_seqlens_q.numpy(), batch.cu_seqlens_q_padded.numpy()
         expected_pixels = []

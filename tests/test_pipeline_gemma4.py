@@ -19,6 +19,13 @@ import torch
 from PIL import Image
 
 from omnipack.cli import main
+from tests.family_kit import (
+    assert_packed_but_the_missing,
+    noise_images,
+    prepare_family_corpus,
+    val_batches,
+    write_manifest,
+)
 from tests.test_profiles_gemma4 import build_gemma4_model_dir, build_processor
 
 pytest.importorskip("megatron.energon")
@@ -36,10 +43,7 @@ def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]
 
     rng = np.random.default_rng(0)
     media = root / "media"
-    media.mkdir(parents=True)
-    for k, (h, w) in enumerate(SIZES):
-        px = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
-        Image.fromarray(px).save(media / f"img{k}.{'jpg' if k % 2 else 'png'}")
+    noise_images(media, rng, [(f"img{k}.{'jpg' if k % 2 else 'png'}", *hw) for k, hw in enumerate(SIZES)])
     for k, num in enumerate(CLIPS):
         t = np.arange(num) / 16000
         wave = 0.3 * np.sin(2 * np.pi * (200 + 90 * k) * t) + 0.02 * rng.standard_normal(num)
@@ -63,56 +67,22 @@ def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]
             {"role": "assistant", "content": "The image shows a red square." * (1 + i % 3)},
         ]
         samples[f"g-{i:03d}"] = msgs
-    lines = [{"id": k, "messages": v} for k, v in samples.items()]
-    lines.append(
-        {
-            "id": "bad-missing",
-            "messages": [
-                {"role": "user", "content": [{"type": "audio", "audio": "nope.wav"}]},
-                {"role": "assistant", "content": "ok"},
-            ],
-        }
-    )
-    manifest = root / "manifest.jsonl"
-    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return manifest, media, samples
+    return write_manifest(root, samples, missing="nope.wav"), media, samples
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma4_e2e")
     model_dir = build_gemma4_model_dir(root / "model", newline_merges=True)
-    manifest, media, samples = _corpus(root / "src")
-    out = root / "ds"
-    rc = main(
-        [
-            "prepare",
-            "--manifest", str(manifest),
-            "--media-root", str(media),
-            "--tokenizer", str(model_dir),
-            "--output", str(out),
-            "--profile", "gemma4",
-            "--seq-length", "4096",
-            "--cp", "2",
-            "--shard-max-rows", "2",
-            "--workers", "1",
-            "--no-progress",
-            "--max-reject-fraction", "0.1",  # the corpus holds 1 broken sample in 13
-        ]
-    )  # fmt: skip
-    assert rc == 0
-    return model_dir, media, samples, out
+    return prepare_family_corpus(root, model_dir, _corpus, "gemma4", "--seq-length", "4096", "--cp", "2")
 
 
 def test_prepare_records_the_family_and_rejects_with_reasons(prepared):
     _, _, samples, out = prepared
-    meta = json.loads((out / ".nv-meta" / "omnipack.json").read_text())
+    meta = assert_packed_but_the_missing(out, samples, "missing")
     assert meta["profile"]["name"] == "gemma4"
     assert meta["profile"]["settings"]["image"]["max_soft_tokens"] == 280
     assert meta["mrope_position_ids"] is False
-    assert meta["counts"]["packed"] == len(samples)
-    rejects = [json.loads(line) for line in (out / meta["rejects_file"]).read_text().splitlines()]
-    assert [r["sample_id"] for r in rejects] == ["bad-missing"] and "missing" in rejects[0]["reason"]
 
 
 def test_verify_passes(prepared):
@@ -161,8 +131,6 @@ def _video_expected(proc, text: str, path: Path) -> tuple[dict, np.ndarray]:
 
 
 def test_loader_batches_equal_the_processor_sample_by_sample(prepared):
-    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
-
     from omnipack.loader.task_encoder import OmnipackTaskEncoder
 
     model_dir, media, samples, out = prepared
@@ -172,16 +140,9 @@ def test_loader_batches_equal_the_processor_sample_by_sample(prepared):
     ids = {k: [tok.convert_tokens_to_ids(f"<|{k}|>")] for k in ("image", "video", "audio")}
     assert te.placeholder_ids == ids
     assert te.pixel_dtype == "uint8"  # x / 255: mean 0, std 1 for every channel
-    ds = get_val_dataset(
-        str(out),
-        split_part="train",
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1),
-        batch_size=1,
-        task_encoder=te,
-    )
     seen, kinds_seen, truncated_seen = [], set(), False
     videos = {}
-    for batch in get_loader(ds):
+    for batch in val_batches(out, te, workers=1):
         tokens = batch.tokens[0].numpy()
         cu, cup = batch.cu_seqlens_q.numpy(), batch.cu_seqlens_q_padded.numpy()
         row_images, row_audio, row_video = [], [], []

@@ -5,7 +5,6 @@ the image processor's, bit for bit after the loader's normalization."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,13 @@ from PIL import Image
 from omnipack.cli import main
 from omnipack.demo.media import write_video
 from omnipack.profiles import get_profile
+from tests.family_kit import (
+    assert_packed_but_the_missing,
+    noise_images,
+    prepare_family_corpus,
+    val_batches,
+    write_manifest,
+)
 from tests.qwen3_5_model import (
     build_qwen35_model_dir,
     hf_ids_and_types,
@@ -33,14 +39,8 @@ CLIPS = [(13, 10, 96, 64), (8, 4, 64, 96)]
 
 def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]:
     media = root / "media"
-    media.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    names = {"image": [], "video": []}
-    for k, (h, w, fmt) in enumerate(IMAGES):
-        name = f"img{k}.{'jpg' if fmt == 'jpeg' else 'png'}"
-        pixels = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(media / name, format=fmt.upper())
-        names["image"].append(name)
+    images = [(f"img{k}.{'jpg' if fmt == 'jpeg' else 'png'}", h, w) for k, (h, w, fmt) in enumerate(IMAGES)]
+    names = {"image": noise_images(media, np.random.default_rng(0), images), "video": []}
     for k, (frames, fps, w, h) in enumerate(CLIPS):
         write_video(media / f"clip{k}.mp4", n=frames, fps=fps, w=w, h=h)
         names["video"].append(f"clip{k}.mp4")
@@ -56,55 +56,22 @@ def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]
             {"role": "user", "content": user},
             {"role": "assistant", "content": "A ball moves from the left to the right." * (1 + i % 3)},
         ]
-    lines = [{"id": k, "messages": v} for k, v in samples.items()]
-    lines.append(
-        {
-            "id": "bad-missing",
-            "messages": [
-                {"role": "user", "content": [{"type": "video", "video": "nope.mp4"}]},
-                {"role": "assistant", "content": "ok"},
-            ],
-        }
-    )
-    manifest = root / "manifest.jsonl"
-    manifest.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return manifest, media, samples
+    return write_manifest(root, samples, missing="nope.mp4"), media, samples
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3_5_e2e")
     model_dir = build_qwen35_model_dir(root / "model")
-    manifest, media, samples = _corpus(root / "src")
-    out = root / "ds"
-    rc = main(
-        [
-            "prepare",
-            "--manifest", str(manifest),
-            "--media-root", str(media),
-            "--tokenizer", str(model_dir),
-            "--output", str(out),
-            "--profile", "qwen3_5",
-            "--seq-length", "2048",
-            "--shard-max-rows", "2",
-            "--workers", "1",
-            "--no-progress",
-            "--max-reject-fraction", "0.1",  # the corpus holds 1 broken sample in 13
-        ]
-    )  # fmt: skip
-    assert rc == 0
-    return model_dir, media, samples, out
+    return prepare_family_corpus(root, model_dir, _corpus, "qwen3_5", "--seq-length", "2048")
 
 
 def test_prepare_records_the_family_and_rejects_with_reasons(prepared):
     _, _, samples, out = prepared
-    meta = json.loads((out / ".nv-meta" / "omnipack.json").read_text())
+    meta = assert_packed_but_the_missing(out, samples, "missing")
     assert meta["profile"]["name"] == "qwen3_5"
     assert meta["profile"]["settings"] == get_profile("qwen3_5").settings()
     assert meta["mrope_position_ids"] is True  # the family's default: it uses mRoPE
-    assert meta["counts"]["packed"] == len(samples)
-    rejects = [json.loads(line) for line in (out / meta["rejects_file"]).read_text().splitlines()]
-    assert [r["sample_id"] for r in rejects] == ["bad-missing"] and "missing" in rejects[0]["reason"]
 
 
 def test_verify_passes(prepared):
@@ -112,7 +79,6 @@ def test_verify_passes(prepared):
 
 
 def test_loader_batches_equal_the_processor_and_model_sample_by_sample(prepared):
-    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
     from transformers import AutoConfig
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5ForConditionalGeneration
 
@@ -127,15 +93,8 @@ def test_loader_batches_equal_the_processor_and_model_sample_by_sample(prepared)
         "image": [tok.convert_tokens_to_ids("<|image_pad|>")],
         "video": [tok.convert_tokens_to_ids("<|video_pad|>")],
     }
-    ds = get_val_dataset(
-        str(out),
-        split_part="train",
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=1),
-        batch_size=1,
-        task_encoder=te,
-    )
     seen, kinds_seen = [], set()
-    for batch in get_loader(ds):
+    for batch in val_batches(out, te, workers=1):
         tokens = batch.tokens[0].numpy()
         mrope = batch.mrope_position_ids.numpy().reshape(3, -1)
         cu, cup = batch.cu_seqlens_q.numpy(), batch.cu_seqlens_q_padded.numpy()

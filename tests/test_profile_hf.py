@@ -20,6 +20,7 @@ from PIL import Image
 from omnipack.cli import main
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta
+from tests.family_kit import chat_samples, noise_images, prepare_args, run_meta, val_batches, write_manifest
 
 IDEFICS3_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"] + [
     f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)
@@ -117,28 +118,14 @@ FAMILIES = {
 
 
 def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]:
-    rng = np.random.default_rng(1)
     media = root / "media"
-    media.mkdir(parents=True)
-    for k, (h, w) in enumerate(SIZES):
-        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(media / f"img{k}.png")
-    samples: dict[str, list[dict]] = {}
-    for i in range(n):
-        user = [{"type": "image", "image": f"img{(i + j) % len(SIZES)}.png"} for j in range(i % 3)]
-        user.append({"type": "text", "text": f"Describe the picture {i}."})
-        msgs = [
-            {"role": "user", "content": user},
-            {"role": "assistant", "content": [{"type": "text", "text": "The image shows a red square." * (1 + i % 2)}]},
-        ]
-        if i % 4 == 3:
-            msgs += [
-                {"role": "user", "content": [{"type": "image", "image": "img4.png"}, {"type": "text", "text": "And?"}]},
-                {"role": "assistant", "content": [{"type": "text", "text": "Count the objects."}]},
-            ]
-        samples[f"s-{i:03d}"] = msgs
-    manifest = root / "manifest.jsonl"
-    manifest.write_text("".join(json.dumps({"id": k, "messages": v}) + "\n" for k, v in samples.items()))
-    return manifest, media, samples
+    files = [(f"img{k}.png", h, w) for k, (h, w) in enumerate(SIZES)]
+    images = noise_images(media, np.random.default_rng(1), files)
+    samples = chat_samples(
+        "s", n, "image", images, "Describe the picture {}.", "The image shows a red square.",
+        follow_up=("img4.png", "Count the objects."),
+    )  # fmt: skip
+    return write_manifest(root, samples), media, samples
 
 
 # The family, its model folder and its prepared dataset: built once per session (tests/conftest.py), shared
@@ -160,7 +147,7 @@ def prepared(hf_prepared):
 
 def test_a_model_type_without_a_native_profile_falls_back_to_its_processor(prepared, model_dir, family):
     _, samples, out = prepared
-    meta = json.loads((out / ".nv-meta" / "omnipack.json").read_text())
+    meta = run_meta(out)
     rec = meta["profile"]
     assert rec["name"] == "hf" and rec["source"] == "fallback" and rec["model_type"] == family
     assert rec["settings"]["processor_class"] == FAMILIES[family][1]
@@ -231,10 +218,9 @@ def test_the_processor_runs_once_per_image_size(model_dir):
 
 def test_a_native_profile_that_disagrees_names_the_processor_profile(tmp_path, model_dir, capsys):
     manifest, media, _ = _corpus(tmp_path / "src", n=2)
-    args = [
-        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(model_dir),
-        "-o", str(tmp_path / "ds"), "--profile", "qwen2_5_vl", "--no-progress",
-    ]  # fmt: skip
+    args = prepare_args(
+        manifest, media, tmp_path / "ds", "--model", str(model_dir), "--profile", "qwen2_5_vl"
+    )
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "--profile qwen2_5_vl disagrees with the checkpoint" in err and "model_type '" in err
@@ -249,10 +235,7 @@ def test_a_processor_that_cannot_be_loaded_is_refused_at_start(tmp_path, capsys)
     folder = build_demo_tokenizer(tmp_path / "model")
     (folder / "config.json").write_text(json.dumps({"model_type": "llava_onevision"}))
     manifest, media, _ = _corpus(tmp_path / "src", n=2)
-    args = [
-        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(folder),
-        "-o", str(tmp_path / "ds"), "--no-progress",
-    ]  # fmt: skip
+    args = prepare_args(manifest, media, tmp_path / "ds", "--model", str(folder))
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "profile hf:" in err and str(folder) in err
@@ -282,10 +265,7 @@ def test_a_processor_that_needs_torchvision_is_refused_naming_it(tmp_path, capsy
     (folder / "processor_config.json").write_text(json.dumps(processor))
     transformers.LlavaOnevisionConfig().save_pretrained(folder)
     manifest, media, _ = _corpus(tmp_path / "src", n=2)
-    args = [
-        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(folder),
-        "-o", str(tmp_path / "ds"), "--no-progress",
-    ]  # fmt: skip
+    args = prepare_args(manifest, media, tmp_path / "ds", "--model", str(folder))
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"profile hf: the processor of {folder} cannot be loaded offline" in err
@@ -296,23 +276,14 @@ def test_a_processor_that_needs_torchvision_is_refused_naming_it(tmp_path, capsy
 def test_verify_and_the_loader_read_the_dataset(prepared):
     """``omnipack verify`` re-measures with the recorded profile (the processor again) and finds every row as
     written; the Energon loader, built from omnipack.json alone, hands out the packed rows."""
-    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
-
     from omnipack.loader.task_encoder import OmnipackTaskEncoder
 
     _, samples, out = prepared
     assert main(["verify", str(out), "--workers", "1"]) == 0
     te = OmnipackTaskEncoder.from_dataset(out, decode_media=False)
     image_id = te.placeholder_ids["image"][0]
-    ds = get_val_dataset(
-        str(out),
-        split_part="train",
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
-        batch_size=1,
-        task_encoder=te,
-    )
     seen = []
-    for batch in get_loader(ds):
+    for batch in val_batches(out, te):
         seen += batch.sample_ids[0]
         media = batch.row_meta[0]["media"]
         assert int((batch.tokens[0] == image_id).sum()) == sum(m["num_tokens"] for m in media) > 0

@@ -11,10 +11,6 @@ packed rows hold.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +23,20 @@ from omnipack.loader.media import decode_payload
 from omnipack.media.audio import resampled_length
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta
+from tests.family_kit import (
+    chat_samples,
+    encoder_inputs_by_batch,
+    packed_row_logits,
+    prepare,
+    prepare_args,
+    run_meta,
+    sample_spans,
+    trainer_only_encoder_inputs,
+    val_batches,
+    write_manifest,
+)
 from tests.test_pipeline import read_rows_from_tars
 from tests.test_profile_hf_payload import assert_same_bits, joined
-from tests.test_profiles_split import BLOCKER
 
 pytest.importorskip("megatron.energon")
 sf = pytest.importorskip("soundfile")
@@ -68,23 +75,11 @@ def _corpus(root: Path, n: int = 12) -> tuple[Path, Path, dict[str, list[dict]]]
     for k, (secs, rate, channels) in enumerate(CLIPS):
         wave = (0.3 * rng.standard_normal((int(secs * rate), channels))).clip(-1, 1)
         sf.write(media / f"clip{k}.wav", wave, rate, subtype="PCM_16")
-    samples: dict[str, list[dict]] = {}
-    for i in range(n):
-        user = [{"type": "audio", "audio": f"clip{(i + j) % len(CLIPS)}.wav"} for j in range(i % 3)]
-        user.append({"type": "text", "text": f"What do you hear in {i}?"})
-        msgs = [
-            {"role": "user", "content": user},
-            {"role": "assistant", "content": [{"type": "text", "text": "A bird sings." * (1 + i % 2)}]},
-        ]
-        if i % 4 == 3:
-            msgs += [
-                {"role": "user", "content": [{"type": "audio", "audio": "clip2.wav"}, {"type": "text", "text": "And?"}]},
-                {"role": "assistant", "content": [{"type": "text", "text": "Rain."}]},
-            ]
-        samples[f"a-{i:03d}"] = msgs
-    manifest = root / "manifest.jsonl"
-    manifest.write_text("".join(json.dumps({"id": k, "messages": v}) + "\n" for k, v in samples.items()))
-    return manifest, media, samples
+    samples = chat_samples(
+        "a", n, "audio", [f"clip{k}.wav" for k in range(len(CLIPS))], "What do you hear in {}?",
+        "A bird sings.", follow_up=("clip2.wav", "Rain."),
+    )  # fmt: skip
+    return write_manifest(root, samples), media, samples
 
 
 def clip_paths(messages: list[dict]) -> list[str]:
@@ -115,18 +110,16 @@ def proc(model_dir):
 def prepared(tmp_path_factory, model_dir):
     root = tmp_path_factory.mktemp("hf_audio")
     manifest, media, samples = _corpus(root / "src")
-    out = root / "ds"
-    args = [
-        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(model_dir),
-        "-o", str(out), "--seq-length", "512", "--shard-max-rows", "2", "--workers", "1", "--no-progress",
-    ]  # fmt: skip
-    assert main(args) == 0
+    out = prepare(
+        manifest, media, root / "ds", "--model", str(model_dir),
+        "--seq-length", "512", "--shard-max-rows", "2",
+    )
     return media, samples, out
 
 
 def test_an_audio_model_falls_back_to_its_processor(prepared, model_dir):
     _, samples, out = prepared
-    meta = json.loads((out / ".nv-meta" / "omnipack.json").read_text())
+    meta = run_meta(out)
     rec = meta["profile"]
     assert rec["name"] == "hf" and rec["source"] == "fallback" and rec["model_type"] == "qwen2_audio"
     settings = rec["settings"]
@@ -190,21 +183,6 @@ def test_the_processor_runs_once_per_clip_length(model_dir, proc):
         assert counts[(n, rate)] == sum(int(i) == audio_id for i in ids)
 
 
-def _loader_batches(out: Path, batch_size: int) -> list:
-    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
-
-    from omnipack.loader.task_encoder import OmnipackTaskEncoder
-
-    ds = get_val_dataset(
-        str(out),
-        split_part="train",
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
-        batch_size=batch_size,
-        task_encoder=OmnipackTaskEncoder.from_dataset(out),
-    )
-    return list(get_loader(ds))
-
-
 def test_verify_and_the_loader_hand_the_processor_tensors_batched(prepared, proc):
     """``omnipack verify`` re-measures with the processor and finds every row as written; the loader's
     micro-batches of two rows hold every sample's processor outputs, in stream order, joined per clip."""
@@ -212,7 +190,7 @@ def test_verify_and_the_loader_hand_the_processor_tensors_batched(prepared, proc
     assert main(["verify", str(out), "--workers", "1"]) == 0
     audio_id = proc.tokenizer.convert_tokens_to_ids("<|AUDIO|>")
     seen = []
-    for batch in _loader_batches(out, batch_size=2):
+    for batch in val_batches(out, batch_size=2):
         sids = [s for row in batch.sample_ids for s in row]
         seen += sids
         want = joined([processor_alone(proc, media, samples[s]) for s in sids], ITEM_AXES["audio"])
@@ -227,30 +205,9 @@ def test_verify_and_the_loader_hand_the_processor_tensors_batched(prepared, proc
 def test_the_trainer_only_install_loads_them(prepared, tmp_path):
     """With transformers, tokenizers and the decoders blocked, the loader gives the same tensors."""
     out = prepared[2]
-    code = BLOCKER + textwrap.dedent(
-        f"""
-        import numpy as np
-        from megatron.energon import WorkerConfig, get_loader, get_val_dataset
-        from omnipack.loader.task_encoder import OmnipackTaskEncoder
-        te = OmnipackTaskEncoder.from_dataset({str(out)!r})
-        ds = get_val_dataset({str(out)!r}, split_part="train", batch_size=2, task_encoder=te,
-                             worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
-        got = {{}}
-        for i, b in enumerate(get_loader(ds)):
-            got.update({{f"{{i}}/{{k}}": v.numpy() for k, v in b.encoder_inputs.items()}})
-        np.savez({str(tmp_path / "got.npz")!r}, **got)
-        bad = [m for m in sys.modules if m.split(".")[0] in ("transformers", "tokenizers", "av", "decord",
-                                                              "soundfile", "soxr", "librosa")]
-        assert not bad, bad
-        print("ok")
-        """
-    )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
-    got = dict(np.load(tmp_path / "got.npz"))
-    want = {}
-    for i, b in enumerate(_loader_batches(out, batch_size=2)):
-        want.update({f"{i}/{k}": v.numpy() for k, v in b.encoder_inputs.items()})
+    unimported = ("transformers", "tokenizers", "av", "decord", "soundfile", "soxr", "librosa")
+    got = trainer_only_encoder_inputs(out, tmp_path, unimported)
+    want = encoder_inputs_by_batch(val_batches(out, batch_size=2))
     assert want and got.keys() == want.keys()
     assert all(got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes() for k in want)
 
@@ -301,10 +258,7 @@ def test_a_processor_whose_clip_features_depend_on_the_others_is_refused_at_star
     both waveforms to the longer one first): refused at start with that reason, nothing written."""
     folder = build_gemma3n_model_dir(tmp_path / "model")
     manifest, media, _ = _corpus(tmp_path / "src", n=2)
-    args = [
-        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(folder),
-        "-o", str(tmp_path / "ds"), "--no-progress",
-    ]  # fmt: skip
+    args = prepare_args(manifest, media, tmp_path / "ds", "--model", str(folder))
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "profile hf: Gemma3nProcessor" in err, err
@@ -330,10 +284,7 @@ def test_a_processor_that_takes_one_clip_per_text_is_refused_at_start(tmp_path, 
     config.architectures = ["AudioFlamingo3ForConditionalGeneration"]
     config.save_pretrained(folder)
     manifest, media, _ = _corpus(tmp_path / "src", n=2)
-    args = [
-        "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(folder),
-        "-o", str(tmp_path / "ds"), "--no-progress",
-    ]  # fmt: skip
+    args = prepare_args(manifest, media, tmp_path / "ds", "--model", str(folder))
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "profile hf: AudioFlamingo3Processor" in err, err
@@ -368,26 +319,15 @@ def tiny_model(proc):
 def test_a_packed_row_gives_each_samples_own_logits(prepared, proc, tiny_model):
     """Each loader row (position resets, block-diagonal causal mask, the stored tensors under the processor's
     keys) gives, on every sample's tokens, the logits of that sample alone through the processor and model."""
-    from omnipack.loader.masks import packed_layer_masks
-
     media, samples, out = prepared
     checked = 0
     with torch.no_grad():
-        for b in _loader_batches(out, batch_size=1):
-            d = b.as_dict()
-            cup, cu = d["cu_seqlens_q_padded"], d["cu_seqlens_q"]
-            mask = packed_layer_masks(cup, torch.zeros_like(d["tokens"]), d["tokens"].shape[1], dtype=torch.float32)
-            packed = tiny_model(
-                input_ids=d["tokens"],
-                position_ids=d["position_ids"],
-                attention_mask=mask["full_attention"],
-                **b.media_inputs(),
-            ).logits[0]
-            for k, sid in enumerate(b.sample_ids[0]):
+        for b in val_batches(out):
+            packed = packed_row_logits(tiny_model, b)
+            for k, (sid, a, n) in enumerate(sample_spans(b)):
                 alone = {k2: torch.from_numpy(v) for k2, v in processor_alone(proc, media, samples[sid]).items()}
                 alone.pop("attention_mask")
                 want = tiny_model(**alone).logits[0]
-                a, n = int(cup[k]), int(cu[k + 1] - cu[k])
                 assert n == want.shape[0]
                 err = float((packed[a : a + n] - want).abs().max())
                 # float noise only (the clips' encoder batch differs), far below a mask or position error's

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from omnipack.cli import main
+from tests.family_kit import chat_samples, noise_images, prepare, val_batches, write_manifest
 from tests.test_profiles_gemma3 import RELEASED_PREPROCESSOR_CONFIG, build_gemma_model_dir
 
 pytest.importorskip("transformers")
@@ -58,24 +58,11 @@ def build_gemma3_checkpoint(out: Path, view: int = VIEW) -> Path:
 
 
 def _corpus(root: Path, n: int = 8) -> tuple[Path, Path, list[str]]:
-    rng = np.random.default_rng(3)
     media = root / "media"
-    media.mkdir(parents=True)
-    for k, (h, w) in enumerate(SIZES):
-        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(media / f"img{k}.png")
-    lines, ids = [], []
-    for i in range(n):
-        user = [{"type": "image", "image": f"img{(i + j) % len(SIZES)}.png"} for j in range(i % 3)]
-        user.append({"type": "text", "text": f"Describe the picture {i}."})
-        msgs = [
-            {"role": "user", "content": user},
-            {"role": "assistant", "content": [{"type": "text", "text": "A red square." * (1 + i % 2)}]},
-        ]
-        ids.append(f"s-{i:03d}")
-        lines.append(json.dumps({"id": ids[-1], "messages": msgs}) + "\n")
-    manifest = root / "manifest.jsonl"
-    manifest.write_text("".join(lines))
-    return manifest, media, ids
+    files = [(f"img{k}.png", h, w) for k, (h, w) in enumerate(SIZES)]
+    images = noise_images(media, np.random.default_rng(3), files)
+    samples = chat_samples("s", n, "image", images, "Describe the picture {}.", "A red square.")
+    return write_manifest(root, samples), media, list(samples)
 
 
 @pytest.fixture(scope="module")
@@ -90,13 +77,10 @@ def both(request, tmp_path_factory, model_dir):
     manifest, media, ids = _corpus(root / "src")
     out = {}
     for name, extra in zip(["gemma3", "hf"], OPTIONS[request.param], strict=True):
-        out[name] = root / name
-        args = [
-            "prepare", "--manifest", str(manifest), "--media-root", str(media), "--model", str(model_dir),
-            "-o", str(out[name]), "--seq-length", "4096", "--shard-max-rows", "2", "--workers", "1",
-            "--no-progress", *extra, *(["--profile", "hf"] if name == "hf" else []),
-        ]  # fmt: skip
-        assert main(args) == 0
+        out[name] = prepare(
+            manifest, media, root / name, "--model", str(model_dir), "--seq-length", "4096",
+            "--shard-max-rows", "2", *extra, *(["--profile", "hf"] if name == "hf" else []),
+        )  # fmt: skip
     return out, ids, request.param
 
 
@@ -105,10 +89,9 @@ def _per_sample(out: Path, image_id: int) -> dict[str, dict[str, np.ndarray]]:
     them (pixels normalized: each sample's views, split off its row's by its image soft tokens, 256 per
     view); the loader's placeholder ids, the ones the model's features replace, under ``"placeholder_ids"``."""
     from omnipack.loader.task_encoder import OmnipackTaskEncoder
-    from tests.test_profile_hf_payload import _loader_batches
 
     found = {"placeholder_ids": {"ids": np.asarray(OmnipackTaskEncoder.from_dataset(out).placeholder_ids["image"])}}
-    for batch in _loader_batches(out, batch_size=1):
+    for batch in val_batches(out):
         d = batch.as_dict()
         pixels = d.get("pixel_values")
         cup, cu = d["cu_seqlens_q_padded"], d["cu_seqlens_q"]

@@ -10,9 +10,6 @@ of each, fed the loader's packed rows, gives each sample's own logits.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +19,15 @@ from PIL import Image
 
 from omnipack.dataset.codec import decode_row
 from omnipack.loader.media import MediaMismatchError, check_row_media, decode_payload
+from tests.family_kit import (
+    encoder_inputs_by_batch,
+    packed_row_logits,
+    sample_spans,
+    trainer_only_encoder_inputs,
+    val_batches,
+)
 from tests.test_pipeline import read_rows_from_tars
 from tests.test_profile_hf import family, model_dir, prepared  # noqa: F401  (fixtures)
-from tests.test_profiles_split import BLOCKER
 
 pytest.importorskip("megatron.energon")
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,28 +98,13 @@ def test_every_stored_tensor_is_the_processors_for_its_sample_alone(prepared, pr
     assert with_images >= 6
 
 
-def _loader_batches(out: Path, batch_size: int) -> list:
-    from megatron.energon import WorkerConfig, get_loader, get_val_dataset
-
-    from omnipack.loader.task_encoder import OmnipackTaskEncoder
-
-    ds = get_val_dataset(
-        str(out),
-        split_part="train",
-        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
-        batch_size=batch_size,
-        task_encoder=OmnipackTaskEncoder.from_dataset(out),
-    )
-    return list(get_loader(ds))
-
-
 def test_the_loader_hands_the_processor_tensors_batched(prepared, proc, family):  # noqa: F811
     """Micro-batches of two rows: each key is every sample's processor output, in stream order, joined along
     the processor's item axis (what the model's forward takes for the whole stream)."""
     media, samples, out = prepared
     image_id = proc.tokenizer.convert_tokens_to_ids("<image>")
     seen = []
-    for batch in _loader_batches(out, batch_size=2):
+    for batch in val_batches(out, batch_size=2):
         sids = [s for row in batch.sample_ids for s in row]
         seen += sids
         want = joined([processor_alone(proc, media, samples[s]) for s in sids], ITEM_AXES[family])
@@ -133,32 +121,13 @@ def test_the_loader_hands_the_processor_tensors_batched(prepared, proc, family):
 def test_the_trainer_only_install_loads_them(prepared, tmp_path):  # noqa: F811
     """With transformers, tokenizers and omnipack's PIL imports blocked, the loader gives the same tensors."""
     out = prepared[2]
-    code = BLOCKER + textwrap.dedent(
-        f"""
-        import numpy as np
-        from megatron.energon import WorkerConfig, get_loader, get_val_dataset
-        from omnipack.loader.task_encoder import OmnipackTaskEncoder
-        te = OmnipackTaskEncoder.from_dataset({str(out)!r})
-        ds = get_val_dataset({str(out)!r}, split_part="train", batch_size=2, task_encoder=te,
-                             worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0))
-        got = {{}}
-        for i, b in enumerate(get_loader(ds)):
-            got.update({{f"{{i}}/{{k}}": v.numpy() for k, v in b.encoder_inputs.items()}})
-        np.savez({str(tmp_path / "got.npz")!r}, **got)
+    only_hf = """
         fams = sorted(m for m in sys.modules if m.startswith("omnipack.profiles.") and m.count(".") == 2
                       and getattr(sys.modules[m], "PROFILE", None) is not None)  # family modules only
         assert fams == ["omnipack.profiles.hf"], fams
-        bad = [m for m in sys.modules if m.split(".")[0] in ("transformers", "tokenizers", "av", "decord")]
-        assert not bad, bad
-        print("ok")
         """
-    )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
-    got = dict(np.load(tmp_path / "got.npz"))
-    want = {}
-    for i, b in enumerate(_loader_batches(out, batch_size=2)):
-        want.update({f"{i}/{k}": v.numpy() for k, v in b.encoder_inputs.items()})
+    got = trainer_only_encoder_inputs(out, tmp_path, ("transformers", "tokenizers", "av", "decord"), only_hf)
+    want = encoder_inputs_by_batch(val_batches(out, batch_size=2))
     assert want and got.keys() == want.keys()
     assert all(got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes() for k in want)
 
@@ -174,12 +143,12 @@ def test_a_stored_payload_unlike_the_processors_is_a_mismatch(prepared):  # noqa
     row, _ = decode_row(parts)
     payloads = [dict(decode_payload(m.part, parts[m.part])) for m in row.media]
     args = dict(placeholder_ids=te.placeholder_ids, row_key="r", sample_ids=row.sample_ids)
-    check_row_media(te.profile, row.media, payloads, row.tokens, **args)  # as stored: sound
-    key, axis = next(iter(te.profile.item_axes["image"].items()))
+    check_row_media(te.model_inputs, row.media, payloads, row.tokens, **args)  # as stored: sound
+    key, axis = next(iter(te.model_inputs.item_axes["image"].items()))
     cut = dict(payloads[0], **{key: np.delete(payloads[0][key], -1, axis=axis)})  # one tile / image less
     for bad in (cut, dict(payloads[0], **{key: payloads[0][key].astype(np.float64)}), {}):
         with pytest.raises(MediaMismatchError, match="stored media unusable"):
-            check_row_media(te.profile, row.media, [bad, *payloads[1:]], row.tokens, **args)
+            check_row_media(te.model_inputs, row.media, [bad, *payloads[1:]], row.tokens, **args)
 
 
 # ---- a tiny random model on the loader's packed rows ----
@@ -229,29 +198,18 @@ def test_a_packed_row_gives_each_samples_own_logits(prepared, proc, tiny_model):
     """Each row of the loader (position resets, a block-diagonal causal mask from ``cu_seqlens_q_padded``,
     the stored tensors under the processor's keys) gives, on every sample's tokens, the logits of that
     sample alone through the processor and the model."""
-    from omnipack.loader.masks import packed_layer_masks
-
     media, samples, out = prepared
     checked = 0
     with torch.no_grad():
-        for b in _loader_batches(out, batch_size=1):
-            d = b.as_dict()
-            cup, cu = d["cu_seqlens_q_padded"], d["cu_seqlens_q"]
-            mask = packed_layer_masks(cup, torch.zeros_like(d["tokens"]), d["tokens"].shape[1], dtype=torch.float32)
-            packed = tiny_model(
-                input_ids=d["tokens"],
-                position_ids=d["position_ids"],
-                attention_mask=mask["full_attention"],
-                **b.media_inputs(),
-            ).logits[0]
-            for k, sid in enumerate(b.sample_ids[0]):
+        for b in val_batches(out):
+            packed = packed_row_logits(tiny_model, b)
+            for k, (sid, a, n) in enumerate(sample_spans(b)):
                 text = proc.apply_chat_template(samples[sid], tokenize=False)
                 paths = [p["image"] for m in samples[sid] for p in m["content"] if p["type"] == "image"]
                 images = [[Image.open(media / p).convert("RGB") for p in paths]] if paths else None
                 alone = proc(text=[text], images=images, add_special_tokens=False, return_tensors="pt")
                 alone.pop("attention_mask")
                 want = tiny_model(**alone).logits[0]
-                a, n = int(cup[k]), int(cu[k + 1] - cu[k])
                 assert n == want.shape[0]
                 err = float((packed[a : a + n] - want).abs().max())
                 assert err <= 1e-5, (sid, err)

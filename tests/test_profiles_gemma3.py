@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omnipack.demo.tokenizer import TRAINING_TEXT
 from omnipack.loader.media import decode_payload
 from omnipack.media.probe import materialize
 from omnipack.profiles import MediaMeta, MediaPlan, MediaRejected, get_profile
@@ -29,6 +28,7 @@ from omnipack.profiles.gemma3 import (
     pan_and_scan_boxes,
 )
 from omnipack.profiles.model_inputs import MediaInputOptions
+from tests.family_kit import byte_level_bpe
 
 PLAIN = MediaInputOptions()  # float32 pixels, built eagerly, private memory
 
@@ -89,24 +89,12 @@ def build_gemma_model_dir(out_dir: str | Path, *, newline_merges: bool = False) 
     """Tokenizer (Gemma's special tokens, boi/eoi/image token attributes, chat template) and the released
     preprocessor_config, saved as a model directory. ``newline_merges``: the vocabulary merges runs of
     newlines (as Gemma's real one has tokens for them)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=GEMMA_SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    text = TRAINING_TEXT * 20
-    if newline_merges:
-        text += ["Paragraph one.\n\nParagraph two.\n\n\nThree.\n"] * 40
-    tok.train_from_iterator(text, trainer=trainer)
+    newlines = ["Paragraph one.\n\nParagraph two.\n\n\nThree.\n"] * 40 if newline_merges else []
+    tok = byte_level_bpe(GEMMA_SPECIAL_TOKENS, newlines)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<bos>",

@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omnipack.demo.tokenizer import TRAINING_TEXT
 from omnipack.loader.media import decode_payload
 from omnipack.media.probe import materialize, probe
 from omnipack.profiles import get_profile
 from omnipack.profiles.base import MediaMeta, MediaPlan, MediaRejected
 from omnipack.profiles.gemma4 import CHAT_TEMPLATE, aspect_preserving_size, audio_soft_tokens
 from omnipack.profiles.model_inputs import MediaInputOptions
+from tests.family_kit import byte_level_bpe
 
 pytest.importorskip("transformers")
 
@@ -56,24 +56,12 @@ SIZES = [
 def build_gemma4_model_dir(out_dir: str | Path, *, newline_merges: bool = False) -> Path:
     """Tokenizer (Gemma 4's special tokens, boi/eoi/image and boa/eoa/audio token attributes, chat template)
     saved as a model directory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=GEMMA4_SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    text = TRAINING_TEXT * 20
-    if newline_merges:
-        text += ["Paragraph one.\n\nParagraph two.\n\n\nThree.\nuser\nmodel\n"] * 40
-    tok.train_from_iterator(text, trainer=trainer)
+    newlines = ["Paragraph one.\n\nParagraph two.\n\n\nThree.\nuser\nmodel\n"] * 40 if newline_merges else []
+    tok = byte_level_bpe(GEMMA4_SPECIAL_TOKENS, newlines)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<bos>",

@@ -4,10 +4,16 @@ decoding and resizing again; the dataset is byte-identical to a fresh prepare wi
 
 from __future__ import annotations
 
+import hashlib
+import pickle
 import shutil
+import tarfile
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import xxhash
 
 import omnipack.stages.write as write_stage
 from omnipack.pipeline import PrepareConfig, run_prepare
@@ -38,6 +44,43 @@ def decodes(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def hashed(monkeypatch):
+    """How often each buffer (by its sha1) went through xxh3-64, the row's media digest and the store's check."""
+    seen: Counter[bytes] = Counter()
+    real, real_int = xxhash.xxh3_64, xxhash.xxh3_64_intdigest
+
+    class Counting:
+        def __init__(self) -> None:
+            self._h = real()
+
+        def update(self, data) -> None:
+            seen[hashlib.sha1(data).digest()] += 1
+            self._h.update(data)
+
+        def hexdigest(self) -> str:
+            return self._h.hexdigest()
+
+    def counting_int(data, *args) -> int:
+        seen[hashlib.sha1(data).digest()] += 1
+        return real_int(data, *args)
+
+    monkeypatch.setattr(xxhash, "xxh3_64", Counting)
+    monkeypatch.setattr(xxhash, "xxh3_64_intdigest", counting_int)
+    return seen
+
+
+def media_members(root: Path) -> Counter[bytes]:
+    """Each stored media payload of a dataset's shards (by its sha1), and how many rows hold it."""
+    found: Counter[bytes] = Counter()
+    for path in root.rglob("*.tar"):
+        with tarfile.open(path) as tar:
+            for m in tar.getmembers():
+                if ".media." in m.name:
+                    found[hashlib.sha1(tar.extractfile(m).read()).digest()] += 1
+    return found
+
+
 def _prepare(out: Path, tokenizer: Path, corpus: tuple[Path, Path], **kw) -> dict:
     manifest, media = corpus
     cfg = PrepareConfig(
@@ -57,16 +100,23 @@ def dataset_bytes(root: Path) -> dict[str, bytes]:
     }
 
 
-def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(tmp_path, demo_tokenizer, corpus, decodes):
+def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(
+    tmp_path, demo_tokenizer, corpus, decodes, hashed
+):
     fresh = tmp_path / "fresh"
     _prepare(fresh, demo_tokenizer, corpus, seq_length=2048, cp=2, sample_store="off")
     decoded_fresh = len(decodes)
     assert decoded_fresh > 0
 
     repacked = tmp_path / "repacked"
+    hashed.clear()
     _prepare(repacked, demo_tokenizer, corpus, seq_length=4096, seed=3)
     assert len(list((repacked / "stages" / "samples").rglob("*.bin"))) >= 1
+    # one xxh3 per stored payload: the store keeps the digest the row's meta.json records
+    stored = media_members(repacked)
+    assert stored and {k: hashed[k] for k in stored} == stored
     decodes.clear()
+    hashed.clear()
     media = corpus[1]
     hidden = media.with_name("media-away")
     media.rename(hidden)  # any decode now fails: the repack must not read the media at all
@@ -76,6 +126,8 @@ def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(tmp_path, dem
         hidden.rename(media)
     assert decodes == []
     assert summary["counts"]["rows"] > 0
+    copied = media_members(repacked)  # one xxh3 per copied payload: the store's check is the row's digest
+    assert copied and {k: hashed[k] for k in copied} == copied
     want, got = dataset_bytes(fresh), dataset_bytes(repacked)
     assert any(k.endswith(".tar") for k in want)
     assert sorted(got) == sorted(want)
@@ -117,27 +169,59 @@ def test_a_shared_store_keys_payloads_by_profile_options(tmp_path, demo_tokenize
     assert len([p for p in store.iterdir() if p.is_dir()]) == 2  # one folder per payload shape
 
 
+def test_each_run_opens_its_own_store_and_a_worker_gets_it_unopened(tmp_path, demo_tokenizer, corpus):
+    """The store lives on the run's spec, not in the process: a second run in this process over an overwritten
+    output (its store folder removed and made again) keeps its payloads in the new folder, and a spec pickled
+    to a worker carries no open store (each worker maps its own)."""
+    from omnipack.pipeline import build_spec
+
+    manifest, media = corpus
+    small = manifest.with_name("small.jsonl")
+    small.write_text("\n".join(manifest.read_text().splitlines()[:8]) + "\n")  # 8 sound samples, 5 images
+    out = tmp_path / "out"
+    _prepare(out, demo_tokenizer, (small, media))
+    first = sorted(p.name for p in (out / "stages" / "samples").rglob("*.parquet"))
+    _prepare(out, demo_tokenizer, (small, media), seed=3, overwrite=True)
+    again = sorted(p.name for p in (out / "stages" / "samples").rglob("*.parquet"))
+    assert first and again and set(first).isdisjoint(again)  # written anew by the second run
+    cfg = PrepareConfig(
+        manifest=[str(small)], media_root=str(media), tokenizer=str(demo_tokenizer), output=str(out), progress=False
+    )
+    spec = build_spec(cfg)
+    store = write_stage.sample_store(spec)
+    assert store is not None and store is write_stage.sample_store(spec)  # once per run and process
+    assert store.folder.parent == out / "stages" / "samples"
+    assert write_stage.sample_store(replace(spec)) is not store  # another run's spec: opened anew
+    store.refresh_index()  # the run's segments merged, and one of them mapped in this process
+    store.load_index()
+    assert store.get((int(store._index.key0[0]), int(store._index.key1[0]))) is not None
+    shipped = pickle.loads(pickle.dumps(spec))  # as the local executor ships it to its workers
+    assert shipped == spec
+    assert write_stage.sample_store(shipped) is not store
+
+
 def test_store_segments_merge_into_one_index_and_damaged_payloads_read_as_absent(tmp_path):
+    from omnipack.dataset.contract import media_digest
     from omnipack.stages.sample_store import SampleStore, item_key
 
     store = SampleStore.at(tmp_path / "store", {"format": 1, "profile": "p"})
     keys = [item_key(None, f"img{i}.jpg", {"target_hw": [28, 28]}) for i in range(5)]
+    payloads = [bytes([i]) * (100 + i) for i in range(3)] + [b"z" * 7, b"never committed"]
     first, second = store.writer("shard-000000"), store.writer("shard-000001")
     for i, k in enumerate(keys[:3]):
-        first.put(k, "npy", bytes([i]) * (100 + i))
-    second.put(keys[2], "npy", b"\x02" * 102)  # stored by two units: one index entry
-    second.put(keys[3], "npz", b"z" * 7)
+        first.put(k, "npy", payloads[i], media_digest(payloads[i]))
+    second.put(keys[2], "npy", payloads[2], media_digest(payloads[2]))  # stored by two units: one index entry
+    second.put(keys[3], "npz", payloads[3], media_digest(payloads[3]))
     first.commit()
     second.commit()
     third = store.writer("shard-000002")
-    third.put(keys[4], "npy", b"never committed")  # a unit killed before its commit: not indexed
+    third.put(keys[4], "npy", payloads[4], media_digest(payloads[4]))  # a unit killed before its commit
     store.load_index()
     assert store.get(keys[0]) is None  # nothing merged yet
     store.refresh_index()
     store.load_index()
-    assert [store.get(k) for k in keys] == [
-        ("npy", b"\x00" * 100), ("npy", b"\x01" * 101), ("npy", b"\x02" * 102), ("npz", b"z" * 7), None,
-    ]  # fmt: skip
+    want = [(e, p, media_digest(p)) for e, p in zip(["npy", "npy", "npy", "npz"], payloads[:4], strict=True)]
+    assert [store.get(k) for k in keys] == [*want, None]  # each with the digest it was kept with, checked
     assert store.refresh_index() == store.refresh_index()  # unchanged segments: the same merged index
     assert len(list(store.folder.glob("index-*.arrow"))) == 1
     # a payload changed on disk after it was indexed is absent (decoded again), never copied
@@ -147,7 +231,7 @@ def test_store_segments_merge_into_one_index_and_damaged_payloads_read_as_absent
     segment.write_bytes(bytes(data))
     store.close_files()
     assert store.get(keys[1]) is None
-    assert store.get(keys[0]) == ("npy", b"\x00" * 100)
+    assert store.get(keys[0]) == ("npy", payloads[0], media_digest(payloads[0]))
 
 
 def test_repack_copies_the_processor_tensors_of_the_hf_profile(tmp_path, decodes):

@@ -6,6 +6,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from omnipack.dataset.shards import ShardWriter, file_digests
 
@@ -73,3 +74,14 @@ def test_shards_are_byte_for_byte_what_tarfile_writes(tmp_path: Path) -> None:
                 m.mode, m.mtime, m.uid, m.gid, m.uname, m.gname = 0o644, 0, 0, 0, "", ""
                 tar.addfile(m, io.BytesIO(data))
     assert (tmp_path / info.path).read_bytes() == ref.getvalue()
+
+
+def test_file_digests_are_the_same_for_any_chunk_size(tmp_path: Path) -> None:
+    """The read size only bounds the memory a digest holds (finalize reads inputs in small chunks)."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(np.random.default_rng(1).bytes(100_003))
+    whole = file_digests(path, ("sha256", "xxh3_128"))
+    for chunk_size in (1, 4096, 1 << 18):
+        assert file_digests(path, ("sha256", "xxh3_128"), chunk_size=chunk_size) == whole
+    with pytest.raises(ValueError, match="chunk_size must be positive"):
+        file_digests(path, chunk_size=0)

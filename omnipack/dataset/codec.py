@@ -37,9 +37,12 @@ def load_npy(data: bytes) -> np.ndarray:
     return view_npy(data).copy()
 
 
-def encode_row(row: PackedRowArrays, media_payloads: Mapping[str, bytes]) -> dict[str, bytes]:
-    """Tar parts of a row: meta.json first (small, readable), then arrays, then media."""
-    meta = {**row.meta(), DIGESTS_KEY: content_digests(row, media_payloads)}
+def encode_row(
+    row: PackedRowArrays, media_payloads: Mapping[str, bytes], media_digests: Mapping[str, str] | None = None
+) -> dict[str, bytes]:
+    """Tar parts of a row: meta.json first (small, readable), then arrays, then media. ``media_digests``:
+    the parts' ``media_digest`` where already computed (``content_digests``' ``known``)."""
+    meta = {**row.meta(), DIGESTS_KEY: content_digests(row, media_payloads, media_digests)}
     parts = {META_PART: json.dumps(meta, separators=(",", ":")).encode()}
     for name, arr in row.arrays().items():
         parts[part_name(name)] = npy_bytes(arr)

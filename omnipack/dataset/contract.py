@@ -168,10 +168,14 @@ def media_digest(data: bytes) -> str:
     return _crc([data])
 
 
-def content_digests(row: PackedRowArrays, media_payloads: Mapping[str, bytes]) -> dict[str, Any]:
+def content_digests(
+    row: PackedRowArrays, media_payloads: Mapping[str, bytes], known: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Fingerprints tying a row's content to the samples it names, recorded in meta.json at write time:
-    ``samples[i]`` of sample i (``sample_digests``), ``media[j]`` of the stored bytes of media item j."""
-    media = [media_digest(media_payloads[m.part]) for m in row.media]
+    ``samples[i]`` of sample i (``sample_digests``), ``media[j]`` of the stored bytes of media item j.
+    ``known``: the ``media_digest`` of parts already hashed (by the sample store), by part name: reused."""
+    known = known or {}
+    media = [known[m.part] if m.part in known else media_digest(media_payloads[m.part]) for m in row.media]
     return {"algorithm": DIGEST_ALGORITHM, "samples": sample_digests(row), "media": media}
 
 

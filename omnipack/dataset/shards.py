@@ -41,12 +41,16 @@ class ShardInfo:
 SHARD_CHECKSUMS = ("xxh3_128",)  # recorded per shard in omnipack.json; "sha256" is added on request
 
 
-def file_digests(path: Path, algorithms: tuple[str, ...] = ("sha256",)) -> dict[str, str]:
-    """Hex digests of a file's bytes (a local or object-store path), read once, for each of ``algorithms``
-    (hashlib names or ``xxh3_128``)."""
+def file_digests(
+    path: Path, algorithms: tuple[str, ...] = ("sha256",), *, chunk_size: int = 1 << 22
+) -> dict[str, str]:
+    """Hex digests of a file's bytes (a local or object-store path), read once in ``chunk_size`` pieces
+    (the memory the read holds), for each of ``algorithms`` (hashlib names or ``xxh3_128``)."""
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     hashers = {a: new_hasher(a) for a in algorithms}
     with (Path(path) if isinstance(path, str) else path).open("rb") as f:  # a path, or an object store's UPath
-        for chunk in iter(lambda: f.read(1 << 22), b""):
+        for chunk in iter(lambda: f.read(chunk_size), b""):
             for h in hashers.values():
                 h.update(chunk)
     return {a: h.hexdigest() for a, h in hashers.items()}

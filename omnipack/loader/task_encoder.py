@@ -1,9 +1,10 @@
 """The Energon task encoder: omnipack rows -> Megatron-ready THD batches (with media encoder inputs).
 
 Rows are already packed, so the loader runs with ``packing_buffer_size=None``; a micro-batch of MBS rows
-becomes one ``[1, MBS*W]`` THD stream, optionally sliced for a context-parallel rank. With a profile
-(``from_dataset``), ``encode_sample`` (in the Energon worker processes) checks each row's contract, views
-every stored media part, checks it against the row's placeholders and plans the model's encoder inputs;
+becomes one ``[1, MBS*W]`` THD stream, optionally sliced for a context-parallel rank. With the family's
+trainer half (``model_inputs``; ``from_dataset`` builds it), ``encode_sample`` (in the Energon worker
+processes) checks each row's contract, views every stored media part, checks it against the row's
+placeholders and plans the model's encoder inputs;
 ``batch`` builds them once, straight into the batch tensors (in shared memory inside a worker, so the hand-
 over to the trainer copies nothing), in placeholder order across the micro-batch.
 """
@@ -11,6 +12,7 @@ over to the trainer copies nothing), in placeholder order across the micro-batch
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -217,27 +219,48 @@ class PackedBatch(Batch):
         return packed_seq_fields(self._token_fields())
 
 
+def _model_inputs_argument(
+    model_inputs: EncoderInputs | ModelProfile | None, profile: EncoderInputs | ModelProfile | None
+) -> EncoderInputs | None:
+    """The family's trainer half from ``model_inputs=`` or the deprecated ``profile=`` (a planner is
+    reduced to its trainer half: the loader needs nothing else)."""
+    if profile is not None:
+        if model_inputs is not None:
+            raise TypeError("pass model_inputs= only (profile= is its deprecated name)")
+        warnings.warn(
+            "OmnipackTaskEncoder(profile=...) is deprecated: pass model_inputs=",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        model_inputs = profile
+    if isinstance(model_inputs, ModelProfile):
+        model_inputs = model_inputs.inputs()
+    return model_inputs
+
+
 def _resolved_pixel_dtype(
-    pixel_dtype: str, profile: EncoderInputs | None, decode_media: bool
+    pixel_dtype: str, model_inputs: EncoderInputs | None, decode_media: bool
 ) -> tuple[str, tuple[Any, Any] | None]:
-    """The pixel dtype ``auto`` stands for, and the profile's pixel normalisation; checked."""
+    """The pixel dtype ``auto`` stands for, and the family's pixel normalisation; checked."""
     if pixel_dtype not in PIXEL_DTYPE_CHOICES:
         raise ValueError(f"pixel_dtype must be one of {PIXEL_DTYPE_CHOICES}, got {pixel_dtype!r}")
-    if decode_media and profile is None:
-        raise ValueError("decode_media needs a profile (use OmnipackTaskEncoder.from_dataset)")
-    norm = profile.pixel_normalization() if profile is not None else None
+    if decode_media and model_inputs is None:
+        raise ValueError("decode_media needs model_inputs (use OmnipackTaskEncoder.from_dataset)")
+    norm = model_inputs.pixel_normalization() if model_inputs is not None else None
     if pixel_dtype == "auto":
         pixel_dtype = "uint8" if norm is not None else "float32"
     if pixel_dtype == "uint8" and decode_media and norm is None:
-        raise ValueError(f"profile {getattr(profile, 'name', None)!r} has no uint8 pixel path")
+        raise ValueError(f"profile {getattr(model_inputs, 'name', None)!r} has no uint8 pixel path")
     return pixel_dtype, norm
 
 
 class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, PackedBatch, PackedBatch]):
     """Cooks omnipack rows and batches them into THD micro-batches (CP-sliced when ``cp_size > 1``).
 
-    Without ``profile`` media parts pass through as bytes (``batch.media``). With one, every row's media is
-    decoded in ``encode_sample``; ``check_media`` asserts placeholder counts against the stored media
+    ``model_inputs``: the family's trainer half (``omnipack.profiles.model_inputs.EncoderInputs``, e.g.
+    ``get_encoder_inputs(name, settings)``; a ``ModelProfile`` planner is reduced to it). ``profile=`` is its
+    deprecated name. Without it media parts pass through as bytes (``batch.media``). With it, every row's
+    media is decoded in ``encode_sample``; ``check_media`` asserts placeholder counts against the stored media
     (``MediaMismatchError`` names the row and sample) and ``decode_media`` builds encoder inputs (then the
     bytes are dropped so workers do not ship them twice). Prefer ``from_dataset``.
 
@@ -271,7 +294,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         cp_rank: int = 0,
         tp_size: int = 1,
         sequence_parallel: bool = False,
-        profile: EncoderInputs | ModelProfile | None = None,
+        model_inputs: EncoderInputs | ModelProfile | None = None,
         decode_media: bool = False,
         check_media: bool = True,
         placeholder_ids: Mapping[str, Sequence[int]] | None = None,
@@ -279,18 +302,18 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         check_rows: bool = True,
         align: int = 1,
         reuse_buffers: bool = True,
+        profile: EncoderInputs | ModelProfile | None = None,
     ) -> None:
         super().__init__(raw_batch_type=PackedBatch, batch_type=PackedBatch)
-        if isinstance(profile, ModelProfile):  # a planner: the loader needs only its trainer half
-            profile = profile.inputs()
-        pixel_dtype, norm = _resolved_pixel_dtype(pixel_dtype, profile, decode_media)
+        model_inputs = _model_inputs_argument(model_inputs, profile)
+        pixel_dtype, norm = _resolved_pixel_dtype(pixel_dtype, model_inputs, decode_media)
         if not 0 <= cp_rank < cp_size:
             raise ValueError(f"cp_rank {cp_rank} outside [0, {cp_size})")
         self.cp_size, self.cp_rank = cp_size, cp_rank
         self.tp_size, self.sequence_parallel = tp_size, sequence_parallel
-        self.profile = profile
+        self.model_inputs = model_inputs
         self.decode_media = decode_media
-        self.check_media = check_media and profile is not None
+        self.check_media = check_media and model_inputs is not None
         self.placeholder_ids = (
             None if placeholder_ids is None else {k: list(v) for k, v in placeholder_ids.items()}
         )
@@ -304,14 +327,11 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             self.pixel_mean = torch.tensor(norm[0], dtype=torch.float32)
             self.pixel_std = torch.tensor(norm[1], dtype=torch.float32)
         # Pixel keys built temporally compact (uint8 still images: one slot instead of identical copies).
-        self.pixel_repeats = (
-            dict(profile.pixel_repeats(pixel_dtype)) if decode_media and self.pixel_mean is not None else {}
-        )
+        uint8_media = decode_media and self.pixel_mean is not None
+        self.pixel_repeats = dict(model_inputs.pixel_repeats(pixel_dtype)) if uint8_media else {}
         # Pixel keys the workers fill with the stored frames (a copy of the stored bytes, no transposing
         # gather); the batch's accessors cut them into patches where it is used.
-        self.unpatched_pixels = (
-            dict(profile.unpatched_pixels(pixel_dtype)) if decode_media and self.pixel_mean is not None else {}
-        )
+        self.unpatched_pixels = dict(model_inputs.unpatched_pixels(pixel_dtype)) if uint8_media else {}
         # What every media_inputs / collate_media call gets. Deferred: pixel patches are built once, in
         # batch(), straight into the batch tensor, which the workers' reused shared buffers hold.
         self.media_options = MediaInputOptions(
@@ -321,6 +341,14 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             unpatched=bool(self.unpatched_pixels),
             allocate=batch_storage,
         )
+
+    @property
+    def profile(self) -> EncoderInputs | None:
+        """Deprecated name of ``model_inputs``."""
+        warnings.warn(
+            "OmnipackTaskEncoder.profile is deprecated: read model_inputs", DeprecationWarning, stacklevel=2
+        )
+        return self.model_inputs
 
     @classmethod
     def from_dataset(
@@ -357,16 +385,16 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             seq_length=int(meta["seq_length"]),
         )
         rec = meta["profile"]
-        profile = get_encoder_inputs(rec["name"], rec.get("settings", {}))
+        model_inputs = get_encoder_inputs(rec["name"], rec.get("settings", {}))
         return cls(
             cp_size=cp,
             cp_rank=cp_rank,
             tp_size=tp,
             sequence_parallel=sequence_parallel,
-            profile=profile,
+            model_inputs=model_inputs,
             decode_media=decode_media,
             check_media=check_media,
-            placeholder_ids=dataset_placeholder_ids(meta, profile)[0],
+            placeholder_ids=dataset_placeholder_ids(meta, model_inputs)[0],
             pixel_dtype=pixel_dtype,
             check_rows=check_rows,
             align=int(meta["align"]),
@@ -392,7 +420,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                 + ". Training on it would be wrong; check the dataset with `omnipack verify` "
                 "(check_rows=False skips this check)."
             )
-        if self.profile is None or not (self.check_media or self.decode_media):
+        if self.model_inputs is None or not (self.check_media or self.decode_media):
             return sample
         items = sample.media_items
         parts = sample.media or {}
@@ -400,7 +428,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         if self.check_media:
             try:
                 check_row_media(
-                    self.profile,
+                    self.model_inputs,
                     items,
                     payloads,
                     sample.tokens.numpy(),
@@ -411,7 +439,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             except MediaMismatchError as e:
                 raise FatalMediaMismatch(str(e)) from None
         if self.decode_media:
-            sample.media_inputs = row_media_inputs(self.profile, items, payloads, self.media_options)
+            sample.media_inputs = row_media_inputs(self.model_inputs, items, payloads, self.media_options)
             sample.media = None
         return sample
 
@@ -440,20 +468,20 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                 sequence_parallel=self.sequence_parallel,
             )
         media: dict[str, Any] = {}
-        if self.decode_media and self.profile is not None:
+        if self.decode_media and self.model_inputs is not None:
             per_item = [d for s in samples for d in (s.media_inputs or [])]
             if per_item:
-                media = self.profile.collate_media(per_item, self.media_options)
-                unknown = set(media) - set(self.profile.batch_keys)
+                media = self.model_inputs.collate_media(per_item, self.media_options)
+                unknown = set(media) - set(self.model_inputs.batch_keys)
                 if unknown:
                     raise ValueError(
-                        f"profile {self.profile.name} produced batch keys {sorted(unknown)} outside its "
-                        f"batch_keys {list(self.profile.batch_keys)}"
+                        f"profile {self.model_inputs.name} produced batch keys {sorted(unknown)} outside its "
+                        f"batch_keys {list(self.model_inputs.batch_keys)}"
                     )
         token_inputs: dict[str, Any] = {}
-        if self.profile is not None and self.placeholder_ids is not None:
+        if self.model_inputs is not None and self.placeholder_ids is not None:
             # element-wise in the tokens, so computed on this CP rank's slice
-            token_inputs = self.profile.token_inputs(fields["tokens"], self.placeholder_ids)
+            token_inputs = self.model_inputs.token_inputs(fields["tokens"], self.placeholder_ids)
         norm: dict[str, Any] = dict.fromkeys(("pixel_mean", "pixel_std"))
         if self.pixel_mean is not None and self.pixel_std is not None:
             norm.update(pixel_mean=self.pixel_mean.clone(), pixel_std=self.pixel_std.clone())
@@ -476,7 +504,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             **flat,
             encoder_inputs=encoder_inputs if self.decode_media else None,
             token_inputs=token_fields or None,
-            pixel_keys=tuple(self.profile.pixel_keys) if self.profile is not None else (),
+            pixel_keys=tuple(self.model_inputs.pixel_keys) if self.model_inputs is not None else (),
             pixel_repeats={k: r for k, r in self.pixel_repeats.items() if k in encoder_inputs} or None,
             unpatched_pixels={k: v for k, v in self.unpatched_pixels.items() if k in encoder_inputs} or None,
             sample_ids=[s.sample_ids for s in samples],

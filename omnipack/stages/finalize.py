@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
-import xxhash
 
 from ..dataset.accounting import ACCOUNTING_FILE, LedgerWriter
 from ..dataset.meta import DATASET_CONFIG, NV_META, write_energon_meta, write_omnipack_meta
@@ -32,7 +31,7 @@ from ..inputs.accounting import per_file_counts
 from ..inputs.base import input_path
 from .measure import part_offsets, read_measured
 from .pack import part_records
-from .records import PartRecord, PlanRecord, ShardRecord, crash_point
+from .records import PartRecord, PlanRecord, ShardRecord, crash_point, file_xxh3
 from .spec import REJECTS_FILE, RunSpec
 from .storage import is_local, publish, read_parquet, remove_tree, staging_file
 from .write import read_shard_record, shard_done
@@ -374,13 +373,9 @@ def run_summary(
 
 
 def input_xxh3(path: Path) -> str:
-    """xxh3-128 of an input file, read in small chunks (finalize's memory stays flat; the hash runs at
-    several GB/s either way)."""
-    h = xxhash.xxh3_128()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 18):
-            h.update(chunk)
-    return h.hexdigest()
+    """The digest ``omnipack.json`` records of an input file: xxh3-128, read in small chunks (finalize's
+    memory stays flat; the hash runs at several GB/s either way)."""
+    return file_xxh3(path, chunk_size=1 << 18)
 
 
 def source_record(spec: RunSpec, parts: list[PartRecord]) -> dict[str, Any]:

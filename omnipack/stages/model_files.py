@@ -25,12 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from ..profiles.hf_config import PROCESSOR_OPTIONS, processor_config_source
 from ..progress import say
 from ..text.hub_cache import NotCached, resolve_model_dir
-from .records import digest, write_json_atomic
+from .records import digest, file_xxh3, write_json_atomic
 from .storage import STAGES_DIR, AnyPath, make_dirs, output_path, publish, staging_dir, staging_file
 
 MODEL_DIR = "model"  # under the run's stages folder
@@ -52,14 +50,6 @@ class ShippedModel:
     files: tuple[tuple[str, int, str], ...]  # (file name, bytes, xxh3-128)
 
 
-def _file_xxh3(path: Path) -> str:
-    h = xxhash.xxh3_128()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def folder_files(folder: Path) -> tuple[list[tuple[str, int, str]], list[str]]:
     """The files of ``folder`` a run ships, as (name, bytes, xxh3-128) in name order, and what it leaves out
     (weights, large files, sub-folders) with why."""
@@ -74,7 +64,7 @@ def folder_files(folder: Path) -> tuple[list[tuple[str, int, str]], list[str]]:
         elif size > MAX_FILE_BYTES:
             left_out.append(f"{path.name} ({size / 2**20:,.0f} MiB, over {MAX_FILE_BYTES >> 20} MiB)")
         else:
-            files.append((path.name, size, _file_xxh3(path)))
+            files.append((path.name, size, file_xxh3(path)))
     return files, left_out
 
 
@@ -146,7 +136,7 @@ def run_profile_options(
         found = processor_config_source(path, kind) if path.is_dir() else None
         file = found[0] if found else path
         if file.is_file():
-            copy = _copy(file.parent, name, [(file.name, file.stat().st_size, _file_xxh3(file))], stages)
+            copy = _copy(file.parent, name, [(file.name, file.stat().st_size, file_xxh3(file))], stages)
             folders[key] = path.is_dir()
         elif not path.exists() and (recorded.get(key) or {}).get("name") == name:
             copy = _shipped(recorded[key], stages)
@@ -200,7 +190,7 @@ def _holds(folder: Path, files: tuple[tuple[str, int, str], ...]) -> bool:
     """Whether ``folder`` holds ``files`` with their recorded sizes and checksums."""
     try:
         return all(
-            (folder / n).stat().st_size == b and _file_xxh3(folder / n) == x for n, b, x in files
+            (folder / n).stat().st_size == b and file_xxh3(folder / n) == x for n, b, x in files
         )
     except OSError:
         return False

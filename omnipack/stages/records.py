@@ -34,9 +34,9 @@ def digest(value: Any) -> str:
     return xxhash.xxh3_128(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()
 
 
-def file_xxh3(path: Path) -> str:
-    """xxh3-128 of a file's bytes (a local or object-store path)."""
-    return file_digests(path, ("xxh3_128",))["xxh3_128"]
+def file_xxh3(path: Path, chunk_size: int = 1 << 22) -> str:
+    """xxh3-128 of a file's bytes (a local or object-store path), read in ``chunk_size`` pieces."""
+    return file_digests(path, ("xxh3_128",), chunk_size=chunk_size)["xxh3_128"]
 
 
 def output_stamp(path: Any) -> list[Any] | None:

@@ -25,6 +25,7 @@ import json
 import mmap
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +33,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import xxhash
 
+from ..dataset.contract import media_digest
 from ..media.sources import local_location
 from .records import digest, write_json_atomic
 from .storage import is_local, make_dirs
@@ -49,7 +50,7 @@ SEGMENT_SCHEMA = pa.schema(
         ("offset", pa.int64()),
         ("length", pa.int64()),
         ("ext", pa.string()),
-        ("xxh3", pa.uint64()),  # xxh3-64 of the payload, checked on every read
+        ("xxh3", pa.uint64()),  # xxh3-64 of the payload (a row's media digest), checked on every read
     ]
 )
 
@@ -211,8 +212,9 @@ class SampleStore:
             return
         raise RuntimeError(f"the sample store's index under {self.folder} keeps changing")
 
-    def get(self, key: tuple[int, int]) -> tuple[str, memoryview] | None:
-        """(ext, payload bytes) stored under ``key``; None when absent or damaged (then decoded again)."""
+    def get(self, key: tuple[int, int]) -> tuple[str, memoryview, str] | None:
+        """(ext, payload bytes, their ``media_digest``) stored under ``key``; None when absent or damaged
+        (then decoded again)."""
         ix = self._index
         lo = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="left"))
         hi = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="right"))
@@ -225,9 +227,10 @@ class SampleStore:
                         mapped = self._files[seg] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
                 # a view of the mapped segment: the row's tar member is written from it, no copy
                 data = memoryview(mapped)[start : start + int(ix.length[i])]
-                if len(data) != int(ix.length[i]) or xxhash.xxh3_64_intdigest(data) != int(ix.xxh3[i]):
+                recorded = f"{int(ix.xxh3[i]):016x}"  # the digest's hex form
+                if len(data) != int(ix.length[i]) or media_digest(data) != recorded:
                     return None
-                return ix.exts[int(ix.ext[i])], data
+                return ix.exts[int(ix.ext[i])], data, recorded
         return None
 
     def close_files(self) -> None:
@@ -236,6 +239,29 @@ class SampleStore:
 
     def writer(self, unit: str) -> SegmentWriter:
         return SegmentWriter(self.segments, f"{unit}-{uuid.uuid4().hex[:12]}")
+
+
+class RunSampleStore:
+    """Where a run holds its sample store: opened on first use in each process that runs the run's write
+    units, then kept for its units there. Each run's spec holds its own (``RunSpec.samples``), so a run
+    opens the store anew (an overwrite before it may have removed the folder an earlier run mapped); a spec
+    pickled to a worker carries it unopened (each worker maps its own)."""
+
+    def __init__(self) -> None:
+        self._opened = False
+        self._store: SampleStore | None = None
+
+    def get(self, open_store: Callable[[], SampleStore | None]) -> SampleStore | None:
+        """The store ``open_store()`` opened at this process's first call (None: the run keeps none)."""
+        if not self._opened:
+            self._store, self._opened = open_store(), True
+        return self._store
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # mapped files stay in the process that mapped them
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
 
 
 class SegmentWriter:
@@ -249,14 +275,15 @@ class SegmentWriter:
         self._keys: set[tuple[int, int]] = set()
         self._offset = 0
 
-    def put(self, key: tuple[int, int], ext: str, data: bytes) -> None:
+    def put(self, key: tuple[int, int], ext: str, data: bytes, digest: str) -> None:
+        """Keep ``data`` under ``key``; ``digest``: its ``media_digest`` (the writer's, for the row)."""
         if key in self._keys:
             return
         if self._file is None:
             self._file = open(self.bin, "wb")  # noqa: SIM115 - held open across the unit's rows
         self._file.write(data)
         for name, value in zip(
-            self._rows, (key[0], key[1], self._offset, len(data), ext, xxhash.xxh3_64_intdigest(data)), strict=True
+            self._rows, (key[0], key[1], self._offset, len(data), ext, int(digest, 16)), strict=True
         ):
             self._rows[name].append(value)
         self._keys.add(key)
@@ -288,8 +315,8 @@ class UnitPayloads:
         self.store, self.media_root = store, media_root
         self.writer = store.writer(unit)
 
-    def get(self, ref: str, plan: dict[str, Any]) -> tuple[str, memoryview] | None:
+    def get(self, ref: str, plan: dict[str, Any]) -> tuple[str, memoryview, str] | None:
         return self.store.get(item_key(self.media_root, ref, plan))
 
-    def put(self, ref: str, plan: dict[str, Any], ext: str, data: bytes) -> None:
-        self.writer.put(item_key(self.media_root, ref, plan), ext, data)
+    def put(self, ref: str, plan: dict[str, Any], ext: str, data: bytes, digest: str) -> None:
+        self.writer.put(item_key(self.media_root, ref, plan), ext, data, digest)

@@ -9,6 +9,7 @@ from typing import Any
 from ..media.remote import DEFAULT_REMOTE, RemoteSettings
 from .model_files import ShippedModel
 from .pack_planner import PackConfig
+from .sample_store import RunSampleStore
 from .storage import STAGES_DIR, output_path
 
 REJECTS_FILE = "rejects.jsonl"
@@ -93,6 +94,9 @@ class RunSpec:
     inputs: Any = None  # omnipack.inputs.InputSpec: how the parts are read (None: omnipack JSONL defaults)
     model: ShippedModel | None = None  # the tokenizer's copy in the output, for nodes without its folder
     model_options: tuple[tuple[str, ShippedModel], ...] = ()  # profile option -> its preprocessor config
+    # the run's sample store, opened where its write units run (``stages.write.sample_store``); not data of
+    # the run: left out of its equality, repr and pickles, and a new spec for each spec built or replaced
+    samples: RunSampleStore = field(default_factory=RunSampleStore, init=False, compare=False, repr=False)
 
     @property
     def out(self) -> Path:

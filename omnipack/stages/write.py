@@ -26,7 +26,7 @@ import pyarrow as pa
 from .. import progress
 from ..alignment import pad_to_multiple
 from ..dataset.codec import encode_row, view_npy, view_npz
-from ..dataset.contract import IGNORE_INDEX, MediaItem, PackedRowArrays, row_invariant_errors
+from ..dataset.contract import IGNORE_INDEX, MediaItem, PackedRowArrays, media_digest, row_invariant_errors
 from ..dataset.shards import ShardWriter
 from ..errors import Reject, SampleReject, sample_failed
 from ..media.probe import materialize
@@ -160,25 +160,30 @@ def sample_media(
     store_media: MediaStore | None = None,
     first: int = 0,
     samples: UnitPayloads | None = None,
-) -> tuple[list[tuple[MediaPlan, tuple[int, int, int, int], str]], dict[str, bytes]]:
-    """A measured sample's media materialised as stored: (plan, span, part name) per item and the parts'
-    bytes, named from ``media.{first}`` on (the items of the row before it); ``SampleReject`` for media
-    that can not be read. ``samples``: the sample store, whose payloads are copied instead of decoded (and
-    new ones kept)."""
-    media, payloads = [], {}
+) -> tuple[list[tuple[MediaPlan, tuple[int, int, int, int], str]], dict[str, bytes], dict[str, str]]:
+    """A measured sample's media materialised as stored: (plan, span, part name) per item, the parts'
+    bytes, named from ``media.{first}`` on (the items of the row before it), and the ``media_digest`` of
+    those parts whose digest is known (kept in or checked by the sample store: the row's meta.json reuses
+    it); ``SampleReject`` for media that can not be read. ``samples``: the sample store, whose payloads are
+    copied instead of decoded (and new ones kept)."""
+    media, payloads, digests = [], {}, {}
     for m in json.loads(rec["media_json"]):
         plan = MediaPlan.from_json(m["plan"])
         stored = None if samples is None else samples.get(m["ref"], m["plan"])
+        known = None
         if stored is not None:  # a repack: the payload as an earlier write made it
-            ext, data = stored
+            ext, data, known = stored
         else:
             ext, data = _materialized(m["ref"], plan, cfg, store_media)
             if samples is not None:
-                samples.put(m["ref"], m["plan"], ext, data)
+                known = media_digest(data)
+                samples.put(m["ref"], m["plan"], ext, data, known)
         part = f"media.{first + len(payloads)}.{ext}"
         payloads[part] = data
+        if known is not None:
+            digests[part] = known
         media.append((plan, tuple(m["span"]), part))
-    return media, payloads
+    return media, payloads, digests
 
 
 def build_row(
@@ -193,10 +198,11 @@ def build_row(
     ``samples``: the sample store, whose payloads are copied instead of decoded (and new ones kept)."""
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
+    digests: dict[str, str] = {}
     rejects: list[Reject] = []
     for rec in records:
         try:
-            media, sample_payloads = sample_media(rec, cfg, store_media, len(payloads), samples)
+            media, sample_payloads, known = sample_media(rec, cfg, store_media, len(payloads), samples)
         except SampleReject as e:
             rejects.append(Reject.of(rec["sample_index"], rec["sample_id"], rec["source"], "write", e))
             continue
@@ -205,13 +211,14 @@ def build_row(
         ids, labels, mrope = sample_arrays(rec)
         seqs.append(SequenceInput(rec["sample_id"], ids, labels, media, mrope))
         payloads.update(sample_payloads)
+        digests.update(known)
     if not seqs:
         return RowResult(key, None, rejects, 0, 0)
     row = assemble_row(seqs, cfg.seq_length, cfg.align, cfg.pad_token_id)
     errors = row_invariant_errors(row, cfg.align)
     if errors:  # a bug, not bad input: refuse to write a wrong row
         raise AssertionError(f"row {key} breaks the contract: {errors}")
-    return RowResult(key, encode_row(row, payloads), rejects, len(seqs), int(row.seqlens.sum()))
+    return RowResult(key, encode_row(row, payloads, digests), rejects, len(seqs), int(row.seqlens.sum()))
 
 
 def _materialized(
@@ -377,21 +384,16 @@ def _media_store(spec: RunSpec) -> MediaStore | None:
     return _STORES[key]
 
 
-_SAMPLE_STORES: dict[str, SampleStore] = {}
-
-
-def sample_store(spec: RunSpec, *, reopen: bool = False) -> SampleStore | None:
+def sample_store(spec: RunSpec) -> SampleStore | None:
     """The run's sample store for its profile and pixel settings (``stages.sample_store``), opened once per
-    process and store; None when the run keeps none. ``reopen``: open it again (a run's start: an earlier run
-    in this process may have opened it before an overwrite removed its folder)."""
-    root = store_root(spec)
-    if root is None:
-        return None
-    shape = shape_settings(spec, _media_store(spec) is not None)
-    key = digest({"root": str(root), "shape": shape})
-    if reopen or key not in _SAMPLE_STORES:
-        _SAMPLE_STORES[key] = SampleStore.at(root, shape)
-    return _SAMPLE_STORES[key]
+    process for the run (the spec holds it: ``RunSpec.samples``); None when the run keeps none."""
+
+    def open_store() -> SampleStore | None:
+        root = store_root(spec)
+        own_media = _media_store(spec) is not None
+        return None if root is None else SampleStore.at(root, shape_settings(spec, own_media))
+
+    return spec.samples.get(open_store)
 
 
 def npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:

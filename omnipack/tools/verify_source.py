@@ -355,7 +355,7 @@ def first_difference(
         held = row.sample_ids[i] if i < len(row.sample_ids) else "nothing"
         return f"sample_id differs: the row holds {held!r} at position {i}, the source gives {rec['sample_id']!r}"
     try:
-        media, payloads = sample_media(rec, cfg, store)
+        media, payloads, _ = sample_media(rec, cfg, store)
     except Exception as e:  # a reject now, or a failure: either way not what was written
         return f"media can not be materialised now: {type(e).__name__}: {e}"
     ids, labels, mrope = sample_arrays(rec)
