@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dataset.role_spans import true_runs
 from .encoded import SampleRejected
 from .token_starts import TokenByteStarts
 
@@ -162,8 +163,8 @@ def assistant_token_spans(supervised: np.ndarray, media: Sequence[tuple[int, int
     tokens: the runs of its supervised tokens, two runs joined where only media blocks (``media``: their
     ``[start, end)``; never supervised) lie between them, as a block inside one assistant turn does. The
     turn prompt between two turns is never supervised, so turns do not merge."""
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], supervised.astype(np.int8), [0]])))
-    starts, ends = edges[0::2], edges[1::2]
+    runs = true_runs(supervised)
+    starts, ends = runs[:, 0], runs[:, 1]
     if len(starts) > 1 and len(media):
         in_media = np.zeros(len(supervised) + 1, dtype=np.int64)
         for a, b in media:
@@ -173,4 +174,4 @@ def assistant_token_spans(supervised: np.ndarray, media: Sequence[tuple[int, int
         joined = gap_media == starts[1:] - ends[:-1]  # every token between two runs is a media token
         starts = np.concatenate([starts[:1], starts[1:][~joined]])
         ends = np.concatenate([ends[:-1][~joined], ends[-1:]])
-    return np.stack([starts, ends], axis=1).astype(np.int32)
+    return np.stack([starts, ends], axis=1)
