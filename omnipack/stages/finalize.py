@@ -342,11 +342,11 @@ class RunSummary:
     accounting_file: str = f"{NV_META}/{ACCOUNTING_FILE}"  # where each input sample went (row or reject)
     source: dict[str, Any] | None = None  # the settings and input digests ``verify --source`` starts from
     processor_cache: dict[str, dict[str, Any]] | None = None  # a processor-backed profile: calls, cache hits
-    root: dict[str, Any] | None = None  # the root digest over every file (``dataset.root``), once stamped
     role_spans_file: str | None = None  # each packed sample's assistant turns (``dataset.role_spans``)
+    root: dict[str, Any] | None = None  # the root digest over every file (``dataset.root``), once stamped
 
     # left out of the JSON when None
-    _OPTIONAL: ClassVar[tuple[str, ...]] = ("processor_cache", "root", "role_spans_file")
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("processor_cache", "role_spans_file", "root")
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not (k in self._OPTIONAL and v is None)}
