@@ -41,6 +41,7 @@ def _assert_same(chat: ChatTokenizer, cases: list, *, tools_ok: bool = True) -> 
             assert got.labels.tolist() == want.labels.tolist()
             got_spans = [(s.start, s.end, s.placeholder_start, s.num_placeholders) for s in got.spans]
             assert got_spans == [(s.start, s.end, s.placeholder_start, s.num_placeholders) for s in want.spans]
+            assert got.assistant_spans.tolist() == want.assistant_spans.tolist()
             if want.mrope_position_ids is not None:
                 assert np.array_equal(got.mrope_position_ids, want.mrope_position_ids)
         done += 1

@@ -49,6 +49,7 @@ def _measure_table(path, n: int, seed: int = 0) -> pa.Table:
     columns["num_tokens"] = lengths.tolist()
     columns["padded_length"] = lengths.tolist()
     columns["media_json"] = ["[]"] * n
+    columns["assistant_spans"] = [[0, int(k)] for k in lengths]
     columns["input_ids"] = [rng.integers(0, 1000, size=k).tolist() for k in lengths]
     columns["labels"] = [rng.integers(-100, 1000, size=k).tolist() for k in lengths]
     columns["mrope_position_ids"] = [None if i % 3 else list(range(3 * k)) for i, k in enumerate(lengths)]

@@ -34,12 +34,13 @@ ROW_GROUP = 1 << 16  # entries per row group
 
 
 class LedgerWriter:
-    """Appends ledger entries (tables of ``LEDGER_SCHEMA``, in input order) to a Parquet file in row groups
-    of ``ROW_GROUP`` entries whatever the tables given, so the file's bytes depend on its entries alone (not
-    on how the input was split into parts)."""
+    """Appends ledger entries (tables of ``LEDGER_SCHEMA``, or of ``schema``, in input order) to a Parquet
+    file in row groups of ``ROW_GROUP`` entries whatever the tables given, so the file's bytes depend on its
+    entries alone (not on how the input was split into parts)."""
 
-    def __init__(self, path: Path) -> None:
-        self._writer = pq.ParquetWriter(path, LEDGER_SCHEMA)
+    def __init__(self, path: Path, schema: pa.Schema = LEDGER_SCHEMA) -> None:
+        self._schema = schema
+        self._writer = pq.ParquetWriter(path, schema)
         self._pending: list[pa.Table] = []
         self._rows = 0
 
@@ -48,9 +49,9 @@ class LedgerWriter:
         n = table.num_rows
         columns = [
             table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(n, f.type)
-            for f in LEDGER_SCHEMA
+            for f in self._schema
         ]
-        self._pending.append(pa.Table.from_arrays(columns, schema=LEDGER_SCHEMA))
+        self._pending.append(pa.Table.from_arrays(columns, schema=self._schema))
         self._rows += table.num_rows
         if self._rows >= ROW_GROUP:
             self._flush(whole_groups=True)

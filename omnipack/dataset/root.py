@@ -8,7 +8,7 @@ source. The rule (``omnipack-root-v1``), enough for a third party to recompute t
 - Leaves, one per file the root covers (paths relative to the dataset folder, ``/``-separated):
   every shard that ``omnipack.json`` lists under ``"shards"`` and its ``<shard>.idx``; every file under
   ``.nv-meta/`` (Energon's ``.info.json``, ``split.yaml``, ``dataset.yaml``, ``dataset_crude.yaml``, the
-  accounting ledger ``accounting.parquet``, ``omnipack.json``); the rejects file (``omnipack.json``'s
+  accounting ledger ``accounting.parquet``, the role spans ``role_spans.parquet``, ``omnipack.json``); the rejects file (``omnipack.json``'s
   ``"rejects_file"``, ``rejects.jsonl``).
 - A leaf is ``(path, size, digest)``. ``digest`` is ``sha256:<hex>`` of the file's bytes, except:
   a shard's is the checksum recorded for it at write time, ``sha256:<hex>`` when ``omnipack.json`` holds a

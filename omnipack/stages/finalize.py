@@ -21,9 +21,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..dataset.accounting import ACCOUNTING_FILE, LedgerWriter
 from ..dataset.meta import DATASET_CONFIG, NV_META, write_energon_meta, write_omnipack_meta
+from ..dataset.role_spans import ROLE_SPANS_FILE, ROLE_SPANS_SCHEMA
 from ..dataset.root import stamp_root
 from ..dataset.shards import ShardInfo
 from ..errors import Reject
@@ -133,14 +135,7 @@ def write_ledger(
 ) -> Path:
     """The accounting ledger in a local staging file (to go into ``.nv-meta``): every input sample's row and
     position, or its reject, one part's index range at a time (a corpus's names are never all held)."""
-    placed = read_parquet(spec.plan_table, columns=["row", "sample_index"])
-    index, row = placed.column("sample_index").to_numpy(), placed.column("row").to_numpy()
-    kept = ~np.isin(index, _write_rejected(shards))
-    # position among the written samples of its row: the plan lists each row's samples in row order
-    before = np.cumsum(kept) - kept
-    position = before - before[np.searchsorted(row, row, side="left")]
-    order = np.argsort(index[kept], kind="stable")
-    index, row, position = index[kept][order], row[kept][order], position[kept][order]
+    index, row, position = _written_samples(spec, shards)
     offsets = part_offsets(parts)
     rejects = iter_rejects(spec, plan, shards, parts)
     pending = next(rejects, None)
@@ -178,6 +173,53 @@ def write_ledger(
             ledger.write(table)
     finally:
         ledger.close()
+    return tmp
+
+
+def _written_samples(spec: RunSpec, shards: list[ShardRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sample index, row, position in its row) of every written sample, by sample index."""
+    placed = read_parquet(spec.plan_table, columns=["row", "sample_index"])
+    index, row = placed.column("sample_index").to_numpy(), placed.column("row").to_numpy()
+    kept = ~np.isin(index, _write_rejected(shards))
+    # position among the written samples of its row: the plan lists each row's samples in row order
+    before = np.cumsum(kept) - kept
+    position = before - before[np.searchsorted(row, row, side="left")]
+    order = np.argsort(index[kept], kind="stable")
+    return index[kept][order], row[kept][order], position[kept][order]
+
+
+def write_role_spans(spec: RunSpec, shards: list[ShardRecord], parts: list[PartRecord]) -> Path | None:
+    """The role spans (``omnipack.dataset.role_spans``) of every written sample in a local staging file (to
+    go into ``.nv-meta``), one part at a time; None when a part was measured without them (an earlier
+    release's parts, reused): then none are published and verify says the turns were not checked."""
+    index = _written_samples(spec, shards)[0]
+    offsets = part_offsets(parts)
+    tmp = staging_file(spec.stages / ROLE_SPANS_FILE)
+    spans = LedgerWriter(tmp, ROLE_SPANS_SCHEMA)
+    complete = True
+    try:
+        for rec, first, end in zip(parts, offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+            lo, hi = np.searchsorted(index, [first, end])
+            if lo == hi:
+                continue
+            try:
+                measured = read_measured(spec.measure_dir, [rec], ["sample_index", "assistant_spans"])
+            except pa.ArrowInvalid:  # a part measured before spans were recorded: no such column
+                complete = False
+                break
+            local = measured.column("sample_index").to_numpy()
+            turns = measured.column("assistant_spans").take(pa.array(np.searchsorted(local, index[lo:hi] - first)))
+            if turns.null_count:
+                complete = False
+                break
+            flat = pc.list_flatten(turns).to_numpy().reshape(-1, 2)
+            owner = np.repeat(index[lo:hi], pc.list_value_length(turns).to_numpy() // 2)
+            spans.write(pa.table({"sample_index": owner, "start": flat[:, 0], "end": flat[:, 1]}))
+    finally:
+        spans.close()
+    if not complete:
+        tmp.unlink()
+        return None
     return tmp
 
 
@@ -241,19 +283,23 @@ def finalize(spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False) ->
         )
     _remove_strays(spec, shards)
     ledger = write_ledger(spec, plan, records, parts)
+    role_spans = write_role_spans(spec, records, parts)
+    summary.role_spans_file = None if role_spans is None else f"{NV_META}/{ROLE_SPANS_FILE}"
     if is_local(spec.out):
         staging = spec.stages / "finalize"
         shutil.rmtree(staging, ignore_errors=True)
         write_energon_meta(staging, shards)
         write_omnipack_meta(staging, summary.to_json())
         os.replace(ledger, staging / NV_META / ACCOUNTING_FILE)
+        if role_spans is not None:
+            os.replace(role_spans, staging / NV_META / ROLE_SPANS_FILE)
         summary.root = stamp_root(staging, spec.out)  # the root digest over every file (dataset.root)
         crash_point("finalize", 0)
         shutil.rmtree(spec.out / NV_META, ignore_errors=True)
         os.replace(staging / NV_META, spec.out / NV_META)  # the dataset appears here, whole
         staging.rmdir()
     else:
-        _upload_meta(spec, shards, summary, ledger)
+        _upload_meta(spec, shards, summary, ledger, role_spans)
     crash_point("finalize", "done")  # whole, but its lock not yet released
     return summary
 
@@ -295,9 +341,11 @@ class RunSummary:
     accounting_file: str = f"{NV_META}/{ACCOUNTING_FILE}"  # where each input sample went (row or reject)
     source: dict[str, Any] | None = None  # the settings and input digests ``verify --source`` starts from
     processor_cache: dict[str, dict[str, Any]] | None = None  # a processor-backed profile: calls, cache hits
+    role_spans_file: str | None = None  # each packed sample's assistant turns (``dataset.role_spans``)
     root: dict[str, Any] | None = None  # the root digest over every file (``dataset.root``), once stamped
 
-    _OPTIONAL: ClassVar[tuple[str, ...]] = ("processor_cache", "root")  # left out of the JSON when None
+    # left out of the JSON when None
+    _OPTIONAL: ClassVar[tuple[str, ...]] = ("processor_cache", "role_spans_file", "root")
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not (k in self._OPTIONAL and v is None)}
@@ -393,7 +441,9 @@ def source_record(spec: RunSpec, parts: list[PartRecord]) -> dict[str, Any]:
     return {"settings": spec.facts.settings, "files": list(files.values())}
 
 
-def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: RunSummary, ledger: Path) -> None:
+def _upload_meta(
+    spec: RunSpec, shards: list[ShardInfo], summary: RunSummary, ledger: Path, role_spans: Path | None
+) -> None:
     """An object store has no folder rename: the metadata files go up one by one, ``dataset.yaml`` (what
     Energon opens a dataset by) last, so the dataset appears only once every other file is in place."""
     staging = staging_file(spec.out / NV_META).with_suffix(".d")
@@ -401,6 +451,8 @@ def _upload_meta(spec: RunSpec, shards: list[ShardInfo], summary: RunSummary, le
     write_energon_meta(staging, shards)
     write_omnipack_meta(staging, summary.to_json())
     shutil.move(ledger, staging / NV_META / ACCOUNTING_FILE)
+    if role_spans is not None:
+        shutil.move(role_spans, staging / NV_META / ROLE_SPANS_FILE)
     summary.root = stamp_root(staging, spec.out)
     remove_meta(spec.out)
     files = sorted((staging / NV_META).iterdir(), key=lambda p: (p.name == DATASET_CONFIG, p.name))

@@ -82,6 +82,9 @@ SAMPLES_SCHEMA = pa.schema(
         ("encoder_flops", pa.float64()),
         ("sample_cost", pa.float64()),
         ("media_json", pa.string()),
+        # each assistant turn's [start, end) in the sample's tokens, flattened [s0, e0, s1, e1, ...]: what
+        # finalize publishes as the role spans ``omnipack verify`` checks the supervised tokens against
+        ("assistant_spans", pa.list_(pa.int32())),
         ("input_ids", pa.list_(pa.int32())),
         ("labels", pa.list_(pa.int32())),
         ("mrope_position_ids", pa.list_(pa.int32())),  # flattened [3, L], null when not computed
@@ -199,6 +202,7 @@ class Measurer:
             "encoder_flops": flops,
             "sample_cost": cost,
             "media_json": json.dumps(media),
+            "assistant_spans": enc.assistant_spans.reshape(-1),
             "input_ids": enc.input_ids,
             "labels": enc.labels,
             "mrope_position_ids": None

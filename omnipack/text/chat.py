@@ -339,7 +339,8 @@ class ChatTokenizer:
         mrope = self.profile.mrope_position_ids(input_ids, out.spans) if self.mrope else None
         if self.mrope and mrope is None:
             raise ValueError(f"profile {self.profile.name} has no mRoPE position ids")
-        return EncodedSample(input_ids, labels_, out.spans, mrope)
+        turns = labels.assistant_token_spans(out.supervised, [(s.start, s.end) for s in out.spans])
+        return EncodedSample(input_ids, labels_, out.spans, mrope, turns)
 
     def _added_ids(self) -> set[int]:
         """Ids of the tokenizer's added tokens: the tokenizer splits text at them before anything else."""

@@ -20,6 +20,8 @@ class EncodedSample:
     labels: np.ndarray  # int32 [L], next-token targets on assistant turns, IGNORE_INDEX elsewhere
     spans: list[MediaSpan]
     mrope_position_ids: np.ndarray | None = None  # int32 [3, L]
+    # int32 [K, 2]: each assistant turn's [start, end) in input_ids (``labels.assistant_token_spans``)
+    assistant_spans: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dataset.role_spans import true_runs
 from .encoded import SampleRejected
 from .token_starts import TokenByteStarts
 
@@ -155,3 +156,22 @@ def first_token_from(enc: Any, char: int, n: int) -> int:
     if t > 0 and enc.token_to_chars(t - 1)[0] >= char:
         raise LookupError(char)
     return t
+
+
+def assistant_token_spans(supervised: np.ndarray, media: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The assistant turns as ``[start, end)`` token ranges ``int32 [K, 2]`` of a sample's final (expanded)
+    tokens: the runs of its supervised tokens, two runs joined where only media blocks (``media``: their
+    ``[start, end)``; never supervised) lie between them, as a block inside one assistant turn does. The
+    turn prompt between two turns is never supervised, so turns do not merge."""
+    runs = true_runs(supervised)
+    starts, ends = runs[:, 0], runs[:, 1]
+    if len(starts) > 1 and len(media):
+        in_media = np.zeros(len(supervised) + 1, dtype=np.int64)
+        for a, b in media:
+            in_media[a:b] = 1
+        covered = np.concatenate([[0], np.cumsum(in_media)])  # media tokens before each position
+        gap_media = covered[starts[1:]] - covered[ends[:-1]]
+        joined = gap_media == starts[1:] - ends[:-1]  # every token between two runs is a media token
+        starts = np.concatenate([starts[:1], starts[1:][~joined]])
+        ends = np.concatenate([ends[:-1][~joined], ends[-1:]])
+    return np.stack([starts, ends], axis=1)

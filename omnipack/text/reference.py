@@ -11,6 +11,7 @@ the tests hold it to that on varied conversations of every family.
 5. A token is supervised if its first character is in a supervised span and it holds no media character; a
    media span covers every token holding a character of its expansion, its placeholders are the tokens
    starting in a placeholder segment; label p is token p+1 where p+1 is supervised.
+6. An assistant turn's token span runs from its first supervised token through its last.
 
 Slow (renders every prefix, tokenizes every expansion); for tests and debugging only.
 """
@@ -123,4 +124,13 @@ def reference_encode(
         raise SampleRejected("no supervised tokens (no assistant turn with content)")
     labels = np.full(len(ids), IGNORE_INDEX, dtype=np.int32)
     labels[:-1] = np.where(supervised[1:], ids[1:], IGNORE_INDEX)
-    return EncodedSample(ids, labels, spans, profile.mrope_position_ids(ids, spans) if mrope else None)
+    # each assistant turn: from its first supervised token through its last
+    turns = []
+    for a, b in char_spans:
+        where = np.flatnonzero(supervised & (starts >= _moved(a, shifts)) & (starts < _moved(b, shifts)))
+        if len(where):
+            turns.append((int(where[0]), int(where[-1]) + 1))
+    turns_array = np.asarray(turns, dtype=np.int32).reshape(-1, 2)
+    return EncodedSample(
+        ids, labels, spans, profile.mrope_position_ids(ids, spans) if mrope else None, turns_array
+    )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 
 from ..alignment import ParallelLayout
 from ..dataset.accounting import read_ledger
@@ -25,6 +26,7 @@ from ..dataset.contract import (
     DIGEST_ALGORITHM,
     DIGESTS_KEY,
     FORMAT_VERSION,
+    IGNORE_INDEX,
     META_PART,
     OPTIONAL_TOKEN_PARTS,
     TOKEN_PARTS,
@@ -38,6 +40,7 @@ from ..dataset.contract import (
 )
 from ..dataset.payload_header import Header, HeaderError, payload_header, shaped_like
 from ..dataset.reader import Dataset, ShardReader, default_workers, map_shards, open_dataset, read_index
+from ..dataset.role_spans import first_outside, read_role_spans, true_runs
 from ..dataset.root import (
     ROOT_KEY,
     Leaf,
@@ -87,6 +90,12 @@ CHECKS: list[tuple[str, str]] = [
         "accounting",
         "every input sample index is packed or rejected exactly once, where the dataset's accounting ledger "
         "(.nv-meta/accounting.parquet) says: its row and position, or its reject as in rejects.jsonl",
+    ),
+    (
+        "roles",
+        "no token outside an assistant turn is trained on: every supervised label targets a token inside "
+        "an assistant turn of its sample, as recorded at measure time from the chat template's turn markers "
+        "(.nv-meta/role_spans.parquet)",
     ),
     (
         "root",
@@ -140,6 +149,10 @@ class RowSeen:
     key: str
     where: str
     sample_ids: list[str]
+    # the roles check: [start, end) runs of supervised positions (label or loss mask) in row coordinates,
+    # and the samples' physical boundaries (cu_seqlens_padded); None where the row's boundaries are unusable
+    supervised: np.ndarray | None = None
+    bounds: np.ndarray | None = None
 
 
 @dataclass
@@ -324,6 +337,9 @@ def _check_row(job: ShardJob, local: int, raw: Any, rep: ShardReport) -> None:
     shape_ok = len(row.cu_seqlens) == len(row.sample_ids) + 1 == len(row.cu_seqlens_padded)
     if not shape_ok or any("shape" in e for e in errs):
         return  # later checks index by the boundaries
+    seen = rep.rows_seen[-1]
+    seen.supervised = true_runs((row.labels != IGNORE_INDEX) | (row.loss_mask != 0))
+    seen.bounds = row.cu_seqlens_padded.astype(np.int64)
     for name, expected in (
         ("seq_length", row.seq_length),
         ("max_seqlen", row.max_seqlen),
@@ -759,6 +775,52 @@ def _check_splits(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> 
             )
 
 
+def _check_roles(ds: Dataset, reports: list[ShardReport], res: CheckResult) -> None:
+    """Every supervised label of a packed sample targets a token of one of its assistant turns, as the
+    dataset's role spans (``omnipack.dataset.role_spans``) record them; samples found by the ledger."""
+    name = ds.meta.get("role_spans_file")
+    if name is None:
+        res.skipped = "not checked: no role spans recorded (a dataset prepared before they were published)"
+        return
+    try:
+        spans = read_role_spans(ds.root / name)
+    except FileNotFoundError:
+        res.failures.append(f"{name}: missing (omnipack.json names it)")
+        return
+    except ValueError as e:
+        res.failures.append(f"{name}: {e}")
+        return
+    try:
+        ledger = read_ledger(ds.root / ds.meta["accounting_file"])
+    except (KeyError, FileNotFoundError, ValueError):
+        res.skipped = "not checked: no usable accounting ledger to find each row's samples (see accounting)"
+        return
+    placed = ledger.filter(pc.is_valid(ledger.column("row")))
+    rows, positions, indices = (placed.column(c).to_numpy() for c in ("row", "position", "sample_index"))
+    order = np.lexsort((positions, rows))
+    rows, indices, ids = rows[order], indices[order], placed.column("sample_id").take(order)
+    checked = 0
+    for r in (r for rep in reports for r in rep.rows_seen):
+        if r.supervised is None or r.bounds is None or not r.key.isdigit():
+            continue
+        lo, hi = np.searchsorted(rows, [int(r.key), int(r.key) + 1])
+        if ids.slice(lo, hi - lo).to_pylist() != r.sample_ids:
+            continue  # not the samples the ledger places here: the accounting check names the row
+        owner = np.searchsorted(r.bounds, r.supervised[:, 0], side="right") - 1
+        for k, sid in enumerate(r.sample_ids):
+            a, index = int(r.bounds[k]), int(indices[lo + k])
+            turns = spans.of(index)
+            p = first_outside(r.supervised[owner == k] - a, turns)
+            checked += 1
+            if p is not None:
+                res.failures.append(
+                    f"{r.where}: sample {sid} (input index {index}): labels/loss_mask supervise sample "
+                    f"position {p} (row position {a + p}), whose target token {p + 1} lies outside its "
+                    f"assistant turns {turns.tolist()[:4]}"
+                )
+    res.notes.append(f"{checked} samples' supervised tokens checked against {len(spans.start)} assistant turns")
+
+
 def _check_root(ds: Dataset, reports: list[ShardReport], res: CheckResult, expected: str | None) -> None:
     """The root of the files (``omnipack.dataset.root``) against the one the producer printed; a mismatch
     names the files whose leaves differ from those recorded, when the record gives that root. Without an
@@ -845,6 +907,7 @@ def run_verify(
     _collect(reports, results)
     _accounting(ds, reports, results["accounting"])
     _check_splits(ds, reports, results["splits"])
+    _check_roles(ds, reports, results["roles"])
     _check_root(ds, reports, results["root"], expect_root)
     if not checksums and not results["checksums"].failures:
         results["checksums"].skipped = "shard checksums not recomputed (--no-checksums); sizes compared"
