@@ -22,6 +22,7 @@ from .pack_planner import COST_COLUMN, PACK_COLUMNS, PackResult, run_pack, write
 from .records import PartRecord, PlannedShard, PlanRecord, digest, write_json_atomic
 from .spec import RunSpec, ShardLayout
 from .storage import make_dirs, publish, read_parquet, staging_file
+from .token_file import LOCATION_COLUMNS
 from .unit import run_once
 
 NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
@@ -198,7 +199,7 @@ def _plan(spec: RunSpec, records: list[PartRecord], reuse_measure: bool) -> Plan
     offsets = part_offsets(records)
     # numbers only: the names (ids, sources) of a large corpus are read when needed, not held
     costs = [COST_COLUMN] if spec.pack.cost_model is not None else []
-    table = read_measured(spec.measure_dir, records, NUMERIC_COLUMNS + costs)
+    table = read_measured(spec.measure_dir, records, NUMERIC_COLUMNS + costs + list(LOCATION_COLUMNS))
     drop, dup_rejects, superseded = _duplicates(spec, records, table.column("sample_index").to_numpy())
     table = table.filter(pa.array(~drop))
     pa.default_memory_pool().release_unused()
@@ -208,7 +209,7 @@ def _plan(spec: RunSpec, records: list[PartRecord], reuse_measure: bool) -> Plan
     pack_rejects = [replace(r, sample_id=names[r.sample_index][0], source=names[r.sample_index][1])
                     for r in plan.rejects]  # fmt: skip
     shard_of, shards = shard_layout(plan, _row_bytes(spec, plan, table), spec.layout)
-    _write_tables(spec, plan, shard_of)
+    _write_tables(spec, plan, shard_of, table)
     n_input = int(offsets[-1])
     if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings
         write_json_atomic(
@@ -238,12 +239,14 @@ def _row_bytes(spec: RunSpec, plan: PackResult, table: pa.Table) -> np.ndarray:
     return row_media + per_token * spec.pack.seq_length
 
 
-def _write_tables(spec: RunSpec, plan: PackResult, shard_of: np.ndarray) -> None:
-    """The plan and the layout tables, published in place (the old record removed first)."""
+def _write_tables(spec: RunSpec, plan: PackResult, shard_of: np.ndarray, measured: pa.Table) -> None:
+    """The plan and the layout tables, published in place (the old record removed first). The plan holds
+    each placed sample's range in its part's token file, so a write unit reads just its shard's samples."""
     make_dirs(spec.stages)
     spec.plan_record.unlink(missing_ok=True)  # an old record must never vouch for half-replaced files
     tmp_plan, tmp_layout = (staging_file(p) for p in (spec.plan_table, spec.layout_table))
-    write_plan(plan, tmp_plan)
+    pos = np.searchsorted(measured.column("sample_index").to_numpy(), plan.sample_index)
+    write_plan(plan, tmp_plan, {c: measured.column(c).to_numpy()[pos] for c in LOCATION_COLUMNS})
     pq.write_table(
         pa.table({"row": np.arange(plan.num_rows, dtype=np.int32), "shard": shard_of}, schema=LAYOUT_SCHEMA),
         tmp_layout,
