@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -22,12 +23,13 @@ from .pack_planner import COST_COLUMN, PACK_COLUMNS, PackResult, run_pack, write
 from .records import PartRecord, PlannedShard, PlanRecord, digest, write_json_atomic
 from .spec import RunSpec, ShardLayout
 from .storage import make_dirs, publish, read_parquet, staging_file
-from .token_file import LOCATION_COLUMNS
+from .token_file import GATHER_DTYPE, LOCATION_COLUMNS, write_gather
 from .unit import run_once
 
 NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
 MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (for --from-stage pack)
 LAYOUT_SCHEMA = pa.schema([("row", pa.int32()), ("shard", pa.int32())])
+
 # Bytes per token position in a row's arrays (tokens, labels, positions, masks, boundaries), plus mRoPE's
 # 3 x int32: the part of a row's shard size that does not come from its media.
 ROW_TOKEN_BYTES, MROPE_TOKEN_BYTES = 17, 12
@@ -189,7 +191,7 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> tuple[PlanR
         spec.plan_record,
         pack_key(spec, records),
         PlanRecord.from_json,
-        lambda _: spec.plan_table.is_file() and spec.layout_table.is_file(),
+        lambda _: all(t.is_file() for t in (spec.plan_table, spec.layout_table, spec.gather_table)),
         lambda: _plan(spec, records, reuse_measure),
     )
 
@@ -240,16 +242,30 @@ def _row_bytes(spec: RunSpec, plan: PackResult, table: pa.Table) -> np.ndarray:
 
 
 def _write_tables(spec: RunSpec, plan: PackResult, shard_of: np.ndarray, measured: pa.Table) -> None:
-    """The plan and the layout tables, published in place (the old record removed first). The plan holds
-    each placed sample's range in its part's token file, so a write unit reads just its shard's samples."""
+    """The plan, the layout and the gather tables, published in place (the old record removed first)."""
     make_dirs(spec.stages)
     spec.plan_record.unlink(missing_ok=True)  # an old record must never vouch for half-replaced files
-    tmp_plan, tmp_layout = (staging_file(p) for p in (spec.plan_table, spec.layout_table))
-    pos = np.searchsorted(measured.column("sample_index").to_numpy(), plan.sample_index)
-    write_plan(plan, tmp_plan, {c: measured.column(c).to_numpy()[pos] for c in LOCATION_COLUMNS})
+    tables = (spec.plan_table, spec.layout_table, spec.gather_table)
+    tmp_plan, tmp_layout, tmp_gather = (staging_file(p) for p in tables)
+    write_plan(plan, tmp_plan)
     pq.write_table(
         pa.table({"row": np.arange(plan.num_rows, dtype=np.int32), "shard": shard_of}, schema=LAYOUT_SCHEMA),
         tmp_layout,
     )
-    publish(tmp_plan, spec.plan_table)
-    publish(tmp_layout, spec.layout_table)
+    _write_gather(plan, shard_of, int(shard_of.max(initial=-1)) + 1, measured, tmp_gather)
+    for tmp, table in zip((tmp_plan, tmp_layout, tmp_gather), tables, strict=True):
+        publish(tmp, table)
+
+
+def _write_gather(
+    plan: PackResult, shard_of: np.ndarray, num_shards: int, measured: pa.Table, path: Path
+) -> None:
+    """Each shard's samples with their ranges in their parts' token files (``token_file.write_gather``), so
+    a write unit reads its own, not the whole plan, whose size grows with the corpus."""
+    rows = np.repeat(np.arange(plan.num_rows, dtype=np.int64), np.diff(plan.row_ptr))
+    pos = np.searchsorted(measured.column("sample_index").to_numpy(), plan.sample_index)
+    entries = np.empty(len(rows), dtype=GATHER_DTYPE)
+    entries["row"], entries["sample_index"] = rows, plan.sample_index
+    for field, column in zip(("offset", "bytes"), LOCATION_COLUMNS, strict=True):
+        entries[field] = measured.column(column).to_numpy()[pos]
+    write_gather(path, shard_of[rows], num_shards, entries)

@@ -227,11 +227,6 @@ def _slice_constraints(constraints: Any, start: int, stop: int) -> Any:
     return packing.PackConstraints(constraints.max_samples_per_row, resources)
 
 
-def write_plan(result: PackResult, path: Path, columns: dict[str, np.ndarray] | None = None) -> None:
-    """The plan as a table: each placed sample's row and index, in row order, plus int64 ``columns`` (one
-    value per placed sample, in the plan's order)."""
+def write_plan(result: PackResult, path: Path) -> None:
     rows = np.repeat(np.arange(result.num_rows, dtype=np.int32), np.diff(result.row_ptr))
-    table = pa.table({"row": rows, "sample_index": result.sample_index}, schema=PLAN_SCHEMA)
-    for name, values in (columns or {}).items():
-        table = table.append_column(pa.field(name, pa.int64()), pa.array(values, pa.int64()))
-    pq.write_table(table, path)
+    pq.write_table(pa.table({"row": rows, "sample_index": result.sample_index}, schema=PLAN_SCHEMA), path)

@@ -178,6 +178,19 @@ def read_parquet(path: AnyPath, columns: list[str] | None = None) -> Any:
         return pq.read_table(f, columns=columns)
 
 
+def read_range(path: AnyPath, start: int, end: int) -> bytes:
+    """Bytes ``start:end`` of a file (one ranged GET on an object store); an error when the file is shorter."""
+    if is_local(path):
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+    else:
+        data = path.fs.cat_file(path.path, start=start, end=end)
+    if len(data) != end - start:
+        raise OSError(f"{path}: {len(data)} bytes at {start}, not the {end - start} expected (a cut file?)")
+    return data
+
+
 def local_file(path: AnyPath) -> Path:
     """A local file with the bytes of ``path`` (memory maps need one): the file itself in a folder, a
     download cached per object version (name, size, ETag) in this process's staging folder for an object

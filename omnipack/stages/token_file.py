@@ -25,11 +25,13 @@ from typing import Any, BinaryIO
 import numpy as np
 import pyarrow as pa
 
-from .storage import AnyPath, is_local, staging_dir
+from .storage import AnyPath, is_local, read_range, staging_dir
 
 _HEAD = struct.Struct("<II")
 LOCATION_COLUMNS = ("tokens_offset", "tokens_bytes")  # a sample's range in its part's token file
 MISSING = "planned samples missing from the measure table"
+# the gather file's entries: a placed sample's plan row, global index, and range in its part's token file
+GATHER_DTYPE = np.dtype([("row", "<i8"), ("sample_index", "<i8"), ("offset", "<i8"), ("bytes", "<i8")])
 
 
 def _list_arrays(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -236,3 +238,28 @@ def _batches(reads: list[tuple[int, int, int]], max_bytes: int) -> list[list[tup
         batches[-1].append(r)
         total += r[2] - r[1]
     return [b for b in batches if b]
+
+
+# ---- the gather file (``stages/gather.bin``): each shard's samples, for a write unit to read just its own.
+# int64 ``first[S + 1]`` (shard K's entries are ``first[K]:first[K + 1]``), then the entries (``GATHER_DTYPE``)
+# by shard, in row order within one. A unit reads two ranges of it, whatever the corpus's size.
+
+
+def write_gather(path: Path, shard_of: np.ndarray, num_shards: int, entries: np.ndarray) -> None:
+    """``entries`` (``GATHER_DTYPE``, in plan order) grouped by their shard ``shard_of`` into a gather file."""
+    order = np.argsort(shard_of, kind="stable")
+    first = np.searchsorted(shard_of[order], np.arange(num_shards + 1)).astype("<i8")
+    with open(path, "wb") as f:
+        f.write(first.tobytes())
+        f.write(entries[order].tobytes())
+
+
+def read_gather(path: AnyPath, num_shards: int, number: int) -> np.ndarray:
+    """Shard ``number``'s entries of a gather file of ``num_shards`` shards (two ranged reads)."""
+    a, b = np.frombuffer(read_range(path, 8 * number, 8 * (number + 2)), dtype="<i8").tolist()
+    if not 0 <= a <= b:
+        raise AssertionError(f"{path}: shard {number}'s entries {a}:{b}")
+    base, size = 8 * (num_shards + 1), GATHER_DTYPE.itemsize
+    return np.frombuffer(read_range(path, base + size * a, base + size * b), dtype=GATHER_DTYPE) if b > a else (
+        np.zeros(0, dtype=GATHER_DTYPE)
+    )

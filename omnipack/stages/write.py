@@ -44,8 +44,8 @@ from .records import (
 )
 from .sample_store import SampleStore, UnitPayloads, shape_settings, store_root
 from .spec import RunSpec, WriteSettings
-from .storage import is_local, publish, read_parquet, remove_partials, staging_file
-from .token_file import LOCATION_COLUMNS, SampleRecords, TokenFiles
+from .storage import is_local, publish, remove_partials, staging_file
+from .token_file import SampleRecords, TokenFiles, read_gather
 from .unit import Stage, run_once
 
 # ``ModelProfile.store_media``: a decoded item's arrays -> the arrays stored for it.
@@ -233,10 +233,6 @@ def _materialized(
 @dataclass
 class _PlanView:
     record: PlanRecord
-    row_ptr: np.ndarray
-    sample_index: np.ndarray
-    location: tuple[np.ndarray, np.ndarray]  # each placed sample's offset and length in its token file
-    shard_of: np.ndarray
     samples: TokenFiles
 
 
@@ -244,23 +240,13 @@ _PLANS: dict[str, _PlanView] = {}
 
 
 def _plan_view(spec: RunSpec) -> _PlanView:
-    """The plan, the layout and the measured parts, loaded once per process and plan."""
+    """The plan's record and the measured parts' token files, once per process and plan (a unit reads its
+    own shard's part of the plan: ``shard_samples``)."""
     record = PlanRecord.from_json(json.loads(spec.plan_record.read_text()))
     view = _PLANS.get(record.key)
     if view is None:
-        plan = read_parquet(spec.plan_table)
-        if not set(LOCATION_COLUMNS) <= set(plan.column_names):
-            raise RuntimeError(
-                f"{spec.plan_table} was made by an earlier omnipack (it does not say where the samples' tokens "
-                "are): run the measure and pack stages again"
-            )
-        rows = plan.column("row").to_numpy()
-        row_ptr = np.searchsorted(rows, np.arange(record.num_rows + 1)).astype(np.int64)
-        shard_of = read_parquet(spec.layout_table).column("shard").to_numpy()
         files = [part_files(spec.measure_dir, n)["tokens"] for n in record.parts]
-        samples = TokenFiles(files, np.asarray(record.offsets))
-        location = tuple(plan.column(c).to_numpy() for c in LOCATION_COLUMNS)
-        view = _PlanView(record, row_ptr, plan.column("sample_index").to_numpy(), location, shard_of, samples)
+        view = _PlanView(record, TokenFiles(files, np.asarray(record.offsets)))
         _PLANS.clear()  # one plan at a time: a replanned run drops the old mappings
         _PLANS[record.key] = view
     return view
@@ -395,14 +381,16 @@ def _write(spec: RunSpec, view: _PlanView, number: int) -> ShardRecord:
     return record
 
 
-def shard_samples(view: _PlanView, shard_rows: np.ndarray) -> tuple[SampleRecords, np.ndarray]:
-    """The measured samples of these plan rows, in row order (read from their parts' token files: from an
-    object store only their byte ranges), and where each row's samples start among them."""
-    counts = view.row_ptr[shard_rows + 1] - view.row_ptr[shard_rows]
-    first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    at = np.repeat(view.row_ptr[shard_rows] - first[:-1], counts) + np.arange(first[-1])
-    offset, size = (column[at] for column in view.location)
-    return view.samples.open(view.sample_index[at], offset, size), first
+def shard_samples(spec: RunSpec, view: _PlanView, number: int) -> tuple[np.ndarray, np.ndarray, SampleRecords]:
+    """Shard ``number``'s plan rows, where each row's samples start among its samples (plus their count),
+    and the samples in row order: its row group of the gather table, and its samples' records read from
+    their parts' token files (from an object store, only their byte ranges)."""
+    entries = read_gather(spec.gather_table, len(view.record.shards), number)
+    rows = entries["row"]
+    if len(rows) == 0:
+        raise AssertionError(f"shard {number} has no rows in {spec.gather_table}")
+    first = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1], [True]]))
+    return rows[first[:-1]], first, view.samples.open(entries["sample_index"], entries["offset"], entries["bytes"])
 
 
 def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -> ShardRecord:
@@ -423,8 +411,7 @@ def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -
         kept.load_index()  # the index the run merged before this stage (segments of earlier writes)
         samples = UnitPayloads(kept, media_root_key(spec.write.media_root), f"shard-{number:06d}")
 
-    shard_rows = np.flatnonzero(view.shard_of == number)
-    gathered, first = shard_samples(view, shard_rows)
+    shard_rows, first, gathered = shard_samples(spec, view, number)
 
     def build(k: int) -> RowResult:
         records = [gathered.record(i) for i in range(first[k], first[k + 1])]
