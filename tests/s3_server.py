@@ -31,7 +31,8 @@ def _logged(app, log: list[Request]):
         finally:
             if hasattr(body, "close"):
                 body.close()
-            log.append(Request(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("HTTP_RANGE"), sent))
+            method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+            log.append(Request(method, path, environ.get("HTTP_RANGE"), sent))
 
     return wsgi
 

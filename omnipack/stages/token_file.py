@@ -80,6 +80,7 @@ def read_record(buf: Any, at: int) -> dict[str, Any]:
     head = at + _HEAD.size
     index, sample_id, source, media_json, has_mrope = json.loads(bytes(buf[head : head + head_len]))
     tokens = head + head_len + (-head_len % 4)
+    mrope = np.frombuffer(buf, np.int32, 3 * length, tokens + 8 * length) if has_mrope else None
     return {
         "sample_index": index,
         "sample_id": sample_id,
@@ -87,7 +88,7 @@ def read_record(buf: Any, at: int) -> dict[str, Any]:
         "media_json": media_json,
         "input_ids": np.frombuffer(buf, np.int32, length, tokens),
         "labels": np.frombuffer(buf, np.int32, length, tokens + 4 * length),
-        "mrope_position_ids": np.frombuffer(buf, np.int32, 3 * length, tokens + 8 * length) if has_mrope else None,
+        "mrope_position_ids": mrope,
     }
 
 
@@ -205,9 +206,8 @@ class TokenFiles:
         at_read: dict[tuple[int, int], int] = {}  # (part, read start) -> its offset in the local file
         with open(local, "wb") as out:
             for batch in _batches(reads, max_read):
-                data = self.paths[0].fs.cat_ranges(
-                    [self.paths[p].path for p, _, _ in batch], [s for _, s, _ in batch], [e for _, _, e in batch]
-                )
+                paths, starts, ends = zip(*((self.paths[p].path, s, e) for p, s, e in batch), strict=True)
+                data = self.paths[0].fs.cat_ranges(list(paths), list(starts), list(ends))
                 for (p, s, e), blob in zip(batch, data, strict=True):
                     if isinstance(blob, Exception):
                         raise blob
@@ -241,12 +241,13 @@ def _batches(reads: list[tuple[int, int, int]], max_bytes: int) -> list[list[tup
 
 
 # ---- the gather file (``stages/gather.bin``): each shard's samples, for a write unit to read just its own.
-# int64 ``first[S + 1]`` (shard K's entries are ``first[K]:first[K + 1]``), then the entries (``GATHER_DTYPE``)
-# by shard, in row order within one. A unit reads two ranges of it, whatever the corpus's size.
+# int64 ``first[S + 1]`` (shard K's entries are ``first[K]:first[K + 1]``), then the entries
+# (``GATHER_DTYPE``) by shard, in row order within one. A unit reads two ranges of it, whatever the corpus's
+# size (the plan and layout tables grow with it).
 
 
 def write_gather(path: Path, shard_of: np.ndarray, num_shards: int, entries: np.ndarray) -> None:
-    """``entries`` (``GATHER_DTYPE``, in plan order) grouped by their shard ``shard_of`` into a gather file."""
+    """``entries`` (``GATHER_DTYPE``, in plan order) grouped by their shards ``shard_of``: a gather file."""
     order = np.argsort(shard_of, kind="stable")
     first = np.searchsorted(shard_of[order], np.arange(num_shards + 1)).astype("<i8")
     with open(path, "wb") as f:
@@ -259,7 +260,7 @@ def read_gather(path: AnyPath, num_shards: int, number: int) -> np.ndarray:
     a, b = np.frombuffer(read_range(path, 8 * number, 8 * (number + 2)), dtype="<i8").tolist()
     if not 0 <= a <= b:
         raise AssertionError(f"{path}: shard {number}'s entries {a}:{b}")
+    if a == b:
+        return np.zeros(0, dtype=GATHER_DTYPE)
     base, size = 8 * (num_shards + 1), GATHER_DTYPE.itemsize
-    return np.frombuffer(read_range(path, base + size * a, base + size * b), dtype=GATHER_DTYPE) if b > a else (
-        np.zeros(0, dtype=GATHER_DTYPE)
-    )
+    return np.frombuffer(read_range(path, base + size * a, base + size * b), dtype=GATHER_DTYPE)

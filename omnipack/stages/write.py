@@ -381,16 +381,19 @@ def _write(spec: RunSpec, view: _PlanView, number: int) -> ShardRecord:
     return record
 
 
-def shard_samples(spec: RunSpec, view: _PlanView, number: int) -> tuple[np.ndarray, np.ndarray, SampleRecords]:
+def shard_samples(
+    spec: RunSpec, view: _PlanView, number: int
+) -> tuple[np.ndarray, np.ndarray, SampleRecords]:
     """Shard ``number``'s plan rows, where each row's samples start among its samples (plus their count),
-    and the samples in row order: its row group of the gather table, and its samples' records read from
+    and the samples in row order: its entries of the gather table, and its samples' records read from
     their parts' token files (from an object store, only their byte ranges)."""
     entries = read_gather(spec.gather_table, len(view.record.shards), number)
     rows = entries["row"]
     if len(rows) == 0:
         raise AssertionError(f"shard {number} has no rows in {spec.gather_table}")
     first = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1], [True]]))
-    return rows[first[:-1]], first, view.samples.open(entries["sample_index"], entries["offset"], entries["bytes"])
+    samples = view.samples.open(entries["sample_index"], entries["offset"], entries["bytes"])
+    return rows[first[:-1]], first, samples
 
 
 def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -> ShardRecord:
