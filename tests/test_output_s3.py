@@ -230,11 +230,11 @@ def _chats(path, n: int, seed: int = 0):
     return path
 
 
-def test_a_write_unit_reads_its_shards_samples_from_s3_not_every_measured_part(s3, demo_tokenizer, tmp_path):
+def test_a_write_unit_reads_its_shards_samples_not_every_measured_part(s3, demo_tokenizer, tmp_path):
     """Every shard draws its samples from many measured parts (shuffled packing). A write unit on an S3
     output, as a fresh process on another node runs it (nothing cached from an earlier unit), reads at most
     2x its shard's token bytes (its samples' token ids, labels and mRoPE ids as measured): GETs and their
-    bytes counted at the server. The dataset is the local run's, byte for byte."""
+    bytes counted at the server. (That such units write the local run's bytes: the tests above.)"""
     import shutil
 
     import numpy as np
@@ -244,25 +244,20 @@ def test_a_write_unit_reads_its_shards_samples_from_s3_not_every_measured_part(s
     from omnipack.stages.records import PlanRecord
     from omnipack.stages.storage import read_parquet, staging_dir
 
-    manifest = _chats(tmp_path / "chats.jsonl", 160)
-    url = f"s3://{BUCKET}/runs/locality"
-
-    def config(out: str) -> PrepareConfig:
-        return PrepareConfig(
-            manifest=[str(manifest)], media_root=None, tokenizer=str(demo_tokenizer), output=out,
-            seq_length=512, shard_max_rows=2, part_lines=20, progress=False,
-        )  # fmt: skip
-
-    run_prepare(config(url), stage="measure")
-    run_prepare(config(url), stage="pack")
-    spec = build_spec(config(url))
+    cfg = PrepareConfig(
+        manifest=[str(_chats(tmp_path / "chats.jsonl", 96))], media_root=None, tokenizer=str(demo_tokenizer),
+        output=f"s3://{BUCKET}/runs/locality", seq_length=512, shard_max_rows=3, part_lines=12, progress=False,
+    )  # fmt: skip
+    run_prepare(cfg, stage="measure")
+    run_prepare(cfg, stage="pack")
+    spec = build_spec(cfg)
     plan = PlanRecord.read(spec.plan_record)
     placed = read_parquet(spec.plan_table, columns=["row", "sample_index"])
     shard_of = read_parquet(spec.layout_table).column("shard").to_numpy()
     part_of = np.searchsorted(plan.offsets, placed.column("sample_index").to_numpy(), side="right") - 1
     in_shard = shard_of[placed.column("row").to_numpy()]
     parts_of_shard = [set(part_of[in_shard == s.number]) for s in plan.shards]
-    assert len(plan.parts) == 8 and len(plan.shards) >= 8
+    assert len(plan.parts) == 8 and len(plan.shards) >= 4
     assert np.median([len(p) for p in parts_of_shard]) >= 4  # shards draw from many parts
     per_token = 4 * (2 + 3 * spec.measure.mrope)  # int32 ids and labels, and [3, L] mRoPE ids
     ratios = []
@@ -274,7 +269,3 @@ def test_a_write_unit_reads_its_shards_samples_from_s3_not_every_measured_part(s
         gets = [r for r in s3.requests[first:] if r.method == "GET"]
         ratios.append(sum(r.sent for r in gets) / (record.real_tokens * per_token))
     assert max(ratios) <= 2.0, f"bytes read / shard token bytes per unit: {np.round(ratios, 2).tolist()}"
-    run_prepare(config(url), stage="finalize")
-    local = tmp_path / "local"
-    run_prepare(config(str(local)))
-    assert s3_dataset_bytes(url) == dataset_bytes(local)
