@@ -244,9 +244,10 @@ def test_a_write_unit_reads_its_shards_samples_not_every_measured_part(s3, demo_
     from omnipack.stages.records import PlanRecord
     from omnipack.stages.storage import read_parquet, staging_dir
 
+    manifest = _chats(tmp_path / "chats.jsonl", 96)
     cfg = PrepareConfig(
-        manifest=[str(_chats(tmp_path / "chats.jsonl", 96))], media_root=None, tokenizer=str(demo_tokenizer),
-        output=f"s3://{BUCKET}/runs/locality", seq_length=512, shard_max_rows=3, part_lines=12, progress=False,
+        manifest=[str(manifest)], media_root=None, tokenizer=str(demo_tokenizer), progress=False,
+        output=f"s3://{BUCKET}/runs/locality", seq_length=512, shard_max_rows=3, part_lines=12,
     )  # fmt: skip
     run_prepare(cfg, stage="measure")
     run_prepare(cfg, stage="pack")
