@@ -204,19 +204,21 @@ class TokenFiles:
             reads += [(p, s, e) for s, e in coalesce(starts[first], starts[first] + size[mine][first])]
         local = staging_dir() / f"gather-{os.getpid()}-{id(self)}.tokens"
         at_read: dict[tuple[int, int], int] = {}  # (part, read start) -> its offset in the local file
-        with open(local, "wb") as out:
-            for batch in _batches(reads, max_read):
-                paths, starts, ends = zip(*((self.paths[p].path, s, e) for p, s, e in batch), strict=True)
-                data = self.paths[0].fs.cat_ranges(list(paths), list(starts), list(ends))
-                for (p, s, e), blob in zip(batch, data, strict=True):
-                    if isinstance(blob, Exception):
-                        raise blob
-                    if len(blob) != e - s:
-                        raise OSError(f"{self.paths[p]}: read {len(blob)} bytes of its range {s}-{e}")
-                    at_read[(p, s)] = out.tell()
-                    out.write(blob)
-        buffer = _mapped(local)
-        local.unlink()
+        try:
+            with open(local, "wb") as out:
+                for batch in _batches(reads, max_read):
+                    paths, starts, ends = zip(*((self.paths[p].path, s, e) for p, s, e in batch), strict=True)
+                    data = self.paths[0].fs.cat_ranges(list(paths), list(starts), list(ends))
+                    for (p, s, e), blob in zip(batch, data, strict=True):
+                        if isinstance(blob, Exception):
+                            raise blob
+                        if len(blob) != e - s:
+                            raise OSError(f"{self.paths[p]}: read {len(blob)} bytes of its range {s}-{e}")
+                        at_read[(p, s)] = out.tell()
+                        out.write(blob)
+            buffer = _mapped(local)
+        finally:
+            local.unlink(missing_ok=True)
         at = np.empty(len(offset), dtype=np.int64)
         for p in np.unique(part).tolist():
             begins = np.asarray(sorted(s for q, s in at_read if q == p), dtype=np.int64)
