@@ -2,8 +2,9 @@
 
 Reads only the parts' length columns (a few bytes a sample), makes their record indices global, finds ids
 that repeat across parts (within a part the reader finds them), plans rows (``omnipack.stages.pack_planner``), and cuts
-the plan's rows into shards by their estimated size, so each shard is a write unit known before writing.
-Modeled costs come as numbers too (the measure stage's ``sample_cost`` column): no profile is built here.
+the plan's rows into shards by their estimated size, so each shard is a write unit known before writing,
+and lists each shard's samples with their byte ranges in the parts' token files (``gather.bin``: a write
+unit reads just its own samples). Modeled costs come as numbers too (the measure stage's ``sample_cost`` column): no profile is built here.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from .unit import run_once
 NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
 MEASURE_KEY_FILE = "measure.json"  # the measure stage's settings and input count (for --from-stage pack)
 LAYOUT_SCHEMA = pa.schema([("row", pa.int32()), ("shard", pa.int32())])
-
 # Bytes per token position in a row's arrays (tokens, labels, positions, masks, boundaries), plus mRoPE's
 # 3 x int32: the part of a row's shard size that does not come from its media.
 ROW_TOKEN_BYTES, MROPE_TOKEN_BYTES = 17, 12
