@@ -206,3 +206,67 @@ def test_a_lease_on_the_store_is_renewed_and_an_expired_one_taken_over(s3, monke
         pass
     assert "taking over 'run' held by pid 6532 on nodeC" in capsys.readouterr().err
     assert not _fs().exists(key)
+
+
+def _chats(path, n: int, seed: int = 0):
+    """A JSONL corpus of ``n`` text chats of varied lengths."""
+    import numpy as np
+
+    from omnipack.demo.corpus import WORDS
+
+    rng = np.random.default_rng(seed)
+
+    def text(k: int) -> str:
+        return " ".join(rng.choice(WORDS, size=k)).capitalize() + "."
+
+    lines = [
+        {"id": f"chat-{i:04d}", "messages": [
+            {"role": "user", "content": text(int(rng.integers(3, 40)))},
+            {"role": "assistant", "content": text(int(rng.integers(3, 120)))},
+        ]}
+        for i in range(n)
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_a_write_unit_reads_its_shards_samples_not_every_measured_part(s3, demo_tokenizer, tmp_path):
+    """Every shard draws its samples from many measured parts (shuffled packing). A write unit on an S3
+    output, as a fresh process on another node runs it (nothing cached from an earlier unit), reads at most
+    2x its shard's token bytes (its samples' token ids, labels and mRoPE ids as measured): GETs and their
+    bytes counted at the server. (That such units write the local run's bytes: the tests above.)"""
+    import shutil
+
+    import numpy as np
+
+    from omnipack.pipeline import PrepareConfig, build_spec
+    from omnipack.stages import write
+    from omnipack.stages.records import PlanRecord
+    from omnipack.stages.storage import read_parquet, staging_dir
+
+    manifest = _chats(tmp_path / "chats.jsonl", 96)
+    cfg = PrepareConfig(
+        manifest=[str(manifest)], media_root=None, tokenizer=str(demo_tokenizer), progress=False,
+        output=f"s3://{BUCKET}/runs/locality", seq_length=512, shard_max_rows=3, part_lines=12,
+    )  # fmt: skip
+    run_prepare(cfg, stage="measure")
+    run_prepare(cfg, stage="pack")
+    spec = build_spec(cfg)
+    plan = PlanRecord.read(spec.plan_record)
+    placed = read_parquet(spec.plan_table, columns=["row", "sample_index"])
+    shard_of = read_parquet(spec.layout_table).column("shard").to_numpy()
+    part_of = np.searchsorted(plan.offsets, placed.column("sample_index").to_numpy(), side="right") - 1
+    in_shard = shard_of[placed.column("row").to_numpy()]
+    parts_of_shard = [set(part_of[in_shard == s.number]) for s in plan.shards]
+    assert len(plan.parts) == 8 and len(plan.shards) >= 4
+    assert np.median([len(p) for p in parts_of_shard]) >= 4  # shards draw from many parts
+    per_token = 4 * (2 + 3 * spec.measure.mrope)  # int32 ids and labels, and [3, L] mRoPE ids
+    ratios = []
+    for shard in plan.shards:
+        write._PLANS.clear()  # a fresh process: no plan, mapping or download kept from another unit
+        shutil.rmtree(staging_dir() / "cache", ignore_errors=True)
+        first = len(s3.requests)
+        record = write.write_shard(spec, shard.number)
+        gets = [r for r in s3.requests[first:] if r.method == "GET"]
+        ratios.append(sum(r.sent for r in gets) / (record.real_tokens * per_token))
+    assert max(ratios) <= 2.0, f"bytes read / shard token bytes per unit: {np.round(ratios, 2).tolist()}"

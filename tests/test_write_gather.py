@@ -1,45 +1,46 @@
-"""The write stage's sample gather: in place from the mapped measured parts, the same records as a take."""
+"""The write stage's sample gather: each sample's record read from its part's token file (mapped in place,
+or fetched range by range), the same records as a take of the measured table."""
 
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute
+import pyarrow.parquet as pq
+import pytest
 
-from omnipack.stages.measure import SAMPLES_SCHEMA, TableWriter, part_files
-from omnipack.stages.pack_planner import PackResult
-from omnipack.stages.write import MeasuredParts, MeasuredSamples
+from omnipack.stages.measure import SAMPLES_PARQUET_SCHEMA, SAMPLES_SCHEMA, TableWriter, part_files
+from omnipack.stages.token_file import LOCATION_COLUMNS, TokenFiles, coalesce
 
 
-def _write_part(table: pa.Table, parquet, arrow, rows: int = 1000) -> None:
-    """``table`` as the measure stage writes a part: Parquet row groups and the Arrow copy's record batches
-    of ``rows`` rows each."""
-    with TableWriter(parquet, SAMPLES_SCHEMA, arrow_path=arrow) as writer:
+def _write_part(table: pa.Table, parquet, tokens, rows: int = 300) -> None:
+    """``table`` as the measure stage writes a part: Parquet row groups of ``rows`` rows, its token file."""
+    with TableWriter(parquet, SAMPLES_SCHEMA, tokens_path=tokens, parquet_schema=SAMPLES_PARQUET_SCHEMA) as w:
         for start in range(0, len(table), rows):
-            writer.write_table(table.slice(start, rows))
+            w.write_table(table.slice(start, rows))
 
 
-def _as_parts(table: pa.Table, measure_dir, split: int) -> MeasuredParts:
-    """The table as two measured parts (the second's record indices restart at 0), read back by global
-    index: the part offsets turn them into the table's indices again."""
+def _as_parts(table: pa.Table, measure_dir, split: int) -> tuple[TokenFiles, dict[int, tuple[int, int]]]:
+    """The table as two measured parts (the second's record indices restart at 0): their token files by
+    global index, and each global index's (offset, length) there, as the part's Parquet file says."""
     measure_dir.mkdir(exist_ok=True)
     first = int(table.column("sample_index")[split].as_py())
+    where = {}
     for k, piece in enumerate((table.slice(0, split), table.slice(split))):
         if k:
             local = pa.compute.subtract(piece.column("sample_index"), pa.scalar(first, pa.int64()))
             piece = piece.set_column(0, "sample_index", local)
         files = part_files(measure_dir, k)
-        _write_part(piece, files["samples"], files["arrow"])
+        _write_part(piece, files["samples"], files["tokens"])
+        located = pq.read_table(files["samples"], columns=["sample_index", *LOCATION_COLUMNS])
+        for i, o, n in zip(*(located.column(c).to_pylist() for c in located.column_names), strict=True):
+            where[i + (first if k else 0)] = (o, n)
     total = int(table.column("sample_index")[-1].as_py()) + 1
-    return MeasuredParts(measure_dir, [0, 1], np.asarray([0, first, total]))
+    paths = [part_files(measure_dir, k)["tokens"] for k in range(2)]
+    return TokenFiles(paths, np.asarray([0, first, total])), where
 
 
-def _row_jobs(samples: MeasuredParts, plan: PackResult):
-    for r in range(plan.num_rows):
-        yield f"{r:09d}", samples.records(plan.row(r))
-
-
-def _measure_table(path, n: int, seed: int = 0) -> pa.Table:
+def _measure_table(n: int, seed: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 40, size=n)
     columns = {f.name: [0] * n for f in SAMPLES_SCHEMA}
@@ -48,52 +49,61 @@ def _measure_table(path, n: int, seed: int = 0) -> pa.Table:
     columns["source"] = [f"m.jsonl:{i}" for i in range(n)]
     columns["num_tokens"] = lengths.tolist()
     columns["padded_length"] = lengths.tolist()
-    columns["media_json"] = ["[]"] * n
+    columns["media_json"] = ["[]" if i % 5 else '[{"ref": "a.png"}]' for i in range(n)]
     columns["assistant_spans"] = [[0, int(k)] for k in lengths]
     columns["input_ids"] = [rng.integers(0, 1000, size=k).tolist() for k in lengths]
     columns["labels"] = [rng.integers(-100, 1000, size=k).tolist() for k in lengths]
     columns["mrope_position_ids"] = [None if i % 3 else list(range(3 * k)) for i, k in enumerate(lengths)]
-    table = pa.table(columns, schema=SAMPLES_SCHEMA)
-    _write_part(table, path, path.with_suffix(".arrow"))
-    return table
+    return pa.table(columns, schema=SAMPLES_SCHEMA)
 
 
-def test_gather_matches_a_take_per_row_across_record_batches(tmp_path):
-    path = tmp_path / "samples.parquet"
-    n = 9000  # nine record batches in the mapped copy (one per 1000-row row group)
-    table = _measure_table(path, n)
-    rng = np.random.default_rng(1)
-    order = rng.permutation(n)
-    cuts = np.sort(rng.choice(np.arange(1, n), size=1500, replace=False))
-    row_ptr = np.concatenate([[0], cuts, [n]]).astype(np.int64)
-    plan = PackResult(row_ptr, order.astype(np.int64) * 2, [], {})
-
-    samples = MeasuredSamples(path.with_suffix(".arrow"), release_every=97)  # pages released many times along the way
-    assert len(samples) == n and len(samples._batches) == 9
-    jobs = list(_row_jobs(_as_parts(table, tmp_path / "measure", 4500), plan))
-    assert len(jobs) == plan.num_rows
-    for r, (key, records) in enumerate(jobs):
-        assert key == f"{r:09d}"
-        expected = table.take(order[row_ptr[r] : row_ptr[r + 1]]).to_pylist()
-        assert len(records) == len(expected)
-        for got, want in zip(records, expected, strict=True):
-            assert got.keys() == want.keys()
-            for k, v in want.items():
-                if isinstance(v, list):
-                    assert isinstance(got[k], np.ndarray) and got[k].tolist() == v
-                else:
-                    assert got[k] == v
-    samples.release()
-    assert samples.record(5)["input_ids"].tolist() == table.column("input_ids")[5].as_py()
+WRITER_FIELDS = [  # what a token file's record holds
+    "sample_index", "sample_id", "source", "media_json", "input_ids", "labels", "mrope_position_ids",
+]  # fmt: skip
 
 
-def test_planned_sample_missing_from_the_table_is_a_bug(tmp_path):
-    import pytest
+def test_gather_matches_a_take_in_any_order(tmp_path):
+    n = 1200  # several row groups per part
+    table = _measure_table(n)
+    files, where = _as_parts(table, tmp_path / "measure", 700)
+    order = np.random.default_rng(1).permutation(n)
+    index = order * 2
+    got = files.open(index, [where[i][0] for i in index], [where[i][1] for i in index])
+    assert len(got) == n
+    expected = table.take(order).select(WRITER_FIELDS).to_pylist()
+    for k, want in enumerate(expected):
+        rec = got.record(k)
+        assert rec.keys() == want.keys()
+        for name, v in want.items():
+            if isinstance(v, list):
+                assert isinstance(rec[name], np.ndarray) and rec[name].tolist() == v
+            else:
+                assert rec[name] == v
+    got.release()
+    assert got.record(5)["input_ids"].tolist() == expected[5]["input_ids"]
 
-    path = tmp_path / "samples.parquet"
-    table = _measure_table(path, 10)
-    parts = _as_parts(table, tmp_path / "measure", 5)
-    for odd in (3, 13, 25):  # a reject's index in either part, and one past the input
-        plan = PackResult(np.array([0, 2], dtype=np.int64), np.array([0, odd], dtype=np.int64), [], {})
+
+def test_planned_sample_missing_from_the_parts_is_a_bug(tmp_path):
+    table = _measure_table(10)
+    files, where = _as_parts(table, tmp_path / "measure", 5)
+    with pytest.raises(AssertionError, match="planned samples missing"):
+        files.open([25], [0], [8])  # past the input
+    for odd in (3, 13):  # a reject's index in either part, given a neighbour's record
+        records = files.open([odd], [where[odd - 1][0]], [where[odd - 1][1]])
         with pytest.raises(AssertionError, match="planned samples missing"):
-            list(_row_jobs(parts, plan))
+            records.record(0)
+
+
+def test_coalesced_reads_stay_within_half_again_the_wanted_bytes():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        sizes = rng.integers(1, 5000, size=int(rng.integers(1, 60)))
+        gaps = rng.integers(0, 20000, size=len(sizes)) * (rng.random(len(sizes)) < 0.7)
+        starts = np.cumsum(gaps + np.concatenate([[0], sizes[:-1]]))
+        ends = starts + sizes
+        reads = coalesce(starts, ends, max_bytes=64 << 10)
+        covered = [(s, e) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
+        assert all(any(a <= s and e <= b for a, b in reads) for s, e in covered)  # every range read
+        assert sum(b - a for a, b in reads) <= 1.5 * int(sizes.sum())
+        assert all(b - a <= max(64 << 10, int(sizes.max())) for a, b in reads)
+        assert len(reads) <= len(sizes)

@@ -6,8 +6,9 @@ token ids and labels, media plans with their spans, and the lengths and cost the
 The input is split into parts of about ``part_lines`` records each, never across files, by each file's
 reader (``omnipack.inputs``: JSONL by line ends, Parquet by row groups, JSON arrays and Arrow by record
 ranges), so a part is a plain-data unit (``InputPart``) this stage reads without knowing the format. A
-part's samples go to ``stages/measure/part-K.parquet`` (the per-sample columns) and ``part-K.arrow`` (those
-plus the token columns, for the write stage's in-place reads), and its rejects to
+part's samples go to ``stages/measure/part-K.parquet`` (the per-sample columns, and where each sample's
+record is in ``part-K.tokens``: its token arrays and what else the write stage reads, one byte range a
+sample, see ``token_file``), and its rejects to
 ``part-K.rejects.parquet``, keyed by their record index within the part: the pack stage turns (part, record) into the global sample index once every part is measured, so
 no part needs to know how many records the parts before it hold.
 """
@@ -56,6 +57,7 @@ from .records import (
 )
 from .spec import MeasureConfig, RunSpec
 from .storage import create_exclusive, make_dirs, publish, read_parquet, remove_partials, staging_file
+from .token_file import LOCATION_COLUMNS, write_records
 from .unit import Stage, run_once
 
 # ---- per sample: a manifest record -> its measured record or its reject
@@ -90,11 +92,15 @@ SAMPLES_SCHEMA = pa.schema(
         ("mrope_position_ids", pa.list_(pa.int32())),  # flattened [3, L], null when not computed
     ]
 )
-# The token columns travel only in a measured part's Arrow copy (the write stage reads them there); its
+# The token columns travel only in a measured part's token file (the write stage reads them there); its
 # Parquet file holds the per-sample columns the pack and finalize stages read, a few dozen bytes a sample
-# instead of eight per token.
+# instead of eight per token, and where each sample's record is in the token file.
 TOKEN_COLUMNS = ("input_ids", "labels", "mrope_position_ids")
-SAMPLES_PARQUET_SCHEMA = pa.schema([f for f in SAMPLES_SCHEMA if f.name not in TOKEN_COLUMNS])
+SAMPLES_PARQUET_SCHEMA = pa.schema(
+    [f for f in SAMPLES_SCHEMA if f.name not in TOKEN_COLUMNS] + [(c, pa.int64()) for c in LOCATION_COLUMNS]
+)
+# how a part's files are laid out (in its key: parts measured with another layout are measured again)
+PART_LAYOUT = "parquet+tokens"
 REJECTS_SCHEMA = pa.schema(  # a part's rejects: the fields of ``Reject``
     [
         ("sample_index", pa.int64()),
@@ -275,27 +281,25 @@ def records_to_table(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Tab
 
 
 class TableWriter:
-    """Streams dict records into a Parquet file in row groups; with ``arrow_path``, the same record batches
-    into an Arrow IPC file as well (the write stage memory-maps it: Parquet pages can not be), written from
-    the tables in hand rather than by reading the Parquet file back. ``parquet_schema`` (a subset of
-    ``schema``'s columns) limits what goes into the Parquet file."""
+    """Streams dict records into a Parquet file in row groups; with ``tokens_path``, each sample's record
+    into a token file as well (``token_file``: the write stage reads a sample there as one byte range),
+    its place in it going into the Parquet file's location columns. ``parquet_schema`` (``schema``'s columns
+    but the token ones, plus the location columns) is what goes into the Parquet file."""
 
     def __init__(
         self,
         path: Path,
         schema: pa.Schema,
         batch_rows: int = 2048,
-        arrow_path: Path | None = None,
+        tokens_path: Path | None = None,
         parquet_schema: pa.Schema | None = None,
     ) -> None:
         self.path, self.schema, self.batch_rows = path, schema, batch_rows
         self._buf: list[dict[str, Any]] = []
-        self._parquet_columns = None if parquet_schema is None else parquet_schema.names
-        self._writer = pq.ParquetWriter(path, parquet_schema or schema)
-        self._arrow_sink = self._arrow = None
-        if arrow_path is not None:
-            self._arrow_sink = pa.OSFile(str(arrow_path), "wb")
-            self._arrow = pa.ipc.new_file(self._arrow_sink, schema)
+        self._parquet_schema = parquet_schema or schema
+        self._writer = pq.ParquetWriter(path, self._parquet_schema)
+        self._tokens = None if tokens_path is None else open(tokens_path, "wb")  # noqa: SIM115 (closed in close)
+        self._tokens_size = 0
         self.count = 0
 
     def add(self, record: dict[str, Any]) -> None:
@@ -305,10 +309,13 @@ class TableWriter:
             self.flush()
 
     def write_table(self, table: pa.Table) -> None:
-        """``table`` (of this writer's schema) as one more row group (and record batch)."""
-        self._writer.write_table(table if self._parquet_columns is None else table.select(self._parquet_columns))
-        if self._arrow is not None:
-            self._arrow.write_table(table)
+        """``table`` (of this writer's schema) as one more row group (its records appended to the token file)."""
+        if self._tokens is not None:
+            offsets, sizes = write_records(table, self._tokens, self._tokens_size)
+            self._tokens_size += int(sizes.sum())
+            for name, values in zip(LOCATION_COLUMNS, (offsets, sizes), strict=True):
+                table = table.append_column(name, pa.array(values, pa.int64()))
+        self._writer.write_table(table.select(self._parquet_schema.names))
 
     def flush(self) -> None:
         if self._buf:
@@ -318,9 +325,8 @@ class TableWriter:
     def close(self) -> None:
         self.flush()
         self._writer.close()
-        if self._arrow is not None:
-            self._arrow.close()
-            self._arrow_sink.close()
+        if self._tokens is not None:
+            self._tokens.close()
 
     def __enter__(self) -> TableWriter:
         return self
@@ -409,6 +415,7 @@ def measure_settings(spec: RunSpec) -> dict[str, Any]:
         "tokenizer_fingerprint": spec.facts.tokenizer_fingerprint,
         "max_line_bytes": spec.max_line_bytes,
         "inputs": spec.inputs.settings() if spec.inputs is not None else None,  # format, layout, field map
+        "part_layout": PART_LAYOUT,
     }
 
 
@@ -421,7 +428,7 @@ def part_files(measure_dir: Path, number: int) -> dict[str, Path]:
     return {
         "samples": measure_dir / f"{stem}.parquet",
         "rejects": measure_dir / f"{stem}.rejects.parquet",
-        "arrow": measure_dir / f"{stem}.arrow",
+        "tokens": measure_dir / f"{stem}.tokens",
         "record": measure_dir / f"{stem}.json",
     }
 
@@ -493,11 +500,11 @@ def _measure(spec: RunSpec, number: int) -> PartRecord:
     measured, rejected = _measure_into(spec, number, measurer, tmp)
     outputs = {
         files[name].name: RecordedFile(tmp[name].stat().st_size, file_xxh3(tmp[name]))
-        for name in ("samples", "rejects", "arrow")
+        for name in ("samples", "rejects", "tokens")
     }
     for name, path in tmp.items():
         publish(path, files[name])
-    for name in ("samples", "rejects", "arrow"):  # as published (a rename moves the ctime)
+    for name in ("samples", "rejects", "tokens"):  # as published (a rename moves the ctime)
         outputs[files[name].name].stamp = output_stamp(files[name])
     cost_model = None if measurer.cost_model is None else measurer.cost_model.describe()
     part = spec.parts[number]
@@ -516,7 +523,7 @@ def _measure_into(spec: RunSpec, number: int, measurer: Measurer, tmp: dict[str,
     samples: list[RawSample]
     with (
         TableWriter(
-            tmp["samples"], SAMPLES_SCHEMA, arrow_path=tmp["arrow"], parquet_schema=SAMPLES_PARQUET_SCHEMA
+            tmp["samples"], SAMPLES_SCHEMA, tokens_path=tmp["tokens"], parquet_schema=SAMPLES_PARQUET_SCHEMA
         ) as good,
         TableWriter(tmp["rejects"], REJECTS_SCHEMA) as bad,
     ):
@@ -541,7 +548,7 @@ def read_measured(
     measure_dir: Path, parts: Sequence[PartSpan | PartRecord], columns: list[str], *, rejects: bool = False
 ) -> pa.Table:
     """The measured samples (or rejects) of all parts as one table, ``sample_index`` made global. Samples
-    have the columns of ``SAMPLES_PARQUET_SCHEMA`` here (the token columns are in the parts' Arrow copies)."""
+    have the columns of ``SAMPLES_PARQUET_SCHEMA`` here (the token columns are in the parts' token files)."""
     offsets = part_offsets(parts)
     tables = []
     for rec, offset in zip(parts, offsets[:-1], strict=False):

@@ -2,14 +2,16 @@
 
 Reads only the parts' length columns (a few bytes a sample), makes their record indices global, finds ids
 that repeat across parts (within a part the reader finds them), plans rows (``omnipack.stages.pack_planner``), and cuts
-the plan's rows into shards by their estimated size, so each shard is a write unit known before writing.
-Modeled costs come as numbers too (the measure stage's ``sample_cost`` column): no profile is built here.
+the plan's rows into shards by their estimated size, so each shard is a write unit known before writing,
+and lists each shard's samples with their byte ranges in the parts' token files (``gather.bin``: a write
+unit reads just its own samples). Modeled costs come as numbers too (the measure stage's ``sample_cost`` column): no profile is built here.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +24,7 @@ from .pack_planner import COST_COLUMN, PACK_COLUMNS, PackResult, run_pack, write
 from .records import PartRecord, PlannedShard, PlanRecord, digest, write_json_atomic
 from .spec import RunSpec, ShardLayout
 from .storage import make_dirs, publish, read_parquet, staging_file
+from .token_file import GATHER_DTYPE, LOCATION_COLUMNS, write_gather
 from .unit import run_once
 
 NUMERIC_COLUMNS = ["sample_index", "num_tokens", "num_media", "vision_patches", "audio_frames", "media_bytes"]
@@ -188,7 +191,7 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> tuple[PlanR
         spec.plan_record,
         pack_key(spec, records),
         PlanRecord.from_json,
-        lambda _: spec.plan_table.is_file() and spec.layout_table.is_file(),
+        lambda _: all(t.is_file() for t in (spec.plan_table, spec.layout_table, spec.gather_table)),
         lambda: _plan(spec, records, reuse_measure),
     )
 
@@ -198,7 +201,7 @@ def _plan(spec: RunSpec, records: list[PartRecord], reuse_measure: bool) -> Plan
     offsets = part_offsets(records)
     # numbers only: the names (ids, sources) of a large corpus are read when needed, not held
     costs = [COST_COLUMN] if spec.pack.cost_model is not None else []
-    table = read_measured(spec.measure_dir, records, NUMERIC_COLUMNS + costs)
+    table = read_measured(spec.measure_dir, records, NUMERIC_COLUMNS + costs + list(LOCATION_COLUMNS))
     drop, dup_rejects, superseded = _duplicates(spec, records, table.column("sample_index").to_numpy())
     table = table.filter(pa.array(~drop))
     pa.default_memory_pool().release_unused()
@@ -208,7 +211,7 @@ def _plan(spec: RunSpec, records: list[PartRecord], reuse_measure: bool) -> Plan
     pack_rejects = [replace(r, sample_id=names[r.sample_index][0], source=names[r.sample_index][1])
                     for r in plan.rejects]  # fmt: skip
     shard_of, shards = shard_layout(plan, _row_bytes(spec, plan, table), spec.layout)
-    _write_tables(spec, plan, shard_of)
+    _write_tables(spec, plan, shard_of, table)
     n_input = int(offsets[-1])
     if not reuse_measure:  # a repack keeps the record of what was measured, and with which settings
         write_json_atomic(
@@ -238,15 +241,31 @@ def _row_bytes(spec: RunSpec, plan: PackResult, table: pa.Table) -> np.ndarray:
     return row_media + per_token * spec.pack.seq_length
 
 
-def _write_tables(spec: RunSpec, plan: PackResult, shard_of: np.ndarray) -> None:
-    """The plan and the layout tables, published in place (the old record removed first)."""
+def _write_tables(spec: RunSpec, plan: PackResult, shard_of: np.ndarray, measured: pa.Table) -> None:
+    """The plan, the layout and the gather tables, published in place (the old record removed first)."""
     make_dirs(spec.stages)
     spec.plan_record.unlink(missing_ok=True)  # an old record must never vouch for half-replaced files
-    tmp_plan, tmp_layout = (staging_file(p) for p in (spec.plan_table, spec.layout_table))
+    tables = (spec.plan_table, spec.layout_table, spec.gather_table)
+    tmp_plan, tmp_layout, tmp_gather = (staging_file(p) for p in tables)
     write_plan(plan, tmp_plan)
     pq.write_table(
         pa.table({"row": np.arange(plan.num_rows, dtype=np.int32), "shard": shard_of}, schema=LAYOUT_SCHEMA),
         tmp_layout,
     )
-    publish(tmp_plan, spec.plan_table)
-    publish(tmp_layout, spec.layout_table)
+    _write_gather(plan, shard_of, int(shard_of.max(initial=-1)) + 1, measured, tmp_gather)
+    for tmp, table in zip((tmp_plan, tmp_layout, tmp_gather), tables, strict=True):
+        publish(tmp, table)
+
+
+def _write_gather(
+    plan: PackResult, shard_of: np.ndarray, num_shards: int, measured: pa.Table, path: Path
+) -> None:
+    """Each shard's samples with their ranges in their parts' token files (``token_file.write_gather``), so
+    a write unit reads its own, not the whole plan, whose size grows with the corpus."""
+    rows = np.repeat(np.arange(plan.num_rows, dtype=np.int64), np.diff(plan.row_ptr))
+    pos = np.searchsorted(measured.column("sample_index").to_numpy(), plan.sample_index)
+    entries = np.empty(len(rows), dtype=GATHER_DTYPE)
+    entries["row"], entries["sample_index"] = rows, plan.sample_index
+    for field, column in zip(("offset", "bytes"), LOCATION_COLUMNS, strict=True):
+        entries[field] = measured.column(column).to_numpy()[pos]
+    write_gather(path, shard_of[rows], num_shards, entries)

@@ -126,3 +126,8 @@ class RunSpec:
     @property
     def layout_table(self) -> Path:
         return self.stages / "layout.parquet"
+
+    @property
+    def gather_table(self) -> Path:
+        """Each shard's samples and where they are in the measured parts (``stages.token_file``)."""
+        return self.stages / "gather.bin"

@@ -5,9 +5,10 @@ Stages name their outputs as paths under ``output_path(output)``: a ``pathlib.Pa
 ``exists``, ``read_text``, ``glob``, ``stat``, ``open``). What differs is how a file appears whole: in a
 folder it is written under a temporary name and renamed; on an object store one PUT is atomic (an object
 appears whole or not at all, and there is no rename), so a file is built in a local staging file and
-uploaded in one put (``publish``). Readers that need a local file (memory-mapped Arrow tables) get a
-cached download (``local_file``). The store's client resolves credentials and endpoints from its standard
-environment and config files (``AWS_*`` variables, ``~/.aws``), never from the manifest or the settings.
+uploaded in one put (``publish``). Readers take only the bytes they need (``read_range``, ranged reads of
+Parquet footers and row groups): a write unit reads its shard's samples, not whole measured parts. The
+store's client resolves credentials and endpoints from its standard environment and config files
+(``AWS_*`` variables, ``~/.aws``), never from the manifest or the settings.
 """
 
 from __future__ import annotations
@@ -178,20 +179,14 @@ def read_parquet(path: AnyPath, columns: list[str] | None = None) -> Any:
         return pq.read_table(f, columns=columns)
 
 
-def local_file(path: AnyPath) -> Path:
-    """A local file with the bytes of ``path`` (memory maps need one): the file itself in a folder, a
-    download cached per object version (name, size, ETag) in this process's staging folder for an object
-    store (so it goes when the process does)."""
+def read_range(path: AnyPath, start: int, end: int) -> bytes:
+    """Bytes ``start:end`` of a file (one ranged GET on an object store); an error when the file is shorter."""
     if is_local(path):
-        return path
-    info = path.fs.info(path.path)
-    tag = xxhash.xxh3_64_hexdigest(
-        f"{path}|{info.get('size')}|{info.get('ETag') or info.get('mtime')}".encode()
-    )
-    cached = staging_dir() / "cache" / f"{tag}-{path.name}"
-    if not cached.exists():
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
-        path.fs.get_file(path.path, str(tmp))
-        os.replace(tmp, cached)
-    return cached
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+    else:
+        data = path.fs.cat_file(path.path, start=start, end=end)
+    if len(data) != end - start:
+        raise OSError(f"{path}: {len(data)} bytes at {start}, not the {end - start} expected (a cut file?)")
+    return data

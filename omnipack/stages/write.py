@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import mmap
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,7 +44,8 @@ from .records import (
 )
 from .sample_store import SampleStore, UnitPayloads, shape_settings, store_root
 from .spec import RunSpec, WriteSettings
-from .storage import is_local, local_file, publish, read_parquet, remove_partials, staging_file
+from .storage import is_local, publish, remove_partials, staging_file
+from .token_file import SampleRecords, TokenFiles, read_gather
 from .unit import Stage, run_once
 
 # ``ModelProfile.store_media``: a decoded item's arrays -> the arrays stored for it.
@@ -237,134 +237,23 @@ def _materialized(
     return ext, data
 
 
-class MeasuredSamples:
-    """Measured samples by position, read in place from the memory-mapped Arrow copy of a measured part.
-
-    A sample costs O(its size): its record batch is found by bisection and its token lists are numpy views
-    of the mapped file (a ``Table.take`` copies every record batch it spans: quadratic over a run). The
-    mapped pages the rows touched are released every ``release_every`` samples (shuffled rows read a few
-    arrays per sample all over the file, and each read maps the kernel's fault-around window, 64 KiB), so
-    resident memory stays flat however large the table is.
-    """
-
-    def __init__(self, arrow_path: Path, release_every: int = 64) -> None:
-        with open(arrow_path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        reader = pa.ipc.open_file(pa.py_buffer(self._map))
-        self.schema = reader.schema
-        self._batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        sizes = np.asarray([b.num_rows for b in self._batches], dtype=np.int64)
-        self._batch_start = np.concatenate([[0], np.cumsum(sizes)])
-        self.sample_index = (
-            np.concatenate([b.column("sample_index").to_numpy() for b in self._batches])
-            if self._batches
-            else np.zeros(0, dtype=np.int64)
-        )
-        self._lists = {
-            f.name for f in self.schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
-        }
-        self._list_views: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray | None]] = {}
-        self._release_every, self._since_release = release_every, 0
-
-    def __len__(self) -> int:
-        return int(self._batch_start[-1])
-
-    def positions(self, sample_index: np.ndarray) -> np.ndarray:
-        """Table positions of sample indices (the measure stage writes them in input order)."""
-        indices = self.sample_index
-        if len(indices) == 0:
-            raise AssertionError("planned samples missing from the measure table")
-        pos = np.minimum(np.searchsorted(indices, sample_index), len(indices) - 1)
-        if not np.array_equal(indices[pos], sample_index):
-            raise AssertionError("planned samples missing from the measure table")
-        return pos
-
-    def _list_view(self, b: int, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(offsets, values, validity or None when no list is null) of a list column of batch ``b``."""
-        key = (b, name)
-        view = self._list_views.get(key)
-        if view is None:
-            column = self._batches[b].column(name)
-            valid = None if column.null_count == 0 else column.is_valid().to_numpy(zero_copy_only=False)
-            view = (column.offsets.to_numpy(), column.values.to_numpy(), valid)
-            self._list_views[key] = view
-        return view
-
-    def record(self, pos: int) -> dict[str, Any]:
-        """The sample at table position ``pos``: scalars as Python values, token lists as numpy views."""
-        b = int(np.searchsorted(self._batch_start, pos, side="right")) - 1
-        i = int(pos - self._batch_start[b])
-        batch = self._batches[b]
-        rec: dict[str, Any] = {}
-        for name in self.schema.names:
-            if name in self._lists:
-                offsets, values, valid = self._list_view(b, name)
-                rec[name] = values[offsets[i] : offsets[i + 1]] if valid is None or valid[i] else None
-            else:
-                rec[name] = batch.column(name)[i].as_py()
-        self._since_release += 1
-        if self._since_release >= self._release_every:
-            self.release()
-        return rec
-
-    def release(self) -> None:
-        """Drop the mapped pages from this process's resident set (they stay in the page cache)."""
-        self._since_release = 0
-        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
-            self._map.madvise(mmap.MADV_DONTNEED)
-
-
-class MeasuredParts:
-    """Measured samples by global sample index, across every part (each part mapped when first needed)."""
-
-    def __init__(self, measure_dir: Path, part_numbers: list[int], offsets: np.ndarray) -> None:
-        self.measure_dir, self.numbers, self.offsets = measure_dir, part_numbers, np.asarray(offsets)
-        self._parts: dict[int, MeasuredSamples] = {}
-
-    def _part(self, p: int) -> MeasuredSamples:
-        if p not in self._parts:
-            arrow = part_files(self.measure_dir, self.numbers[p])["arrow"]
-            self._parts[p] = MeasuredSamples(local_file(arrow))  # a download, for an object store
-        return self._parts[p]
-
-    def records(self, indices: np.ndarray) -> list[dict[str, Any]]:
-        """The samples with these global indices, in that order (``sample_index`` global)."""
-        out = []
-        for idx in np.asarray(indices, dtype=np.int64).tolist():
-            p = int(np.searchsorted(self.offsets, idx, side="right")) - 1
-            if not 0 <= p < len(self.numbers):
-                raise AssertionError("planned samples missing from the measure table")
-            samples = self._part(p)
-            pos = samples.positions(np.asarray([idx - self.offsets[p]], dtype=np.int64))
-            rec = samples.record(int(pos[0]))
-            rec["sample_index"] = idx
-            out.append(rec)
-        return out
-
-
 @dataclass
 class _PlanView:
     record: PlanRecord
-    row_ptr: np.ndarray
-    sample_index: np.ndarray
-    shard_of: np.ndarray
-    samples: MeasuredParts
+    samples: TokenFiles
 
 
 _PLANS: dict[str, _PlanView] = {}
 
 
 def _plan_view(spec: RunSpec) -> _PlanView:
-    """The plan, the layout and the measured parts, loaded once per process and plan."""
+    """The plan's record and the measured parts' token files, once per process and plan (a unit reads its
+    own shard's part of the plan: ``shard_samples``)."""
     record = PlanRecord.from_json(json.loads(spec.plan_record.read_text()))
     view = _PLANS.get(record.key)
     if view is None:
-        plan = read_parquet(spec.plan_table)
-        rows = plan.column("row").to_numpy()
-        row_ptr = np.searchsorted(rows, np.arange(record.num_rows + 1)).astype(np.int64)
-        shard_of = read_parquet(spec.layout_table).column("shard").to_numpy()
-        samples = MeasuredParts(spec.measure_dir, record.parts, np.asarray(record.offsets))
-        view = _PlanView(record, row_ptr, plan.column("sample_index").to_numpy(), shard_of, samples)
+        files = [part_files(spec.measure_dir, n)["tokens"] for n in record.parts]
+        view = _PlanView(record, TokenFiles(files, np.asarray(record.offsets)))
         _PLANS.clear()  # one plan at a time: a replanned run drops the old mappings
         _PLANS[record.key] = view
     return view
@@ -494,6 +383,21 @@ def _write(spec: RunSpec, view: _PlanView, number: int) -> ShardRecord:
     return record
 
 
+def shard_samples(
+    spec: RunSpec, view: _PlanView, number: int
+) -> tuple[np.ndarray, np.ndarray, SampleRecords]:
+    """Shard ``number``'s plan rows, where each row's samples start among its samples (plus their count),
+    and the samples in row order: its entries of the gather table, and its samples' records read from
+    their parts' token files (from an object store, only their byte ranges)."""
+    entries = read_gather(spec.gather_table, len(view.record.shards), number)
+    rows = entries["row"]
+    if len(rows) == 0:
+        raise AssertionError(f"shard {number} has no rows in {spec.gather_table}")
+    first = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1], [True]]))
+    samples = view.samples.open(entries["sample_index"], entries["offset"], entries["bytes"])
+    return rows[first[:-1]], first, samples
+
+
 def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -> ShardRecord:
     """Shard ``number``'s rows built and written into a tar under ``local_root``; its record's counts."""
     shard = view.record.shards[number]
@@ -512,11 +416,13 @@ def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -
         kept.load_index()  # the index the run merged before this stage (segments of earlier writes)
         samples = UnitPayloads(kept, media_root_key(spec.write.media_root), f"shard-{number:06d}")
 
-    def build(r: int) -> RowResult:
-        members = view.sample_index[view.row_ptr[r] : view.row_ptr[r + 1]]
-        return build_row(f"{r:09d}", view.samples.records(members), spec.write, store, samples)
+    shard_rows, first, gathered = shard_samples(spec, view, number)
 
-    rows = _built_ahead(build, np.flatnonzero(view.shard_of == number).tolist())
+    def build(k: int) -> RowResult:
+        records = [gathered.record(i) for i in range(first[k], first[k + 1])]
+        return build_row(f"{int(shard_rows[k]):09d}", records, spec.write, store, samples)
+
+    rows = _built_ahead(build, list(range(len(shard_rows))))
     try:
         for res in rows:
             progress.advance("write", number, 1)
