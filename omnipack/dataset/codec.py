@@ -24,6 +24,7 @@ from .contract import (
     content_digests,
     part_name,
 )
+from .file_payload import FilePayload
 
 
 def npy_bytes(arr: np.ndarray) -> bytes:
@@ -37,8 +38,11 @@ def load_npy(data: bytes) -> np.ndarray:
     return view_npy(data).copy()
 
 
-def encode_row(row: PackedRowArrays, media_payloads: Mapping[str, bytes]) -> dict[str, bytes]:
-    """Tar parts of a row: meta.json first (small, readable), then arrays, then media."""
+def encode_row(
+    row: PackedRowArrays, media_payloads: Mapping[str, bytes | FilePayload]
+) -> dict[str, bytes | FilePayload]:
+    """Tar parts of a row: meta.json first (small, readable), then arrays, then media (a payload read from a
+    sample store stays a ``FilePayload``: the shard writer copies it from its file)."""
     meta = {**row.meta(), DIGESTS_KEY: content_digests(row, media_payloads)}
     parts = {META_PART: json.dumps(meta, separators=(",", ":")).encode()}
     for name, arr in row.arrays().items():
