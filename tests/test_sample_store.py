@@ -4,12 +4,14 @@ decoding and resizing again; the dataset is byte-identical to a fresh prepare wi
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 import omnipack.stages.write as write_stage
+import omnipack.text.chat as chat
 from omnipack.pipeline import PrepareConfig, run_prepare
 from omnipack.tools.verify import run_verify
 
@@ -57,7 +59,9 @@ def dataset_bytes(root: Path) -> dict[str, bytes]:
     }
 
 
-def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(tmp_path, demo_tokenizer, corpus, decodes):
+def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(
+    tmp_path, demo_tokenizer, corpus, decodes, monkeypatch
+):
     fresh = tmp_path / "fresh"
     _prepare(fresh, demo_tokenizer, corpus, seq_length=2048, cp=2, sample_store="off")
     decoded_fresh = len(decodes)
@@ -70,11 +74,21 @@ def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(tmp_path, dem
     media = corpus[1]
     hidden = media.with_name("media-away")
     media.rename(hidden)  # any decode now fails: the repack must not read the media at all
+    loaded = []  # nor load the tokenizer: the earlier run recorded what the run takes from it
+    real_init = chat.ChatTokenizer.__init__
+
+    def counting_init(self, *args, **kwargs):
+        loaded.append(args[0])
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(chat.ChatTokenizer, "__init__", counting_init)
     try:
         summary = _prepare(repacked, demo_tokenizer, corpus, seq_length=2048, cp=2, from_stage="pack")
     finally:
         hidden.rename(media)
     assert decodes == []
+    assert loaded == []
+    assert summary["tokenizer"] == json.loads((fresh / ".nv-meta" / "omnipack.json").read_text())["tokenizer"]
     assert summary["counts"]["rows"] > 0
     want, got = dataset_bytes(fresh), dataset_bytes(repacked)
     assert any(k.endswith(".tar") for k in want)
