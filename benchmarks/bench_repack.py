@@ -23,7 +23,7 @@ output, each followed by its ``cp``, so both meet the same load.
     PYTHONPATH=. python benchmarks/bench_repack.py --quick --check    # 64 samples, ~2 min
     PYTHONPATH=. python benchmarks/bench_repack.py --check            # 240 samples, ~5 min
     git archive REV | tar -x -C /tmp/before
-    PYTHONPATH=. python benchmarks/bench_repack.py --check --repeats 6 --baseline /tmp/before
+    PYTHONPATH=. python benchmarks/bench_repack.py --check --repeats 6 --cold 2 --baseline /tmp/before
 """
 
 from __future__ import annotations
@@ -134,6 +134,24 @@ class Repacker:
         self.proc.wait()
 
 
+def cold_repack(tree: str, out: Path, tok: Path, manifest: Path, media: Path, seq_length: int) -> tuple[float, float]:
+    """(wall s, CPU s) of a repack as a user runs it: ``python -m omnipack prepare --from-stage pack`` in a
+    new process (interpreter start and imports counted), with the omnipack of ``tree``."""
+    cmd = [
+        sys.executable, "-m", "omnipack", "prepare", "--manifest", str(manifest), "--media-root", str(media),
+        "--tokenizer", str(tok), "-o", str(out), "--profile", "qwen2_5_vl", "--seq-length", str(seq_length),
+        "--from-stage", "pack", "--no-progress",
+    ]  # fmt: skip
+    hidden = media.with_name("media-away")
+    media.rename(hidden)
+    try:
+        t, c = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
+        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": tree}, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - t, _cpu(resource.RUSAGE_CHILDREN) - c
+    finally:
+        hidden.rename(media)
+
+
 def _shard_bytes(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted((root / "shards").rglob("*")) if p.is_file()}
 
@@ -147,6 +165,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="repacks per revision (lengths in turn), each with a cp")
     ap.add_argument("--check", action="store_true", help="also a fresh prepare at the repack's length, compared")
     ap.add_argument("--baseline", help="a checkout of another revision: its repacks take turns with this one's")
+    ap.add_argument("--cold", type=int, default=0, help="also this many repacks per revision as new CLI processes")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -183,6 +202,11 @@ def main() -> None:
         finally:
             for r in revisions:
                 r.close()
+        trees = {"this": _TREE, **({"baseline": args.baseline} if args.baseline else {})}
+        cold: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+        for k in range(args.cold * len(trees)):
+            name = list(trees)[(k + k // 2) % len(trees)]
+            cold[name].append(cold_repack(trees[name], out, tok, manifest, media, lengths[(k + len(order) + 1) % 2]))
         size = sum(p.stat().st_size for p in (out / "shards").rglob("*") if p.is_file())
         store = sum(p.stat().st_size for p in (out / "stages" / "samples").rglob("*") if p.is_file())
 
@@ -194,15 +218,22 @@ def main() -> None:
         for r in revisions:
             label = "" if not args.baseline else f" ({r.name})"
             rows.append((f"repack{label} (W={' / '.join(map(str, lengths))} in turn), median of {len(times[r.name])}", median(times[r.name])))
+        for name, runs in cold.items():
+            if runs:
+                label = "" if not args.baseline else f" ({name})"
+                rows.append((f"repack{label}, a new `omnipack prepare` process, median of {len(runs)}", median(runs)))
         rows.append((f"cp -r of the repacked shards, median of {len(cps)}", cp))
         if args.check:  # the last repack's length, fresh
             fresh = root / "fresh"
-            w = lengths[len(order) % 2]
+            w = lengths[(len(order) + args.cold * len(trees)) % 2]
             rows.append((f"fresh prepare (W={w}, `--sample-store off`)", _prepare(fresh, tok, manifest, media, w, sample_store="off")))
             same = _shard_bytes(fresh) == _shard_bytes(out)
         print(f"\nshards: {size / 2**20:.1f} MiB; sample store: {store / 2**20:.1f} MiB; load average before / after: {load0} / {os.getloadavg()[0]:.1f}")
         for r in revisions:
             print(f"repacks ({r.name}): " + ", ".join(f"{w:.2f} s ({c:.2f} CPU)" for w, c in times[r.name]))
+        for name, runs in cold.items():
+            if runs:
+                print(f"cold repacks ({name}): " + ", ".join(f"{w:.2f} s ({c:.2f} CPU)" for w, c in runs))
         print("cp: " + ", ".join(f"{w:.2f} s ({c:.2f} CPU)" for w, c in cps) + "\n")
         print("| step | wall s | CPU s | first prepare / step (wall, CPU) | step / cp (wall, CPU) |")
         print("|---|---:|---:|---:|---:|")
