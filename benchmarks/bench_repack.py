@@ -140,13 +140,15 @@ def cold_repack(tree: str, out: Path, tok: Path, manifest: Path, media: Path, se
     cmd = [
         sys.executable, "-m", "omnipack", "prepare", "--manifest", str(manifest), "--media-root", str(media),
         "--tokenizer", str(tok), "-o", str(out), "--profile", "qwen2_5_vl", "--seq-length", str(seq_length),
-        "--from-stage", "pack", "--no-progress",
+        "--from-stage", "pack", "--no-progress", "--max-reject-fraction", "1",  # as run_prepare: no exit code 3
     ]  # fmt: skip
     hidden = media.with_name("media-away")
     media.rename(hidden)
     try:
         t, c = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
-        subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": tree}, stderr=subprocess.DEVNULL)
+        run = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": tree}, stderr=subprocess.PIPE, text=True)
+        if run.returncode:
+            raise RuntimeError(f"{cmd} failed:\n{run.stderr}")
         return time.perf_counter() - t, _cpu(resource.RUSAGE_CHILDREN) - c
     finally:
         hidden.rename(media)
