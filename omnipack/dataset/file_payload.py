@@ -1,6 +1,7 @@
 """A member's payload that already lies in a file (a sample store's segment): its bytes, where they lie and
 their xxh3-64, so that a shard writer copies them file to file in the kernel (``os.copy_file_range``) and
-a row's media digest is the known xxh3 instead of one more pass over the bytes."""
+a row's media digest is the known xxh3 instead of one more pass over the bytes. The file must still hold
+those bytes there when they are copied (a sample store's segments are append-only, never rewritten)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ def copy_into(payload: FilePayload, fd: int, sources: dict[str, int]) -> None:
     the caller's open source files by path (it closes them)."""
     done = 0
     try:
+        if not hasattr(os, "copy_file_range"):  # Linux only
+            raise OSError("no copy_file_range")
         src = sources.get(payload.path)
         if src is None:
             src = sources[payload.path] = os.open(payload.path, os.O_RDONLY)
