@@ -146,7 +146,8 @@ def cold_repack(tree: str, out: Path, tok: Path, manifest: Path, media: Path, se
     media.rename(hidden)
     try:
         t, c = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
-        run = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": tree}, stderr=subprocess.PIPE, text=True)
+        # in the tree's folder: ``-m`` imports from the working folder first
+        run = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": tree}, stderr=subprocess.PIPE, text=True)
         if run.returncode:
             raise RuntimeError(f"{cmd} failed:\n{run.stderr}")
         return time.perf_counter() - t, _cpu(resource.RUSAGE_CHILDREN) - c
