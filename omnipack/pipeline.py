@@ -30,7 +30,6 @@ from .media.remote import RemoteSettings
 from .media.sources import media_root_key, probe_locations
 from .profiles import PROFILES, get_profile
 from .profiles.checkpoint import choose_profile
-from .profiles.hf_config import placeholder_token_ids
 from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, WriteIncomplete, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock, OutputLocked
@@ -50,9 +49,9 @@ from .stages.spec import (
     WriteSettings,
 )
 from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
+from .stages.tokenizer_facts import TokenizerFacts, tokenizer_facts
 from .stages.unit import Stage
 from .stages.write import WRITE, sample_store
-from .text.chat import ChatTokenizer
 from .text.hub_cache import NotCached, resolve_model_dir
 
 __all__ = [
@@ -212,14 +211,17 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     # the tokenizer folder, shipped with the run; or where it is not on this node, the copy shipped before
     tokenizer = run_tokenizer(cfg.tokenizer, out / STAGES_DIR)
     options, shipped_options = run_profile_options(cfg.profile_options, out / STAGES_DIR)  # likewise
-    chat = ChatTokenizer(tokenizer.folder, get_profile(cfg.profile, **options))
-    cost_model = _cost_model(cfg, chat.profile)
-    pad_id = chat.tokenizer.pad_token_id
-    if pad_id is None:
-        pad_id = chat.tokenizer.eos_token_id
+    profile = get_profile(cfg.profile, **options)
+    # a repack takes them as the earlier run recorded them: no tokenizer (transformers, torch) to load
+    tok_facts = tokenizer_facts(
+        tokenizer.folder, tokenizer.shipped.digest, profile, {"profile": cfg.profile, "options": options},
+        out / STAGES_DIR, reuse=cfg.from_stage == "pack",
+    )  # fmt: skip
+    cost_model = _cost_model(cfg, profile)
+    pad_id = tok_facts.pad_token_id
     inputs = cfg.input_spec
     parts = load_parts(out / STAGES_DIR, list(cfg.manifest), inputs, cfg.part_lines)
-    measure_key = _measure_key(cfg, chat.fingerprint(), parts, inputs.max_record_bytes)
+    measure_key = _measure_key(cfg, tok_facts.fingerprint, parts, inputs.max_record_bytes)
     return RunSpec(
         output=str(out),
         manifests=tuple(str(p) for p in cfg.manifest),
@@ -251,7 +253,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
         parts=tuple(parts),
         model=tokenizer.shipped,
         model_options=shipped_options,
-        facts=_run_facts(cfg, tokenizer.name, chat, int(pad_id), measure_key),
+        facts=_run_facts(cfg, tokenizer.name, profile, tok_facts, int(pad_id), measure_key),
     )
 
 
@@ -297,7 +299,12 @@ def _write_settings(cfg: PrepareConfig, align: int, pad_id: int) -> WriteSetting
 
 
 def _run_facts(
-    cfg: PrepareConfig, tokenizer: str, chat: ChatTokenizer, pad_id: int, measure_key: dict[str, Any]
+    cfg: PrepareConfig,
+    tokenizer: str,
+    profile: Any,
+    tok_facts: TokenizerFacts,
+    pad_id: int,
+    measure_key: dict[str, Any],
 ) -> RunFacts:
     """The run facts omnipack.json records (finalize adds the counts)."""
     return RunFacts(
@@ -305,15 +312,15 @@ def _run_facts(
         profile={
             "name": cfg.profile,
             "options": dict(cfg.profile_options),
-            "settings": chat.profile.settings(),
+            "settings": profile.settings(),
             **cfg.profile_choice.record(),  # where the choice and the processor settings came from
         },
         tokenizer={
             "path": tokenizer,
-            "fingerprint": chat.fingerprint(),
+            "fingerprint": tok_facts.fingerprint,
             "pad_token_id": pad_id,
             # lets the loader count placeholders without the tokenizer directory
-            "placeholder_token_ids": placeholder_token_ids(chat.profile, chat.tokenizer),
+            "placeholder_token_ids": tok_facts.placeholder_token_ids,
         },
         parallel=asdict(cfg.layout),
         measure_key=measure_key,

@@ -5,6 +5,7 @@ decoding and resizing again; the dataset is byte-identical to a fresh prepare wi
 from __future__ import annotations
 
 import hashlib
+import json
 import pickle
 import shutil
 import tarfile
@@ -16,6 +17,7 @@ import pytest
 import xxhash
 
 import omnipack.stages.write as write_stage
+import omnipack.text.chat as chat
 from omnipack.pipeline import PrepareConfig, run_prepare
 from omnipack.tools.verify import run_verify
 
@@ -101,7 +103,7 @@ def dataset_bytes(root: Path) -> dict[str, bytes]:
 
 
 def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(
-    tmp_path, demo_tokenizer, corpus, decodes, hashed
+    tmp_path, demo_tokenizer, corpus, decodes, hashed, monkeypatch
 ):
     fresh = tmp_path / "fresh"
     _prepare(fresh, demo_tokenizer, corpus, seq_length=2048, cp=2, sample_store="off")
@@ -120,11 +122,21 @@ def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(
     media = corpus[1]
     hidden = media.with_name("media-away")
     media.rename(hidden)  # any decode now fails: the repack must not read the media at all
+    loaded = []  # nor load the tokenizer: the earlier run recorded what the run takes from it
+    real_init = chat.ChatTokenizer.__init__
+
+    def counting_init(self, *args, **kwargs):
+        loaded.append(args[0])
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(chat.ChatTokenizer, "__init__", counting_init)
     try:
         summary = _prepare(repacked, demo_tokenizer, corpus, seq_length=2048, cp=2, from_stage="pack")
     finally:
         hidden.rename(media)
     assert decodes == []
+    assert loaded == []
+    assert summary["tokenizer"] == json.loads((fresh / ".nv-meta" / "omnipack.json").read_text())["tokenizer"]
     assert summary["counts"]["rows"] > 0
     copied = media_members(repacked)  # one xxh3 per copied payload: the store's check is the row's digest
     assert copied and {k: hashed[k] for k in copied} == copied
@@ -220,8 +232,21 @@ def test_store_segments_merge_into_one_index_and_damaged_payloads_read_as_absent
     assert store.get(keys[0]) is None  # nothing merged yet
     store.refresh_index()
     store.load_index()
-    want = [(e, p, media_digest(p)) for e, p in zip(["npy", "npy", "npy", "npz"], payloads[:4], strict=True)]
-    assert [store.get(k) for k in keys] == [*want, None]  # each with the digest it was kept with, checked
+
+    def read(key):  # (ext, bytes), and the place and digest the payload is copied by are its own
+        got = store.get(key)
+        if got is None:
+            return None
+        ext, payload = got
+        with open(payload.path, "rb") as f:
+            f.seek(payload.offset)
+            assert f.read(len(payload)) == payload.data
+        assert payload.digest == media_digest(payload.data)
+        return ext, payload.data
+
+    assert [read(k) for k in keys] == [
+        ("npy", b"\x00" * 100), ("npy", b"\x01" * 101), ("npy", b"\x02" * 102), ("npz", b"z" * 7), None,
+    ]  # fmt: skip
     assert store.refresh_index() == store.refresh_index()  # unchanged segments: the same merged index
     assert len(list(store.folder.glob("index-*.arrow"))) == 1
     # a payload changed on disk after it was indexed is absent (decoded again), never copied
@@ -231,7 +256,7 @@ def test_store_segments_merge_into_one_index_and_damaged_payloads_read_as_absent
     segment.write_bytes(bytes(data))
     store.close_files()
     assert store.get(keys[1]) is None
-    assert store.get(keys[0]) == ("npy", payloads[0], media_digest(payloads[0]))
+    assert read(keys[0]) == ("npy", b"\x00" * 100)
 
 
 def test_repack_copies_the_processor_tensors_of_the_hf_profile(tmp_path, decodes):

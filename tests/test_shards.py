@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from omnipack.dataset.file_payload import FilePayload
 from omnipack.dataset.shards import ShardWriter, file_digests
 
 
@@ -54,13 +55,27 @@ def test_abort_leaves_completed_shards_and_no_partial_file(tmp_path: Path) -> No
 
 
 def test_shards_are_byte_for_byte_what_tarfile_writes(tmp_path: Path) -> None:
-    """The writer emits members itself (one write per payload); the file equals tarfile's own archive of
-    the same members with the same fixed ownership and mtime (sizes on and off the 512-byte blocks)."""
+    """The writer emits members itself (headers from a template, one write or in-kernel copy per payload);
+    the file equals tarfile's own archive of the same members with the same fixed ownership and mtime (sizes
+    on and off the 512-byte blocks, names up to the header's 100 bytes and longer, not ASCII)."""
     import io
 
     rng = np.random.default_rng(1)
     sizes = [0, 1, 511, 512, 513, 10240, 70000]
     rows = {f"{i:05d}": {"meta.json": b"{}", "media.0.npy": rng.bytes(n)} for i, n in enumerate(sizes)}
+    rows["x" * 88] = {"media.0.npy": b"a" * 3}  # a 100-byte name
+    rows["n"] = {"é" * 40: b"b"}  # 82 bytes of UTF-8
+    # payloads that lie in a file (a sample store's segment): copied from it, or written from the bytes
+    # held when the file can not give them (gone, shorter than recorded)
+    segment = tmp_path / "segment.bin"
+    stored = [rng.bytes(n) for n in (70000, 513, 4096)]
+    segment.write_bytes(b"z" * 100 + b"".join(stored[:2]))
+    rows["stored"] = {
+        "media.0.npy": FilePayload(stored[0], str(segment), 100, 0),
+        "media.1.npy": FilePayload(memoryview(stored[1]), str(segment), 70100, 0),
+        "media.2.npy": FilePayload(stored[2], str(segment), 70613, 0),  # past the file's end
+        "media.3.npy": FilePayload(stored[2], str(tmp_path / "gone.bin"), 0, 0),
+    }
     writer = ShardWriter(tmp_path)
     for key, parts in rows.items():
         writer.write(key, parts)
@@ -69,11 +84,15 @@ def test_shards_are_byte_for_byte_what_tarfile_writes(tmp_path: Path) -> None:
     with tarfile.open(fileobj=ref, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for key, parts in rows.items():
             for part, data in parts.items():
+                data = bytes(data.data) if isinstance(data, FilePayload) else data
                 m = tarfile.TarInfo(f"{key}.{part}")
                 m.size = len(data)
                 m.mode, m.mtime, m.uid, m.gid, m.uname, m.gname = 0o644, 0, 0, 0, "", ""
                 tar.addfile(m, io.BytesIO(data))
     assert (tmp_path / info.path).read_bytes() == ref.getvalue()
+    assert info.xxh3_128 == file_digests(tmp_path / info.path, ("xxh3_128",))["xxh3_128"]
+    with pytest.raises(ValueError, match="too long"):  # tarfile's error for a name USTAR can not hold
+        ShardWriter(tmp_path / "long").write("y" * 101, {"a": b""})
 
 
 def test_file_digests_are_the_same_for_any_chunk_size(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from .contract import (
     content_digests,
     part_name,
 )
+from .file_payload import FilePayload
 
 
 def npy_bytes(arr: np.ndarray) -> bytes:
@@ -38,10 +39,13 @@ def load_npy(data: bytes) -> np.ndarray:
 
 
 def encode_row(
-    row: PackedRowArrays, media_payloads: Mapping[str, bytes], media_digests: Mapping[str, str] | None = None
-) -> dict[str, bytes]:
-    """Tar parts of a row: meta.json first (small, readable), then arrays, then media. ``media_digests``:
-    the parts' ``media_digest`` where already computed (``content_digests``' ``known``)."""
+    row: PackedRowArrays,
+    media_payloads: Mapping[str, bytes | FilePayload],
+    media_digests: Mapping[str, str] | None = None,
+) -> dict[str, bytes | FilePayload]:
+    """Tar parts of a row: meta.json first (small, readable), then arrays, then media (a payload read from a
+    sample store stays a ``FilePayload``: the shard writer copies it from its file). ``media_digests``: the
+    parts' ``media_digest`` where already computed (``content_digests``' ``known``)."""
     meta = {**row.meta(), DIGESTS_KEY: content_digests(row, media_payloads, media_digests)}
     parts = {META_PART: json.dumps(meta, separators=(",", ":")).encode()}
     for name, arr in row.arrays().items():

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from .file_payload import FilePayload
+
 IGNORE_INDEX = -100
 FORMAT_VERSION = 1
 
@@ -163,13 +165,14 @@ def sample_digests(row: PackedRowArrays) -> list[str]:
     return out
 
 
-def media_digest(data: bytes) -> str:
-    """The stored bytes of one media part."""
-    return _crc([data])
+def media_digest(data: bytes | FilePayload) -> str:
+    """The stored bytes of one media part (a payload read from a sample store: the xxh3 it was checked
+    against, the same digest without another pass over the bytes)."""
+    return data.digest if isinstance(data, FilePayload) else _crc([data])
 
 
 def content_digests(
-    row: PackedRowArrays, media_payloads: Mapping[str, bytes], known: Mapping[str, str] | None = None
+    row: PackedRowArrays, media_payloads: Mapping[str, bytes | FilePayload], known: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """Fingerprints tying a row's content to the samples it names, recorded in meta.json at write time:
     ``samples[i]`` of sample i (``sample_digests``), ``media[j]`` of the stored bytes of media item j.

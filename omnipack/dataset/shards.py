@@ -8,6 +8,7 @@ so a crash never leaves a half shard that looks whole.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -19,6 +20,8 @@ from typing import Any
 
 import numpy as np
 import xxhash
+
+from .file_payload import FilePayload, copy_into
 
 KEY_RE = re.compile(r"^[^./]+$")
 TMP_SUFFIX = ".partial"  # omnipack.stages.storage.PARTIAL_SUFFIX: a rerun removes those a kill left
@@ -73,20 +76,68 @@ class _HashingFile:
     def __init__(self, path: str, algorithms: tuple[str, ...]) -> None:
         self._f = open(path, "wb")  # noqa: SIM115 - closed by close()
         self.hashers = {a: new_hasher(a) for a in algorithms}
+        self._sources: dict[str, int] = {}  # open files of FilePayloads, by path
 
-    def write(self, data: bytes) -> int:
+    def write(self, data: bytes | FilePayload) -> None:
+        if isinstance(data, FilePayload):
+            # copied file to file in the kernel: a ``write`` of the same bytes from memory cost ~3x the
+            # kernel time here (benchmarks/README.md, Repack)
+            for h in self.hashers.values():
+                h.update(data.data)
+            self._f.flush()  # the buffered bytes first: the copy appends at the file's position
+            copy_into(data, self._f.fileno(), self._sources)
+            if len(self._sources) > 64:  # a shard's payloads may come from thousands of files
+                self._close_sources()
+            return
         for h in self.hashers.values():
             h.update(data)
-        return self._f.write(data)
+        self._f.write(data)
 
-    def tell(self) -> int:
-        return self._f.tell()
+    def _close_sources(self) -> None:
+        for fd in self._sources.values():
+            os.close(fd)
+        self._sources.clear()
 
     def close(self) -> None:
+        self._close_sources()
         self._f.close()
 
     def hexdigests(self) -> dict[str, str]:
         return {a: h.hexdigest() for a, h in self.hashers.items()}
+
+
+def _tarfile_header(name: str, size: int) -> bytes:
+    """The USTAR header tarfile writes for a shard member: fixed mode, owner and mtime."""
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = 0o644, 0, 0, 0, "", ""
+    return info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape")
+
+
+_NAME, _SIZE, _CHKSUM = slice(0, 100), slice(124, 136), slice(148, 156)  # a USTAR header's variable fields
+
+
+@functools.cache
+def _header_template() -> tuple[bytes, int]:
+    """tarfile's header of this Python for a member, and the checksum of its fixed fields (the checksum
+    field counted as spaces, as tarfile counts it)."""
+    block = _tarfile_header("x", 0)
+    fixed = sum(block) - sum(block[_NAME]) - sum(block[_SIZE]) - sum(block[_CHKSUM]) + 8 * ord(" ")
+    return block, fixed
+
+
+def member_header(name: str, size: int) -> bytes:
+    """``_tarfile_header(name, size)``, byte for byte, from a template: only the name, the size and the
+    checksum differ between members (tarfile builds each field anew: ~0.1 ms a member, 10x this)."""
+    raw = name.encode(tarfile.ENCODING, "surrogateescape")
+    if len(raw) > tarfile.LENGTH_NAME or not 0 <= size < 8**11:  # a prefix field, or an error: tarfile's way
+        return _tarfile_header(name, size)
+    block, fixed = _header_template()
+    size_field = b"%011o\0" % size
+    checksum = b"%06o\0 " % (fixed + sum(raw) + sum(size_field))
+    return b"".join(
+        (raw.ljust(100, tarfile.NUL), block[100:124], size_field, block[136:148], checksum, block[156:])
+    )
 
 
 class ShardWriter:
@@ -119,7 +170,7 @@ class ShardWriter:
         self._offset = 0
         self._offsets = []
 
-    def write(self, key: str, parts: Mapping[str, bytes]) -> None:
+    def write(self, key: str, parts: Mapping[str, bytes | FilePayload]) -> None:
         """One sample: every part becomes the member ``{key}.{part}``, contiguous in the tar."""
         if not KEY_RE.match(key):
             raise ValueError(f"sample key {key!r} must be non-empty and contain no '.' or '/'")
@@ -132,17 +183,14 @@ class ShardWriter:
         assert self._file is not None
         self._offsets.append(self._offset)
         for part, data in parts.items():
-            info = tarfile.TarInfo(f"{key}.{part}")
-            info.size = len(data)
-            info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = 0o644, 0, 0, 0, "", ""
             # The member as tarfile's addfile writes it (USTAR header, data, NUL padding to a block), but
             # the payload goes to the file in one write: no 16 KiB copy loop over megabytes of pixels.
-            self._write(info.tobuf(tarfile.USTAR_FORMAT, tarfile.ENCODING, "surrogateescape"))
+            self._write(member_header(f"{key}.{part}", len(data)))
             self._write(data)
             if pad := -len(data) % tarfile.BLOCKSIZE:
                 self._write(tarfile.NUL * pad)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | FilePayload) -> None:
         assert self._file is not None
         self._file.write(data)
         self._offset += len(data)

@@ -15,16 +15,20 @@ besides its source and plan (profile, its options and resolved settings, pixel e
 A media item's key is the digest (``records.digest``, as every completion key) of its measured reference,
 the media root and its plan (target size, frames, samples): what the measure stage recorded for it. Files
 scale with write units, not samples; a lookup is a binary search in the mapped index and a payload read is
-a view of the memory-mapped segment, checked against its recorded xxh3 (a damaged payload is decoded again, never copied).
+a view of the memory-mapped segment, checked against its recorded xxh3 (a damaged payload is decoded again,
+never copied); the shard writer copies it from the segment file to the shard in the kernel.
 Segments a stage writes become visible to the next run's index (``refresh_index``, before the write stage).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
+import sys
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +37,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 
-from ..dataset.contract import media_digest
+from ..dataset.file_payload import FilePayload
 from ..media.sources import local_location
 from .records import digest, write_json_atomic
 from .storage import is_local, make_dirs
@@ -42,6 +47,7 @@ from .storage import is_local, make_dirs
 STORE_FORMAT = 1  # bump when the bytes a payload holds change for the same source, plan and settings
 STORE_DIR = "samples"  # the default store under the run's stages/ folder
 OFF = "off"  # ``--sample-store off``: no store (every write decodes)
+MAX_OPEN_SEGMENTS = 64  # segment files a reader keeps mapped at once
 
 SEGMENT_SCHEMA = pa.schema(
     [
@@ -53,6 +59,18 @@ SEGMENT_SCHEMA = pa.schema(
         ("xxh3", pa.uint64()),  # xxh3-64 of the payload (a row's media digest), checked on every read
     ]
 )
+
+
+MADV_POPULATE_READ = 22  # Linux >= 5.14: map a range's pages in one call (not one fault per few pages)
+
+
+def _populate(mapped: mmap.mmap, start: int, length: int) -> None:
+    """Map a payload's pages before it is hashed: a fault per page cost about as much kernel time as
+    copying the bytes (``benchmarks/README.md``, Repack). Where the call is missing, the faults do it."""
+    if length and sys.platform.startswith("linux"):
+        first = start - start % mmap.PAGESIZE
+        with contextlib.suppress(OSError, ValueError):
+            mapped.madvise(MADV_POPULATE_READ, first, start + length - first)
 
 
 def shape_settings(spec: Any, own_media: bool) -> dict[str, Any]:
@@ -135,7 +153,9 @@ class SampleStore:
         self.segments = folder / "segments"
         self._index = _empty_index()
         self._index_name: str | None = None
-        self._files: dict[int, mmap.mmap] = {}  # segment number -> its mapped bytes
+        # segment number -> its mapped bytes, least recently used first (a repack reads from every segment
+        # of a corpus: one per write unit, thousands for a large one, more than a process may hold open)
+        self._files: OrderedDict[int, mmap.mmap] = OrderedDict()
 
     @classmethod
     def at(cls, root: Path, shape: dict[str, Any]) -> SampleStore:
@@ -212,26 +232,44 @@ class SampleStore:
             return
         raise RuntimeError(f"the sample store's index under {self.folder} keeps changing")
 
-    def get(self, key: tuple[int, int]) -> tuple[str, memoryview, str] | None:
-        """(ext, payload bytes, their ``media_digest``) stored under ``key``; None when absent or damaged
-        (then decoded again)."""
+    def get(self, key: tuple[int, int]) -> tuple[str, FilePayload] | None:
+        """(ext, payload) stored under ``key``: its bytes (a view of the mapped segment), where they lie and
+        their xxh3 (the shard writer copies them file to file, the row's media digest is that xxh3); None
+        when absent or damaged (then decoded again)."""
         ix = self._index
         lo = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="left"))
         hi = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="right"))
         for i in range(lo, hi):
             if int(ix.key1[i]) == key[1]:
-                seg, start = int(ix.segment[i]), int(ix.offset[i])
-                mapped = self._files.get(seg)
-                if mapped is None:
-                    with open(self.segments / f"{ix.segments[seg]}.bin", "rb") as f:
-                        mapped = self._files[seg] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                # a view of the mapped segment: the row's tar member is written from it, no copy
-                data = memoryview(mapped)[start : start + int(ix.length[i])]
-                recorded = f"{int(ix.xxh3[i]):016x}"  # the digest's hex form
-                if len(data) != int(ix.length[i]) or media_digest(data) != recorded:
+                seg, length, start, xxh3 = int(ix.segment[i]), int(ix.length[i]), int(ix.offset[i]), int(ix.xxh3[i])
+                try:
+                    mapped = self._segment(seg)
+                except (OSError, ValueError):  # removed, or emptied: decoded again
                     return None
-                return ix.exts[int(ix.ext[i])], data, recorded
+                data = memoryview(mapped)[start : start + length]
+                if len(data) != length:
+                    return None
+                _populate(mapped, start, length)
+                if xxhash.xxh3_64_intdigest(data) != xxh3:
+                    return None
+                return ix.exts[int(ix.ext[i])], FilePayload(data, self._segment_path(seg), start, xxh3)
         return None
+
+    def _segment(self, seg: int) -> mmap.mmap:
+        """Segment ``seg`` mapped (the last ``MAX_OPEN_SEGMENTS`` kept; one dropped is unmapped once no
+        payload view of it is left)."""
+        mapped = self._files.get(seg)
+        if mapped is not None:
+            self._files.move_to_end(seg)
+            return mapped
+        if len(self._files) >= MAX_OPEN_SEGMENTS:
+            self._files.popitem(last=False)
+        with open(self._segment_path(seg), "rb") as f:
+            mapped = self._files[seg] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return mapped
+
+    def _segment_path(self, seg: int) -> str:
+        return str(self.segments / f"{self._index.segments[seg]}.bin")
 
     def close_files(self) -> None:
         """Drop the segment maps (each unmapped once no payload view of it is left)."""
@@ -315,7 +353,7 @@ class UnitPayloads:
         self.store, self.media_root = store, media_root
         self.writer = store.writer(unit)
 
-    def get(self, ref: str, plan: dict[str, Any]) -> tuple[str, memoryview, str] | None:
+    def get(self, ref: str, plan: dict[str, Any]) -> tuple[str, FilePayload] | None:
         return self.store.get(item_key(self.media_root, ref, plan))
 
     def put(self, ref: str, plan: dict[str, Any], ext: str, data: bytes, digest: str) -> None:

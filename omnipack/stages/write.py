@@ -171,8 +171,9 @@ def sample_media(
         plan = MediaPlan.from_json(m["plan"])
         stored = None if samples is None else samples.get(m["ref"], m["plan"])
         known = None
-        if stored is not None:  # a repack: the payload as an earlier write made it
-            ext, data, known = stored
+        if stored is not None:  # a repack: the payload as an earlier write made it (copied from its file)
+            ext, data = stored
+            known = data.digest
         else:
             ext, data = _materialized(m["ref"], plan, cfg, store_media)
             if samples is not None:
