@@ -11,6 +11,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from ..profiles.hf_config import placeholder_token_ids
+from ..text.chat import ChatTokenizer
 from .records import digest, read_record, write_json_atomic
 
 FACTS_FILE = "tokenizer_facts.json"
@@ -33,9 +35,6 @@ def tokenizer_facts(
     path = stages / FACTS_FILE
     if reuse and (record := read_record(path, key)) is not None:
         return TokenizerFacts(record["fingerprint"], record["pad_token_id"], record["placeholder_token_ids"])
-    from ..profiles.hf_config import placeholder_token_ids
-    from ..text.chat import ChatTokenizer
-
     chat = ChatTokenizer(folder, profile)
     pad = chat.tokenizer.pad_token_id
     facts = TokenizerFacts(
