@@ -156,7 +156,7 @@ def _mix_and_repack(
 
 
 def _pair_large_then_refill(
-    values: np.ndarray, counts: np.ndarray, capacity: int
+    values: np.ndarray, counts: np.ndarray, capacity: int, bound: int
 ) -> tuple[np.ndarray, int] | None:
     """Pair the largest items among themselves (FFD), refill the rest, for a scan of thresholds; the best.
 
@@ -171,7 +171,8 @@ def _pair_large_then_refill(
     large = values[values * 3 > capacity]
     if not len(large) or counts[values * 3 > capacity].sum() < PAIR_MIN_SHARE * counts.sum():
         return None
-    thresholds = large[np.linspace(0, len(large) - 1, min(PAIR_THRESHOLDS, len(large))).round().astype(np.int64)]
+    spread = np.linspace(0, len(large) - 1, min(PAIR_THRESHOLDS, len(large))).round().astype(np.int64)
+    thresholds = large[spread]
     best = None
     for t in np.unique(thresholds).tolist():
         above = values > t
@@ -185,6 +186,8 @@ def _pair_large_then_refill(
         out = _refill_slack_rows(slots, paired_rows + rest[1], values, counts, capacity)
         if best is None or out[1] < best[1]:
             best = out
+            if best[1] <= bound:
+                break
     return best
 
 
@@ -277,6 +280,9 @@ def _improve(
     3. If still more than REFILL_TARGET over the bound (and up to FULL_REFILL_MAX samples): the whole
        set is refilled (one subset-sum per distinct row pattern), and both that plan and the plan so far
        get the mixed re-pack (``_mix_and_repack``: slack rows plus spread full rows, FFD and refill).
+    4. Still above the bound: the swap search on a pool of rows (``_swap_pool``).
+    5. Still more than REFILL_TARGET over it (up to PAIR_SCAN_MAX samples): the large-item pairing scan
+       (``_pair_large_then_refill``), for mixes of rows of 2-4 items.
     Each refill gives up past REFILL_MAX_WORK (about a second; a work count, so still deterministic).
     The plan with the fewest rows wins; ties keep the earlier one.
     """
@@ -302,10 +308,6 @@ def _improve(
                 (whole, "refill"),
                 (_mix_and_repack(*whole, values, counts, capacity), "refill+mix"),
             ]
-        if len(lengths) <= PAIR_SCAN_MAX:
-            paired = _pair_large_then_refill(values, counts, capacity)
-            if paired is not None:
-                candidates.append((paired, "pairs+refill"))
         for (new_slots, new_rows), name in candidates:
             if new_rows < num_rows:
                 slot_rows, num_rows, used = new_slots, new_rows, name
@@ -313,6 +315,10 @@ def _improve(
         new_slots, new_rows = _swap_pool(slot_rows, num_rows, values, counts, capacity)
         if new_rows < num_rows:
             slot_rows, num_rows, used = new_slots, new_rows, used.split("(")[0] + "+swap"
+    if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= PAIR_SCAN_MAX:
+        paired = _pair_large_then_refill(values, counts, capacity, bound)
+        if paired is not None and paired[1] < num_rows:
+            slot_rows, num_rows, used = paired[0], paired[1], "pairs+refill"
     return slot_rows, num_rows, used
 
 
