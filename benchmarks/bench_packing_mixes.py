@@ -174,10 +174,24 @@ def constrained_small(n: int, seeds: int, seconds: float) -> list[dict]:
     return out
 
 
+def speed_table() -> None:
+    from bench_packing import padded, speed_vs_lightbinpack, text_sft
+    from peers import LIGHTBINPACK_OBFD
+
+    speed_n = 4_000_000
+    print(f"\nPlan speed, text {speed_n // 1_000_000}M W=4096 (same run, best of 3):\n")
+    if LIGHTBINPACK_OBFD is None:
+        print("lightbinpack is not installed (pip install lightbinpack): speed comparison skipped.")
+    else:
+        lengths = padded(text_sft(np.random.default_rng(7), speed_n, 4096)["real"], 4096)
+        print_table(speed_vs_lightbinpack(lengths, 4096))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="10k-1M samples, optima at 2000 items")
     parser.add_argument("--mixtures", type=int, default=200)
+    parser.add_argument("--lp-seconds", type=float, default=None, help="LP time cap (default 10 s, --full 60 s)")
     parser.add_argument("--speed", action="store_true", help="plan speed vs lightbinpack (4M text samples)")
     parser.add_argument("--constrained", action="store_true", help="only the small constrained sets vs a MIP")
     parser.add_argument("--constrained-n", type=int, default=200)
@@ -190,7 +204,7 @@ def main() -> None:
         return
     high = 1_000_000 if args.full else 100_000
     small_n = 2000 if args.full else 1000
-    lp_seconds = 60.0 if args.full else 10.0
+    lp_seconds = args.lp_seconds or (60.0 if args.full else 10.0)
     large, small = [], []
     for index in range(args.mixtures):
         r = run_large(index, 10_000, high)
@@ -204,6 +218,10 @@ def main() -> None:
             file=sys.stderr,
             flush=True,
         )
+    if not large:  # --mixtures 0: the speed table alone
+        if args.speed:
+            speed_table()
+        return
     print(f"\nLarge instances: {args.mixtures} mixtures, n log-uniform in [10k, {high // 1000}k]\n")
     print_table(summarize_large(large))
     print(f"\nSmall instances: the same mixtures at {small_n} items, against the LP bound / optimum (HiGHS)\n")
@@ -248,16 +266,7 @@ def main() -> None:
             ]
         )
     if args.speed:
-        from bench_packing import padded, speed_vs_lightbinpack, text_sft
-        from peers import LIGHTBINPACK_OBFD
-
-        speed_n = 4_000_000
-        print(f"\nPlan speed, text {speed_n // 1_000_000}M W=4096 (same run, best of 3):\n")
-        if LIGHTBINPACK_OBFD is None:
-            print("lightbinpack is not installed (pip install lightbinpack): speed comparison skipped.")
-        else:
-            lengths = padded(text_sft(np.random.default_rng(7), speed_n, 4096)["real"], 4096)
-            print_table(speed_vs_lightbinpack(lengths, 4096))
+        speed_table()
 
 
 if __name__ == "__main__":

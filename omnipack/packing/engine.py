@@ -22,7 +22,7 @@ REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill
 POOL_SHARES = (0.5, 1, 2, 4)  # full rows mixed into the FFD re-pack, per row that is not full
 MIX_MAX_SLACK_SHARE = 0.25  # the mixed re-pack runs when at most this share of rows is not exactly full
 SWAP_MAX_ROWS = 600  # rows in the swap search's pool (its rounds walk every pool row in Python)
-PAIR_SCAN_MAX = 20_000  # samples up to which the large-item pairing scan runs (one refill per threshold)
+PAIR_SCAN_MAX = 4096  # samples up to which the large-item pairing scan runs (a refill per threshold: seconds)
 PAIR_THRESHOLDS = 16  # thresholds tried by the pairing scan (spread evenly over the lengths above W/3)
 PAIR_MIN_SHARE = 0.2  # the scan runs when at least this share of items is above W/3 (rows of 2-4 items)
 
