@@ -159,3 +159,45 @@ def bin_packing_optimum(
     return Optimum(
         lp_bound=lp_bound, best_known=min(mip_rows, upper), patterns=len(columns), converged=converged
     )
+
+
+def vector_packing_feasible(
+    dims: np.ndarray, caps: np.ndarray, rows: int, seconds: float = 120.0, order_by: int = 0
+) -> bool | None:
+    """Whether items with amounts ``dims`` [n, D] fit ``rows`` rows of budgets ``caps`` [D]: an assignment
+    MIP (HiGHS, one thread). True: a packing exists; False: proven impossible; None: undecided in time.
+
+    Symmetry is broken by sorting the items by dimension ``order_by`` and letting the k-th item use only
+    rows 0..k. Only for a few hundred items: the model has n x rows binaries.
+    """
+    import highspy
+
+    n = dims.shape[0]
+    order = np.argsort(-dims[:, order_by], kind="stable")
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(seconds))
+    h.setOptionValue("threads", 1)
+    col: dict[tuple[int, int], int] = {}
+    for pos, i in enumerate(order.tolist()):
+        for r in range(min(rows, pos + 1)):
+            col[i, r] = len(col)
+            h.addVar(0, 1)
+    h.changeColsIntegrality(
+        len(col), np.arange(len(col), dtype=np.int32), np.full(len(col), highspy.HighsVarType.kInteger)
+    )
+    for i in range(n):
+        idx = np.array([col[i, r] for r in range(rows) if (i, r) in col], dtype=np.int32)
+        h.addRow(1.0, 1.0, len(idx), idx, np.ones(len(idx)))
+    for r in range(rows):
+        items = [i for i in range(n) if (i, r) in col]
+        idx = np.array([col[i, r] for i in items], dtype=np.int32)
+        for d in range(dims.shape[1]):
+            h.addRow(-highspy.kHighsInf, float(caps[d]), len(idx), idx, dims[items, d].astype(np.float64))
+    h.run()
+    status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kOptimal:
+        return True
+    if status == highspy.HighsModelStatus.kInfeasible:
+        return False
+    return None

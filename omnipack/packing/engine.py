@@ -22,6 +22,9 @@ REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill
 POOL_SHARES = (0.5, 1, 2, 4)  # full rows mixed into the FFD re-pack, per row that is not full
 MIX_MAX_SLACK_SHARE = 0.25  # the mixed re-pack runs when at most this share of rows is not exactly full
 SWAP_MAX_ROWS = 600  # rows in the swap search's pool (its rounds walk every pool row in Python)
+PAIR_SCAN_MAX = 4096  # samples up to which the large-item pairing scan runs (a refill per threshold: seconds)
+PAIR_THRESHOLDS = 16  # thresholds tried by the pairing scan (spread evenly over the lengths above W/3)
+PAIR_MIN_SHARE = 0.2  # the scan runs when at least this share of items is above W/3 (rows of 2-4 items)
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -152,6 +155,42 @@ def _mix_and_repack(
     return best
 
 
+def _pair_large_then_refill(
+    values: np.ndarray, counts: np.ndarray, capacity: int, bound: int
+) -> tuple[np.ndarray, int] | None:
+    """Pair the largest items among themselves (FFD), refill the rest, for a scan of thresholds; the best.
+
+    On mixes of rows of 2-4 items (most items above W/3, which at most two share a row), a subset-sum fill
+    completes each large seed exactly with two smaller items while it can, and so spends the small items
+    that the mid-sized ones need later: the plan ends with hundreds of pairs of mid-sized items, each row
+    a third empty. The optimum (the Gilmore-Gomory LP's patterns) does the opposite: the largest items share
+    rows with each other, at some waste, and the others form large + medium + small triples. Which items
+    count as "largest" depends on the mix, so a threshold t is scanned: items above t are packed by FFD
+    (pairs), the rest by the refill, and the rows that are not full are refilled together.
+    """
+    large = values[values * 3 > capacity]
+    if not len(large) or counts[values * 3 > capacity].sum() < PAIR_MIN_SHARE * counts.sum():
+        return None
+    spread = np.linspace(0, len(large) - 1, min(PAIR_THRESHOLDS, len(large))).round().astype(np.int64)
+    thresholds = large[spread]
+    best = None
+    for t in np.unique(thresholds).tolist():
+        above = values > t
+        if not above.any():
+            continue
+        paired_slots, paired_rows = ffd_classes(values[above], counts[above], capacity)
+        rest = refill_classes(values[~above], counts[~above], capacity, max_work=REFILL_MAX_WORK)
+        if rest is None:
+            return best
+        slots = np.concatenate([paired_slots, rest[0] + paired_rows])  # class order: values descending
+        out = _refill_slack_rows(slots, paired_rows + rest[1], values, counts, capacity)
+        if best is None or out[1] < best[1]:
+            best = out
+            if best[1] <= bound:
+                break
+    return best
+
+
 def _swap_pool(
     slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray, capacity: int
 ) -> tuple[np.ndarray, int]:
@@ -241,6 +280,9 @@ def _improve(
     3. If still more than REFILL_TARGET over the bound (and up to FULL_REFILL_MAX samples): the whole
        set is refilled (one subset-sum per distinct row pattern), and both that plan and the plan so far
        get the mixed re-pack (``_mix_and_repack``: slack rows plus spread full rows, FFD and refill).
+    4. Still above the bound: the swap search on a pool of rows (``_swap_pool``).
+    5. Still more than REFILL_TARGET over it (up to PAIR_SCAN_MAX samples): the large-item pairing scan
+       (``_pair_large_then_refill``), for mixes of rows of 2-4 items.
     Each refill gives up past REFILL_MAX_WORK (about a second; a work count, so still deterministic).
     The plan with the fewest rows wins; ties keep the earlier one.
     """
@@ -273,6 +315,10 @@ def _improve(
         new_slots, new_rows = _swap_pool(slot_rows, num_rows, values, counts, capacity)
         if new_rows < num_rows:
             slot_rows, num_rows, used = new_slots, new_rows, used.split("(")[0] + "+swap"
+    if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= PAIR_SCAN_MAX:
+        paired = _pair_large_then_refill(values, counts, capacity, bound)
+        if paired is not None and paired[1] < num_rows:
+            slot_rows, num_rows, used = paired[0], paired[1], "pairs+refill"
     return slot_rows, num_rows, used
 
 
