@@ -372,17 +372,22 @@ class HFProfile(ModelProfile):
         """Refuse a processor whose outputs for an item depend on the sample's other items (e.g. one that
         pads every clip's waveform to the longest before computing features): stored per item, they could
         not be the processor's for the sample. Its outputs for a probe item and a smaller one together must
-        be its outputs for each alone, joined as the loader joins them."""
+        be its outputs for each alone, joined as the loader joins them, its other axes padded with one value
+        (the processor's, the same for blank items: a value that depends on the items is no pad value)."""
         name = type(self.processor).__name__
         big, small = (self._content(kind, self._shape(kind, s[kind])) for s in (_PROBE_SHAPE, _SMALL_SHAPE))
+        blank = [self._blank(kind, self._shape(kind, s[kind])) for s in (_PROBE_SHAPE, _SMALL_SHAPE)]
         try:
             pair, *alone = (self._call(kind, items) for items in ([big, small], [big], [small]))
+            blank_pair, *blank_alone = (self._call(kind, items) for items in (blank, blank[:1], blank[1:]))
         except Exception as e:
             raise ValueError(f"profile hf: {name} of {self.model_dir} cannot process a sample's {kind}s offline ({e})") from None
         for k, axis in axes.items():
             got = np.asarray(pair[k])
             parts = [np.asarray(a[k]) for a in alone]
             fill = self._pad_value(got, parts, axis)
+            if fill != self._pad_value(np.asarray(blank_pair[k]), [np.asarray(a[k]) for a in blank_alone], axis):
+                fill = 0  # padding that varies with the items' content: not the processor's pad value
             if fill:
                 self.media_pad_values[k] = fill
             want = join_into_batch_tensor(parts, axis, fill=fill).numpy()
