@@ -256,3 +256,33 @@ def test_phi4_multimodal_crop_masks_pad_with_ones_and_its_audio_is_refused(tmp_p
     assert len(err.splitlines()) == 1 and "profile hf: Phi4MultimodalProcessor" in err, err
     assert "'audio_input_features' beside a second audio" in err, err
     assert not (tmp_path / "ds").exists()
+
+
+def build_llava_onevision_model_dir(out: Path) -> Path:
+    import transformers
+
+    tok = _tokenizer(out, {}, ["<image>", "<video>"])
+    transformers.LlavaOnevisionProcessor(
+        image_processor=transformers.LlavaOnevisionImageProcessor(
+            size={"height": 32, "width": 32}, image_grid_pinpoints=[[32, 64], [64, 32], [64, 64]]
+        ),
+        video_processor=transformers.LlavaOnevisionVideoProcessor(size={"height": 32, "width": 32}),
+        tokenizer=tok, num_image_tokens=4, vision_feature_select_strategy="full",
+        chat_template=tok.chat_template.replace(DEMO_IMAGE_BLOCK, "<image>"),
+    ).save_pretrained(out)  # fmt: skip
+    config = transformers.LlavaOnevisionConfig()
+    config.architectures = ["LlavaOnevisionForConditionalGeneration"]
+    config.save_pretrained(out)
+    return out
+
+
+def test_llava_onevision_is_refused_for_its_multi_image_mode(tmp_path):
+    """LLaVA-OneVision's processor tiles an image alone (anyres) but gives each image of a sample of several
+    its base view only, with other counts: its outputs per image depend on the sample, refused at start."""
+    from omnipack.profiles import get_profile
+
+    folder = build_llava_onevision_model_dir(tmp_path / "model")
+    # a 224 px probe alone: the base view and 4 crops of its best grid; two: one base view each
+    shapes = r"'pixel_values' \(1, 5, 3, 32, 32\) for one image and \(2, 1, 3, 32, 32\) for two"
+    with pytest.raises(ValueError, match=rf"LlavaOnevisionProcessor .* returns {shapes}, not one item axis"):
+        get_profile("hf", model_dir=str(folder))
