@@ -62,13 +62,18 @@ def hf_model_dir(tmp_path_factory: pytest.TempPathFactory, hf_family: str) -> Pa
 @pytest.fixture(scope="session")
 def hf_prepared(tmp_path_factory: pytest.TempPathFactory, hf_model_dir: Path):
     """(media, samples, dataset) of test_profile_hf.py's corpus prepared with ``--model hf_model_dir``."""
+    return prepare_hf_corpus(tmp_path_factory.mktemp("hf_e2e"), hf_model_dir)
+
+
+def prepare_hf_corpus(root: Path, model_dir: Path, *extra: str, seq_length: int = 1024):
+    """(media, samples, dataset): test_profile_hf.py's image corpus under ``root`` prepared with
+    ``--model model_dir`` (no ``--profile``: the checkpoint's, or the ``hf`` fallback) and ``extra`` flags."""
     from tests.family_kit import prepare
     from tests.test_profile_hf import _corpus
 
-    root = tmp_path_factory.mktemp("hf_e2e")
     manifest, media, samples = _corpus(root / "src")
     out = prepare(
-        manifest, media, root / "ds", "--model", str(hf_model_dir), "--seq-length", "1024",
-        "--shard-max-rows", "2",
-    )
+        manifest, media, root / "ds", "--model", str(model_dir), "--seq-length", str(seq_length),
+        "--shard-max-rows", "2", *extra,
+    )  # fmt: skip
     return media, samples, out

@@ -26,6 +26,18 @@ def _torchvision_ok() -> bool:
         return False
 
 
+def require_torchvision() -> None:
+    """Skip the calling test module unless a torchvision matching torch imports (the transformers video
+    processors, and every processor holding one, need it): run such modules with ``pytest -m hf_processors``
+    in an environment with torchvision (README, "Model profiles")."""
+    if not _torchvision_ok():
+        pytest.skip(
+            "needs a working torchvision matching torch (missing, or a build for another torch); install it to "
+            "run these opt-in tests (README, 'Model profiles')",
+            allow_module_level=True,
+        )
+
+
 def import_hf(module: str):
     """Import ``transformers.<module>``, stubbing torchvision if needed; skip if torch is missing."""
     pytest.importorskip("torch")

@@ -54,7 +54,7 @@ def test_pairing_scan_keeps_small_items_for_the_mid_sized_ones():
     rng = np.random.default_rng(0)
     n = 1000
     real = np.where(rng.random(n) < 0.97, rng.uniform(902, 2106, n), rng.lognormal(np.log(489), 0.94, n))
-    lengths = _padded(real, 4096)
+    lengths = padded(real, 4096)
     bound = max(lower_bounds(lengths, 4096).values())
     plan = pack(lengths, 4096)
     assert plan.num_rows <= pack(lengths, 4096, algorithm="ffd").num_rows

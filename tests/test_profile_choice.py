@@ -166,3 +166,37 @@ def test_settings_saved_by_transformers_5_are_read_from_processor_config(tmp_pat
     # an option given explicitly wins over the folder's
     _, opts = choose_profile("qwen3_vl", folder, {"preprocessor_config": str(folder / "preprocessor_config.json")})
     assert get_profile("qwen3_vl", **opts).image.patch_size == 14
+
+
+def test_a_run_measures_with_the_settings_of_processor_config(tmp_path, small_corpus):
+    """A folder saved by transformers 5 keeps its image settings in processor_config.json only: the measure
+    workers, which read the run's shipped copy of that file, count every image with them, as the profile the
+    run records does (the copy read as a flat preprocessor config gave the class defaults)."""
+    from omnipack.dataset.codec import decode_row
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+    from omnipack.media.probe import probe
+    from tests.test_pipeline import read_rows_from_tars
+
+    folder = build_demo_tokenizer(tmp_path / "m", profile="qwen3_vl")
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
+    nested = {"image_processor": {"patch_size": 16, "size": {"shortest_edge": 4096, "longest_edge": LONGEST_EDGE}}}
+    (folder / "processor_config.json").write_text(json.dumps(nested))
+    out = tmp_path / "ds"
+    assert main(_prepare(small_corpus, out, "--model", str(folder))) == 0
+    manifest, media = small_corpus
+    images = {}
+    for line in manifest.read_text().splitlines():
+        d = json.loads(line)
+        parts = [p for m in d["messages"] if isinstance(m["content"], list) for p in m["content"]]
+        images[d["id"]] = [p["image"] for p in parts if p["type"] == "image"]
+    ours, default = get_profile("qwen3_vl", preprocessor_config=str(folder)), get_profile("qwen3_vl")
+    checked = differ = 0
+    for parts in read_rows_from_tars(out).values():
+        row, _ = decode_row(parts)
+        for k, sid in enumerate(row.sample_ids):
+            got = [m.num_tokens for m in sorted(row.media, key=lambda m: m.token_start) if m.sample_index == k and m.kind == "image"]
+            metas = [probe(media / p, "image") for p in images[sid]]
+            assert got == [ours.plan(m).num_tokens for m in metas], sid
+            differ += got != [default.plan(m).num_tokens for m in metas]
+            checked += len(got)
+    assert checked and differ

@@ -51,15 +51,21 @@ def processor_alone(proc, media: Path, messages: list[dict]) -> dict[str, np.nda
     return {k: v for k, v in out.items() if k not in TEXT_KEYS}
 
 
-def joined(parts: list[dict[str, np.ndarray]], axes: dict[str, int]) -> dict[str, np.ndarray]:
-    """Each key's arrays concatenated along its item axis, the other axes zero-padded to the largest."""
+def joined(
+    parts: list[dict[str, np.ndarray]], axes: dict[str, int], fills: dict[str, float] | None = None
+) -> dict[str, np.ndarray]:
+    """Each key's arrays concatenated along its item axis, the other axes padded to the largest (with 0, or
+    the key's value in ``fills``)."""
     out = {}
     for k, axis in axes.items():
         arrays = [p[k] for p in parts if k in p]
         if arrays:
             top = np.max([a.shape for a in arrays], axis=0)
             pads = [[(0, 0 if d == axis else int(top[d]) - a.shape[d]) for d in range(a.ndim)] for a in arrays]
-            out[k] = np.concatenate([np.pad(a, p) for a, p in zip(arrays, pads, strict=True)], axis=axis)
+            fill = (fills or {}).get(k, 0)
+            out[k] = np.concatenate(
+                [np.pad(a, p, constant_values=fill) for a, p in zip(arrays, pads, strict=True)], axis=axis
+            )
     return out
 
 
@@ -120,7 +126,12 @@ def test_the_loader_hands_the_processor_tensors_batched(prepared, proc, family):
 
 def test_the_trainer_only_install_loads_them(prepared, tmp_path):  # noqa: F811
     """With transformers, tokenizers and omnipack's PIL imports blocked, the loader gives the same tensors."""
-    out = prepared[2]
+    assert_trainer_only_loads_the_same(prepared[2], tmp_path)
+
+
+def assert_trainer_only_loads_the_same(out: Path, tmp_path: Path) -> None:
+    """The loader in a process where transformers, tokenizers, the decoders and omnipack's PIL imports are
+    blocked gives the same tensors as here, importing no family but ``hf``."""
     only_hf = """
         fams = sorted(m for m in sys.modules if m.startswith("omnipack.profiles.") and m.count(".") == 2
                       and getattr(sys.modules[m], "PROFILE", None) is not None)  # family modules only

@@ -423,17 +423,19 @@ def test_auto_processor_whole_samples(model_dir, media, model):
     """``AutoProcessor.from_pretrained`` of the directory (``Qwen3VLProcessor`` with the released image and
     video processors, videos decoded by transformers' ``load_video``): ids, grids, image pixels and the
     model's rope index from its ``mm_token_type_ids``. Skipped without a torchvision matching torch
-    (README, "Model profiles": ``pytest -m hf_processors``)."""
+    (README, "Model profiles": ``pytest -m hf_processors``). Images on the PIL backend, which the profile
+    reproduces (with torchvision, transformers picks its torchvision backend, whose resize rounds otherwise)."""
     try:
         import torchvision.transforms.v2.functional  # noqa: F401
     except Exception as e:  # missing, or a build that does not match torch
         pytest.skip(f"Qwen3VLVideoProcessor needs a working torchvision ({type(e).__name__})")
-    from transformers import AutoProcessor
+    from transformers import AutoImageProcessor, AutoProcessor
     from transformers.video_utils import load_video
 
     from omnipack.text.chat import ChatTokenizer
 
-    proc = AutoProcessor.from_pretrained(str(model_dir))
+    images = AutoImageProcessor.from_pretrained(str(model_dir), backend="pil")
+    proc = AutoProcessor.from_pretrained(str(model_dir), image_processor=images)
     assert type(proc).__name__ == "Qwen3VLProcessor"
     assert type(proc.video_processor).__name__ == "Qwen3VLVideoProcessor"
     prof = get_profile("qwen3_5")

@@ -88,6 +88,8 @@ class HFInputs(EncoderInputs):
         # {kind: {key: item axis}}: what the processor returns per item, and how its batch joins items
         self.item_axes = {kind: dict(axes) for kind, axes in settings["media_arrays"].items()}
         self.batch_keys = tuple(dict.fromkeys(k for axes in self.item_axes.values() for k in axes))
+        # {key: value} the processor pads a batch's other axes with, where not 0 (Phi-4-multimodal's masks: 1)
+        self.pad_values = {k: float(v) for k, v in settings.get("media_pad_values", {}).items()}
         # {key: [[token id, value], ...]}: the processor's per-token outputs, a function of the token ids
         self.token_values = {k: [(int(t), int(v)) for t, v in pairs] for k, pairs in settings.get("token_inputs", {}).items()}
 
@@ -132,13 +134,15 @@ class HFInputs(EncoderInputs):
 
     def collate_media(self, per_item: list[dict[str, Any]], options: MediaInputOptions) -> dict[str, Any]:
         """Items' arrays joined along each key's item axis, as the processor batches one sample's items (other
-        axes zero-padded to the largest, as it pads a batch)."""
+        axes padded to the largest with the processor's pad value, as it pads a batch)."""
         axes = {k: a for kind_axes in self.item_axes.values() for k, a in kind_axes.items()}
         keys: list[str] = []
         for d in per_item:
             keys += [k for k in d if k not in keys]
         return {
-            k: join_into_batch_tensor([d[k] for d in per_item if k in d], axes[k], options.allocate)
+            k: join_into_batch_tensor(
+                [d[k] for d in per_item if k in d], axes[k], options.allocate, self.pad_values.get(k, 0)
+            )
             for k in keys
         }
 
@@ -148,7 +152,9 @@ class HFProfile(ModelProfile):
 
     Options: ``model_dir`` (the model folder holding the processor; a run sets it from ``--model`` / the
     tokenizer folder; without it the profile has no media kinds), ``processor_kwargs`` (a mapping passed to every processor call, e.g. ``{"do_image_splitting":
-    false}``; part of the cache key by being the profile's).
+    false}``; part of the cache key by being the profile's), ``image_backend`` (``"pil"`` or ``"torchvision"``:
+    the image processor's backend; by default transformers' choice, torchvision's where it is installed, whose
+    resize rounds unlike PIL's: pinning it keeps a dataset's pixels independent of the install).
     """
 
     name = "hf"
@@ -156,23 +162,36 @@ class HFProfile(ModelProfile):
     processor_backed = True
     template_blocks: ClassVar[dict[str, tuple[str, ...]]] = {}  # per model: the processor's tokens
 
-    def __init__(self, *, model_dir: str | Path | None = None, processor_kwargs: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        *,
+        model_dir: str | Path | None = None,
+        processor_kwargs: Mapping[str, Any] | None = None,
+        image_backend: str | None = None,
+    ):
         self.model_dir = None if model_dir is None else str(model_dir)
         self.processor_kwargs = dict(processor_kwargs or {})
+        self.image_backend = image_backend
         self._expansions: dict[tuple[Any, ...], _Counted] = {}
         self.processor_calls: Counter[str] = Counter()
         self.cache_hits: Counter[str] = Counter()
         self.template_blocks = {}
         self.feature_tokens: dict[str, str] = {}  # {kind: the token the model's features replace}
         self.media_arrays: dict[str, dict[str, int]] = {}
+        self.media_pad_values: dict[str, float] = {}  # {key: pad value} where the processor pads with no 0
         self.token_inputs: dict[str, list[list[int]]] = {}  # {key: [[token id, value], ...]}
         self.sampling_rate: int | None = None  # audio's: the rate clips are decoded at (the extractor's)
         if self.model_dir is None:  # no model: no media kinds (a run always passes the model folder)
             return
-        from transformers import AutoProcessor
+        from transformers import AutoImageProcessor, AutoProcessor
 
         try:
-            self.processor = AutoProcessor.from_pretrained(self.model_dir, local_files_only=True)
+            given = {}
+            if image_backend is not None:  # the sub-processor built with that backend, the rest as saved
+                given["image_processor"] = AutoImageProcessor.from_pretrained(
+                    self.model_dir, local_files_only=True, backend=image_backend
+                )
+            self.processor = AutoProcessor.from_pretrained(self.model_dir, local_files_only=True, **given)
         except Exception as e:  # a processor that can not be built here can not count anything
             raise ValueError(
                 f"profile hf: the processor of {self.model_dir} cannot be loaded offline ({_first_sentence(e)})"
@@ -353,16 +372,25 @@ class HFProfile(ModelProfile):
         """Refuse a processor whose outputs for an item depend on the sample's other items (e.g. one that
         pads every clip's waveform to the longest before computing features): stored per item, they could
         not be the processor's for the sample. Its outputs for a probe item and a smaller one together must
-        be its outputs for each alone, joined as the loader joins them."""
+        be its outputs for each alone, joined as the loader joins them, its other axes padded with one value
+        (the processor's, the same for blank items: a value that depends on the items is no pad value)."""
         name = type(self.processor).__name__
         big, small = (self._content(kind, self._shape(kind, s[kind])) for s in (_PROBE_SHAPE, _SMALL_SHAPE))
+        blank = [self._blank(kind, self._shape(kind, s[kind])) for s in (_PROBE_SHAPE, _SMALL_SHAPE)]
         try:
             pair, *alone = (self._call(kind, items) for items in ([big, small], [big], [small]))
+            blank_pair, *blank_alone = (self._call(kind, items) for items in (blank, blank[:1], blank[1:]))
         except Exception as e:
             raise ValueError(f"profile hf: {name} of {self.model_dir} cannot process a sample's {kind}s offline ({e})") from None
         for k, axis in axes.items():
             got = np.asarray(pair[k])
-            want = join_into_batch_tensor([np.asarray(a[k]) for a in alone], axis).numpy()
+            parts = [np.asarray(a[k]) for a in alone]
+            fill = self._pad_value(got, parts, axis)
+            if fill != self._pad_value(np.asarray(blank_pair[k]), [np.asarray(a[k]) for a in blank_alone], axis):
+                fill = 0  # padding that varies with the items' content: not the processor's pad value
+            if fill:
+                self.media_pad_values[k] = fill
+            want = join_into_batch_tensor(parts, axis, fill=fill).numpy()
             if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
                 raise ValueError(
                     f"profile hf: {name} of {self.model_dir} gives an item other {k!r} beside a second {kind} "
@@ -370,6 +398,16 @@ class HFProfile(ModelProfile):
                     f"the sample's other items (padded before they are computed), so they cannot be stored per "
                     f"item as the processor's"
                 )
+
+    @staticmethod
+    def _pad_value(batch: np.ndarray, parts: list[np.ndarray], axis: int) -> float:
+        """The value the processor filled ``batch`` with where the joined ``parts`` leave padding (0 when it
+        leaves none, or fills it with no single value)."""
+        covered = [np.ones(p.shape, bool) for p in parts]
+        if batch.shape != tuple(join_into_batch_tensor(covered, axis).shape):
+            return 0
+        padding = batch[~join_into_batch_tensor(covered, axis).numpy()]
+        return float(padding.flat[0]) if padding.size and (padding == padding.flat[0]).all() else 0
 
     def _find_turn_end(self) -> str:
         """The first special token the chat template writes after an assistant's text (its end of turn)."""
@@ -543,6 +581,11 @@ class HFProfile(ModelProfile):
             "placeholder_tokens": {k: [v] for k, v in self.feature_tokens.items()},
             "template_blocks": {k: list(v) for k, v in self.template_blocks.items()},
             "media_arrays": self.media_arrays,
+            "media_pad_values": self.media_pad_values,  # {key: value} the trainer half pads with, where not 0
+            "image_backend": self.image_backend,
+            "image_processor_class": (
+                type(self.processor.image_processor).__name__ if "image" in self.template_blocks else None
+            ),
             "token_inputs": self.token_inputs,  # per-token outputs: {key: [[token id, value], ...]}, 0 elsewhere
             "sampling_rate": self.sampling_rate,  # audio's (None without audio): what clips were decoded at
             "turn_end": self.turn_end,

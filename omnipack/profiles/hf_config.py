@@ -91,4 +91,8 @@ def read_preprocessor_config(path: str | Path | None, kind: str = "image") -> di
         return data[found[1]] if found[1] else data
     if not p.exists():
         return {}
-    return json.loads(p.read_text())
+    data = json.loads(p.read_text())
+    section = PROCESSOR_SETTINGS[kind].section
+    if p.name == PROCESSOR_CONFIG and isinstance(data.get(section), dict):
+        return data[section]  # transformers 5's file (a folder's, or the run's shipped copy): the kind's section
+    return data

@@ -253,9 +253,12 @@ def concat_into_batch_tensor(parts: list[Any], allocate: Allocator = private_sto
     return out
 
 
-def join_into_batch_tensor(parts: list[np.ndarray], axis: int, allocate: Allocator = private_storage) -> Any:
+def join_into_batch_tensor(
+    parts: list[np.ndarray], axis: int, allocate: Allocator = private_storage, fill: float = 0
+) -> Any:
     """Arrays joined along ``axis`` into one new batch tensor (storage from ``allocate``), each written
-    once; the other axes are zero-padded to the largest part (as HF processors pad a batch)."""
+    once; the other axes are padded with ``fill`` to the largest part (as HF processors pad a batch: zeros,
+    or ones for Phi-4-multimodal's crop masks)."""
     first = parts[0]
     for p in parts:
         if p.dtype != first.dtype or p.ndim != first.ndim:
@@ -265,7 +268,7 @@ def join_into_batch_tensor(parts: list[np.ndarray], axis: int, allocate: Allocat
     out = empty_batch_tensor(tuple(shape), first.dtype, allocate)
     buf = out.numpy()
     if any(p.shape[d] != shape[d] for p in parts for d in range(first.ndim) if d != axis):
-        buf[...] = 0
+        buf[...] = fill
     at = 0
     for p in parts:
         n = int(p.shape[axis])

@@ -1,0 +1,119 @@
+"""Native profile vs processor-backed profile on the families whose processors hold a video processor
+(transformers builds those only with torchvision): Qwen2.5-VL and Qwen3-VL, images (issue 23, item 4; the
+Gemma 3 pair runs without torchvision in test_profile_hf_native.py). Opt-in (``pytest -m hf_processors``),
+skipped where torchvision does not import.
+
+Each model folder (the demo tokenizer of the family, its processor class with the PIL image processor and the
+video processor, ``config.json``) is prepared twice from test_profile_hf.py's image corpus: by its native
+family (chosen from the checkpoint) and by ``--profile hf`` with ``image_backend=pil`` (the backend the native
+families reproduce; with torchvision installed transformers picks its torchvision backend, whose resize rounds
+differently). Every sample gets the same token ids and labels, and the loader hands the same ``pixel_values``
+(the native family's stored uint8 frames normalized and patched by its trainer half; the processor's float32
+patches as stored) and ``image_grid_thw``, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import prepare_hf_corpus
+from tests.hf_oracles import require_torchvision
+
+pytestmark = pytest.mark.hf_processors
+pytest.importorskip("transformers")
+pytest.importorskip("megatron.energon")
+require_torchvision()
+
+from tests.test_profile_hf_payload import _loader_batches  # noqa: E402
+
+# family -> (processor class, config class, patch size, video processor class)
+FAMILIES = {
+    "qwen2_5_vl": ("Qwen2_5_VLProcessor", "Qwen2_5_VLConfig", 14, "Qwen2VLVideoProcessor"),
+    "qwen3_vl": ("Qwen3VLProcessor", "Qwen3VLConfig", 16, "Qwen3VLVideoProcessor"),
+}
+COMPARED = ("tokens", "labels")  # per sample; pixels and grids per sample's images
+
+
+def build_qwen_vl_checkpoint(out: Path, family: str) -> Path:
+    import transformers
+
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+
+    proc_cls, config_cls, patch, video_cls = FAMILIES[family]
+    build_demo_tokenizer(out, profile=family)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    getattr(transformers, proc_cls)(
+        image_processor=transformers.Qwen2VLImageProcessorPil(patch_size=patch),
+        video_processor=getattr(transformers, video_cls)(patch_size=patch),
+        tokenizer=tok,
+        chat_template=tok.chat_template,
+    ).save_pretrained(out)
+    config = getattr(transformers, config_cls)()
+    config.architectures = [proc_cls.replace("Processor", "ForConditionalGeneration")]
+    config.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def both(request, tmp_path_factory):
+    """(family, {profile: dataset}, samples) of one corpus prepared by the native family and by ``hf``."""
+    family = request.param
+    root = tmp_path_factory.mktemp(f"side_by_side_{family}")
+    model = build_qwen_vl_checkpoint(root / "model", family)
+    out = {}
+    for name, extra in [(family, []), ("hf", ["--profile", "hf", "--profile-option", "image_backend=pil"])]:
+        _, samples, out[name] = prepare_hf_corpus(root / name, model, *extra, seq_length=4096)
+    return family, out, samples
+
+
+def _per_sample(out: Path) -> dict[str, dict[str, np.ndarray]]:
+    """{sample id: its token ids, labels, and its images' pixel rows and grids} as the loader hands them."""
+    found = {}
+    for batch in _loader_batches(out, batch_size=1):
+        d = batch.as_dict()
+        cup, cu = d["cu_seqlens_q_padded"], d["cu_seqlens_q"]
+        grids = d.get("image_grid_thw")
+        image, row = 0, 0
+        for k, sid in enumerate(batch.sample_ids[0]):
+            a, n = int(cup[k]), int(cu[k + 1] - cu[k])
+            found[sid] = {key: d[key][0, a : a + n].numpy() for key in COMPARED}
+            images = sum(m["sample_index"] == k for m in batch.row_meta[0]["media"])
+            if images:
+                g = grids[image : image + images].numpy()
+                rows = int(np.prod(g, axis=1).sum())
+                found[sid]["image_grid_thw"] = g
+                found[sid]["pixel_values"] = d["pixel_values"][row : row + rows].numpy()
+                image, row = image + images, row + rows
+        assert row == (0 if grids is None else d["pixel_values"].shape[0])
+    return found
+
+
+def test_the_profiles_are_the_checkpoints_and_the_processors(both):
+    family, out, samples = both
+    native, hf = (json.loads((out[n] / ".nv-meta" / "omnipack.json").read_text()) for n in (family, "hf"))
+    assert (native["profile"]["name"], native["profile"]["source"]) == (family, "checkpoint")
+    assert (hf["profile"]["name"], hf["profile"]["source"]) == ("hf", "explicit")
+    settings = hf["profile"]["settings"]
+    assert settings["processor_class"] == FAMILIES[family][0]
+    assert (settings["image_backend"], settings["image_processor_class"]) == ("pil", "Qwen2VLImageProcessorPil")
+    assert settings["placeholder_tokens"] == {"image": ["<|image_pad|>"]}
+    assert native["counts"]["packed"] == hf["counts"]["packed"] == len(samples)
+
+
+def test_token_ids_labels_pixels_and_grids_equal_the_native_familys(both):
+    family, out, samples = both
+    native, hf = _per_sample(out[family]), _per_sample(out["hf"])
+    assert sorted(native) == sorted(hf) == sorted(samples)
+    images = 0
+    for sid in samples:
+        assert native[sid].keys() == hf[sid].keys(), sid
+        for key, want in native[sid].items():
+            got = hf[sid][key]
+            assert (got.dtype, got.shape) == (want.dtype, want.shape), (sid, key, got.dtype, want.dtype, got.shape)
+            assert got.tobytes() == want.tobytes(), (sid, key, float(np.abs(got.astype(float) - want).max()))
+        images += len(native[sid].get("image_grid_thw", ()))
+    assert images == sum(p["type"] == "image" for m in sum(samples.values(), []) for p in m["content"])
