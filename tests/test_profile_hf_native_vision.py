@@ -28,7 +28,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("megatron.energon")
 require_torchvision()
 
-from tests.test_profile_hf_payload import _loader_batches  # noqa: E402
+from tests.family_kit import val_batches  # noqa: E402
 
 # family -> (processor class, config class, patch size, video processor class)
 FAMILIES = {
@@ -73,7 +73,7 @@ def both(request, tmp_path_factory):
 def _per_sample(out: Path) -> dict[str, dict[str, np.ndarray]]:
     """{sample id: its token ids, labels, and its images' pixel rows and grids} as the loader hands them."""
     found = {}
-    for batch in _loader_batches(out, batch_size=1):
+    for batch in val_batches(out, batch_size=1):
         d = batch.as_dict()
         cup, cu = d["cu_seqlens_q_padded"], d["cu_seqlens_q"]
         grids = d.get("image_grid_thw")

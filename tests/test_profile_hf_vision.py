@@ -29,10 +29,10 @@ require_torchvision()
 from omnipack.cli import main  # noqa: E402
 from omnipack.dataset.codec import decode_row  # noqa: E402
 from omnipack.loader.media import decode_payload  # noqa: E402
+from tests.family_kit import val_batches  # noqa: E402
 from tests.test_pipeline import read_rows_from_tars  # noqa: E402
 from tests.test_profile_hf_payload import (  # noqa: E402
     TEXT_KEYS,
-    _loader_batches,
     assert_same_bits,
     assert_trainer_only_loads_the_same,
     joined,
@@ -200,14 +200,14 @@ def test_verify_and_the_loader_hand_the_processor_tensors(prepared, proc, family
     assert main(["verify", str(out), "--workers", "1"]) == 0
     axes = FAMILIES[family][4]
     seen = []
-    for batch in _loader_batches(out, batch_size=2):
+    for batch in val_batches(out, batch_size=2):
         sids = [s for row in batch.sample_ids for s in row]
         seen += sids
         alone = [processor_alone(proc, media, samples[s]) for s in sids]
         got = {k: v.numpy() for k, v in (batch.encoder_inputs or {}).items()}
         assert_same_bits(got, joined([{k: v for k, v in a.items() if k in axes} for a in alone], axes), sids)
     assert sorted(seen) == sorted(samples)
-    for batch in _loader_batches(out, batch_size=1):  # per-token outputs, sample by sample
+    for batch in val_batches(out, batch_size=1):  # per-token outputs, sample by sample
         d = batch.as_dict()
         cup, cu = d["cu_seqlens_q_padded"], d["cu_seqlens_q"]
         for k, sid in enumerate(batch.sample_ids[0]):
