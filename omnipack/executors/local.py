@@ -6,7 +6,9 @@ each process keeps what it loads (a tokenizer, the mapped measure tables) for al
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import importlib
 import multiprocessing as mp
 import os
 import pickle
@@ -16,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 from ..progress import attach_queue
@@ -64,6 +66,10 @@ def _run_unit(fn: UnitFn, spec_path: str, unit: Any) -> Any:
     return fn(_spec_from(spec_path), unit)
 
 
+def _import(module: str) -> None:
+    importlib.import_module(module)
+
+
 def _worker_init(progress_queue: Any, parent_pid: int) -> None:
     """A pool worker leaves Ctrl-C to the parent (which stops the pool and says how to resume: a worker
     handling it too would print its own traceback), reports its progress counts to the parent, and ends
@@ -90,11 +96,7 @@ class LocalExecutor(Executor):
     def _new_queue() -> Any:
         return mp.get_context("spawn").Queue()
 
-    def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
-        if self.workers <= 1 or len(units) <= 1:
-            for unit in units:
-                yield fn(spec, unit)
-            return
+    def _ensure_pool(self) -> Any:
         if self._pool is None:
             # spawn, not fork: tokenizers' thread pools and fork do not mix
             context = mp.get_context("spawn")
@@ -107,19 +109,44 @@ class LocalExecutor(Executor):
                 initializer=_worker_init,
                 initargs=(self.progress_queue, os.getpid()),
             )
-        # The spec (with every input part: megabytes for a large input) goes to each worker once, through a
-        # file; a unit carries only its number. Pickled per unit it would cost O(units x parts). The file is
-        # in this process's staging folder: if the run is killed (kill -9), the next run removes it.
+        return self._pool
+
+    def start_workers(self, module: str) -> None:
+        """Start the worker processes now, each importing ``module`` (a stage's), rather than at the first
+        unit: their start overlaps what the caller does meanwhile."""
+        pool = self._ensure_pool()
+        for _ in range(self.workers):  # a spawn pool starts one more process per task while none is idle
+            pool.submit(_import, module)
+
+    @contextlib.contextmanager
+    def spec_file(self, spec: Any) -> Iterator[str]:
+        """The spec (with every input part: megabytes for a large input) in a file each worker loads once; a
+        unit then carries only its number. Pickled per unit it would cost O(units x parts). The file is in
+        this process's staging folder: if the run is killed (kill -9), the next run removes it."""
         fd, spec_path = tempfile.mkstemp(prefix="omnipack-spec-", suffix=".pkl", dir=staging_dir())
         try:
             with os.fdopen(fd, "wb") as f:
                 pickle.dump(spec, f, protocol=pickle.HIGHEST_PROTOCOL)
-            n = len(units)
-            yield from self._pool.map(_run_unit, [fn] * n, [spec_path] * n, units)
+            yield spec_path
         finally:
             os.unlink(spec_path)
 
-    def close(self, *, abort: bool = False) -> None:
+    def submit(self, fn: UnitFn, spec_path: str, unit: Any) -> Future:
+        """One unit on a worker process (the spec from ``spec_file``); its record's future."""
+        return self._ensure_pool().submit(_run_unit, fn, spec_path, unit)
+
+    def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
+        if self.workers <= 1 or len(units) <= 1:
+            for unit in units:
+                yield fn(spec, unit)
+            return
+        pool = self._ensure_pool()
+        with self.spec_file(spec) as spec_path:
+            n = len(units)
+            yield from pool.map(_run_unit, [fn] * n, [spec_path] * n, units)
+
+    def stop_workers(self, *, abort: bool = False) -> None:
+        """End the worker processes (a later unit starts new ones); the progress queue stays open."""
         if self._pool is not None:
             if abort:  # Ctrl-C or an error: stop the running units now (a rerun redoes them)
                 processes = list((getattr(self._pool, "_processes", None) or {}).values())
@@ -131,6 +158,9 @@ class LocalExecutor(Executor):
             else:
                 self._pool.shutdown(cancel_futures=True)
             self._pool = None
+
+    def close(self, *, abort: bool = False) -> None:
+        self.stop_workers(abort=abort)
         if self.progress_queue is not None:
             self.progress_queue.close()
             self.progress_queue.cancel_join_thread()  # nothing more to read: do not wait on its feeder
