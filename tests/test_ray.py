@@ -377,10 +377,13 @@ def test_a_cluster_of_its_own_runs_units_from_the_start_and_its_actors_take_over
     gate, init_args = gate_ray_init(monkeypatch)
     try:
         with RayExecutor(workers=2, address="local") as ex:
-            assert ex.workers == 2  # known without waiting for the cluster
-            early = finishes_within(120, lambda: list(ex.map(where_it_ran, None, [0, 1, 2, 3])))
-            gate.set()
-            assert ex.wait_for_workers(300) == 2
+            try:  # the worker count is known, and units run, without waiting for the cluster
+                workers, early = finishes_within(
+                    120, lambda: (ex.workers, list(ex.map(where_it_ran, None, [0, 1, 2, 3])))
+                )
+            finally:
+                gate.set()
+            assert workers == 2 and ex.wait_for_workers(300) == 2
             late = list(ex.map(where_it_ran, None, [4, 5, 6, 7]))
             actors = set(ex.worker_pids())
     finally:
