@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib
 import multiprocessing as mp
 import os
 import pickle
@@ -66,10 +65,6 @@ def _run_unit(fn: UnitFn, spec_path: str, unit: Any) -> Any:
     return fn(_spec_from(spec_path), unit)
 
 
-def _import(module: str) -> None:
-    importlib.import_module(module)
-
-
 def _worker_init(progress_queue: Any, parent_pid: int) -> None:
     """A pool worker leaves Ctrl-C to the parent (which stops the pool and says how to resume: a worker
     handling it too would print its own traceback), reports its progress counts to the parent, and ends
@@ -110,13 +105,6 @@ class LocalExecutor(Executor):
                 initargs=(self.progress_queue, os.getpid()),
             )
         return self._pool
-
-    def start_workers(self, module: str) -> None:
-        """Start the worker processes now, each importing ``module`` (a stage's), rather than at the first
-        unit: their start overlaps what the caller does meanwhile."""
-        pool = self._ensure_pool()
-        for _ in range(self.workers):  # a spawn pool starts one more process per task while none is idle
-            pool.submit(_import, module)
 
     @contextlib.contextmanager
     def spec_file(self, spec: Any) -> Iterator[str]:

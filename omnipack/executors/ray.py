@@ -120,9 +120,8 @@ class RayExecutor(Executor):
         self._bridge: LocalExecutor | None = None  # kept to the end for its progress queue
         self._bridge_on = self._own  # start-up workers take units
         self._bridged = 0  # units they ran
-        if self._own:
+        if self._own:  # its processes start with the first unit that finds no actor placed, as a local pool's
             self._bridge = LocalExecutor(self._workers)
-            self._bridge.start_workers(_measure.__name__)
 
     @property
     def progress_queue(self) -> Any:  # type: ignore[override]
@@ -259,12 +258,14 @@ class RayExecutor(Executor):
             if box is None and self._start_done.done():
                 self._wait_started()  # raises what the start raised
                 box = [ray.put(spec)]
-            if self._bridge_on and not on_bridge and self._all_placed():
-                self._end_bridge()
             # an actor takes a free unit first; start-up workers take what is left, the run's workers in all
             while todo and self._idle and len(on_actors) + len(on_bridge) < self._workers:
                 actor, unit = self._idle.pop(), todo.popleft()
                 on_actors[actor.run.remote(fn, box, unit).future()] = (actor, unit)
+            if self._bridge_on and not on_bridge and self._all_placed():
+                # (the actors placed before have their units while it waits for its processes to end)
+                self._end_bridge()
+                continue  # the actors just placed take units
             if self._bridge_on and spec_path is not None:
                 while todo and len(on_actors) + len(on_bridge) < self._workers:
                     unit = todo.popleft()
