@@ -395,7 +395,11 @@ def test_a_cluster_of_its_own_runs_units_from_the_start_and_its_actors_take_over
     assert {(pid in actors, in_ray, path, env) for pid, in_ray, path, env in late} == {
         (True, True, os.environ["PYTHONPATH"], False)
     }
-    assert not [pid for pid in start_up if alive(pid)]  # ended once the actors were placed
+    for _ in range(300):  # they end once the actors are placed (in the background: the run goes on)
+        if not [pid for pid in start_up if alive(pid)]:
+            break
+        time.sleep(0.1)
+    assert not [pid for pid in start_up if alive(pid)]
     assert "ray: 4 units ran on start-up workers while the cluster started" in capfd.readouterr().err
 
 

@@ -133,8 +133,12 @@ class LocalExecutor(Executor):
             n = len(units)
             yield from pool.map(_run_unit, [fn] * n, [spec_path] * n, units)
 
-    def stop_workers(self, *, abort: bool = False) -> None:
-        """End the worker processes (a later unit starts new ones); the progress queue stays open."""
+    def stop_workers(self, *, abort: bool = False, wait: bool = True) -> None:
+        """End the worker processes (a later unit starts new ones); the progress queue stays open. Without
+        ``wait``, idle workers are told to end and this returns at once (they exit in the background)."""
+        if self._pool is not None and not wait and not abort:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         if self._pool is not None:
             if abort:  # Ctrl-C or an error: stop the running units now (a rerun redoes them)
                 processes = list((getattr(self._pool, "_processes", None) or {}).values())

@@ -226,7 +226,7 @@ class RayExecutor(Executor):
         """All actors placed: the start-up workers end (their memory: a tokenizer each)."""
         assert self._bridge is not None
         self._bridge_on = False
-        self._bridge.stop_workers()
+        self._bridge.stop_workers(wait=False)  # not waited for: seconds, while actors could take units
         if self._bridged:
             _warn(f"{self._bridged} units ran on start-up workers while the cluster started; the actors run the rest")
 
@@ -263,7 +263,6 @@ class RayExecutor(Executor):
                 actor, unit = self._idle.pop(), todo.popleft()
                 on_actors[actor.run.remote(fn, box, unit).future()] = (actor, unit)
             if self._bridge_on and not on_bridge and self._all_placed():
-                # (the actors placed before have their units while it waits for its processes to end)
                 self._end_bridge()
                 continue  # the actors just placed take units
             if self._bridge_on and spec_path is not None:
