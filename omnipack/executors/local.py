@@ -6,7 +6,6 @@ each process keeps what it loads (a tokenizer, the mapped measure tables) for al
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -17,7 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from ..progress import attach_queue
@@ -91,7 +90,11 @@ class LocalExecutor(Executor):
     def _new_queue() -> Any:
         return mp.get_context("spawn").Queue()
 
-    def _ensure_pool(self) -> Any:
+    def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
+        if self.workers <= 1 or len(units) <= 1:
+            for unit in units:
+                yield fn(spec, unit)
+            return
         if self._pool is None:
             # spawn, not fork: tokenizers' thread pools and fork do not mix
             context = mp.get_context("spawn")
@@ -104,41 +107,19 @@ class LocalExecutor(Executor):
                 initializer=_worker_init,
                 initargs=(self.progress_queue, os.getpid()),
             )
-        return self._pool
-
-    @contextlib.contextmanager
-    def spec_file(self, spec: Any) -> Iterator[str]:
-        """The spec (with every input part: megabytes for a large input) in a file each worker loads once; a
-        unit then carries only its number. Pickled per unit it would cost O(units x parts). The file is in
-        this process's staging folder: if the run is killed (kill -9), the next run removes it."""
+        # The spec (with every input part: megabytes for a large input) goes to each worker once, through a
+        # file; a unit carries only its number. Pickled per unit it would cost O(units x parts). The file is
+        # in this process's staging folder: if the run is killed (kill -9), the next run removes it.
         fd, spec_path = tempfile.mkstemp(prefix="omnipack-spec-", suffix=".pkl", dir=staging_dir())
         try:
             with os.fdopen(fd, "wb") as f:
                 pickle.dump(spec, f, protocol=pickle.HIGHEST_PROTOCOL)
-            yield spec_path
+            n = len(units)
+            yield from self._pool.map(_run_unit, [fn] * n, [spec_path] * n, units)
         finally:
             os.unlink(spec_path)
 
-    def submit(self, fn: UnitFn, spec_path: str, unit: Any) -> Future:
-        """One unit on a worker process (the spec from ``spec_file``); its record's future."""
-        return self._ensure_pool().submit(_run_unit, fn, spec_path, unit)
-
-    def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
-        if self.workers <= 1 or len(units) <= 1:
-            for unit in units:
-                yield fn(spec, unit)
-            return
-        pool = self._ensure_pool()
-        with self.spec_file(spec) as spec_path:
-            n = len(units)
-            yield from pool.map(_run_unit, [fn] * n, [spec_path] * n, units)
-
-    def stop_workers(self, *, abort: bool = False, wait: bool = True) -> None:
-        """End the worker processes (a later unit starts new ones); the progress queue stays open. Without
-        ``wait``, idle workers are told to end and this returns at once (they exit in the background)."""
-        if self._pool is not None and not wait and not abort:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+    def close(self, *, abort: bool = False) -> None:
         if self._pool is not None:
             if abort:  # Ctrl-C or an error: stop the running units now (a rerun redoes them)
                 processes = list((getattr(self._pool, "_processes", None) or {}).values())
@@ -150,9 +131,6 @@ class LocalExecutor(Executor):
             else:
                 self._pool.shutdown(cancel_futures=True)
             self._pool = None
-
-    def close(self, *, abort: bool = False) -> None:
-        self.stop_workers(abort=abort)
         if self.progress_queue is not None:
             self.progress_queue.close()
             self.progress_queue.cancel_join_thread()  # nothing more to read: do not wait on its feeder

@@ -10,7 +10,6 @@ so a rerun unit gives the same bytes. Imported only when ``--executor ray`` is c
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -18,16 +17,12 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
-from concurrent import futures
-from concurrent.futures import Future
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 # The stages load with this module (the tokenizer library, Arrow, the media decoders), so an actor pays their
 # imports when it starts, while the driver still splits the input, not in its first unit.
 from ..stages import measure as _measure  # noqa: F401
 from .base import Executor, UnitFn
-from .local import LocalExecutor
 
 try:
     import ray
@@ -84,30 +79,19 @@ class RayExecutor(Executor):
     ``"auto"`` the cluster running on this machine (``ray start``; an error if none), ``host:port`` or
     ``ray://host:port`` that one; ``None``: ``RAY_ADDRESS`` (set by ``ray job submit``) if set, else ``"local"``.
     A Ray this process already joined is used as it is. The run says which cluster it is on. More workers
-    than the cluster's CPUs are capped, with a warning.
-
-    A cluster of the run's own is this machine's: it gets as many CPUs as it has workers (Ray starts a
-    Python worker per CPU), and until its actors are placed (seconds: Ray's own processes start one after
-    the other) the units go to start-up workers, processes of this machine as the local executor's, taking
-    units from the same queue; each actor placed takes the next free unit, and once all are placed the
-    start-up workers end."""
+    than the cluster's CPUs are capped, with a warning."""
 
     def __init__(self, workers: int = 1, address: str | None = None) -> None:
         self._started = False
         self._requested = max(1, int(workers))
         self._idle: list[Any] = []  # placed actors without a unit
-        self._starting: dict[Future, Any] = {}  # get_pid's future -> actor not yet known to be placed
+        self._starting: dict[Any, Any] = {}  # get_pid reference -> actor not yet known to be placed
         self._pids: dict[Any, int] = {}  # placed actor -> its process id
         self._failed_starts = 0  # actors in a row that died before they were placed
-        if address is None and not os.environ.get("RAY_ADDRESS"):
-            # not ray.init's own default, which joins the cluster last started on this machine
-            # (/tmp/ray/ray_current_cluster), still running or not
-            address = "local"
-        self._own = address == "local" and not ray.is_initialized()
-        self._workers = min(self._requested, max(1, int(ray_utils.get_num_cpus()))) if self._own else 0
+        self._start_error: BaseException | None = None
         # The cluster (seconds: its processes, then the actors' imports) comes up in the background while the
-        # driver splits the input and loads the tokenizer; the first use of the actors waits for it.
-        self._start_done: Future = Future()
+        # driver splits the input and loads the tokenizer; the first use of the workers waits for it.
+        self._ready = threading.Event()
         # The starting thread lives as long as the cluster: Ray starts its processes with PR_SET_PDEATHSIG,
         # which kills them when the thread that started them ends (not the process).
         self._release = threading.Event()
@@ -115,39 +99,32 @@ class RayExecutor(Executor):
             target=self._start, args=(address,), name="omnipack-ray-start", daemon=True
         )
         self._start_thread.start()
-        # start-up workers, for a cluster of the run's own only: a cluster joined may run on other machines
-        # than this one (a login node, the driver's pod), and its actors start in about a second
-        self._bridge: LocalExecutor | None = None  # kept to the end for its progress queue
-        self._bridge_on = self._own  # start-up workers take units
-        self._bridged = 0  # units they ran
-        if self._own:  # its processes start with the first unit that finds no actor placed, as a local pool's
-            self._bridge = LocalExecutor(self._workers)
 
-    @property
-    def progress_queue(self) -> Any:  # type: ignore[override]
-        """The start-up workers' progress counts (the actors' units move the bar as they finish)."""
-        return None if self._bridge is None else self._bridge.progress_queue
-
-    def _start(self, address: str) -> None:
+    def _start(self, address: str | None) -> None:
         try:
             self._connect(address)
             for _ in range(self._workers):
                 self._start_actor()
-        except BaseException as e:  # raised in the caller's thread, at the first use of the actors
-            self._start_done.set_exception(e)
-        else:
-            self._start_done.set_result(None)
+        except BaseException as e:  # raised in the caller's thread, at the first use of the workers
+            self._start_error = e
+        finally:
+            self._ready.set()
         self._release.wait()
 
-    def _connect(self, address: str) -> None:
+    def _connect(self, address: str | None) -> None:
+        if address is None and not os.environ.get("RAY_ADDRESS"):
+            # not ray.init's own default, which joins the cluster last started on this machine
+            # (/tmp/ray/ray_current_cluster), still running or not
+            address = "local"
         if not ray.is_initialized():
             # the driver's import path goes to the workers, so they import the same omnipack; a cluster this
             # process starts inherits its environment (a runtime_env would make each actor wait for a worker
             # started for it, seconds, instead of taking one the cluster started in advance)
             env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
             runtime_env = {"env_vars": env} if env and address != "local" else None
-            # a cluster of the run's own: a CPU (and a Python worker Ray starts in advance) per actor
-            cpus = {"num_cpus": self._workers} if self._own else {}
+            # a cluster of the run's own: a CPU per worker, not one per core (Ray starts a Python worker per
+            # CPU in advance: 64 on a 64-core machine, for a run of 2 workers)
+            cpus = {"num_cpus": min(self._requested, max(1, int(ray_utils.get_num_cpus())))} if address == "local" else {}
             # from this thread Ray leaves the SIGTERM handler as it is (the run's lease handles SIGTERM) and
             # warns that it does: not the user's concern
             worker_log = logging.getLogger("ray._private.worker")
@@ -172,24 +149,25 @@ class RayExecutor(Executor):
 
     def _wait_started(self) -> None:
         """Wait for the background start (the cluster, the actors' creation); raise what it raised."""
-        self._start_done.result()
+        self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
 
     @property
     def workers(self) -> int:  # type: ignore[override]
         """How many actors run the units (``--workers``, capped at the cluster's CPUs)."""
-        if not self._own:  # known once the cluster says how many CPUs it has
-            self._wait_started()
+        self._wait_started()
         return self._workers
 
     def _start_actor(self) -> None:
         actor = _UnitWorker.remote()
-        self._starting[actor.get_pid.remote().future()] = actor
+        self._starting[actor.get_pid.remote()] = actor
 
-    def _placed(self, started: Future) -> None:
+    def _placed(self, ref: Any) -> None:
         """A starting actor answered (placed: now idle) or died before it could (replaced)."""
-        actor = self._starting.pop(started)
+        actor = self._starting.pop(ref)
         try:
-            self._pids[actor] = started.result()
+            self._pids[actor] = ray.get(ref)
         except RayActorError as e:
             self._failed_starts += 1
             if self._failed_starts > self._workers + 3:  # not a lost node: no actor can start on this cluster
@@ -215,113 +193,53 @@ class RayExecutor(Executor):
         self._wait_started()
         while self._starting:
             left = None if end is None else max(0.0, end - time.monotonic())
-            ready, _ = futures.wait(list(self._starting), timeout=left, return_when=futures.FIRST_COMPLETED)
+            ready, _ = ray.wait(list(self._starting), num_returns=1, timeout=left)
             if not ready:
                 break
-            for started in ready:
-                self._placed(started)
+            self._placed(ready[0])
         return len(self._pids)
 
-    def _end_bridge(self) -> None:
-        """All actors placed: the start-up workers end (their memory: a tokenizer each)."""
-        assert self._bridge is not None
-        self._bridge_on = False
-        self._bridge.stop_workers(wait=False)  # not waited for: seconds, while actors could take units
-        if self._bridged:
-            _warn(f"{self._bridged} units ran on start-up workers while the cluster started; the actors run the rest")
-
-    def _all_placed(self) -> bool:
-        """Whether the start is done and every actor placed (the answers already there taken in)."""
-        if not self._start_done.done():
-            return False
-        self._wait_started()  # raises what the start raised
-        for started in [f for f in self._starting if f.done()]:
-            self._placed(started)
-        return not self._starting and len(self._pids) >= self._workers
-
     def map_unordered(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[tuple[Any, Any]]:
-        if self._bridge_on and self._all_placed():
-            self._end_bridge()
-        if not self._bridge_on:
-            self._wait_started()
-        with self._bridge.spec_file(spec) if self._bridge_on else contextlib.nullcontext() as spec_path:
-            yield from self._schedule(fn, spec, spec_path, units)
-
-    def _schedule(self, fn: UnitFn, spec: Any, spec_path: str | None, units: list[Any]) -> Iterator[tuple[Any, Any]]:
-        box: list | None = None  # the spec in the object store, once the cluster is up
+        self._wait_started()
+        box = [ray.put(spec)]
         todo = deque(units)
         tries: Counter = Counter()
-        on_actors: dict[Future, tuple[Any, Any]] = {}  # a unit's future -> (actor, unit)
-        on_bridge: dict[Future, Any] = {}  # a unit's future on a start-up worker -> unit
+        running: dict[Any, tuple[Any, Any]] = {}  # run reference -> (actor, unit)
         waited = 0.0
-        while todo or on_actors or on_bridge:
-            if box is None and self._start_done.done():
-                self._wait_started()  # raises what the start raised
-                box = [ray.put(spec)]
-            # an actor takes a free unit first; start-up workers take what is left, the run's workers in all
-            while todo and self._idle and len(on_actors) + len(on_bridge) < self._workers:
+        while todo or running:
+            while todo and self._idle:
                 actor, unit = self._idle.pop(), todo.popleft()
-                on_actors[actor.run.remote(fn, box, unit).future()] = (actor, unit)
-            if self._bridge_on and not on_bridge and self._all_placed():
-                self._end_bridge()
-                continue  # the actors just placed take units
-            if self._bridge_on and spec_path is not None:
-                while todo and len(on_actors) + len(on_bridge) < self._workers:
-                    unit = todo.popleft()
-                    on_bridge[self._bridge.submit(fn, spec_path, unit)] = unit  # type: ignore[union-attr]
-            # the actors the start made (the start thread adds to them until it is done)
-            starting = list(self._starting) if self._start_done.done() else [self._start_done]
-            waiting = [*on_actors, *on_bridge, *starting]
+                running[actor.run.remote(fn, box, unit)] = (actor, unit)
             # with a unit running, wait for it however long it takes; with none, say when no actor is placed
-            timeout = None if on_actors or on_bridge else STALL_S
-            ready, _ = futures.wait(waiting, timeout=timeout, return_when=futures.FIRST_COMPLETED)
+            timeout = None if running else STALL_S
+            ready, _ = ray.wait([*running, *self._starting], num_returns=1, timeout=timeout)
             if not ready:
                 waited += STALL_S
-                cpus = ray.available_resources().get("CPU", 0) if self._start_done.done() else 0
+                cpus = ray.available_resources().get("CPU", 0)
                 _warn(
                     f"no worker placed after {waited:.0f} s ({len(todo)} units waiting, {cpus:g} CPUs free in the "
                     "cluster); still waiting"
                 )
                 continue
             waited = 0.0
-            for done in ready:
-                if done is self._start_done:
-                    continue  # the spec goes to the object store, the actors' starts are waited for
-                if done in self._starting:
-                    self._placed(done)
-                elif done in on_bridge:
-                    unit = on_bridge.pop(done)
-                    try:
-                        record = done.result()
-                    except (BrokenProcessPool, futures.CancelledError):
-                        # a start-up worker died (kill -9, the OOM killer): its pool is gone, its units and
-                        # the ones queued behind them go to the actors
-                        tries[unit] += 1
-                        if tries[unit] >= UNIT_TRIES:
-                            raise RuntimeError(f"ray: unit {unit} lost its worker {tries[unit]} times") from None
-                        todo.appendleft(unit)
-                        if self._bridge_on:
-                            _warn(f"a start-up worker died with unit {unit} running; it and the units left run on the actors")
-                            self._bridge_on = False
-                            self._bridge.stop_workers(abort=True)  # type: ignore[union-attr]
-                        continue
-                    self._bridged += 1
-                    yield unit, record
-                elif done in on_actors:
-                    actor, unit = on_actors.pop(done)
-                    try:
-                        record = done.result()
-                    except RayActorError as e:
-                        tries[unit] += 1
-                        pid = self._pids.get(actor, "?")
-                        if tries[unit] >= UNIT_TRIES:
-                            raise RuntimeError(f"ray: unit {unit} lost its worker {tries[unit]} times; last: {e}") from e
-                        _warn(f"worker (pid {pid}) died running unit {unit}; it runs again on another worker")
-                        todo.appendleft(unit)
-                        self._replace(actor)
-                        continue
-                    self._idle.append(actor)
-                    yield unit, record
+            ref = ready[0]
+            if ref in self._starting:
+                self._placed(ref)
+                continue
+            actor, unit = running.pop(ref)
+            try:
+                record = ray.get(ref)
+            except RayActorError as e:
+                tries[unit] += 1
+                pid = self._pids.get(actor, "?")
+                if tries[unit] >= UNIT_TRIES:
+                    raise RuntimeError(f"ray: unit {unit} lost its worker {tries[unit]} times; last: {e}") from e
+                _warn(f"worker (pid {pid}) died running unit {unit}; it runs again on another worker")
+                todo.appendleft(unit)
+                self._replace(actor)
+                continue
+            self._idle.append(actor)
+            yield unit, record
 
     def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
         # results in unit order, each as soon as the units before it are done
@@ -334,10 +252,7 @@ class RayExecutor(Executor):
                 k += 1
 
     def close(self, *, abort: bool = False) -> None:
-        if self._bridge is not None:
-            self._bridge.close(abort=abort)
-            self._bridge = None
-        futures.wait([self._start_done])  # a start cannot be cut short: let it end, then undo it
+        self._ready.wait()  # a start cannot be cut short: let it end, then undo it
         for actor in [*self._starting.values(), *self._pids]:  # placed ones: idle or running a unit
             ray.kill(actor)
         self._idle, self._starting, self._pids = [], {}, {}
