@@ -26,7 +26,6 @@ from .base import Executor, UnitFn
 
 try:
     import ray
-    from ray._private import utils as ray_utils
     from ray.exceptions import RayActorError
 except ImportError as e:  # pragma: no cover - depends on the optional extra
     raise ImportError("--executor ray needs Ray: omnipack's ray extra, pip install '.[ray]' in the omnipack repository") from e
@@ -65,6 +64,17 @@ class _UnitWorker:
         if self._spec is None or self._spec[0] != ref.hex():
             self._spec = (ref.hex(), ray.get(ref))
         return fn(self._spec[1], unit)
+
+
+def _machine_cpus() -> int:
+    """The CPUs Ray gives a local cluster by default (cgroup limits counted); os.cpu_count() should Ray's
+    internal helper move."""
+    try:
+        from ray._private.utils import get_num_cpus
+
+        return max(1, int(get_num_cpus()))
+    except (ImportError, AttributeError):
+        return os.cpu_count() or 1
 
 
 def cluster_line() -> str:
@@ -124,7 +134,7 @@ class RayExecutor(Executor):
             runtime_env = {"env_vars": env} if env and address != "local" else None
             # a cluster of the run's own: a CPU per worker, not one per core (Ray starts a Python worker per
             # CPU in advance: 64 on a 64-core machine, for a run of 2 workers)
-            cpus = {"num_cpus": min(self._requested, max(1, int(ray_utils.get_num_cpus())))} if address == "local" else {}
+            cpus = {"num_cpus": min(self._requested, _machine_cpus())} if address == "local" else {}
             # from this thread Ray leaves the SIGTERM handler as it is (the run's lease handles SIGTERM) and
             # warns that it does: not the user's concern
             worker_log = logging.getLogger("ray._private.worker")
