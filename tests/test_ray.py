@@ -337,14 +337,16 @@ def test_a_run_starts_its_cluster_while_the_driver_splits_the_input(
 
 def test_a_cluster_of_its_own_gives_the_actors_the_import_path_without_a_runtime_env(monkeypatch):
     """A cluster the run starts inherits the driver's environment (PYTHONPATH: the same omnipack); a
-    runtime_env would make every actor wait for a worker started for it instead of one started in advance."""
+    runtime_env would make every actor wait for a worker started for it instead of one started in advance.
+    It has a CPU per worker, not one per core: Ray starts a Python worker per CPU in advance."""
     from omnipack.executors.ray import RayExecutor
 
     ray.shutdown()
     # the import path the driver runs with (a checkout on PYTHONPATH, as a developer's), which actors inherit
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
     try:
-        with RayExecutor(workers=2, address="local") as ex:
+        with RayExecutor(workers=1, address="local") as ex:
+            assert ex.workers == 1 and ray.cluster_resources()["CPU"] == 1
             seen = {(path, "env_vars" in env) for path, env in ex.map(import_path_and_env, None, [0, 1, 2, 3])}
     finally:
         ray.shutdown()

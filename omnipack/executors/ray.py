@@ -66,6 +66,17 @@ class _UnitWorker:
         return fn(self._spec[1], unit)
 
 
+def _machine_cpus() -> int:
+    """The CPUs Ray gives a local cluster by default (cgroup limits counted); os.cpu_count() should Ray's
+    internal helper move."""
+    try:
+        from ray._private.utils import get_num_cpus
+
+        return max(1, int(get_num_cpus()))
+    except (ImportError, AttributeError):
+        return os.cpu_count() or 1
+
+
 def cluster_line() -> str:
     """The Ray cluster this process is on: its address, CPUs and nodes."""
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
@@ -121,13 +132,16 @@ class RayExecutor(Executor):
             # started for it, seconds, instead of taking one the cluster started in advance)
             env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
             runtime_env = {"env_vars": env} if env and address != "local" else None
+            # a cluster of the run's own: a CPU per worker, not one per core (Ray starts a Python worker per
+            # CPU in advance: 64 on a 64-core machine, for a run of 2 workers)
+            cpus = {"num_cpus": min(self._requested, _machine_cpus())} if address == "local" else {}
             # from this thread Ray leaves the SIGTERM handler as it is (the run's lease handles SIGTERM) and
             # warns that it does: not the user's concern
             worker_log = logging.getLogger("ray._private.worker")
             quiet = _DropMessage("SIGTERM handler is not set")
             worker_log.addFilter(quiet)
             try:
-                ray.init(address=address, include_dashboard=False, runtime_env=runtime_env)
+                ray.init(address=address, include_dashboard=False, runtime_env=runtime_env, **cpus)
             finally:
                 worker_log.removeFilter(quiet)
             self._started = True
