@@ -99,6 +99,7 @@ def _module_of(nodeid: str) -> str:
     return SHARED_WORKER.get(module, module)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown (and unused) without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
