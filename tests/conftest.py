@@ -81,16 +81,19 @@ def hf_prepared(tmp_path_factory: pytest.TempPathFactory, hf_model_dir: Path):
 # share a session fixture too expensive to build twice go to the same worker together. The slowest modules
 # are sent first: one of them started last would leave the other worker idle at the end.
 SHARED_WORKER = {"tests/test_profile_hf_payload.py": "tests/test_profile_hf.py"}  # hf_prepared
-SLOWEST_FIRST = [
+SLOWEST_FIRST = [  # by the per-file sums of a whole run's `--durations` (benchmarks/README.md, Test loop)
     "tests/test_ray.py",
-    "tests/test_output_s3.py",
-    "tests/test_resume.py",
-    "tests/test_lock.py",
-    "tests/test_pipeline.py",
     "tests/test_loader_buffer_pool.py",
-    "tests/test_family_conformance.py",
+    "tests/test_output_s3.py",
+    "tests/test_lock.py",
     "tests/test_loader_energon.py",
-    "tests/test_profile_hf.py",
+    "tests/test_profile_hf.py",  # with test_profile_hf_payload.py
+    "tests/test_pipeline.py",
+    "tests/test_family_conformance.py",
+    "tests/test_pipeline_gemma4.py",
+    "tests/test_profile_hf_audio.py",
+    "tests/test_shipped_tokenizer.py",
+    "tests/test_record_memory.py",
 ]
 
 
