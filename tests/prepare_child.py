@@ -29,13 +29,10 @@ def _forkserver() -> mp.context.BaseContext:
     return _context
 
 
-def _run_cli(argv: list[str], env: dict[str, str], stdout: str, stderr: str, cwd: str | None) -> None:
-    """The child: the command's environment, working folder and output files, then ``python -m omnipack
-    ARGV``."""
+def _run_cli(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
+    """The child: the command's environment and output files, then ``python -m omnipack ARGV``."""
     os.environ.clear()
     os.environ.update(env)
-    if cwd is not None:
-        os.chdir(cwd)
     for fd, path in ((1, stdout), (2, stderr)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(target, fd)
@@ -45,14 +42,12 @@ def _run_cli(argv: list[str], env: dict[str, str], stdout: str, stderr: str, cwd
     sys.exit(main(argv))  # its code is the child's exit code; an exception's traceback goes to stderr, code 1
 
 
-def run_omnipack(
-    argv: list[str], env: dict[str, str], timeout: float, cwd: str | os.PathLike | None = None
-) -> subprocess.CompletedProcess:
-    """``python -m omnipack ARGV`` with environment ``env`` (in folder ``cwd``) in a child forked from the
-    warm server: its exit code (``-9`` when it was killed with SIGKILL), stdout and stderr."""
+def run_omnipack(argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``python -m omnipack ARGV`` with environment ``env`` in a child forked from the warm server: its exit
+    code (``-9`` when it was killed with SIGKILL), stdout and stderr."""
     with tempfile.TemporaryDirectory(prefix="omnipack-child-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-        child = _forkserver().Process(target=_run_cli, args=(argv, env, str(out), str(err), cwd and str(cwd)))
+        child = _forkserver().Process(target=_run_cli, args=(argv, env, str(out), str(err)))
         child.start()
         child.join(timeout)
         if child.exitcode is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +29,6 @@ from omnipack.stages.model_files import (  # noqa: E402
     read_shipped,
     ship,
 )
-from tests.prepare_child import run_omnipack  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
 from tests.stage_outputs import cli_args, demo_config  # noqa: E402
 
@@ -66,15 +67,21 @@ def _config(url: str, tokenizer: Path, **kw):
 
 
 def _node_b(home: Path, runs: list[list[str]]) -> tuple[list[int], str]:
-    """``omnipack`` CLI runs, each in a process of its own standing for another machine: its own working
-    folder, home and cache, the store's settings (AWS_*) from the environment; the exit codes and stderr.
-    (The processes are forked from the session's warm server, ``tests/prepare_child.py``, which imported
-    the prepare stack but ran nothing: no cache, no copy of the tokenizer.)"""
+    """``omnipack`` CLI runs in a child process standing for another machine: its own working folder, home
+    and cache, the store's settings (AWS_*) from the environment; the exit codes and stderr."""
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "XDG_", "OMNIPACK_"))}
     env |= {"HOME": str(home), "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])}
-    done = [run_omnipack(argv, env, timeout=600, cwd=home) for argv in runs]
-    return [res.returncode for res in done], "".join(res.stderr for res in done)
+    script = (
+        "import json, sys\nfrom omnipack.cli import main\n"
+        "print(json.dumps([main(a) for a in json.loads(sys.argv[1])]))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(runs)],
+        cwd=home, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1]), res.stderr
 
 
 def test_nodes_sharing_only_the_store_give_the_bytes_of_one_node(s3, tmp_path, demo_tokenizer):
