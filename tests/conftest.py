@@ -77,3 +77,46 @@ def prepare_hf_corpus(root: Path, model_dir: Path, *extra: str, seq_length: int 
         "--shard-max-rows", "2", *extra,
     )  # fmt: skip
     return media, samples, out
+
+
+# Parallel runs (``pytest -n 2``, pytest-xdist): tests go to the workers a module at a time, so that each
+# module's fixtures (its prepared datasets, S3 server, Ray cluster) are built once, and the modules that
+# share a session fixture too expensive to build twice go to the same worker together. The slowest modules
+# are sent first: one of them started last would leave the other worker idle at the end.
+SHARED_WORKER = {"tests/test_profile_hf_payload.py": "tests/test_profile_hf.py"}  # hf_prepared
+SLOWEST_FIRST = [  # by the per-file sums of a whole run's `--durations` (benchmarks/README.md, Test loop)
+    "tests/test_ray.py",
+    "tests/test_loader_buffer_pool.py",
+    "tests/test_output_s3.py",
+    "tests/test_lock.py",
+    "tests/test_loader_energon.py",
+    "tests/test_profile_hf.py",  # with test_profile_hf_payload.py
+    "tests/test_pipeline.py",
+    "tests/test_family_conformance.py",
+    "tests/test_pipeline_gemma4.py",
+    "tests/test_profile_hf_audio.py",
+    "tests/test_shipped_tokenizer.py",
+    "tests/test_record_memory.py",
+]
+
+
+def _module_of(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return SHARED_WORKER.get(module, module)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown (and unused) without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _module_of(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            rank = {m: i for i, m in enumerate(SLOWEST_FIRST)}
+            first = min(self.workqueue, key=lambda scope: rank.get(scope, len(rank)))
+            self.workqueue.move_to_end(first, last=False)  # ties keep the collection's order (min: first)
+            super()._assign_work_unit(node)
+
+    return ModuleScheduling(config, log)
