@@ -70,19 +70,19 @@ class LedgerWriter:
         self._writer.close()
 
 
-def read_ledger(path: Path) -> pa.Table:
-    """The ledger with its schema checked (a ``ValueError`` names what is wrong with the file, a
-    ``FileNotFoundError`` says it is not there)."""
+def read_ledger(path: Path, schema: pa.Schema = LEDGER_SCHEMA) -> pa.Table:
+    """The ledger (or another table ``LedgerWriter`` wrote with ``schema``) with its schema checked (a
+    ``ValueError`` names what is wrong with the file, a ``FileNotFoundError`` says it is not there)."""
     if not path.is_file():
         raise FileNotFoundError(path)
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as e:
         raise ValueError(f"unreadable: {e}") from None
-    missing = [f.name for f in LEDGER_SCHEMA if f.name not in table.column_names]
+    missing = [f.name for f in schema if f.name not in table.column_names]
     if missing:
         raise ValueError(f"lacks the columns {missing}")
     try:
-        return table.select(LEDGER_SCHEMA.names).cast(LEDGER_SCHEMA)
+        return table.select(schema.names).cast(schema)
     except (pa.ArrowException, ValueError) as e:
         raise ValueError(f"columns of unexpected types: {e}") from None

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from .accounting import read_ledger
 
 ROLE_SPANS_FILE = "role_spans.parquet"
 ROLE_SPANS_SCHEMA = pa.schema(
@@ -46,19 +47,7 @@ class RoleSpans:
 def read_role_spans(path: Path) -> RoleSpans:
     """The spans with their schema and order checked (``ValueError`` names what is wrong with the file,
     ``FileNotFoundError`` says it is not there)."""
-    if not path.is_file():
-        raise FileNotFoundError(path)
-    try:
-        table = pq.read_table(path)
-    except (OSError, pa.ArrowException) as e:
-        raise ValueError(f"unreadable: {e}") from None
-    missing = [f.name for f in ROLE_SPANS_SCHEMA if f.name not in table.column_names]
-    if missing:
-        raise ValueError(f"lacks the columns {missing}")
-    try:
-        table = table.select(ROLE_SPANS_SCHEMA.names).cast(ROLE_SPANS_SCHEMA)
-    except (pa.ArrowException, ValueError) as e:
-        raise ValueError(f"columns of unexpected types: {e}") from None
+    table = read_ledger(path, ROLE_SPANS_SCHEMA)
     if table.num_rows and any(table.column(c).null_count for c in ROLE_SPANS_SCHEMA.names):
         raise ValueError("null entries")
     index, start, end = (table.column(c).to_numpy() for c in ROLE_SPANS_SCHEMA.names)
