@@ -537,12 +537,17 @@ def run_mapped(
         return _run_units(executor, stage.run, spec, units, bar)
 
 
+def check_rank(rank: int, world_size: int) -> None:
+    """A staged task's ``rank`` of ``world_size`` (prepare's and ``verify --source``'s ``--rank``/``--world-size``)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+
+
 def _check_run_arguments(cfg: PrepareConfig, stage: str | None, rank: int, world_size: int) -> None:
     """One-line errors for a stage, rank or option combination no run can take."""
     if stage is not None and stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size), got rank {rank} of {world_size}")
+    check_rank(rank, world_size)
     if stage is not None and cfg.overwrite:  # ranks would delete each other's fresh outputs
         raise ValueError("--overwrite applies to whole runs; remove the old output before a staged run")
     if cfg.from_stage not in FROM_STAGES:

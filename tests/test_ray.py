@@ -351,3 +351,32 @@ def test_a_cluster_of_its_own_gives_the_actors_the_import_path_without_a_runtime
     finally:
         ray.shutdown()
     assert seen == {(os.environ["PYTHONPATH"], False)}
+
+
+def test_verify_source_on_ray_finds_what_the_local_check_finds(local_ray, demo_reference, tmp_path, monkeypatch):
+    """``verify --source`` with ``executor="ray"`` (2 actors, input parts of 8 records): on the intact demo
+    dataset it re-derives as many samples as the local check and passes; on a self-consistently damaged copy
+    it reports the local check's difference."""
+    import omnipack.tools.verify_source as vs
+    from tests.test_verify_source import _damage_row, _set_arrays, _text_position
+    from tests.tools_dataset import copy_dataset
+
+    monkeypatch.setattr(vs, "PART_LINES", 8)
+    local = vs.run_source_check(demo_reference)
+    on_ray = vs.run_source_check(demo_reference, executor="ray", workers=2)
+    assert local[0] == [] and on_ray == local and " 0 of " not in local[1][-1], local
+
+    ds = copy_dataset(demo_reference, tmp_path / "ds")
+
+    def edit(r, row, meta, where) -> bool:  # another token of the sample's own text
+        tokens, i = row.tokens.copy(), _text_position(row, 0)
+        tokens[i] = next(t for t in row.tokens[i + 1 :] if t != tokens[i] and t > 100)
+        _set_arrays(r, tokens=tokens)
+        where["sid"] = row.sample_ids[0]
+        return True
+
+    where = _damage_row(ds, edit)
+    local = vs.run_source_check(ds)
+    on_ray = vs.run_source_check(ds, executor="ray", workers=2)
+    assert len(local[0]) == 1 and f"sample {where['sid']} " in local[0][0] and "tokens differs" in local[0][0]
+    assert on_ray == local

@@ -300,3 +300,52 @@ def test_worker_processes_report_what_one_process_reports(
     two = vs.run_source_check(ds, workers=2)
     assert sorted(one[0]) == sorted(two[0]) and len(one[0]) == 1 and f"sample {where['sid']} " in one[0][0]
     assert one[1] == two[1]
+
+
+def test_staged_ranks_split_the_check_by_input_part(
+    small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``--rank R --world-size 2`` (prepare's staged flags): each rank re-derives the picked samples of its input
+    parts (number % 2 == R), so the ranks' counts add up to the unranked check's; a self-consistent damage is
+    reported by exactly the rank that owns its part, which exits non-zero while the other passes."""
+    import re
+
+    import omnipack.tools.verify_source as vs
+
+    ds = copy_dataset(small, tmp_path / "ds")
+
+    def edit(r, row, meta, where) -> bool:  # another token of the sample's own text: only --source sees it
+        tokens, i = row.tokens.copy(), _text_position(row, 0)
+        tokens[i] = next(t for t in row.tokens[i + 1 :] if t != tokens[i] and t > 100)
+        _set_arrays(r, tokens=tokens)
+        where["sid"] = row.sample_ids[0]
+        return True
+
+    where = _damage_row(ds, edit)
+    monkeypatch.setattr(vs, "PART_LINES", 8)  # several input parts for the ranks to share
+    whole_failures, whole_notes = vs.run_source_check(ds)
+    checked = int(re.search(r"(\d+) of \d+ input samples re-derived", whole_notes[-1]).group(1))
+    assert len(whole_failures) == 1 and f"sample {where['sid']} " in whole_failures[0]
+    line = int(re.search(r"source manifest\.jsonl:(\d+)", whole_failures[0]).group(1))
+    parts = vs.split_input(_meta(ds)["source"]["settings"]["manifest"], 8)
+    owner = next(p.number for p in parts if p.first_line <= line < p.first_line + p.num_lines) % 2
+
+    ranks = {}
+    for rank in (0, 1):
+        rc = main(["verify", str(ds), "--source", "--rank", str(rank), "--world-size", "2", "--json", "-j", "1"])
+        ranks[rank] = (rc, json.loads(capsys.readouterr().out)["checks"][-1])
+    counts = [int(re.search(r"(\d+) of \d+ input samples", c["notes"][-1]).group(1)) for _, c in ranks.values()]
+    assert sum(counts) == checked and all(counts), counts
+    picked = [re.search(r"rank (\d) of 2: (\d+) of (\d+) picked samples", c["notes"][-2]) for _, c in ranks.values()]
+    assert [int(m.group(1)) for m in picked] == [0, 1] and [int(m.group(2)) for m in picked] == counts
+    assert {int(m.group(3)) for m in picked} == {checked}
+    assert ranks[owner][0] == 1 and ranks[owner][1]["failures"] == whole_failures
+    assert ranks[1 - owner][1]["status"] == "pass" and ranks[1 - owner][0] == 0
+
+
+@pytest.mark.parametrize(("rank", "size"), [(2, 2), (-1, 2), (0, 0)])
+def test_an_invalid_rank_is_a_clear_error(small: Path, capsys: pytest.CaptureFixture, rank: int, size: int) -> None:
+    assert main(["verify", str(small), "--source", "--rank", str(rank), "--world-size", str(size)]) == 2
+    assert f"rank must be in [0, world_size), got rank {rank} of {size}" in capsys.readouterr().err
+    assert main(["verify", str(small), "--rank", "1", "--world-size", "2"]) == 2
+    assert "give --source" in capsys.readouterr().err

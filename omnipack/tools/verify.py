@@ -52,6 +52,7 @@ from ..dataset.root import (
 from ..executors import EXECUTORS
 from ..loader.media import decode_payload
 from ..media.audio_storage import STORED_AUDIO_DTYPES
+from ..pipeline import check_rank
 from ..profiles import get_profile
 from ..profiles.base import MediaPlan, MediaSpan
 from ..profiles.hf_config import dataset_placeholder_ids
@@ -927,6 +928,9 @@ class SourceOptions:
     seed: int = 0
     executor: str = "local"
     allow_changed: bool = False
+    ray_address: str | None = None  # with executor "ray", as prepare's --ray-address
+    rank: int = 0  # a staged check: this rank's input parts (part number % world_size == rank)
+    world_size: int = 1
 
 
 def _profile_spec(ds: Dataset, results: dict[str, CheckResult]) -> str | None:
@@ -1023,6 +1027,13 @@ def print_report(results: list[CheckResult], root: str, max_shown: int = MAX_SHO
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        check_rank(args.rank, args.world_size)
+        if (args.rank, args.world_size) != (0, 1) and not args.source:
+            raise ValueError("--rank/--world-size split the source check's input parts: give --source")
+    except ValueError as e:
+        print(f"omnipack verify: error: {e}", file=sys.stderr)
+        return 2
     results = run_verify(
         args.dataset,
         workers=args.workers,
@@ -1033,7 +1044,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         sha256=args.sha256,
         expect_root=args.expect_root,
         source=SourceOptions(
-            args.source_fraction, args.source_seed, args.executor, args.allow_changed_source
+            args.source_fraction, args.source_seed, args.executor, args.allow_changed_source,
+            args.ray_address, args.rank, args.world_size,
         )
         if args.source
         else None,
@@ -1144,3 +1156,15 @@ def _source_arguments(p: argparse.ArgumentParser) -> None:
         default="local",
         help="with --source: where the re-derivation runs, as prepare's --executor (local processes, ray)",
     )
+    p.add_argument(
+        "--ray-address",
+        help="with --executor ray: the cluster, as prepare's --ray-address ('local', 'auto', host:port; "
+        "default: RAY_ADDRESS if set, else local)",
+    )
+    staged = p.add_argument_group(
+        "staged source check", "one rank's share of the input parts, for schedulers without Ray (e.g. a Slurm array)"
+    )
+    staged.add_argument(
+        "--rank", type=int, default=0, help="with --source: this task's rank (input parts number %% world size)"
+    )
+    staged.add_argument("--world-size", type=int, default=1, help="with --source: tasks sharing the check")

@@ -30,7 +30,7 @@ from ..executors import make_executor
 from ..inputs import InputPart, InputSpec, read_part
 from ..inputs.base import input_path
 from ..loader.media import decode_payload
-from ..pipeline import PrepareConfig
+from ..pipeline import PrepareConfig, check_rank
 from ..profiles import get_profile, profile_class
 from ..profiles.checkpoint import PROCESSOR_OPTIONS
 from ..stages.finalize import input_xxh3
@@ -259,8 +259,16 @@ def run_source_check(
     workers: int = 1,
     executor: str = "local",
     allow_changed: bool = False,
+    ray_address: str | None = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> tuple[list[str], list[str]]:
-    """(failures, notes) of re-deriving the dataset's samples from its source (see the module's doc)."""
+    """(failures, notes) of re-deriving the dataset's samples from its source (see the module's doc).
+
+    With ``world_size`` > 1 only this ``rank``'s share is re-derived: the picked samples of the input parts
+    it owns (part number % world_size == rank, the parts prepare's staged measure gives the rank), so the
+    ranks together check exactly what one unranked check does (the same seeded choice)."""
+    check_rank(rank, world_size)
     ds = open_dataset(root)
     try:
         source = _settings(ds)
@@ -282,10 +290,16 @@ def run_source_check(
     if fraction is None:
         fraction = 1.0 if packed < FULL_BELOW else DEFAULT_FRACTION
     picked = _pick(ledger, _row_locations(ds), fraction, seed)
-    spec = replace(spec, picked=_by_part(picked, parts))
+    by_part = _by_part(picked, parts)
+    orphans = by_part.pop(-1, ())  # samples in no input part: rank 0 reports them
+    orphans = orphans if rank == 0 else ()
+    spec = replace(spec, picked={n: ps for n, ps in by_part.items() if n % world_size == rank})
     found = PartFindings()
-    found.differences += [f"{_where(p)}: its source record is in no input part now" for p in spec.picked.pop(-1, ())]
-    with make_executor(executor, workers) as ex:
+    found.differences += [f"{_where(p)}: its source record is in no input part now" for p in orphans]
+    if world_size > 1:
+        mine = sum(map(len, spec.picked.values())) + len(orphans)
+        notes.append(f"rank {rank} of {world_size}: {mine} of {len(picked)} picked samples (its input parts)")
+    with make_executor(executor, workers, ray_address) as ex:
         for f in ex.map(check_part, spec, sorted(spec.picked)):
             found.checked += f.checked
             found.differences += f.differences
