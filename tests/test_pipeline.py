@@ -17,7 +17,7 @@ import yaml
 from omnipack.dataset.codec import decode_row
 from omnipack.dataset.contract import row_invariant_errors
 from omnipack.dataset.meta import read_omnipack_meta
-from omnipack.pipeline import PrepareConfig, run_prepare
+from omnipack.pipeline import MeasureIncomplete, PrepareConfig, run_prepare
 
 SEQ_LENGTH = 2048
 
@@ -223,6 +223,13 @@ def test_repack_from_measure_tables(tmp_path, demo_tokenizer, demo_corpus):
         assert row_invariant_errors(decode_row(parts)[0], 8) == []
     with pytest.raises(ValueError, match="measure settings changed .*profile_options"):
         _prepare(root, demo_tokenizer, demo_corpus, from_stage="pack", profile_options={"max_pixels": 50176})
+    # a part an earlier release measured into its Arrow copy (no token file) is refused, not read
+    record = root / "stages" / "measure" / "part-000000.json"
+    parsed = json.loads(record.read_text())
+    parsed["files"] = {k.replace(".tokens", ".arrow"): v for k, v in parsed["files"].items()}
+    record.write_text(json.dumps(parsed))
+    with pytest.raises(MeasureIncomplete, match="earlier layout"):
+        _prepare(root, demo_tokenizer, demo_corpus, seq_length=2048, cp=4, from_stage="pack")
     # an edited manifest at the same path must be measured again
     manifest = tmp_path / "copy.jsonl"
     manifest.write_text(demo_corpus[0].read_text())

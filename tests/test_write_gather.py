@@ -107,3 +107,16 @@ def test_coalesced_reads_stay_within_half_again_the_wanted_bytes():
         assert sum(b - a for a, b in reads) <= 1.5 * int(sizes.sum())
         assert all(b - a <= max(64 << 10, int(sizes.max())) for a, b in reads)
         assert len(reads) <= len(sizes)
+
+
+def test_list_columns_of_a_sliced_table_are_read_from_the_slice():
+    """A list column's child array is the whole one also for a slice: its values start at the slice's offset."""
+    from omnipack.stages.token_file import _list_arrays
+
+    column = pa.array([[1, 2], [3], [4, 5, 6], None, [7]], pa.list_(pa.int32()))
+    for part in (column, column.slice(1, 3), column.slice(2), pa.chunked_array([column.slice(0, 2), column.slice(3)])):
+        offsets, values, valid = _list_arrays(part)
+        got = [None if valid is not None and not valid[i] else values[offsets[i] : offsets[i + 1]].tolist()
+               for i in range(len(part))]  # fmt: skip
+        want = part.to_pylist()
+        assert got == want

@@ -73,6 +73,18 @@ def check_costs(spec: RunSpec, records: list[PartRecord]) -> None:
         )
 
 
+def check_layout(spec: RunSpec, records: list[PartRecord]) -> None:
+    """The parts hold their samples' token records where the write stage reads them (``part-K.tokens``): a
+    run from the pack stage on may reuse parts an earlier release measured into another layout."""
+    old = [r.number for r in records if part_files(spec.measure_dir, r.number)["tokens"].name not in r.files]
+    if old:
+        shown = ", ".join(map(str, old[:10])) + (" ..." if len(old) > 10 else "")
+        raise MeasureIncomplete(
+            f"{len(old)} of {len(records)} measured parts (parts {shown}) were measured into an earlier "
+            "layout (no token file): re-measure instead (run without --from-stage pack)"
+        )
+
+
 def _duplicates(
     spec: RunSpec, records: list[PartRecord], measured_index: np.ndarray
 ) -> tuple[np.ndarray, list[Reject], list[int]]:
@@ -185,6 +197,7 @@ def run_pack_stage(spec: RunSpec, *, reuse_measure: bool = False) -> tuple[PlanR
     before even if measure settings changed (the caller checked they still fit, for ``--from-stage pack``)."""
     records = part_records(spec, check_keys=not reuse_measure)
     check_costs(spec, records)
+    check_layout(spec, records)
     return run_once(
         "pack",
         0,

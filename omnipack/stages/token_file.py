@@ -39,7 +39,9 @@ def _list_arrays(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.nda
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     valid = None if array.null_count == 0 else array.is_valid().to_numpy(zero_copy_only=False)
     offsets = array.offsets.to_numpy()
-    return offsets - offsets[0], array.values.to_numpy(), valid
+    # ``values`` is the whole child array, also of a slice: its entries from the slice's first offset on
+    values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_numpy()
+    return offsets - offsets[0], values, valid
 
 
 def write_records(table: pa.Table, out: BinaryIO, start: int) -> tuple[np.ndarray, np.ndarray]:
