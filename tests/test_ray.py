@@ -358,7 +358,7 @@ def test_verify_source_on_ray_finds_what_the_local_check_finds(local_ray, demo_r
     dataset it re-derives as many samples as the local check and passes; on a self-consistently damaged copy
     it reports the local check's difference."""
     import omnipack.tools.verify_source as vs
-    from tests.test_verify_source import _damage_row, _set_arrays, _text_position
+    from tests.test_verify_source import _damage_row, _damage_text_token
     from tests.tools_dataset import copy_dataset
 
     monkeypatch.setattr(vs, "PART_LINES", 8)
@@ -367,15 +367,7 @@ def test_verify_source_on_ray_finds_what_the_local_check_finds(local_ray, demo_r
     assert local[0] == [] and on_ray == local and " 0 of " not in local[1][-1], local
 
     ds = copy_dataset(demo_reference, tmp_path / "ds")
-
-    def edit(r, row, meta, where) -> bool:  # another token of the sample's own text
-        tokens, i = row.tokens.copy(), _text_position(row, 0)
-        tokens[i] = next(t for t in row.tokens[i + 1 :] if t != tokens[i] and t > 100)
-        _set_arrays(r, tokens=tokens)
-        where["sid"] = row.sample_ids[0]
-        return True
-
-    where = _damage_row(ds, edit)
+    where = _damage_row(ds, _damage_text_token)  # another token of a sample's own text
     local = vs.run_source_check(ds)
     on_ray = vs.run_source_check(ds, executor="ray", workers=2)
     assert len(local[0]) == 1 and f"sample {where['sid']} " in local[0][0] and "tokens differs" in local[0][0]

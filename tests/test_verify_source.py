@@ -83,18 +83,25 @@ def _text_position(row, k: int) -> int:
     )  # fmt: skip
 
 
+def _damage_text_token(r, row, meta, where) -> bool:
+    """A ``_damage_row`` edit: another token of the first sample's own text (only ``--source`` sees it)."""
+    tokens, i = row.tokens.copy(), _text_position(row, 0)
+    tokens[i] = next(t for t in row.tokens[i + 1 :] if t != tokens[i] and t > 100)
+    _set_arrays(r, tokens=tokens)
+    where["sid"] = row.sample_ids[0]
+    return True
+
+
 @pytest.mark.parametrize("field", ["tokens", "labels", "loss_mask", "position_ids", "mrope_position_ids"])
 def test_token_fields(small: Path, tmp_path: Path, field: str) -> None:
     ds = copy_dataset(small, tmp_path / "ds")
 
     def edit(r, row, meta, where) -> bool:
+        if field == "tokens":
+            return _damage_text_token(r, row, meta, where)
         i = _text_position(row, 0)
         where["sid"] = row.sample_ids[0]
-        if field == "tokens":  # another token of the sample's own text
-            tokens = row.tokens.copy()
-            tokens[i] = next(t for t in row.tokens[i + 1 :] if t != tokens[i] and t > 100)
-            _set_arrays(r, tokens=tokens)
-        elif field == "labels":  # a prompt token supervised (the label rule: its next token)
+        if field == "labels":  # a prompt token supervised (the label rule: its next token)
             labels, loss = row.labels.copy(), row.loss_mask.copy()
             labels[i], loss[i] = row.tokens[i + 1], 1
             _set_arrays(r, labels=labels, loss_mask=loss)
@@ -314,14 +321,7 @@ def test_staged_ranks_split_the_check_by_input_part(
 
     ds = copy_dataset(small, tmp_path / "ds")
 
-    def edit(r, row, meta, where) -> bool:  # another token of the sample's own text: only --source sees it
-        tokens, i = row.tokens.copy(), _text_position(row, 0)
-        tokens[i] = next(t for t in row.tokens[i + 1 :] if t != tokens[i] and t > 100)
-        _set_arrays(r, tokens=tokens)
-        where["sid"] = row.sample_ids[0]
-        return True
-
-    where = _damage_row(ds, edit)
+    where = _damage_row(ds, _damage_text_token)
     monkeypatch.setattr(vs, "PART_LINES", 8)  # several input parts for the ranks to share
     whole_failures, whole_notes = vs.run_source_check(ds)
     checked = int(re.search(r"(\d+) of \d+ input samples re-derived", whole_notes[-1]).group(1))
