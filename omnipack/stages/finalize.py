@@ -131,11 +131,12 @@ def _write_rejected(shards: list[ShardRecord]) -> np.ndarray:
 
 
 def write_ledger(
-    spec: RunSpec, plan: PlanRecord, shards: list[ShardRecord], parts: list[PartRecord]
+    spec: RunSpec, plan: PlanRecord, shards: list[ShardRecord], parts: list[PartRecord], written: WrittenSamples
 ) -> Path:
     """The accounting ledger in a local staging file (to go into ``.nv-meta``): every input sample's row and
-    position, or its reject, one part's index range at a time (a corpus's names are never all held)."""
-    index, row, position = _written_samples(spec, shards)
+    position, or its reject, one part's index range at a time (a corpus's names are never all held).
+    ``written``: ``written_samples``."""
+    index, row, position = written
     offsets = part_offsets(parts)
     rejects = iter_rejects(spec, plan, shards, parts)
     pending = next(rejects, None)
@@ -176,7 +177,10 @@ def write_ledger(
     return tmp
 
 
-def _written_samples(spec: RunSpec, shards: list[ShardRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+WrittenSamples = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def written_samples(spec: RunSpec, shards: list[ShardRecord]) -> WrittenSamples:
     """(sample index, row, position in its row) of every written sample, by sample index."""
     placed = read_parquet(spec.plan_table, columns=["row", "sample_index"])
     index, row = placed.column("sample_index").to_numpy(), placed.column("row").to_numpy()
@@ -188,11 +192,11 @@ def _written_samples(spec: RunSpec, shards: list[ShardRecord]) -> tuple[np.ndarr
     return index[kept][order], row[kept][order], position[kept][order]
 
 
-def write_role_spans(spec: RunSpec, shards: list[ShardRecord], parts: list[PartRecord]) -> Path | None:
+def write_role_spans(spec: RunSpec, written: WrittenSamples, parts: list[PartRecord]) -> Path | None:
     """The role spans (``omnipack.dataset.role_spans``) of every written sample in a local staging file (to
     go into ``.nv-meta``), one part at a time; None when a part was measured without them (an earlier
     release's parts, reused): then none are published and verify says the turns were not checked."""
-    index = _written_samples(spec, shards)[0]
+    index = written[0]
     offsets = part_offsets(parts)
     tmp = staging_file(spec.stages / ROLE_SPANS_FILE)
     spans = LedgerWriter(tmp, ROLE_SPANS_SCHEMA)
@@ -282,8 +286,9 @@ def finalize(spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False) ->
             f"nothing could be packed: all {n_input} samples were rejected (see {spec.out / REJECTS_FILE})"
         )
     _remove_strays(spec, shards)
-    ledger = write_ledger(spec, plan, records, parts)
-    role_spans = write_role_spans(spec, records, parts)
+    written = written_samples(spec, records)  # the plan read once for both tables
+    ledger = write_ledger(spec, plan, records, parts, written)
+    role_spans = write_role_spans(spec, written, parts)
     summary.role_spans_file = None if role_spans is None else f"{NV_META}/{ROLE_SPANS_FILE}"
     if is_local(spec.out):
         staging = spec.stages / "finalize"
