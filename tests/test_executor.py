@@ -5,7 +5,7 @@ from __future__ import annotations
 from omnipack.executors.local import LocalExecutor
 
 
-def _unit(spec, unit):
+def _unit(spec, unit, context):
     return spec * unit
 
 
@@ -29,7 +29,7 @@ class CountedSpec:
         self.__dict__.update(state)
 
 
-def spec_loads(spec, unit):
+def spec_loads(spec, unit, context):
     import os
 
     return os.getpid(), CountedSpec.loads, len(spec.payload)
@@ -47,7 +47,7 @@ def test_the_spec_goes_to_each_worker_once_not_with_every_unit():
         assert [n for _, _, n in pool.map(spec_loads, CountedSpec([1, 2]), [0, 1])] == [2, 2]  # a new spec
 
 
-def blocking_unit(marker_dir, unit):
+def blocking_unit(marker_dir, unit, context):
     """Signals that it runs, then blocks (until the test kills the run)."""
     import pathlib
     import time
@@ -100,7 +100,7 @@ import os, sys, time
 from omnipack.executors.local import LocalExecutor
 
 
-def pid_of_worker(spec, unit):
+def pid_of_worker(spec, unit, context):
     time.sleep(0.2)  # long enough that every worker takes a unit
     return os.getpid()
 

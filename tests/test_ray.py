@@ -20,7 +20,7 @@ from tests.prepare_child import run_omnipack  # noqa: E402
 from tests.stage_outputs import cli_args, dataset_bytes, demo_config  # noqa: E402
 
 
-def node_of(spec, unit):
+def node_of(spec, unit, context):
     """A unit function that reports where it ran."""
     return ray.get_runtime_context().get_node_id()
 
@@ -30,13 +30,13 @@ def reference(demo_reference):
     return dataset_bytes(demo_reference)
 
 
-def pid_of(spec, unit):
+def pid_of(spec, unit, context):
     """A unit function that reports which process ran it (slowly enough for both actors to get units)."""
     time.sleep(0.2)
     return os.getpid()
 
 
-def die_once(marker_dir, unit):
+def die_once(marker_dir, unit, context):
     """Unit 2 kills its worker (``kill -9``) the first time it runs; every unit returns its process id."""
     marker = os.path.join(marker_dir, f"died-{unit}")
     if unit == 2 and not os.path.exists(marker):
@@ -45,13 +45,13 @@ def die_once(marker_dir, unit):
     return os.getpid()
 
 
-def unit_1_kills_its_worker(spec, unit):
+def unit_1_kills_its_worker(spec, unit, context):
     if unit == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     return unit
 
 
-def slow_first(spec, unit):
+def slow_first(spec, unit, context):
     if unit == 0:
         time.sleep(3)
     return unit
@@ -295,7 +295,7 @@ def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, de
         cluster.shutdown()
 
 
-def import_path_and_env(spec, unit):
+def import_path_and_env(spec, unit, context):
     """A unit function that reports the import path its worker got and the runtime env it runs in."""
     return os.environ.get("PYTHONPATH"), dict(ray.get_runtime_context().runtime_env)
 
