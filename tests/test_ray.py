@@ -231,17 +231,22 @@ def test_a_worker_the_cluster_cannot_place_holds_no_unit(local_ray, monkeypatch,
             ray.kill(h)
 
 
-def test_an_actor_gets_the_spec_once_not_with_every_unit(local_ray):
+def test_an_actor_gets_the_spec_once_and_keeps_its_context_for_every_unit(local_ray):
     from omnipack.executors.ray import RayExecutor
-    from tests.test_executor import CountedSpec, spec_loads
+    from tests.test_executor import CountedSpec, kept_object, spec_loads
 
     with RayExecutor(workers=2) as ex:
         results = list(ex.map(spec_loads, CountedSpec(list(range(10000))), list(range(12))))
+        kept = list(ex.map(kept_object, "thing", list(range(12))))  # another stage on the same actors
     assert all(n == 10000 for _, _, n in results)
     per_actor: dict[int, int] = {}
     for pid, loads, _ in results:
         per_actor[pid] = max(per_actor.get(pid, 0), loads)
     assert per_actor and set(per_actor.values()) == {1}
+    objects: dict[int, set[int]] = {}
+    for pid, obj in kept:
+        objects.setdefault(pid, set()).add(obj)
+    assert objects and all(len(o) == 1 for o in objects.values()), objects  # made once per actor
 
 
 def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
