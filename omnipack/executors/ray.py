@@ -1,11 +1,12 @@
 """The Ray executor: the same unit functions on a Ray cluster, one actor per worker.
 
 An actor is a long-lived worker process: what a unit loads there (the tokenizer, the mapped measure
-tables) stays loaded in the actor's worker context (``stages.worker``) for the next unit it runs. Scheduling is dynamic: a unit goes to an actor only once
-that actor is placed and free, so an actor the cluster cannot place (no free CPU) holds no unit, and a slow
-actor holds only the unit it runs. A unit whose actor dies (``kill -9``, the OOM killer, a lost node) is
-queued again for the next free actor and a new actor replaces the dead one; every unit writes its own files,
-so a rerun unit gives the same bytes. Imported only when ``--executor ray`` is chosen.
+tables) stays loaded in the actor's worker context (``stages.worker``) for the next unit it runs.
+Scheduling is dynamic: a unit goes to an actor only once that actor is placed and free, so an actor the
+cluster cannot place (no free CPU) holds no unit, and a slow actor holds only the unit it runs. A unit whose
+actor dies (``kill -9``, the OOM killer, a lost node) is queued again for the next free actor and a new
+actor replaces the dead one; every unit writes its own files, so a rerun unit gives the same bytes.
+Imported only when ``--executor ray`` is chosen.
 """
 
 from __future__ import annotations
