@@ -182,9 +182,10 @@ def measure_speed(n: int, tokenizer: Path, repeats: int, chunk: int = 250) -> di
     from transformers import AutoTokenizer
 
     from omnipack.manifest import read_manifest
-    from omnipack.stages.measure import _measurer, measure_part, split_input
+    from omnipack.stages.measure import measure_part, split_input, worker_measurer
     from omnipack.stages.pack_planner import PackConfig
     from omnipack.stages.spec import MeasureConfig, RunSpec, ShardLayout, WriteSettings
+    from omnipack.stages.worker import WorkerContext
     from omnipack.text.chat import template_messages
 
     manifest = build_corpus(n)
@@ -195,7 +196,8 @@ def measure_speed(n: int, tokenizer: Path, repeats: int, chunk: int = 250) -> di
     ]
     cfg = MeasureConfig("qwen2_5_vl", str(tokenizer), str(CACHE), max_tokens=4096)
     t0 = time.perf_counter()
-    _measurer(cfg)  # this process's worker (tokenizer load, setup probes), which measure_part reuses
+    worker = WorkerContext()
+    worker_measurer(worker, cfg)  # this worker's Measurer (tokenizer load, setup probes), which measure_part reuses
     startup = time.perf_counter() - t0
 
     def encode(batch: list[str]) -> tuple[float, int]:
@@ -220,7 +222,7 @@ def measure_speed(n: int, tokenizer: Path, repeats: int, chunk: int = 250) -> di
                 parts=parts,
             )
             t0 = time.process_time()
-            measure_part(spec, 0)
+            measure_part(spec, 0, worker)
             return time.process_time() - t0
 
     lines = manifest.read_bytes().splitlines(keepends=True)

@@ -180,15 +180,15 @@ def timed_stages(cfg: Any, executor: str, workers: int, warm: Any = None) -> tup
     return summary, {"start_s": t0 - ts, "measure_s": t1 - t0, "pack_s": t2 - t1, "write_s": t3 - t2}
 
 
-def warm_worker(spec, unit: int) -> int:
+def warm_worker(spec, unit: int, context) -> int:
     """Start a worker: import the stages and media decoders, load the tokenizer (as its first unit would), and hold it a moment
     so each worker gets one of these; returns the worker's pid."""
     import omnipack.media.image  # noqa: F401
     import omnipack.media.video  # noqa: F401
     import omnipack.stages.write  # noqa: F401
-    from omnipack.stages.measure import _measurer
+    from omnipack.stages.measure import worker_measurer
 
-    _measurer(spec.measure)
+    worker_measurer(context, spec.measure, spec.model, spec.model_options)  # the one measure_part reuses
     time.sleep(1.0)
     return os.getpid()
 

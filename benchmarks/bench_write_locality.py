@@ -39,6 +39,7 @@ def main() -> None:
     from omnipack.stages import write
     from omnipack.stages.records import PlanRecord
     from omnipack.stages.storage import staging_dir
+    from omnipack.stages.worker import WorkerContext
     from tests.s3_server import S3Server
 
     manifest, tokenizer = build_corpus(args.samples, "short"), build_tokenizer(65536)
@@ -60,11 +61,10 @@ def main() -> None:
         picks = np.unique(np.linspace(0, len(plan.shards) - 1, args.units).round().astype(int)).tolist()
         rows = []
         for number in picks:
-            write._PLANS.clear()  # a fresh process: no plan, mapping or download kept from another unit
             shutil.rmtree(staging_dir() / "cache", ignore_errors=True)
             first = len(s3.requests)
             t = time.perf_counter()
-            record = write.write_shard(spec, number)
+            record = write.write_shard(spec, number, WorkerContext())  # a fresh worker: nothing kept
             seconds = time.perf_counter() - t
             gets = [r for r in s3.requests[first:] if r.method == "GET"]
             read, tokens = sum(r.sent for r in gets), record.real_tokens * per_token

@@ -20,6 +20,7 @@ from .errors import Reject
 from .inputs.accounting import RejectSummary, TooManyRejects, check_reject_fraction
 from .inputs.llama_factory import dataset_info_settings
 from .media.access import CREDENTIALS_HINT, access_error
+from .media.sources import local_path
 from .packing.cost import describe_row_cost
 from .pipeline import NothingPacked, PrepareConfig, run_prepare
 from .profiles import PROFILES, get_profile
@@ -537,7 +538,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    root = Path(args.output)
+    root = local_path(args.output, "the demo's output")  # it builds its corpus and tokenizer there
     src = root / "source"
 
     if args.profile == PROCESSOR_PROFILE:

@@ -27,7 +27,7 @@ from .inputs import InputPart, InputSpec, data_files, select_inputs
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
 from .media.remote import RemoteSettings
-from .media.sources import media_root_key, probe_locations
+from .media.sources import ALLOW_ROOT_OPTION, local_path, media_root_key, probe_locations
 from .profiles import PROFILES, get_profile
 from .profiles.checkpoint import choose_profile
 from .progress import StageProgress, say
@@ -273,7 +273,7 @@ def _measure_key(
         "input_spec": [cfg.input_format, cfg.input_layout, dict(cfg.input_fields)]
         + ([dict(cfg.input_roles)] if cfg.input_roles else []),
         "media_root": media_root_key(cfg.media_root),
-        "media_allow_roots": [str(Path(r).resolve()) for r in cfg.media_allow_roots],
+        "media_allow_roots": [str(local_path(r, ALLOW_ROOT_OPTION).resolve()) for r in cfg.media_allow_roots],
         # only when not the default (the keys of earlier runs have none)
         **({"remote_media": cfg.remote.access()} if cfg.remote.access() != RemoteSettings().access() else {}),
         "max_line_bytes": max_line_bytes,
@@ -553,6 +553,8 @@ def _check_run_arguments(cfg: PrepareConfig, stage: str | None, rank: int, world
     if cfg.from_stage not in FROM_STAGES:
         raise ValueError(f"from_stage must be one of {FROM_STAGES}, got {cfg.from_stage!r}")
     check_store_location(cfg.sample_store)
+    for root in cfg.media_allow_roots:  # folders this machine's symlinks point into
+        local_path(root, ALLOW_ROOT_OPTION)
     check_seq_length(cfg.seq_length, cfg.layout.alignment)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from omnipack.executors.local import LocalExecutor
 
 
-def _unit(spec, unit):
+def _unit(spec, unit, context):
     return spec * unit
 
 
@@ -29,7 +31,7 @@ class CountedSpec:
         self.__dict__.update(state)
 
 
-def spec_loads(spec, unit):
+def spec_loads(spec, unit, context):
     import os
 
     return os.getpid(), CountedSpec.loads, len(spec.payload)
@@ -47,7 +49,89 @@ def test_the_spec_goes_to_each_worker_once_not_with_every_unit():
         assert [n for _, _, n in pool.map(spec_loads, CountedSpec([1, 2]), [0, 1])] == [2, 2]  # a new spec
 
 
-def blocking_unit(marker_dir, unit):
+def kept_object(spec, unit, context):
+    """The worker's process id and the object its context keeps for (``spec``, "one"), made on first use."""
+    import os
+
+    return os.getpid(), id(context.kept(spec, "one", object))
+
+
+def test_a_worker_keeps_its_context_for_all_the_units_and_stages_it_runs():
+    with LocalExecutor(1) as inline, LocalExecutor(2) as pool:
+        for ex in (inline, pool):
+            first = list(ex.map(kept_object, "thing", list(range(12))))
+            later = list(ex.map(kept_object, "thing", list(range(4))))  # another stage on the same workers
+            by_worker: dict[int, set[int]] = {}
+            for pid, kept in first + later:
+                by_worker.setdefault(pid, set()).add(kept)
+            assert all(len(kept) == 1 for kept in by_worker.values()), by_worker  # one object per worker
+        # the inline units run in this process, on the executor's own context
+        assert {pid for pid, _ in inline.map(kept_object, "thing", [0])} == {os.getpid()}
+    other = LocalExecutor(1)  # another executor (a new run): a context of its own
+    assert list(other.map(kept_object, "thing", [0])) != list(inline.map(kept_object, "thing", [0]))
+
+
+# this process's Measurer constructions (set up in each pool worker by its first ``measured_by`` unit)
+MEASURERS_BUILT: list[int] = []
+
+
+def count_measurers() -> None:
+    """From now on, this process counts the Measurers it builds in ``MEASURERS_BUILT``."""
+    from omnipack.stages import measure
+
+    if getattr(measure.Measurer, "counted", False):
+        return
+    real = measure.Measurer
+
+    class Counted(real):
+        counted = True
+
+        def __init__(self, *args, **kwargs) -> None:
+            MEASURERS_BUILT.append(os.getpid())
+            super().__init__(*args, **kwargs)
+
+    measure.Measurer = Counted
+
+
+def measured_by(spec, unit, context):
+    """Measures part ``unit`` (the measure stage's unit function); the worker's pid and how many Measurers it
+    has built so far."""
+    from omnipack.stages.measure import measure_part
+
+    count_measurers()
+    record = measure_part(spec, unit, context)
+    return os.getpid(), len(MEASURERS_BUILT), record.measured
+
+
+def test_a_worker_builds_its_measurer_once_for_all_the_parts_it_measures(
+    tmp_path, demo_tokenizer, demo_corpus, monkeypatch
+):
+    """The tokenizer is loaded once per worker and run, not once per unit: inline and on pool workers."""
+    from omnipack.pipeline import build_spec
+    from omnipack.stages import measure
+    from tests.stage_outputs import demo_config
+
+    monkeypatch.setattr(measure, "Measurer", measure.Measurer)  # undone after the test: count_measurers swaps it
+    count_measurers()
+    MEASURERS_BUILT.clear()
+    spec = build_spec(demo_config(tmp_path / "inline", demo_tokenizer, demo_corpus, part_lines=8))
+    units = [p.number for p in spec.parts]
+    assert len(units) >= 6
+    with LocalExecutor(1) as inline:
+        measured = [n for _, _, n in inline.map(measured_by, spec, units)]
+    assert [os.getpid()] == MEASURERS_BUILT  # one Measurer for all the parts
+
+    spec = build_spec(demo_config(tmp_path / "pool", demo_tokenizer, demo_corpus, part_lines=8))
+    with LocalExecutor(2) as pool:
+        results = list(pool.map(measured_by, spec, units))
+    assert [n for _, _, n in results] == measured
+    built: dict[int, int] = {}
+    for pid, count, _ in results:
+        built[pid] = max(built.get(pid, 0), count)
+    assert os.getpid() not in built and set(built.values()) == {1}, built  # one per worker, whatever it ran
+
+
+def blocking_unit(marker_dir, unit, context):
     """Signals that it runs, then blocks (until the test kills the run)."""
     import pathlib
     import time
@@ -100,7 +184,7 @@ import os, sys, time
 from omnipack.executors.local import LocalExecutor
 
 
-def pid_of_worker(spec, unit):
+def pid_of_worker(spec, unit, context):
     time.sleep(0.2)  # long enough that every worker takes a unit
     return os.getpid()
 

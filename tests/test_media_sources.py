@@ -59,6 +59,8 @@ def test_relative_paths_stay_in_the_root_and_symlinks_out_need_an_allowed_root(t
         resolve_source("link.jpg", root)
     allowed = resolve_source("link.jpg", root, allow_roots=[str(outside)])
     assert probe(allowed, "image").width == 84
+    # an allowed root given as a file:// URL is that folder (not a relative path named "file:")
+    assert resolve_source("link.jpg", root, allow_roots=[f"file://{outside}"]) == allowed
     assert resolve_source(f"file://{root / 'in.jpg'}", root).kind == "file"
     # a file:// media root is the same folder, with the same checks
     file_root = f"file://{root}"

@@ -243,6 +243,7 @@ def test_a_write_unit_reads_its_shards_samples_not_every_measured_part(s3, demo_
     from omnipack.stages import write
     from omnipack.stages.records import PlanRecord
     from omnipack.stages.storage import read_parquet, staging_dir
+    from omnipack.stages.worker import WorkerContext
 
     manifest = _chats(tmp_path / "chats.jsonl", 96)
     cfg = PrepareConfig(
@@ -263,10 +264,9 @@ def test_a_write_unit_reads_its_shards_samples_not_every_measured_part(s3, demo_
     per_token = 4 * (2 + 3 * spec.measure.mrope)  # int32 ids and labels, and [3, L] mRoPE ids
     ratios = []
     for shard in plan.shards:
-        write._PLANS.clear()  # a fresh process: no plan, mapping or download kept from another unit
         shutil.rmtree(staging_dir() / "cache", ignore_errors=True)
         first = len(s3.requests)
-        record = write.write_shard(spec, shard.number)
+        record = write.write_shard(spec, shard.number, WorkerContext())  # a fresh worker: nothing kept
         gets = [r for r in s3.requests[first:] if r.method == "GET"]
         ratios.append(sum(r.sent for r in gets) / (record.real_tokens * per_token))
     assert max(ratios) <= 2.0, f"bytes read / shard token bytes per unit: {np.round(ratios, 2).tolist()}"

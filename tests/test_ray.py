@@ -20,7 +20,7 @@ from tests.prepare_child import run_omnipack  # noqa: E402
 from tests.stage_outputs import cli_args, dataset_bytes, demo_config  # noqa: E402
 
 
-def node_of(spec, unit):
+def node_of(spec, unit, context):
     """A unit function that reports where it ran."""
     return ray.get_runtime_context().get_node_id()
 
@@ -30,13 +30,13 @@ def reference(demo_reference):
     return dataset_bytes(demo_reference)
 
 
-def pid_of(spec, unit):
+def pid_of(spec, unit, context):
     """A unit function that reports which process ran it (slowly enough for both actors to get units)."""
     time.sleep(0.2)
     return os.getpid()
 
 
-def die_once(marker_dir, unit):
+def die_once(marker_dir, unit, context):
     """Unit 2 kills its worker (``kill -9``) the first time it runs; every unit returns its process id."""
     marker = os.path.join(marker_dir, f"died-{unit}")
     if unit == 2 and not os.path.exists(marker):
@@ -45,13 +45,13 @@ def die_once(marker_dir, unit):
     return os.getpid()
 
 
-def unit_1_kills_its_worker(spec, unit):
+def unit_1_kills_its_worker(spec, unit, context):
     if unit == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     return unit
 
 
-def slow_first(spec, unit):
+def slow_first(spec, unit, context):
     if unit == 0:
         time.sleep(3)
     return unit
@@ -231,17 +231,22 @@ def test_a_worker_the_cluster_cannot_place_holds_no_unit(local_ray, monkeypatch,
             ray.kill(h)
 
 
-def test_an_actor_gets_the_spec_once_not_with_every_unit(local_ray):
+def test_an_actor_gets_the_spec_once_and_keeps_its_context_for_every_unit(local_ray):
     from omnipack.executors.ray import RayExecutor
-    from tests.test_executor import CountedSpec, spec_loads
+    from tests.test_executor import CountedSpec, kept_object, spec_loads
 
     with RayExecutor(workers=2) as ex:
         results = list(ex.map(spec_loads, CountedSpec(list(range(10000))), list(range(12))))
+        kept = list(ex.map(kept_object, "thing", list(range(12))))  # another stage on the same actors
     assert all(n == 10000 for _, _, n in results)
     per_actor: dict[int, int] = {}
     for pid, loads, _ in results:
         per_actor[pid] = max(per_actor.get(pid, 0), loads)
     assert per_actor and set(per_actor.values()) == {1}
+    objects: dict[int, set[int]] = {}
+    for pid, obj in kept:
+        objects.setdefault(pid, set()).add(obj)
+    assert objects and all(len(o) == 1 for o in objects.values()), objects  # made once per actor
 
 
 def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
@@ -295,7 +300,7 @@ def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, de
         cluster.shutdown()
 
 
-def import_path_and_env(spec, unit):
+def import_path_and_env(spec, unit, context):
     """A unit function that reports the import path its worker got and the runtime env it runs in."""
     return os.environ.get("PYTHONPATH"), dict(ray.get_runtime_context().runtime_env)
 

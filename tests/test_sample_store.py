@@ -290,7 +290,14 @@ def test_repack_copies_the_processor_tensors_of_the_hf_profile(tmp_path, decodes
     assert [k for k in want if got[k] != want[k]] == []
 
 
-def test_an_object_store_url_as_sample_store_is_refused_before_any_work(tmp_path, demo_tokenizer, corpus):
+def test_an_object_store_url_as_sample_store_is_refused_before_any_work(
+    tmp_path, demo_tokenizer, corpus, monkeypatch
+):
+    # Path("s3://bucket/samples") is the relative folder s3:/bucket/samples: nothing may appear in the cwd
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     with pytest.raises(ValueError, match="--sample-store must be a local or mounted folder"):
         _prepare(tmp_path / "out", demo_tokenizer, corpus, sample_store="s3://bucket/samples")
     assert not (tmp_path / "out").exists()
+    assert list(cwd.iterdir()) == []

@@ -1,9 +1,10 @@
 """What an executor is: something that runs a stage's unit function over its units, results in unit order
 (``map``) or as they finish (``map_unordered``).
 
-A unit function is a module-level ``fn(spec, unit) -> record`` of plain data (``spec``: the run's settings
-and paths; ``unit``: a part or shard number), so any executor can ship it to any process or machine.
-Output never depends on the executor: every unit writes its own files, named by the unit.
+A unit function is a module-level ``fn(spec, unit, context) -> record`` of plain data (``spec``: the run's
+settings and paths; ``unit``: a part or shard number; ``context``: the ``WorkerContext`` of the worker
+running it, which the executor keeps for the worker's lifetime), so any executor can ship it to any process
+or machine. Output never depends on the executor: every unit writes its own files, named by the unit.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-UnitFn = Callable[[Any, Any], Any]
+from ..stages.worker import WorkerContext
+
+UnitFn = Callable[[Any, Any, WorkerContext], Any]
 
 
 class Executor:

@@ -1,7 +1,8 @@
 """The embedded executor: stage units on a local process pool (nothing to start), or in this process.
 
 ``LocalExecutor.map`` runs a stage's unit function over its units (parts, shards) on spawned processes;
-each process keeps what it loads (a tokenizer, the mapped measure tables) for all the units it runs.
+each process keeps what it loads (a tokenizer, the mapped measure tables) in its worker context
+(``stages.worker``) for all the units it runs; units run inline get the executor's own context.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from ..progress import attach_queue
 from ..stages.storage import staging_dir
+from ..stages.worker import WorkerContext
 from .base import Executor, UnitFn
 
 PARENT_POLL_S = 1.0  # how often a worker looks whether its parent is still there (where no signal says so)
@@ -48,29 +50,31 @@ def exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="omnipack-parent-watch", daemon=True).start()
 
 
-_SPEC: tuple[str, Any] | None = None  # (file, spec): the spec this worker loaded last
+# A pool process's worker context: the process is the worker, and the pool's initializer (``_worker_init``,
+# the worker's constructor) makes it; a task reaches its process only through the modules it imports.
+_POOL_WORKER: WorkerContext | None = None
 
 
-def _spec_from(path: str) -> Any:
-    """The spec pickled at ``path``, loaded once per worker process (not once per unit)."""
-    global _SPEC
-    if _SPEC is None or _SPEC[0] != path:
-        with open(path, "rb") as f:
-            _SPEC = (path, pickle.load(f))
-    return _SPEC[1]
+def _load_spec(path: str) -> Any:
+    with open(path, "rb") as f:
+        return pickle.load(f)
 
 
 def _run_unit(fn: UnitFn, spec_path: str, unit: Any) -> Any:
-    return fn(_spec_from(spec_path), unit)
+    if _POOL_WORKER is None:
+        raise AssertionError("a pool task ran in a process the pool's initializer did not start")
+    return _POOL_WORKER.run(fn, spec_path, lambda: _load_spec(spec_path), unit)
 
 
 def _worker_init(progress_queue: Any, parent_pid: int) -> None:
     """A pool worker leaves Ctrl-C to the parent (which stops the pool and says how to resume: a worker
-    handling it too would print its own traceback), reports its progress counts to the parent, and ends
-    when the parent dies."""
+    handling it too would print its own traceback), reports its progress counts to the parent, ends when
+    the parent dies, and keeps its worker context for its lifetime."""
+    global _POOL_WORKER
     exit_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     attach_queue(progress_queue)
+    _POOL_WORKER = WorkerContext()
 
 
 class LocalExecutor(Executor):
@@ -83,6 +87,7 @@ class LocalExecutor(Executor):
     def __init__(self, workers: int = 1) -> None:
         self.workers = max(1, int(workers))
         self._pool: Any = None
+        self._inline = WorkerContext()  # this process's, for units run inline (one worker, or one unit)
         # made now, not with the pool: a stage's progress bar takes the queue before the first unit starts
         self.progress_queue = self._new_queue() if self.workers > 1 else None
 
@@ -93,7 +98,7 @@ class LocalExecutor(Executor):
     def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
         if self.workers <= 1 or len(units) <= 1:
             for unit in units:
-                yield fn(spec, unit)
+                yield fn(spec, unit, self._inline)
             return
         if self._pool is None:
             # spawn, not fork: tokenizers' thread pools and fork do not mix

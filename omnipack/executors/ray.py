@@ -1,11 +1,12 @@
 """The Ray executor: the same unit functions on a Ray cluster, one actor per worker.
 
 An actor is a long-lived worker process: what a unit loads there (the tokenizer, the mapped measure
-tables) stays loaded for the next unit it runs. Scheduling is dynamic: a unit goes to an actor only once
-that actor is placed and free, so an actor the cluster cannot place (no free CPU) holds no unit, and a slow
-actor holds only the unit it runs. A unit whose actor dies (``kill -9``, the OOM killer, a lost node) is
-queued again for the next free actor and a new actor replaces the dead one; every unit writes its own files,
-so a rerun unit gives the same bytes. Imported only when ``--executor ray`` is chosen.
+tables) stays loaded in the actor's worker context (``stages.worker``) for the next unit it runs.
+Scheduling is dynamic: a unit goes to an actor only once that actor is placed and free, so an actor the
+cluster cannot place (no free CPU) holds no unit, and a slow actor holds only the unit it runs. A unit whose
+actor dies (``kill -9``, the OOM killer, a lost node) is queued again for the next free actor and a new
+actor replaces the dead one; every unit writes its own files, so a rerun unit gives the same bytes.
+Imported only when ``--executor ray`` is chosen.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 # The stages load with this module (the tokenizer library, Arrow, the media decoders), so an actor pays their
 # imports when it starts, while the driver still splits the input, not in its first unit.
 from ..stages import measure as _measure  # noqa: F401
+from ..stages.worker import WorkerContext
 from .base import Executor, UnitFn
 
 try:
@@ -51,7 +53,7 @@ class _DropMessage(logging.Filter):
 class _UnitWorker:
     def __init__(self) -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one CPU per actor
-        self._spec: tuple[str, Any] | None = None
+        self._context = WorkerContext()  # what the actor's units load, kept for its lifetime
 
     def get_pid(self) -> int:
         """This actor's process id; its answer also says that the actor is placed and running."""
@@ -61,9 +63,7 @@ class _UnitWorker:
         # The reference comes boxed, so Ray does not fetch and deserialize the spec (every input part:
         # megabytes for a large input) for each unit: the actor gets it once and keeps it.
         ref = spec_box[0]
-        if self._spec is None or self._spec[0] != ref.hex():
-            self._spec = (ref.hex(), ray.get(ref))
-        return fn(self._spec[1], unit)
+        return self._context.run(fn, ref.hex(), lambda: ray.get(ref), unit)
 
 
 def _machine_cpus() -> int:

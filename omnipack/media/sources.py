@@ -116,6 +116,16 @@ def local_location(location: str | os.PathLike) -> str:
     return unquote(urlsplit(text).path) if text.lower().startswith("file://") else text
 
 
+def local_path(location: str | os.PathLike, option: str, kind: str = "folder") -> Path:
+    """A path option's value (a ``kind`` of this machine) as a ``Path``, a ``file://`` URL as its path.
+
+    Raises ``ValueError`` for a store or server URL, which ``Path`` would take for a relative path (it folds
+    ``//``: ``s3://bucket/x`` becomes ``./s3:/bucket/x``, created in the current directory)."""
+    if is_remote(location):
+        raise ValueError(f"{option} must be a local or mounted {kind}, got the URL {location}")
+    return Path(local_location(location))
+
+
 def filesystem_for(url: str, **storage_options: Any) -> tuple[Any, str]:
     """(fsspec filesystem, path inside it) for a URL or local path: the one entry point to storage, for reading
     media here and for writing outputs elsewhere (``fs.open(path, "wb")``). Options and credentials come from
@@ -397,7 +407,8 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
 def _local_source(ref: str, path: Path, root: Path, allow_roots: Sequence[str]) -> MediaSource:
     """``path`` (already joined to the root) if it stays inside the root or an allowed root, lexically and
     after following symlinks."""
-    extra = [Path(os.path.normpath(Path(a).absolute())) for a in allow_roots]
+    allowed = [Path(local_location(a)) for a in allow_roots]  # a file:// URL as its folder
+    extra = [Path(os.path.normpath(a.absolute())) for a in allowed]
     lexical_roots = [Path(os.path.normpath(root.absolute())), *extra]
     lexical = Path(os.path.normpath(path.absolute()))
     if not _inside(lexical, lexical_roots):
@@ -405,7 +416,7 @@ def _local_source(ref: str, path: Path, root: Path, allow_roots: Sequence[str]) 
             f"media path escapes the media root: {ref!r} (allow another folder with {ALLOW_ROOT_OPTION})"
         )
     real = lexical.resolve()
-    if not _inside(real, [root.resolve(), *(Path(a).resolve() for a in allow_roots)]):
+    if not _inside(real, [root.resolve(), *(a.resolve() for a in allowed)]):
         raise SourceRefused(
             f"media path {ref!r} is a symlink to {real}, outside the media root; "
             f"allow that folder with {ALLOW_ROOT_OPTION}"

@@ -192,38 +192,28 @@ def written_samples(spec: RunSpec, shards: list[ShardRecord]) -> WrittenSamples:
     return index[kept][order], row[kept][order], position[kept][order]
 
 
-def write_role_spans(spec: RunSpec, written: WrittenSamples, parts: list[PartRecord]) -> Path | None:
+def write_role_spans(spec: RunSpec, written: WrittenSamples, parts: list[PartRecord]) -> Path:
     """The role spans (``omnipack.dataset.role_spans``) of every written sample in a local staging file (to
-    go into ``.nv-meta``), one part at a time; None when a part was measured without them (an earlier
-    release's parts, reused): then none are published and verify says the turns were not checked."""
+    go into ``.nv-meta``), one part at a time. Every part has them: the spans column came in the release
+    before the parts' token files, and the pack stage refuses parts without a token file
+    (``pack.check_layout``)."""
     index = written[0]
     offsets = part_offsets(parts)
     tmp = staging_file(spec.stages / ROLE_SPANS_FILE)
     spans = LedgerWriter(tmp, ROLE_SPANS_SCHEMA)
-    complete = True
     try:
         for rec, first, end in zip(parts, offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
             lo, hi = np.searchsorted(index, [first, end])
             if lo == hi:
                 continue
-            try:
-                measured = read_measured(spec.measure_dir, [rec], ["sample_index", "assistant_spans"])
-            except pa.ArrowInvalid:  # a part measured before spans were recorded: no such column
-                complete = False
-                break
+            measured = read_measured(spec.measure_dir, [rec], ["sample_index", "assistant_spans"])
             local = measured.column("sample_index").to_numpy()
             turns = measured.column("assistant_spans").take(pa.array(np.searchsorted(local, index[lo:hi] - first)))
-            if turns.null_count:
-                complete = False
-                break
             flat = pc.list_flatten(turns).to_numpy().reshape(-1, 2)
             owner = np.repeat(index[lo:hi], pc.list_value_length(turns).to_numpy() // 2)
             spans.write(pa.table({"sample_index": owner, "start": flat[:, 0], "end": flat[:, 1]}))
     finally:
         spans.close()
-    if not complete:
-        tmp.unlink()
-        return None
     return tmp
 
 
@@ -289,15 +279,14 @@ def finalize(spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False) ->
     written = written_samples(spec, records)  # the plan read once for both tables
     ledger = write_ledger(spec, plan, records, parts, written)
     role_spans = write_role_spans(spec, written, parts)
-    summary.role_spans_file = None if role_spans is None else f"{NV_META}/{ROLE_SPANS_FILE}"
+    summary.role_spans_file = f"{NV_META}/{ROLE_SPANS_FILE}"
     if is_local(spec.out):
         staging = spec.stages / "finalize"
         shutil.rmtree(staging, ignore_errors=True)
         write_energon_meta(staging, shards)
         write_omnipack_meta(staging, summary.to_json())
         os.replace(ledger, staging / NV_META / ACCOUNTING_FILE)
-        if role_spans is not None:
-            os.replace(role_spans, staging / NV_META / ROLE_SPANS_FILE)
+        os.replace(role_spans, staging / NV_META / ROLE_SPANS_FILE)
         summary.root = stamp_root(staging, spec.out)  # the root digest over every file (dataset.root)
         crash_point("finalize", 0)
         shutil.rmtree(spec.out / NV_META, ignore_errors=True)
@@ -346,7 +335,8 @@ class RunSummary:
     accounting_file: str = f"{NV_META}/{ACCOUNTING_FILE}"  # where each input sample went (row or reject)
     source: dict[str, Any] | None = None  # the settings and input digests ``verify --source`` starts from
     processor_cache: dict[str, dict[str, Any]] | None = None  # a processor-backed profile: calls, cache hits
-    role_spans_file: str | None = None  # each packed sample's assistant turns (``dataset.role_spans``)
+    # each packed sample's assistant turns (``dataset.role_spans``); None in a summary written before them
+    role_spans_file: str | None = None
     root: dict[str, Any] | None = None  # the root digest over every file (``dataset.root``), once stamped
 
     # left out of the JSON when None
@@ -447,7 +437,7 @@ def source_record(spec: RunSpec, parts: list[PartRecord]) -> dict[str, Any]:
 
 
 def _upload_meta(
-    spec: RunSpec, shards: list[ShardInfo], summary: RunSummary, ledger: Path, role_spans: Path | None
+    spec: RunSpec, shards: list[ShardInfo], summary: RunSummary, ledger: Path, role_spans: Path
 ) -> None:
     """An object store has no folder rename: the metadata files go up one by one, ``dataset.yaml`` (what
     Energon opens a dataset by) last, so the dataset appears only once every other file is in place."""
@@ -456,8 +446,7 @@ def _upload_meta(
     write_energon_meta(staging, shards)
     write_omnipack_meta(staging, summary.to_json())
     shutil.move(ledger, staging / NV_META / ACCOUNTING_FILE)
-    if role_spans is not None:
-        shutil.move(role_spans, staging / NV_META / ROLE_SPANS_FILE)
+    shutil.move(role_spans, staging / NV_META / ROLE_SPANS_FILE)
     summary.root = stamp_root(staging, spec.out)
     remove_meta(spec.out)
     files = sorted((staging / NV_META).iterdir(), key=lambda p: (p.name == DATASET_CONFIG, p.name))

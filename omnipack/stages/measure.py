@@ -43,7 +43,7 @@ from ..text.chat import ChatTokenizer, EncodedSample
 from .lock import holder_live as lock_holder_live
 from .lock import owner as lock_owner
 from .lock import renewed as lock_renewed
-from .model_files import ShippedModel, local_copy
+from .model_files import ShippedModel, cache_dir, local_copy
 from .records import (
     PartRecord,
     PartSpan,
@@ -59,6 +59,7 @@ from .spec import MeasureConfig, RunSpec
 from .storage import create_exclusive, make_dirs, publish, read_parquet, remove_partials, staging_file
 from .token_file import LOCATION_COLUMNS, write_records
 from .unit import Stage, run_once
+from .worker import WorkerContext
 
 # ---- per sample: a manifest record -> its measured record or its reject
 
@@ -454,8 +455,7 @@ def local_measure_config(
 ) -> MeasureConfig:
     """``config`` reading its tokenizer (and the preprocessor configs its profile options name) from this
     machine's copy of the run's shipped files, on every node (the driver's too): a worker reads exactly the
-    files its spec names, even where the folder at the named path is missing or was edited since, and a
-    worker's cached tokenizer (``stages.measure._measurer``, keyed by the config) is keyed by content."""
+    files its spec names, even where the folder at the named path is missing or was edited since."""
     if shipped is None:
         return config
     profile_options = dict(config.profile_options)
@@ -464,18 +464,21 @@ def local_measure_config(
     return replace(config, tokenizer=local_copy(shipped), profile_options=profile_options)
 
 
-_MEASURERS: dict[str, Measurer] = {}
+def worker_measurer(
+    context: WorkerContext,
+    config: MeasureConfig,
+    shipped: ShippedModel | None = None,
+    options: tuple[tuple[str, ShippedModel], ...] = (),
+) -> Measurer:
+    """The worker's Measurer for ``config``, reading the shipped files from this machine's copies
+    (``local_measure_config``): made once per worker (the tokenizer load, the profile's setup) for all the
+    parts it measures. Keyed by the settings, the shipped files' digests and the cache holding their copies,
+    so by content, not by a folder that may have been edited."""
+    key = digest({"config": asdict(config), "shipped": shipped, "options": options, "cache": str(cache_dir())})
+    return context.kept("measurer", key, lambda: Measurer(local_measure_config(config, shipped, options)))
 
 
-def _measurer(config: MeasureConfig) -> Measurer:
-    """This process's Measurer (the tokenizer is loaded once per worker, for all the parts it measures)."""
-    key = digest(asdict(config))
-    if key not in _MEASURERS:
-        _MEASURERS[key] = Measurer(config)
-    return _MEASURERS[key]
-
-
-def measure_part(spec: RunSpec, number: int) -> PartRecord:
+def measure_part(spec: RunSpec, number: int, context: WorkerContext) -> PartRecord:
     """Measure one part (or reuse its earlier output when its record matches); returns its record."""
     return run_once(
         "measure",
@@ -484,16 +487,16 @@ def measure_part(spec: RunSpec, number: int) -> PartRecord:
         part_key(spec, spec.parts[number]),
         PartRecord.from_json,
         lambda record: outputs_intact(record, spec.measure_dir),
-        lambda: _measure(spec, number),
+        lambda: _measure(spec, number, worker_measurer(context, spec.measure, spec.model, spec.model_options)),
     )[0]
 
 
-def _measure(spec: RunSpec, number: int) -> PartRecord:
-    """Part ``number`` measured: its tables published, and its record (keyed by ``run_once``)."""
+def _measure(spec: RunSpec, number: int, measurer: Measurer) -> PartRecord:
+    """Part ``number`` measured by ``measurer``: its tables published, and its record (keyed by
+    ``run_once``)."""
     files = part_files(spec.measure_dir, number)
     make_dirs(spec.measure_dir)
     remove_partials(spec.measure_dir, f"part-{number:06d}.*")  # of this unit, by a killed run
-    measurer = _measurer(local_measure_config(spec.measure, spec.model, spec.model_options))  # shipped files
     cache_stats = getattr(measurer.profile, "cache_stats", None)  # a processor-backed profile's cache
     cache_before = cache_stats() if cache_stats else {}
     tmp = {name: staging_file(p) for name, p in files.items() if name != "record"}

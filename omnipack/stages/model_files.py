@@ -266,16 +266,9 @@ def run_tokenizer(name: str, stages: AnyPath) -> RunTokenizer:
 
 
 def local_copy(shipped: ShippedModel) -> str:
-    """This machine's checked copy of a shipped folder (materialised once per process and digest)."""
-    key = (str(cache_dir()), shipped.digest)
-    folder = _LOCAL.get(key)
-    if folder is None or not os.path.isdir(folder):
-        folder = _LOCAL[key] = str(materialise(shipped))
-    return folder
-
-
-# per process: (cache, digest) -> the checked copy (a cache's copies are never edited, only removed)
-_LOCAL: dict[tuple[str, str], str] = {}
+    """This machine's checked copy of a shipped folder, as a path (``materialise``: its files are checked on
+    each call, so a worker keeps what it loads from the copy: ``stages.measure.worker_measurer``)."""
+    return str(materialise(shipped))
 
 
 def shipped_for_output(output: str, name: str) -> ShippedModel | None:

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from ..dataset.file_payload import FilePayload
-from ..media.sources import local_location
+from ..media.sources import local_path
 from .records import digest, write_json_atomic
 from .storage import is_local, make_dirs
 
@@ -108,17 +108,20 @@ def store_root(spec: Any) -> Path | None:
 def store_location(chosen: str | None) -> str | None:
     """``--sample-store`` as the run records it: a folder as its absolute path (every worker, a Ray actor
     too, finds the same store), None and ``off`` as they are."""
-    check_store_location(chosen)
     if chosen in (None, OFF):
         return chosen
-    return str(Path(local_location(str(chosen))).resolve())
+    return str(_store_folder(chosen).resolve())
 
 
 def check_store_location(chosen: str | None) -> None:
     """A store is a local (or mounted) folder: its payloads are read as views of memory-mapped
     indices and segment files, which an object store's whole-object PUTs do not give."""
-    if chosen not in (None, OFF) and "://" in str(chosen) and not str(chosen).startswith("file://"):
-        raise ValueError(f"--sample-store must be a local or mounted folder (or 'off'), got {chosen}")
+    if chosen not in (None, OFF):
+        _store_folder(chosen)
+
+
+def _store_folder(chosen: str) -> Path:
+    return local_path(chosen, "--sample-store", "folder (or 'off')")
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from .records import PlanRecord, crash_point, read_record, write_json_atomic
 from .spec import RunSpec
 from .storage import make_dirs
+from .worker import WorkerContext
 
 
 class UnitRecord(Protocol):
@@ -56,15 +57,16 @@ def run_once(
 class Stage(Generic[R]):
     """A stage an executor maps over its units (measure: the input's parts; write: the plan's shards).
 
-    ``run`` is a module-level ``fn(spec, unit) -> record`` (executors ship it to other processes); the other
-    members let the driver say what a rerun keeps before running anything."""
+    ``run`` is a module-level ``fn(spec, unit, context) -> record`` (executors ship it to other processes;
+    ``context``: the running worker's ``WorkerContext``); the other members let the driver say what a rerun
+    keeps before running anything."""
 
     name: str
     units: Callable[[RunSpec, PlanRecord | None], list[int]]
     key: Callable[[RunSpec, PlanRecord | None, int], str]
     record_path: Callable[[RunSpec, int], Path]
     load: Callable[[dict[str, Any]], R]
-    run: Callable[[RunSpec, int], R]
+    run: Callable[[RunSpec, int, WorkerContext], R]
     size: Callable[[RunSpec, PlanRecord | None, int], int]  # the unit's work: input records, or rows
     item: str  # what ``size`` counts
     bar_item: str  # what the progress bar counts

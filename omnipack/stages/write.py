@@ -47,6 +47,7 @@ from .spec import RunSpec, WriteSettings
 from .storage import is_local, publish, remove_partials, staging_file
 from .token_file import SampleRecords, TokenFiles, read_gather
 from .unit import Stage, run_once
+from .worker import WorkerContext
 
 # ``ModelProfile.store_media``: a decoded item's arrays -> the arrays stored for it.
 MediaStore = Callable[[MediaPlan, Any], Mapping[str, np.ndarray]]
@@ -244,34 +245,29 @@ class _PlanView:
     samples: TokenFiles
 
 
-_PLANS: dict[str, _PlanView] = {}
-
-
-def _plan_view(spec: RunSpec) -> _PlanView:
-    """The plan's record and the measured parts' token files, once per process and plan (a unit reads its
-    own shard's part of the plan: ``shard_samples``)."""
+def _plan_view(spec: RunSpec, context: WorkerContext) -> _PlanView:
+    """The plan's record and the measured parts' token files, once per worker and plan (a unit reads its
+    own shard's part of the plan: ``shard_samples``); a replanned run drops the old mappings."""
     record = PlanRecord.from_json(json.loads(spec.plan_record.read_text()))
-    view = _PLANS.get(record.key)
-    if view is None:
+
+    def open_view() -> _PlanView:
         files = [part_files(spec.measure_dir, n)["tokens"] for n in record.parts]
-        view = _PlanView(record, TokenFiles(files, np.asarray(record.offsets)))
-        _PLANS.clear()  # one plan at a time: a replanned run drops the old mappings
-        _PLANS[record.key] = view
-    return view
+        return _PlanView(record, TokenFiles(files, np.asarray(record.offsets)))
+
+    return context.kept("plan", record.key, open_view, latest_only=True)
 
 
-_STORES: dict[str, MediaStore | None] = {}
-
-
-def _media_store(spec: RunSpec) -> MediaStore | None:
-    """The run's profile's ``store_media`` when it stores arrays of its own (built once per process and
+def _media_store(spec: RunSpec, context: WorkerContext) -> MediaStore | None:
+    """The run's profile's ``store_media`` when it stores arrays of its own (built once per worker and
     profile, as the measure stage builds it); None for the families that store the decoded media."""
     config = spec.measure
-    key = digest({"profile": config.profile, "options": config.profile_options})
-    if key not in _STORES:
-        own = profile_class(config.profile).stores_own_media()
-        _STORES[key] = get_profile(config.profile, **config.profile_options).store_media if own else None
-    return _STORES[key]
+    if not profile_class(config.profile).stores_own_media():
+        return None
+
+    def make() -> MediaStore:
+        return get_profile(config.profile, **config.profile_options).store_media
+
+    return context.kept("media store", digest({"profile": config.profile, "options": config.profile_options}), make)
 
 
 def sample_store(spec: RunSpec) -> SampleStore | None:
@@ -280,7 +276,7 @@ def sample_store(spec: RunSpec) -> SampleStore | None:
 
     def open_store() -> SampleStore | None:
         root = store_root(spec)
-        own_media = _media_store(spec) is not None
+        own_media = profile_class(spec.measure.profile).stores_own_media()
         return None if root is None else SampleStore.at(root, shape_settings(spec, own_media))
 
     return spec.samples.get(open_store)
@@ -349,9 +345,9 @@ def _built_ahead(build: Callable[[int], RowResult], rows: list[int], ahead: int 
                 f.cancel()
 
 
-def write_shard(spec: RunSpec, number: int) -> ShardRecord:
+def write_shard(spec: RunSpec, number: int, context: WorkerContext) -> ShardRecord:
     """Write one shard of the layout (or keep it when its record matches); returns its record."""
-    view = _plan_view(spec)
+    view = _plan_view(spec, context)
     return run_once(
         "write",
         number,
@@ -359,11 +355,11 @@ def write_shard(spec: RunSpec, number: int) -> ShardRecord:
         shard_key(spec, view.record.key, view.record.shards[number]),
         ShardRecord.from_json,
         lambda record: shard_done(spec, record, check_bytes=True),
-        lambda: _write(spec, view, number),
+        lambda: _write(spec, view, number, _media_store(spec, context)),
     )[0]
 
 
-def _write(spec: RunSpec, view: _PlanView, number: int) -> ShardRecord:
+def _write(spec: RunSpec, view: _PlanView, number: int, store: MediaStore | None) -> ShardRecord:
     """Shard ``number`` written and published with its index; its record (keyed by ``run_once``)."""
     path = shard_record_path(spec, number)
     remove_partials(spec.write_dir, f"{path.name}.*")  # this unit's record, half-written by a killed run
@@ -371,7 +367,7 @@ def _write(spec: RunSpec, view: _PlanView, number: int) -> ShardRecord:
     # built in a local staging folder and uploaded whole
     shard = view.record.shards[number]
     local_root = spec.out if is_local(spec.out) else staging_file(spec.out / shard.path).parent / "root"
-    record = _write_rows(spec, view, number, local_root)
+    record = _write_rows(spec, view, number, local_root, store)
     if record.shard is None:
         return record
     name = record.shard.path
@@ -399,8 +395,11 @@ def shard_samples(
     return rows[first[:-1]], first, samples
 
 
-def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -> ShardRecord:
-    """Shard ``number``'s rows built and written into a tar under ``local_root``; its record's counts."""
+def _write_rows(
+    spec: RunSpec, view: _PlanView, number: int, local_root: Path, store: MediaStore | None
+) -> ShardRecord:
+    """Shard ``number``'s rows built and written into a tar under ``local_root`` (``store``: the profile's
+    ``store_media``, or None); its record's counts."""
     shard = view.record.shards[number]
     writer = ShardWriter(
         local_root,
@@ -411,7 +410,6 @@ def _write_rows(spec: RunSpec, view: _PlanView, number: int, local_root: Path) -
         first_number=shard.index,
     )
     record = ShardRecord("", number, None, None, None, [], 0, 0, 0)
-    store = _media_store(spec)
     samples = None
     if (kept := sample_store(spec)) is not None:
         kept.load_index()  # the index the run merged before this stage (segments of earlier writes)

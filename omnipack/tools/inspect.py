@@ -27,6 +27,7 @@ from ..dataset.reader import (
     read_row,
     summarize_shard,
 )
+from ..media.sources import local_path
 from ..packing.cost import describe_row_cost
 from ..profiles import profile_class
 from .plot import MissingMatplotlib, plot_dataset, require_matplotlib
@@ -395,8 +396,9 @@ def print_row(v: dict[str, Any], only_sample: str | None = None) -> None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     ds = open_dataset(args.dataset)
     progress = False if args.json else args.progress
-    if args.plot:  # fail before the scan, not after it
-
+    # matplotlib writes a local file; fail before the scan, not after it
+    plot = local_path(args.plot, "--plot", "file") if args.plot else None
+    if plot is not None:
         try:
             require_matplotlib()
         except MissingMatplotlib as e:
@@ -419,12 +421,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         out["summary"] = s
         if not args.json:
             print_summary(s)
-    if args.plot:
+    if plot is not None:
         try:
             plot_dataset(
                 rows,
                 ds.seq_length,
-                args.plot,
+                plot,
                 max_rows=args.plot_rows,
                 title=str(ds.root),
                 row_costs=((ds.meta.get("packing") or {}).get("row_cost") or {}).get("per_row"),

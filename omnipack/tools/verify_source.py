@@ -34,10 +34,11 @@ from ..pipeline import PrepareConfig, check_rank
 from ..profiles import get_profile, profile_class
 from ..profiles.checkpoint import PROCESSOR_OPTIONS
 from ..stages.finalize import input_xxh3
-from ..stages.measure import PART_LINES, _measurer, sample_arrays, split_input
+from ..stages.measure import PART_LINES, sample_arrays, split_input, worker_measurer
 from ..stages.model_files import MODEL_DIR, OPTIONS_RECORD, _shipped, local_copy, read_shipped
 from ..stages.spec import MeasureConfig, WriteSettings
 from ..stages.storage import STAGES_DIR, is_local
+from ..stages.worker import WorkerContext
 from ..stages.write import SequenceInput, assemble_row, sample_media
 from ..text.chat import ChatTokenizer
 
@@ -313,9 +314,6 @@ def run_source_check(
 # ---- the workers: one input part's chosen samples measured, materialised, laid out and compared
 
 
-_DATASETS: dict[str, Dataset] = {}
-
-
 def _rows(ds: Dataset, cache: dict[int, tuple[RawRow, Any]], global_row: int) -> tuple[RawRow, Any]:
     if global_row not in cache:
         raw = read_row(ds, global_row)
@@ -323,12 +321,13 @@ def _rows(ds: Dataset, cache: dict[int, tuple[RawRow, Any]], global_row: int) ->
     return cache[global_row]
 
 
-def check_part(spec: SourceSpec, number: int) -> PartFindings:
-    """Part ``number``'s chosen samples re-derived and compared with the dataset (a unit function)."""
-    ds = _DATASETS.setdefault(spec.root, open_dataset(spec.root))
+def check_part(spec: SourceSpec, number: int, context: WorkerContext) -> PartFindings:
+    """Part ``number``'s chosen samples re-derived and compared with the dataset (a unit function; the
+    dataset and the Measurer opened once per worker)."""
+    ds = context.kept("dataset", spec.root, lambda: open_dataset(spec.root))
     picked = {p.source: p for p in spec.picked.get(number, ())}
     raws = [r for r in read_part(spec.parts[number], spec.inputs) if r.source in picked]
-    measurer = _measurer(spec.measure)
+    measurer = worker_measurer(context, spec.measure)
     own = profile_class(spec.measure.profile).stores_own_media()
     store = measurer.profile.store_media if own else None
     found, rows = PartFindings(), {}
