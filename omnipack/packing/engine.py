@@ -286,9 +286,8 @@ def _improve(
     4. Still above the bound: the swap search on a pool of rows (``_swap_pool``).
     5. Still more than REFILL_TARGET over it (up to PAIR_SCAN_MAX samples): the large-item pairing scan
        (``_pair_large_then_refill``), for mixes of rows of 2-4 items.
-    6. Still above the bound (up to LP_MAX_SAMPLES samples, LP_MAX_CLASSES lengths): the pattern LP
-       (``patterns.lp_pattern_pack``, when ``highspy`` is installed), rounded one step at a time; it
-       stops early when its bound proves the plan so far optimal (the simple bound is not always tight).
+    6. Still above the bound (up to LP_MAX_SAMPLES samples, LP_MAX_CLASSES lengths): the pattern LP,
+       rounded (``patterns.lp_pattern_pack``, with ``highspy``); it stops early on proving the plan optimal.
     Each refill gives up past REFILL_MAX_WORK (about a second; a work count, so still deterministic).
     The plan with the fewest rows wins; ties keep the earlier one.
     """
@@ -325,21 +324,28 @@ def _improve(
         paired = _pair_large_then_refill(values, counts, capacity, bound)
         if paired is not None and paired[1] < num_rows:
             slot_rows, num_rows, used = paired[0], paired[1], "pairs+refill"
-    if num_rows > bound and len(lengths) <= LP_MAX_SAMPLES and len(values) <= LP_MAX_CLASSES:
-        guided = lp_pattern_pack(
-            values,
-            counts,
-            capacity,
-            (slot_rows, num_rows),
-            [
-                lambda v, c: refill_classes(v, c, capacity, max_work=REFILL_MAX_WORK),
-                lambda v, c: ffd_classes(v, c, capacity),
-            ],
-            lower_bound=bound,
-        )
-        if guided is not None:
-            slot_rows, num_rows, used = guided[0], guided[1], "lp-patterns"
-    return slot_rows, num_rows, used
+    guided = _lp_guided(slot_rows, num_rows, values, counts, capacity, bound)
+    return (slot_rows, num_rows, used) if guided is None else (*guided, "lp-patterns")
+
+
+def _lp_guided(
+    slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray, capacity: int, bound: int
+) -> tuple[np.ndarray, int] | None:
+    """The pattern LP's plan (``patterns.lp_pattern_pack``) if it has fewer rows; its leftovers go to the
+    refill or FFD, whichever needs fewer rows. None above the bound's limits or at the bound."""
+    if num_rows <= bound or len(slot_rows) > LP_MAX_SAMPLES or len(values) > LP_MAX_CLASSES:
+        return None
+    return lp_pattern_pack(
+        values,
+        counts,
+        capacity,
+        (slot_rows, num_rows),
+        [
+            lambda v, c: refill_classes(v, c, capacity, max_work=REFILL_MAX_WORK),
+            lambda v, c: ffd_classes(v, c, capacity),
+        ],
+        lower_bound=bound,
+    )
 
 
 def pack(

@@ -35,9 +35,9 @@ class LpLimits:
     """Work limits of one LP-guided solve (counts, so the outcome does not depend on the machine), for
     the first LP and, afresh, for all the LPs of the rounding together."""
 
-    max_columns: int = 800  # patterns added by the column generation
-    max_knapsack_work: int = 100_000_000  # knapsack table cells updated, summed over the pricing rounds
-    max_lp_solves: int = 300  # master LP solves (each followed by one knapsack)
+    max_columns: int = 2000  # patterns added by the column generation
+    max_knapsack_work: int = 150_000_000  # knapsack table cells updated, summed over the pricing rounds
+    max_lp_solves: int = 400  # master LP solves (each followed by one knapsack)
     max_rounds: int = 1000  # rounding steps, each followed by a new LP for the demand left
 
 
@@ -131,7 +131,9 @@ class _Master:
         # The plain core class: ``highspy.Highs`` prints a banner on stdout the first time it is built.
         self.highspy = highspy
         self.model = getattr(highspy, "_Highs", highspy.Highs)()
-        for name, value in (("output_flag", False), ("threads", 1), ("random_seed", 0)):
+        # Primal simplex: new columns leave the basis primal feasible (half the iterations of the dual).
+        options = (("output_flag", False), ("threads", 1), ("random_seed", 0), ("simplex_strategy", 4))
+        for name, value in options:
             self.model.setOptionValue(name, value)
         empty_index, empty_value = np.zeros(0, np.int32), np.zeros(0, np.float64)
         for count in counts.tolist():
