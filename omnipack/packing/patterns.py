@@ -28,6 +28,7 @@ import numpy as np
 
 LP_EPS = 1e-7
 PATTERNS_PER_PRICING = 8  # improving patterns taken from one knapsack table (other fill levels)
+MIN_COLUMNS = 200  # patterns generated before a known bound may end the LP (its columns are the rounding's)
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,8 @@ def _generate_columns(
     floor: int = 0,
 ) -> tuple[int, np.ndarray]:
     """Column generation until the LP is solved, its bound reaches ``upper``, its value rounds up to
-    ``floor`` (a known lower bound: more columns could not lower it further) or the work is spent.
+    ``floor`` (a known lower bound: more columns could not lower it further; only after MIN_COLUMNS
+    new patterns, which the rounding needs as much as the value) or the work is spent.
 
     Returns a lower bound on the rows for ``demand`` (ceil of the LP when solved, else the best of
     Farley's bound ``LP / best pattern value`` and ``floor``) and the last LP's column values.
@@ -211,7 +213,7 @@ def _generate_columns(
         lp_rows = math.ceil(objective - 1e-6)
         if value <= 1 + 1e-9:
             return lp_rows, x
-        lower = max(math.ceil(objective / value - 1e-6), floor)
+        lower = max(math.ceil(objective / value - 1e-6), floor if work.columns >= MIN_COLUMNS else 0)
         if lower >= min(upper, lp_rows) or work.spent:
             return lower, x
         for pattern in patterns:
