@@ -31,6 +31,10 @@ PATTERNS_PER_PRICING = 8  # improving patterns taken from one knapsack table (ot
 MIN_COLUMNS = 200  # patterns generated before a known bound may end the LP (its columns are the rounding's)
 
 
+class LpNotSolved(RuntimeError):
+    """HiGHS ended a master LP without an optimal solution (numerical trouble): the greedy plan stays."""
+
+
 @dataclass(frozen=True)
 class LpLimits:
     """Work limits of one LP-guided solve (counts, so the outcome does not depend on the machine), for
@@ -163,6 +167,8 @@ class _Master:
     def solve_lp(self) -> tuple[float, np.ndarray, np.ndarray]:
         """Objective, row duals (prices, >= 0) and column values of the LP over the columns so far."""
         self.model.run()
+        if self.model.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
+            raise LpNotSolved(self.model.modelStatusToString(self.model.getModelStatus()))
         solution = self.model.getSolution()
         prices = np.maximum(np.asarray(solution.row_dual, dtype=np.float64), 0.0)
         objective = self.model.getInfo().objective_function_value
@@ -329,14 +335,17 @@ def lp_pattern_pack(
     master = _Master(highspy, counts)
     for pattern in plan_patterns(start_slots, start_rows, counts)[0]:
         master.add(pattern)
-    lower, x = _generate_columns(master, scaled, counts, width, start_rows, work, floor=lower_bound)
-    if lower >= start_rows or x.sum() > start_rows - 1 + 1e-6:
-        return None  # proven optimal, or the LP (stopped by its limits) has found nothing better to round
 
     def complete(demand: np.ndarray) -> int:
         return int(_residual_rows(values, demand, residual_packers)[1].sum())
 
-    rows, demand = _sequential_rounding(master, x, scaled, counts, width, work, complete, start_rows)
+    try:
+        lower, x = _generate_columns(master, scaled, counts, width, start_rows, work, floor=lower_bound)
+        if lower >= start_rows or x.sum() > start_rows - 1 + 1e-6:
+            return None  # proven optimal, or the LP (stopped by its limits) found nothing better to round
+        rows, demand = _sequential_rounding(master, x, scaled, counts, width, work, complete, start_rows)
+    except LpNotSolved:
+        return None
     rows = _pack_residual(master, rows, demand, values, residual_packers)
     if rows.sum() >= start_rows:
         return None
