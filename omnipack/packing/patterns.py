@@ -8,13 +8,16 @@ the rows of any packing, and on practical instances it is the optimum; the LP's 
 greedy packers miss on mixes of 2-4 items per row (the largest items share rows with each other at some
 waste, the others form large + medium + small triples, small items kept for the rows that need them).
 
-The LP is made integral twice and the better kept: its rows rounded down plus the residual items packed
-by the subset-sum refill or FFD (whichever needs fewer rows), and a node-limited HiGHS MIP over the
-generated patterns (the rounded packing's patterns among them, so the MIP starts from it). Patterns that
-cover a class more often than it has items just leave the surplus slots empty.
+The LP is made integral by sequential rounding: its whole rows are taken, or when it has none, one
+row of its largest pattern; the LP is solved again for the items left (its prices move to the items
+still scarce), and so on. After each step the subset-sum refill or FFD prices packing the rest greedily;
+the best stopping point wins. Patterns that cover a class more often than it has items just leave the
+surplus slots empty. (A HiGHS MIP over the generated patterns was tried instead: its root node alone
+took seconds on 1000 items, and a MIP start set by ``setSolution`` made HiGHS 1.16 report a wrong
+optimum.)
 
 HiGHS comes from the optional ``highspy`` package: without it ``lp_pattern_pack`` returns None and the
-packer keeps its greedy plan. Every limit is a count (columns, knapsack work, MIP nodes), never a clock,
+packer keeps its greedy plan. Every limit is a count (columns, knapsack work, LP solves), never a clock,
 and HiGHS runs on one thread, so the plan is the same on every run (with the same HiGHS release).
 """
 
@@ -243,8 +246,9 @@ def _sequential_rounding(
     Each round takes the LP's whole rows (rounded down), or, when it has none, one row of its largest
     column cut to the demand left; the LP is then solved again for the demand left (its prices shift
     to the items still scarce). After every round ``complete(demand)`` (rows a greedy packer needs for
-    the rest) prices stopping there; the best stopping point wins. The rounding ends when it cannot
-    beat that (rows taken + the residual LP's bound), after ``max_rounds`` or once the work is spent.
+    the rest) prices stopping there; the best stopping point wins, ``upper`` (the plan to beat) if none
+    is better. The rounding ends when it cannot beat the best (rows taken + the residual LP's bound),
+    after ``max_rounds`` or once its own work budget is spent.
     """
     taken: dict[int, int] = {}
     demand = counts.copy()
