@@ -1,8 +1,9 @@
 """Exact bin-packing optima for small instances, with HiGHS (``highspy``): benchmarks and tests only.
 
 Gilmore-Gomory: the LP over row patterns (how many items of each length a row holds) is solved by column
-generation, pricing new patterns with an exact bounded knapsack (dynamic programming over the row width,
-counts split in powers of two). ``ceil(LP)`` is a lower bound on the rows of any packing, and on practical
+generation, pricing new patterns with the packer's exact bounded knapsack (``patterns.best_patterns``).
+The packer runs the same LP itself on small plans above the bound (``patterns.lp_pattern_pack``); this
+module keeps a clock limit and the MIP, which give a reference independent of that packer's rounding. ``ceil(LP)`` is a lower bound on the rows of any packing, and on practical
 instances it equals the optimum (the integer round-up property fails only on rare, constructed
 instances). An integer solution over the generated patterns (HiGHS MIP) gives an upper bound; when it
 meets ``ceil(LP)`` the optimum is proven.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LP_EPS = 1e-7
+from omnipack.packing.patterns import best_patterns
 
 
 @dataclass(frozen=True)
@@ -40,38 +41,6 @@ class Optimum:
 def _classes(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     values, counts = np.unique(np.asarray(lengths, dtype=np.int64), return_counts=True)
     return values[::-1].copy(), counts[::-1].copy()
-
-
-def _best_pattern(values: np.ndarray, counts: np.ndarray, capacity: int, duals: np.ndarray) -> tuple[float, np.ndarray]:
-    """Bounded knapsack: the pattern maximising sum(duals * a) with sum(values * a) <= capacity."""
-    dp = np.zeros(capacity + 1)
-    chunks: list[tuple[int, int]] = []  # (class, items)
-    took: list[np.ndarray] = []
-    for j, (v, c, p) in enumerate(zip(values.tolist(), counts.tolist(), duals.tolist(), strict=True)):
-        if p <= LP_EPS:
-            continue
-        c = min(c, capacity // v)
-        step = 1
-        while c > 0:
-            take = min(step, c)
-            c -= take
-            step *= 2
-            w = v * take
-            cand = dp[: capacity + 1 - w] + p * take
-            better = cand > dp[w:] + 1e-12
-            dp[w:] = np.where(better, cand, dp[w:])
-            full = np.zeros(capacity + 1, dtype=bool)
-            full[w:] = better
-            chunks.append((j, take))
-            took.append(full)
-    pattern = np.zeros(len(values), dtype=np.int64)
-    cap = int(np.argmax(dp))
-    best = float(dp[cap])
-    for (j, take), full in zip(reversed(chunks), reversed(took), strict=True):
-        if full[cap]:
-            pattern[j] += take
-            cap -= int(values[j]) * take
-    return best, pattern
 
 
 def _greedy_patterns(values: np.ndarray, counts: np.ndarray, capacity: int) -> list[np.ndarray]:
@@ -138,7 +107,7 @@ def bin_packing_optimum(
         h.run()
         lp = h.getInfo().objective_function_value
         duals = np.maximum(np.asarray(h.getSolution().row_dual, dtype=np.float64)[:m], 0.0)
-        value, pattern = _best_pattern(values_s, counts, cap_s, duals)
+        value, (pattern,), _ = best_patterns(values_s, counts, cap_s, duals)
         farley = math.ceil(lp / max(value, 1.0) - 1e-6)
         converged = value <= 1 + 1e-9 or farley >= math.ceil(lp - 1e-6)
         if converged or farley >= upper or time.perf_counter() > deadline:

@@ -39,6 +39,7 @@ LAZY_ALLOWED = frozenset(
         "av",  # PyAV: video/audio decode (the prepare extra)
         "decord",  # video decode (the prepare extra)
         "fsspec",  # remote stores (the remote extra), on the first remote path
+        "highspy",  # HiGHS: pack's LP-guided step, only for small plans above the bound (optional)
         "huggingface_hub",  # --tokenizer ORG/NAME from the local Hub cache (the prepare extra)
         "jsonschema",  # the manifest schema check, only for records the plain check cannot pass
         "matplotlib",  # omnipack inspect --plot (the plot extra)

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omnipack.packing import PackConstraints, lower_bounds, pack
+from omnipack.packing import PackConstraints, engine, lower_bounds, pack
 from omnipack.packing.bounds import constrained_lower_bounds
 from omnipack.packing.constraints import constrained_pack
 from omnipack.packing.engine import _classes, _mix_and_repack
@@ -27,8 +27,11 @@ def test_mixed_repack_places_every_item_once_within_capacity(capacity, raw):
         assert num_rows <= start[1]
 
 
-def test_mixed_repack_closes_the_bimodal_gap_at_4096():
+def test_mixed_repack_closes_the_bimodal_gap_at_4096(monkeypatch):
     # Seeds where the refill alone ends 0.4-0.5% over the bound (rows of three ~1.2k items, 300-500 free).
+    # On seed 4 the LP-guided step after it now reaches the bound (7284) first; it is off here so that
+    # the test still covers the mixed re-pack.
+    monkeypatch.setattr(engine, "LP_MAX_SAMPLES", 0)
     for seed in (0, 4):
         lengths = bimodal(seed, 20_000, 4096)
         bound = max(lower_bounds(lengths, 4096).values())

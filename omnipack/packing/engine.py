@@ -8,6 +8,7 @@ from .balance import balance_costs
 from .bounds import best_bound, constrained_lower_bounds, lower_bounds
 from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
+from .patterns import lp_pattern_pack
 from .plan import PackPlan, build_plan
 from .refill import refill_classes
 from .swap import swap_search
@@ -25,6 +26,8 @@ SWAP_MAX_ROWS = 600  # rows in the swap search's pool (its rounds walk every poo
 PAIR_SCAN_MAX = 4096  # samples up to which the large-item pairing scan runs (a refill per threshold: seconds)
 PAIR_THRESHOLDS = 16  # thresholds tried by the pairing scan (spread evenly over the lengths above W/3)
 PAIR_MIN_SHARE = 0.2  # the scan runs when at least this share of items is above W/3 (rows of 2-4 items)
+LP_MAX_SAMPLES = 20_000  # samples up to which a plan still above the bound gets the LP-guided step
+LP_MAX_CLASSES = 2_000  # distinct lengths up to which it runs (one LP row and knapsack class each)
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -283,6 +286,8 @@ def _improve(
     4. Still above the bound: the swap search on a pool of rows (``_swap_pool``).
     5. Still more than REFILL_TARGET over it (up to PAIR_SCAN_MAX samples): the large-item pairing scan
        (``_pair_large_then_refill``), for mixes of rows of 2-4 items.
+    6. Still above the bound (up to LP_MAX_SAMPLES samples, LP_MAX_CLASSES lengths): the pattern LP,
+       rounded (``patterns.lp_pattern_pack``, with ``highspy``); it stops early on proving the plan optimal.
     Each refill gives up past REFILL_MAX_WORK (about a second; a work count, so still deterministic).
     The plan with the fewest rows wins; ties keep the earlier one.
     """
@@ -319,7 +324,28 @@ def _improve(
         paired = _pair_large_then_refill(values, counts, capacity, bound)
         if paired is not None and paired[1] < num_rows:
             slot_rows, num_rows, used = paired[0], paired[1], "pairs+refill"
-    return slot_rows, num_rows, used
+    guided = _lp_guided(slot_rows, num_rows, values, counts, capacity, bound)
+    return (slot_rows, num_rows, used) if guided is None else (*guided, "lp-patterns")
+
+
+def _lp_guided(
+    slot_rows: np.ndarray, num_rows: int, values: np.ndarray, counts: np.ndarray, capacity: int, bound: int
+) -> tuple[np.ndarray, int] | None:
+    """The pattern LP's plan (``patterns.lp_pattern_pack``) if it has fewer rows; its leftovers go to the
+    refill or FFD, whichever needs fewer rows. None above the bound's limits or at the bound."""
+    if num_rows <= bound or len(slot_rows) > LP_MAX_SAMPLES or len(values) > LP_MAX_CLASSES:
+        return None
+    return lp_pattern_pack(
+        values,
+        counts,
+        capacity,
+        (slot_rows, num_rows),
+        [
+            lambda v, c: refill_classes(v, c, capacity, max_work=REFILL_MAX_WORK),
+            lambda v, c: ffd_classes(v, c, capacity),
+        ],
+        lower_bound=bound,
+    )
 
 
 def pack(

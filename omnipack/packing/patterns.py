@@ -1,0 +1,356 @@
+"""LP-guided packing: the Gilmore-Gomory pattern LP over length classes, rounded to a packing.
+
+A row's *pattern* says how many items of each length class it holds. The LP ``min sum x_p`` subject to
+``sum_p a_p x_p >= counts`` (rows of pattern p: x_p) is solved by column generation: the master LP (HiGHS)
+gives a price per class, a bounded knapsack over the row width finds the pattern worth most at those
+prices, and it joins the master while it is worth more than one row. ``ceil(LP)`` is a lower bound on
+the rows of any packing, and on practical instances it is the optimum; the LP's patterns are what the
+greedy packers miss on mixes of 2-4 items per row (the largest items share rows with each other at some
+waste, the others form large + medium + small triples, small items kept for the rows that need them).
+
+The LP is made integral by sequential rounding: its whole rows are taken, or when it has none, one
+row of its largest pattern; the LP is solved again for the items left (its prices move to the items
+still scarce), and so on. After each step the subset-sum refill or FFD prices packing the rest greedily;
+the best stopping point wins. Patterns that cover a class more often than it has items just leave the
+surplus slots empty. (A HiGHS MIP over the generated patterns was tried instead: its root node alone
+took seconds on 1000 items, and a MIP start set by ``setSolution`` made HiGHS 1.16 report a wrong
+optimum.)
+
+HiGHS comes from the optional ``highspy`` package: without it ``lp_pattern_pack`` returns None and the
+packer keeps its greedy plan. Every limit is a count (columns, knapsack work, LP solves), never a clock,
+and HiGHS runs on one thread, so the plan is the same on every run (with the same HiGHS release).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+LP_EPS = 1e-7
+PATTERNS_PER_PRICING = 8  # improving patterns taken from one knapsack table (other fill levels)
+MIN_COLUMNS = 200  # patterns generated before a known bound may end the LP (its columns are the rounding's)
+
+
+class LpNotSolved(RuntimeError):
+    """HiGHS ended a master LP without an optimal solution (numerical trouble): the greedy plan stays."""
+
+
+@dataclass(frozen=True)
+class LpLimits:
+    """Work limits of one LP-guided solve (counts, so the outcome does not depend on the machine), for
+    the first LP and, afresh, for all the LPs of the rounding together."""
+
+    max_columns: int = 2000  # patterns added by the column generation
+    max_knapsack_work: int = 150_000_000  # knapsack table cells updated, summed over the pricing rounds
+    max_lp_solves: int = 400  # master LP solves (each followed by one knapsack)
+    max_rounds: int = 1000  # rounding steps, each followed by a new LP for the demand left
+
+
+def best_patterns(
+    values: np.ndarray, counts: np.ndarray, capacity: int, prices: np.ndarray, limit: int = 1
+) -> tuple[float, list[np.ndarray], int]:
+    """Bounded knapsack over classes: the pattern maximising ``sum(prices * a)`` with
+    ``sum(values * a) <= capacity`` and ``a <= counts`` (counts split in powers of two).
+
+    Returns the best value, up to ``limit`` patterns (the best, then the best of other fill levels, by
+    value, all worth more than 1 when ``limit > 1``) and the work done (table cells updated).
+    """
+    table = np.zeros(capacity + 1)
+    chunks: list[tuple[int, int]] = []  # (class, items)
+    took: list[np.ndarray] = []
+    for j, (v, c, p) in enumerate(zip(values.tolist(), counts.tolist(), prices.tolist(), strict=True)):
+        if p <= LP_EPS:
+            continue
+        c = min(c, capacity // v)
+        step = 1
+        while c > 0:
+            take = min(step, c)
+            c -= take
+            step *= 2
+            w = v * take
+            candidate = table[: capacity + 1 - w] + p * take
+            took.append(candidate > table[w:] + 1e-12)  # cell w + i improved by this chunk
+            np.maximum(table[w:], candidate, out=table[w:])
+            chunks.append((j, take))
+    best = float(table.max()) if len(table) else 0.0
+    # The table is non-decreasing in the fill; each step up ends a distinct pattern at that fill.
+    steps = np.concatenate([[0], np.flatnonzero(np.diff(table) > 0) + 1])
+    order = steps[np.argsort(-table[steps], kind="stable")]
+    picks = order[:1] if limit == 1 else order[table[order] > 1 + 1e-9][:limit]
+    patterns, seen = [], set()
+    for fill in picks.tolist():
+        pattern = np.zeros(len(values), dtype=np.int64)
+        for (j, take), better in zip(reversed(chunks), reversed(took), strict=True):
+            w = int(values[j]) * take
+            if fill >= w and better[fill - w]:
+                pattern[j] += take
+                fill -= w
+        key = pattern.tobytes()
+        if key not in seen:
+            seen.add(key)
+            patterns.append(pattern)
+    return best, patterns, len(chunks) * (capacity + 1)
+
+
+def plan_patterns(slot_rows: np.ndarray, num_rows: int, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct row patterns of a class-level packing ``[P, classes]`` (first use order) and how
+    many rows use each."""
+    m = len(counts)
+    slot_class = np.repeat(np.arange(m, dtype=np.int64), counts)
+    pairs, per_pair = np.unique(slot_rows.astype(np.int64) * m + slot_class, return_counts=True)
+    row, cls = np.divmod(pairs, m)
+    cuts = np.flatnonzero(np.diff(row)) + 1
+    uses: dict[tuple[bytes, bytes], int] = {}
+    for row_classes, row_counts in zip(np.split(cls, cuts), np.split(per_pair, cuts), strict=True):
+        key = (row_classes.tobytes(), row_counts.tobytes())
+        uses[key] = uses.get(key, 0) + 1
+    patterns = np.zeros((len(uses), m), dtype=np.int64)
+    for p, (row_classes, row_counts) in enumerate(uses):
+        patterns[p, np.frombuffer(row_classes, dtype=np.int64)] = np.frombuffer(row_counts, dtype=np.int64)
+    return patterns, np.array(list(uses.values()), dtype=np.int64)
+
+
+def patterns_to_slots(patterns: np.ndarray, rows: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, int]:
+    """A class-level packing from ``rows[p]`` rows of each pattern ``p`` that together cover ``counts``:
+    ``(slot_rows, num_rows)`` as ``greedy.bfd_classes`` returns it. Surplus slots stay empty; rows left
+    with no item are dropped."""
+    rows = np.asarray(rows, dtype=np.int64)
+    first_row = np.concatenate([[0], np.cumsum(rows)])
+    parts = []
+    for j, need in enumerate(counts.tolist()):
+        users = np.flatnonzero((patterns[:, j] > 0) & (rows > 0))
+        slots = [np.repeat(np.arange(first_row[p], first_row[p + 1]), patterns[p, j]) for p in users.tolist()]
+        flat = np.concatenate(slots) if slots else np.zeros(0, np.int64)
+        if len(flat) < need:
+            raise ValueError(f"patterns cover class {j} {len(flat)} times, it has {need} items")
+        parts.append(flat[:need])
+    slot_rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    used, dense = np.unique(slot_rows, return_inverse=True)
+    return dense.astype(np.int64), len(used)
+
+
+class _Master:
+    """The pattern LP in HiGHS: one ``>= demand`` row per class, one column per pattern (cost 1)."""
+
+    def __init__(self, highspy, counts: np.ndarray) -> None:
+        # The plain core class: ``highspy.Highs`` prints a banner on stdout the first time it is built.
+        self.highspy = highspy
+        self.model = getattr(highspy, "_Highs", highspy.Highs)()
+        # Primal simplex: new columns leave the basis primal feasible (half the iterations of the dual).
+        options = (("output_flag", False), ("threads", 1), ("random_seed", 0), ("simplex_strategy", 4))
+        for name, value in options:
+            self.model.setOptionValue(name, value)
+        empty_index, empty_value = np.zeros(0, np.int32), np.zeros(0, np.float64)
+        for count in counts.tolist():
+            self.model.addRow(float(count), highspy.kHighsInf, 0, empty_index, empty_value)
+        self.num_classes = len(counts)
+        self.columns: list[np.ndarray] = []
+        self.index: dict[bytes, int] = {}
+
+    def add(self, pattern: np.ndarray) -> int:
+        """The column of ``pattern``, added if new."""
+        key = pattern.tobytes()
+        if key not in self.index:
+            idx = np.flatnonzero(pattern).astype(np.int32)
+            self.model.addCol(
+                1.0, 0.0, self.highspy.kHighsInf, len(idx), idx, pattern[idx].astype(np.float64)
+            )
+            self.index[key] = len(self.columns)
+            self.columns.append(pattern)
+        return self.index[key]
+
+    def set_demand(self, demand: np.ndarray) -> None:
+        m = self.num_classes
+        upper = np.full(m, self.highspy.kHighsInf)
+        self.model.changeRowsBounds(m, np.arange(m, dtype=np.int32), demand.astype(np.float64), upper)
+
+    def solve_lp(self) -> tuple[float, np.ndarray, np.ndarray]:
+        """Objective, row duals (prices, >= 0) and column values of the LP over the columns so far."""
+        self.model.run()
+        if self.model.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
+            raise LpNotSolved(self.model.modelStatusToString(self.model.getModelStatus()))
+        solution = self.model.getSolution()
+        prices = np.maximum(np.asarray(solution.row_dual, dtype=np.float64), 0.0)
+        objective = self.model.getInfo().objective_function_value
+        return objective, prices, np.asarray(solution.col_value, dtype=np.float64)
+
+
+@dataclass
+class _Work:
+    """What the column generation has spent so far, against ``LpLimits``."""
+
+    limits: LpLimits
+    columns: int = 0
+    knapsack: int = 0
+    rounds: int = 0
+
+    @property
+    def spent(self) -> bool:
+        limits = self.limits
+        return (
+            self.columns >= limits.max_columns
+            or self.knapsack >= limits.max_knapsack_work
+            or self.rounds >= limits.max_lp_solves
+        )
+
+
+def _generate_columns(
+    master: _Master,
+    values: np.ndarray,
+    demand: np.ndarray,
+    capacity: int,
+    upper: int,
+    work: _Work,
+    floor: int = 0,
+) -> tuple[int, np.ndarray]:
+    """Column generation until the LP is solved, its bound reaches ``upper``, its value rounds up to
+    ``floor`` (a known lower bound: more columns could not lower it further; only after MIN_COLUMNS
+    new patterns, which the rounding needs as much as the value) or the work is spent.
+
+    Returns a lower bound on the rows for ``demand`` (ceil of the LP when solved, else the best of
+    Farley's bound ``LP / best pattern value`` and ``floor``) and the last LP's column values.
+    """
+    floor = max(floor, -(-int(demand @ values) // capacity))
+    while True:
+        objective, prices, x = master.solve_lp()
+        value, patterns, cost = best_patterns(values, demand, capacity, prices, PATTERNS_PER_PRICING)
+        work.knapsack += cost
+        work.rounds += 1
+        lp_rows = math.ceil(objective - 1e-6)
+        if value <= 1 + 1e-9:
+            return lp_rows, x
+        lower = max(math.ceil(objective / value - 1e-6), floor if work.columns >= MIN_COLUMNS else 0)
+        if lower >= min(upper, lp_rows) or work.spent:
+            return lower, x
+        for pattern in patterns:
+            master.add(pattern)
+        work.columns += len(patterns)
+
+
+def _sequential_rounding(
+    master: _Master,
+    x: np.ndarray,
+    scaled: np.ndarray,
+    counts: np.ndarray,
+    capacity: int,
+    work: _Work,
+    complete: Callable[[np.ndarray], int],
+    upper: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows per column taken by rounding the LP one step at a time, and the demand left for a greedy
+    packer to complete.
+
+    Each round takes the LP's whole rows (rounded down), or, when it has none, one row of its largest
+    column cut to the demand left; the LP is then solved again for the demand left (its prices shift
+    to the items still scarce). After every round ``complete(demand)`` (rows a greedy packer needs for
+    the rest) prices stopping there; the best stopping point wins, ``upper`` (the plan to beat) if none
+    is better. The rounding ends when it cannot beat the best (rows taken + the residual LP's bound),
+    after ``max_rounds`` or once its own work budget is spent.
+    """
+    taken: dict[int, int] = {}
+    demand = counts.copy()
+    best = (upper, dict(taken), demand)  # stopping before the first round: the plan to beat
+    work = _Work(work.limits)
+    for _ in range(work.limits.max_rounds):
+        whole = np.floor(x + 1e-9).astype(np.int64)
+        if not whole.any():
+            column = master.add(np.minimum(master.columns[int(np.argmax(x))], demand))
+            whole = np.zeros(len(master.columns), dtype=np.int64)
+            whole[column] = 1
+        for p in np.flatnonzero(whole).tolist():
+            taken[p] = taken.get(p, 0) + int(whole[p])
+            demand = np.maximum(demand - master.columns[p] * int(whole[p]), 0)
+        rows_taken = sum(taken.values())
+        total = rows_taken + (complete(demand) if demand.any() else 0)
+        if total < best[0]:
+            best = (total, dict(taken), demand)
+        if not demand.any() or work.spent:
+            break
+        master.set_demand(demand)
+        lower, x = _generate_columns(master, scaled, demand, capacity, best[0] - rows_taken, work)
+        if rows_taken + lower >= best[0]:
+            break
+    rows = np.zeros(len(master.columns), dtype=np.int64)
+    rows[list(best[1])] = list(best[1].values())
+    return rows, best[2]
+
+
+def _residual_rows(
+    values: np.ndarray, demand: np.ndarray, residual_packers: list[Callable]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The best of ``residual_packers`` on the items of ``demand``: its patterns (over all classes) and
+    rows per pattern."""
+    present = np.flatnonzero(demand)
+    packed = [p(values[present], demand[present]) for p in residual_packers]
+    slots, num = min((p for p in packed if p is not None), key=lambda p: p[1])
+    patterns, used = plan_patterns(slots, num, demand[present])
+    full = np.zeros((len(patterns), len(demand)), dtype=np.int64)
+    full[:, present] = patterns
+    return full, used
+
+
+def _pack_residual(
+    master: _Master,
+    rows: np.ndarray,
+    demand: np.ndarray,
+    values: np.ndarray,
+    residual_packers: list[Callable],
+) -> np.ndarray:
+    """``rows`` plus the rows of the best of ``residual_packers`` on the items of ``demand`` (as columns)."""
+    if not demand.any():
+        return rows
+    patterns, used = _residual_rows(values, demand, residual_packers)
+    columns = [master.add(pattern) for pattern in patterns]
+    out = np.zeros(len(master.columns), dtype=np.int64)
+    out[: len(rows)] = rows
+    np.add.at(out, columns, used)
+    return out
+
+
+def lp_pattern_pack(
+    values: np.ndarray,
+    counts: np.ndarray,
+    capacity: int,
+    start: tuple[np.ndarray, int],
+    residual_packers: list[Callable],
+    lower_bound: int = 0,
+    limits: LpLimits | None = None,
+) -> tuple[np.ndarray, int] | None:
+    """A class-level packing with fewer rows than ``start`` (``(slot_rows, num_rows)``), guided by the
+    pattern LP (see the module doc); None if none is found, the LP proves ``start`` optimal, or HiGHS
+    (``highspy``) is not installed.
+
+    ``residual_packers`` pack the items the rounding leaves (``packer(values, counts)`` returning
+    ``(slot_rows, num_rows)`` or None; at least one must succeed). ``start``'s rows are the first
+    columns, so the LP begins from the plan it has to beat. ``lower_bound`` (a known bound on the rows,
+    e.g. max(L1, L2, DFF)) ends the column generation once the LP rounds up to it.
+    """
+    try:
+        import highspy
+    except ImportError:
+        return None
+    work = _Work(limits or LpLimits())
+    start_slots, start_rows = start
+    scale = math.gcd(int(capacity), *values.tolist())
+    scaled, width = values // scale, int(capacity) // scale
+    master = _Master(highspy, counts)
+    for pattern in plan_patterns(start_slots, start_rows, counts)[0]:
+        master.add(pattern)
+
+    def complete(demand: np.ndarray) -> int:
+        return int(_residual_rows(values, demand, residual_packers)[1].sum())
+
+    try:
+        lower, x = _generate_columns(master, scaled, counts, width, start_rows, work, floor=lower_bound)
+        if lower >= start_rows or x.sum() > start_rows - 1 + 1e-6:
+            return None  # proven optimal, or the LP (stopped by its limits) found nothing better to round
+        rows, demand = _sequential_rounding(master, x, scaled, counts, width, work, complete, start_rows)
+    except LpNotSolved:
+        return None
+    rows = _pack_residual(master, rows, demand, values, residual_packers)
+    if rows.sum() >= start_rows:
+        return None
+    return patterns_to_slots(np.array(master.columns), rows, counts)
