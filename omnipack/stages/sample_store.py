@@ -184,7 +184,7 @@ class SampleStore:
         name = f"index-{digest(names)[:16]}.arrow"
         path = self.folder / name
         if not path.exists():
-            # (ParquetFile, not read_table: that imports pyarrow.dataset and pandas, ~0.5 s of a new process)
+            # (ParquetFile, not read_table: that imports pyarrow.dataset, which a repack needs nowhere else)
             tables = [pq.ParquetFile(self.segments / f"{n}.parquet").read() for n in names]
             stamps = [json.loads((t.schema.metadata or {}).get(b"stamp", b"null")) for t in tables]
             tables = [t.replace_schema_metadata(None) for t in tables]

@@ -171,7 +171,8 @@ def create_exclusive(path: AnyPath, data: bytes) -> bool:
 def read_parquet(path: AnyPath, columns: list[str] | None = None) -> Any:
     """A Parquet file's table (or some columns); from an object store by ranged reads of the footer and
     the wanted column chunks, not the whole object. (``ParquetFile``, not ``read_table``: that imports
-    pyarrow.dataset and with it pandas, ~0.5 s of a repack in a new process.)"""
+    pyarrow.dataset, which a run needs nowhere else; pandas, which it imports too, pyarrow 26 imports anyway
+    on the first ``pa.array``, ``pa.scalar`` or ``to_numpy``.)"""
     import pyarrow.parquet as pq
 
     if is_local(path):
