@@ -138,8 +138,10 @@ def test_repack_copies_stored_payloads_and_matches_a_fresh_prepare(
     assert loaded == []
     assert summary["tokenizer"] == json.loads((fresh / ".nv-meta" / "omnipack.json").read_text())["tokenizer"]
     assert summary["counts"]["rows"] > 0
-    copied = media_members(repacked)  # one xxh3 per copied payload: the store's check is the row's digest
-    assert copied and {k: hashed[k] for k in copied} == copied
+    # no xxh3-64 of a copied payload: its segment's stamp is the committed one, so the store's recorded xxh3
+    # is the row's digest unchecked (the shard's xxh3-128 is the payload's one pass)
+    copied = media_members(repacked)
+    assert copied and {k: hashed[k] for k in copied} == dict.fromkeys(copied, 0)
     want, got = dataset_bytes(fresh), dataset_bytes(repacked)
     assert any(k.endswith(".tar") for k in want)
     assert sorted(got) == sorted(want)
@@ -210,6 +212,56 @@ def test_each_run_opens_its_own_store_and_a_worker_gets_it_unopened(tmp_path, de
     shipped = pickle.loads(pickle.dumps(spec))  # as the local executor ships it to its workers
     assert shipped == spec
     assert write_stage.sample_store(shipped) is not store
+
+
+def _damage_a_payload(store_root: Path, keep_stamp: bool) -> None:
+    """Flip a byte inside the first stored payload of a segment; with ``keep_stamp``, record the damaged file's
+    stamp as its commit's (a damage no stamp shows, such as bit rot under an unchanged inode)."""
+    import pyarrow.parquet as pq
+
+    from omnipack.stages.records import output_stamp
+
+    index = sorted(store_root.rglob("segments/*.parquet"))[0]
+    segment = index.with_suffix(".bin")
+    table = pq.ParquetFile(index).read()
+    at = int(table.column("offset")[0].as_py()) + int(table.column("length")[0].as_py()) // 2
+    with open(segment, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    if keep_stamp:
+        meta = {**table.schema.metadata, b"stamp": json.dumps(output_stamp(segment)).encode()}
+        pq.write_table(table.replace_schema_metadata(meta), index)
+        for merged in store_root.rglob("index-*.arrow"):  # merged again with the stamp now recorded
+            merged.unlink()
+
+
+@pytest.mark.parametrize("keep_stamp", [False, True])
+def test_a_damaged_store_is_decoded_again_or_caught_by_verify(
+    tmp_path, demo_tokenizer, corpus, decodes, keep_stamp
+):
+    """A stored payload changed on disk after its segment's commit: when the segment's stamp moved (any write
+    moves its ctime) the payload is checked, found damaged and decoded again, and the repack still equals a
+    fresh prepare; a damage the stamp does not show is copied unchecked, and ``verify`` fails the row (its
+    meta.json's media digest is the payload's recorded xxh3)."""
+    fresh, out = tmp_path / "fresh", tmp_path / "out"
+    _prepare(fresh, demo_tokenizer, corpus, seq_length=2048, sample_store="off")
+    _prepare(out, demo_tokenizer, corpus, seq_length=4096)
+    _damage_a_payload(out / "stages" / "samples", keep_stamp)
+    decodes.clear()
+    _prepare(out, demo_tokenizer, corpus, seq_length=2048, from_stage="pack")
+    failed = {r.name: r.failures for r in run_verify(out, progress=False) if r.status == "fail"}
+    want, got = dataset_bytes(fresh), dataset_bytes(out)
+    if not keep_stamp:
+        assert len({d.ref for d in decodes}) == 1  # the damaged item (in every sample that holds it)
+        assert [k for k in want if got.get(k) != want[k]] == []
+        assert not failed, failed
+    else:
+        assert decodes == []
+        assert [k for k in want if got.get(k) != want[k]] != []
+        assert list(failed) == ["content"], failed
+        assert all("bytes differ from what was written" in f for f in failed["content"]), failed
 
 
 def test_store_segments_merge_into_one_index_and_damaged_payloads_read_as_absent(tmp_path):

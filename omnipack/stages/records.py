@@ -45,13 +45,17 @@ def output_stamp(path: Any) -> list[Any] | None:
     the mtime); on an object store its size and ETag (any new PUT changes it). None when there is none."""
     try:
         if is_local(path):
-            st = path.stat()
-            return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+            return stat_stamp(path.stat())
         info = path.fs.info(path.path)
     except FileNotFoundError:
         return None
     etag = info.get("ETag") or info.get("etag")
     return [int(info.get("size") or 0), str(etag)] if etag else None
+
+
+def stat_stamp(st: os.stat_result) -> list[int]:
+    """A local file's stamp (``output_stamp``) from its ``stat`` (or an open file's ``fstat``)."""
+    return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def file_unchanged(path: Any, size: int, xxh3: str | None, stamp: list[Any] | None) -> bool:

@@ -8,15 +8,22 @@ besides its source and plan (profile, its options and resolved settings, pixel e
 
     <store>/<shape>/settings.json              the shape, readable
     <store>/<shape>/segments/<writer>.bin      append-only payload bytes of one write unit
-    <store>/<shape>/segments/<writer>.parquet  its index (key, offset, length, ext, xxh3); written last
+    <store>/<shape>/segments/<writer>.parquet  its index (key, offset, length, ext, xxh3) and the .bin's
+                                               stamp once written; written last
     <store>/<shape>/index.json                 names the merged index now current
     <store>/<shape>/index-<digest>.arrow       every segment's index merged, sorted by key (memory-mapped)
 
 A media item's key is the digest (``records.digest``, as every completion key) of its measured reference,
 the media root and its plan (target size, frames, samples): what the measure stage recorded for it. Files
 scale with write units, not samples; a lookup is a binary search in the mapped index and a payload read is
-a view of the memory-mapped segment, checked against its recorded xxh3 (a damaged payload is decoded again,
-never copied); the shard writer copies it from the segment file to the shard in the kernel.
+a view of the memory-mapped segment; the shard writer copies it from the segment file to the shard in the
+kernel. Each payload's xxh3 is computed from the bytes in memory as they are written, and the segment's stamp
+(size, inode, mtime, ctime: ``records.output_stamp``) recorded after its last write: a segment whose stamp
+is still that one holds the bytes hashed (any write since moves its ctime, which no process can set back),
+so its payloads are copied unhashed (the shard's xxh3-128 is their one pass); a segment whose stamp moved
+(changed, copied, or recorded before stamps) has each payload checked against its xxh3 on read (a damaged
+one is decoded again, never copied). A change no stamp shows (bit rot under an unchanged inode) reaches the
+shard with the row's recorded media digest, which ``verify`` recomputes.
 Segments a stage writes become visible to the next run's index (``refresh_index``, before the write stage).
 """
 
@@ -41,7 +48,7 @@ import xxhash
 
 from ..dataset.file_payload import FilePayload
 from ..media.sources import local_path
-from .records import digest, write_json_atomic
+from .records import digest, output_stamp, stat_stamp, write_json_atomic
 from .storage import is_local, make_dirs
 
 STORE_FORMAT = 1  # bump when the bytes a payload holds change for the same source, plan and settings
@@ -135,11 +142,12 @@ class _Index:
     xxh3: np.ndarray
     segments: list[str]
     exts: list[str]
+    stamps: list[list[int] | None]  # each segment's stamp as committed (None: recorded before stamps)
 
 
 def _empty_index() -> _Index:
     z = np.zeros(0, dtype=np.uint64)
-    return _Index(z, z, np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int8), z, [], [])
+    return _Index(z, z, np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int8), z, [], [], [])
 
 
 def _view(column: pa.ChunkedArray) -> np.ndarray:
@@ -156,9 +164,10 @@ class SampleStore:
         self.segments = folder / "segments"
         self._index = _empty_index()
         self._index_name: str | None = None
-        # segment number -> its mapped bytes, least recently used first (a repack reads from every segment
-        # of a corpus: one per write unit, thousands for a large one, more than a process may hold open)
-        self._files: OrderedDict[int, mmap.mmap] = OrderedDict()
+        # segment number -> its mapped bytes and whether its stamp is the committed one (its payloads then
+        # trusted unhashed), least recently used first (a repack reads from every segment of a corpus: one
+        # per write unit, thousands for a large one, more than a process may hold open)
+        self._files: OrderedDict[int, tuple[mmap.mmap, bool]] = OrderedDict()
 
     @classmethod
     def at(cls, root: Path, shape: dict[str, Any]) -> SampleStore:
@@ -178,7 +187,10 @@ class SampleStore:
         name = f"index-{digest(names)[:16]}.arrow"
         path = self.folder / name
         if not path.exists():
-            tables = [pq.read_table(self.segments / f"{n}.parquet") for n in names]
+            # (ParquetFile, not read_table: that imports pyarrow.dataset, which a repack needs nowhere else)
+            tables = [pq.ParquetFile(self.segments / f"{n}.parquet").read() for n in names]
+            stamps = [json.loads((t.schema.metadata or {}).get(b"stamp", b"null")) for t in tables]
+            tables = [t.replace_schema_metadata(None) for t in tables]
             table = pa.concat_tables(tables) if tables else SEGMENT_SCHEMA.empty_table()
             seg = np.concatenate([np.full(len(t), i, np.int32) for i, t in enumerate(tables)] or [np.zeros(0, np.int32)])
             k0, k1 = table.column("key0").to_numpy(), table.column("key1").to_numpy()
@@ -199,7 +211,9 @@ class SampleStore:
                     "ext": ext.indices.to_numpy()[order].astype(np.int8),
                     "xxh3": table.column("xxh3").to_numpy()[order],
                 }
-            ).replace_schema_metadata({"segments": json.dumps(names), "exts": json.dumps(exts)})
+            ).replace_schema_metadata(
+                {"segments": json.dumps(names), "exts": json.dumps(exts), "stamps": json.dumps(stamps)}
+            )
             tmp = path.with_name(f"{name}.{uuid.uuid4().hex}.partial")  # a run's start removes leftovers
             with pa.OSFile(str(tmp), "wb") as f, pa.ipc.new_file(f, merged.schema) as w:
                 w.write_table(merged)
@@ -226,9 +240,11 @@ class SampleStore:
                 continue
             meta = table.schema.metadata
             cols = {c: _view(table.column(c)) for c in table.column_names}
+            segments = json.loads(meta[b"segments"])
             self._index = _Index(
                 cols["key0"], cols["key1"], cols["segment"], cols["offset"], cols["length"], cols["ext"],
-                cols["xxh3"], json.loads(meta[b"segments"]), json.loads(meta[b"exts"]),
+                cols["xxh3"], segments, json.loads(meta[b"exts"]),
+                json.loads(meta.get(b"stamps", b"null")) or [None] * len(segments),
             )  # fmt: skip
             self._index_name = name
             self.close_files()
@@ -238,7 +254,8 @@ class SampleStore:
     def get(self, key: tuple[int, int]) -> tuple[str, FilePayload] | None:
         """(ext, payload) stored under ``key``: its bytes (a view of the mapped segment), where they lie and
         their xxh3 (the shard writer copies them file to file, the row's media digest is that xxh3); None
-        when absent or damaged (then decoded again)."""
+        when absent or damaged (then decoded again). Checked against the xxh3 unless its segment's stamp is
+        the committed one."""
         ix = self._index
         lo = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="left"))
         hi = int(np.searchsorted(ix.key0, np.uint64(key[0]), side="right"))
@@ -246,30 +263,31 @@ class SampleStore:
             if int(ix.key1[i]) == key[1]:
                 seg, length, start, xxh3 = int(ix.segment[i]), int(ix.length[i]), int(ix.offset[i]), int(ix.xxh3[i])
                 try:
-                    mapped = self._segment(seg)
+                    mapped, trusted = self._segment(seg)
                 except (OSError, ValueError):  # removed, or emptied: decoded again
                     return None
                 data = memoryview(mapped)[start : start + length]
                 if len(data) != length:
                     return None
-                _populate(mapped, start, length)
-                if xxhash.xxh3_64_intdigest(data) != xxh3:
+                _populate(mapped, start, length)  # hashed next: here, or into the shard's checksum
+                if not trusted and xxhash.xxh3_64_intdigest(data) != xxh3:
                     return None
                 return ix.exts[int(ix.ext[i])], FilePayload(data, self._segment_path(seg), start, xxh3)
         return None
 
-    def _segment(self, seg: int) -> mmap.mmap:
-        """Segment ``seg`` mapped (the last ``MAX_OPEN_SEGMENTS`` kept; one dropped is unmapped once no
-        payload view of it is left)."""
-        mapped = self._files.get(seg)
-        if mapped is not None:
+    def _segment(self, seg: int) -> tuple[mmap.mmap, bool]:
+        """Segment ``seg`` mapped, and whether the file mapped has the stamp its commit recorded (the last
+        ``MAX_OPEN_SEGMENTS`` kept; one dropped is unmapped once no payload view of it is left)."""
+        found = self._files.get(seg)
+        if found is not None:
             self._files.move_to_end(seg)
-            return mapped
+            return found
         if len(self._files) >= MAX_OPEN_SEGMENTS:
             self._files.popitem(last=False)
         with open(self._segment_path(seg), "rb") as f:
-            mapped = self._files[seg] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return mapped
+            trusted = self._index.stamps[seg] == stat_stamp(os.fstat(f.fileno()))  # the file mapped
+            found = self._files[seg] = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), trusted)
+        return found
 
     def _segment_path(self, seg: int) -> str:
         return str(self.segments / f"{self._index.segments[seg]}.bin")
@@ -331,13 +349,15 @@ class SegmentWriter:
         self._offset += len(data)
 
     def commit(self) -> None:
-        """The payloads written, then their index (the segment's commit point). No fsync: a payload lost or
-        torn by a crash fails its xxh3 check on read and is decoded again."""
+        """The payloads written, then their index and the segment's stamp after its last write (the
+        segment's commit point). No fsync: payloads a crash lost leave the segment shorter than its stamp
+        (a file system records a size after its data), so they are checked against their xxh3 on read."""
         if self._file is None:
             return
         self._file.close()
         self._file = None
-        table = pa.table(self._rows, schema=SEGMENT_SCHEMA)
+        stamp = {"stamp": json.dumps(output_stamp(self.bin))}
+        table = pa.table(self._rows, schema=SEGMENT_SCHEMA.with_metadata(stamp))
         tmp = self.index.with_name(f"{self.index.name}.{uuid.uuid4().hex}.partial")
         pq.write_table(table, tmp)
         os.replace(tmp, self.index)

@@ -170,13 +170,15 @@ def create_exclusive(path: AnyPath, data: bytes) -> bool:
 
 def read_parquet(path: AnyPath, columns: list[str] | None = None) -> Any:
     """A Parquet file's table (or some columns); from an object store by ranged reads of the footer and
-    the wanted column chunks, not the whole object."""
+    the wanted column chunks, not the whole object. (``ParquetFile``, not ``read_table``: that imports
+    pyarrow.dataset, which a run needs nowhere else; pandas, which it imports too, pyarrow 26 imports anyway
+    on the first ``pa.array``, ``pa.scalar`` or ``to_numpy``.)"""
     import pyarrow.parquet as pq
 
     if is_local(path):
-        return pq.read_table(path, columns=columns)
-    with path.open("rb") as f:
-        return pq.read_table(f, columns=columns)
+        return pq.ParquetFile(path).read(columns=columns)
+    with path.open("rb") as f:  # the column chunks' ranges read coalesced, as read_table reads them
+        return pq.ParquetFile(f, pre_buffer=True).read(columns=columns)
 
 
 def read_range(path: AnyPath, start: int, end: int) -> bytes:
