@@ -253,17 +253,57 @@ def build_gemma3n_model_dir(out: Path) -> Path:
     return out
 
 
-def test_a_processor_whose_clip_features_depend_on_the_others_is_refused_at_start(tmp_path, capsys):
-    """Stored per clip, Gemma3n's features could not be the processor's for a sample of two clips (it pads
-    both waveforms to the longer one first): refused at start with that reason, nothing written."""
-    folder = build_gemma3n_model_dir(tmp_path / "model")
-    manifest, media, _ = _corpus(tmp_path / "src", n=2)
-    args = prepare_args(manifest, media, tmp_path / "ds", "--model", str(folder))
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "profile hf: Gemma3nProcessor" in err, err
-    assert "'input_features' beside a second audio" in err and "depend on the sample's other items" in err
-    assert not (tmp_path / "ds").exists()
+@pytest.fixture(scope="module")
+def gemma3n(tmp_path_factory):
+    """(processor, media, samples, dataset): the audio corpus prepared with a Gemma3n folder."""
+    from transformers import AutoProcessor
+
+    root = tmp_path_factory.mktemp("gemma3n")
+    folder = build_gemma3n_model_dir(root / "model")
+    manifest, media, samples = _corpus(root / "src")
+    out = prepare(manifest, media, root / "ds", "--model", str(folder), "--seq-length", "512", "--shard-max-rows", "2")
+    return AutoProcessor.from_pretrained(str(folder)), media, samples, out
+
+
+GEMMA3N_AXES = {"input_features": 0, "input_features_mask": 0}
+
+
+def test_clips_whose_features_depend_on_the_others_are_stored_from_their_sample_together(gemma3n):
+    """Gemma3n pads a sample's clips to the longest before computing their features: its clips are processed
+    per sample's clip set (the count and the tensors of that set, cached by the tuple of clip lengths), and
+    each clip stores its rows of the processor's output. Every sample's token ids, labels and stored tensors
+    equal the processor's for the sample alone, bit for bit; verify and the loader's micro-batches of two
+    rows hold them (other samples' clips padded with zeros and a false mask, as the processor pads)."""
+    proc, media, samples, out = gemma3n
+    meta = run_meta(out)
+    settings = meta["profile"]["settings"]
+    assert (meta["profile"]["name"], meta["profile"]["source"]) == ("hf", "fallback")
+    assert settings["media_arrays"]["audio"] == GEMMA3N_AXES
+    assert settings["media_joint"] == {"audio": {"per_sample": [], "masks": {}}}
+    assert meta["counts"]["packed"] == len(samples) and meta["counts"]["rejected"] == 0
+    sets = [tuple(clip_paths(m)) for m in samples.values() if clip_paths(m)]  # each clip of its own length
+    cache = meta["processor_cache"]["audio"]
+    assert cache["processor_calls"] == len(set(sets)) and cache["cache_hits"] == len(sets) - len(set(sets))
+    several = 0
+    for parts in read_rows_from_tars(out).values():
+        row, _ = decode_row(parts)
+        for k, sid in enumerate(row.sample_ids):
+            want = processor_alone(proc, media, samples[sid])
+            a, n = int(row.cu_seqlens_padded[k]), int(row.cu_seqlens[k + 1] - row.cu_seqlens[k])
+            assert row.tokens[a : a + n].tolist() == want["input_ids"][0].tolist(), sid
+            labels = row.labels[a : a + n]
+            answers = [p["text"] for m in samples[sid] if m["role"] == "assistant" for p in m["content"]]
+            assert proc.tokenizer.decode(labels[labels >= 0].tolist()) == "".join(f"{t}<|im_end|>" for t in answers)
+            items = sorted((m for m in row.media if m.sample_index == k), key=lambda m: m.token_start)
+            stored = joined([dict(decode_payload(m.part, parts[m.part])) for m in items], GEMMA3N_AXES)
+            assert_same_bits(stored, {k2: want[k2] for k2 in GEMMA3N_AXES if k2 in want}, sid)
+            several += len(items) > 1 and len(set(clip_paths(samples[sid]))) > 1
+    assert several >= 2
+    assert main(["verify", str(out), "--workers", "1"]) == 0
+    for batch in val_batches(out, batch_size=2):
+        sids = [s for row in batch.sample_ids for s in row]
+        want = joined([processor_alone(proc, media, samples[s]) for s in sids], GEMMA3N_AXES)
+        assert_same_bits({k: v.numpy() for k, v in (batch.encoder_inputs or {}).items()}, want, sids)
 
 
 def test_a_processor_that_takes_one_clip_per_text_is_refused_at_start(tmp_path, capsys):
