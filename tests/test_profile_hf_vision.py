@@ -188,7 +188,7 @@ def processor_alone(proc, media: Path, messages: list[dict]) -> dict[str, np.nda
     text = (proc if proc.chat_template else proc.tokenizer).apply_chat_template(messages, tokenize=False)
     images = [Image.open(media / p).convert("RGB") for p in image_paths(messages)]
     clips = [soundfile.read(media / p, dtype="float32")[0] for p in clip_paths(messages)]
-    kw: dict = {"images": images} if images else {}
+    kw: dict = {"images": [images]} if images else {}  # one sample's images, as apply_chat_template nests them
     if clips:
         kw.update(audio=clips, sampling_rate=PHI4_RATE)
     return dict(proc(text=[text], add_special_tokens=False, return_tensors="np", **kw))
@@ -400,3 +400,23 @@ def test_phi4_multimodal_verify_and_the_loader(phi4, tmp_path):
         assert_same_bits({k: v.numpy() for k, v in (batch.encoder_inputs or {}).items()}, want, sids)
     assert sorted(seen) == sorted(samples) and masked
     assert_trainer_only_loads_the_same(out, tmp_path)
+
+
+def test_llava_onevision_counts_an_image_by_its_sample(tmp_path):
+    """Why LLaVA-OneVision's images are processed per sample's image set: its processor tiles an image alone
+    (anyres: a base view and the crops of its best grid) but gives each image of several its base view only
+    (pixel rows and placeholder counts of their own), and the model reads which from ``batch_num_images``.
+    The plans follow the set, each image storing its rows; a set of the same sizes is counted once."""
+    from omnipack.media.meta import MediaMeta
+    from omnipack.profiles import get_profile
+
+    prof = get_profile("hf", model_dir=str(build_llava_onevision_model_dir(tmp_path / "model")))
+    wide, small = MediaMeta("image", height=100, width=220), MediaMeta("image", height=40, width=50)
+    (alone,) = prof.plan_sample([wide])
+    pair = prof.plan_sample([wide, small])
+    assert alone.info["stored_arrays"]["pixel_values"][0] == [1, 3, 3, 32, 32]  # base view + 1x2 crops
+    assert [p.info["stored_arrays"]["pixel_values"][0] for p in pair] == [[1, 1, 3, 32, 32]] * 2
+    assert [p.num_tokens for p in pair] == [5, 5] and alone.num_tokens > 5  # 4 features + a newline each
+    assert "batch_num_images" in pair[0].info["stored_arrays"] and "batch_num_images" not in pair[1].info["stored_arrays"]
+    assert prof.plan_sample([wide, small]) == pair and prof.plan(wide) == alone
+    assert prof.cache_stats() == {"image": {"processor_calls": 2, "cache_hits": 2}}
