@@ -26,7 +26,12 @@ items along it, reading nothing but numpy. Keys shaped like the token ids (per-t
 ``token_type_ids``) are not stored: each must be a function of the token ids, recorded as such and derived
 from the packed tokens by the trainer half.
 Stored per item, the outputs must not depend on the sample's other items: a probe item beside a smaller one
-must give its outputs alone (joined as the loader joins them), else the processor is refused at start.
+must give its outputs alone (joined as the loader joins them). Where they do (Gemma3n and Phi-4-multimodal
+pad a sample's clips to the longest before computing features; LLaVA-OneVision tiles an image alone, not one
+of several), that kind is run per sample's media set (``media_joint``, ``_find_joint_layout``): counts from
+the processor on the sample's shapes together (``plan_sample``, cached by the tuple of shapes), arrays from
+it on the sample's decoded items together, each item storing its rows (``store_sample_media``); else the
+processor is refused at start.
 
 Media kinds: images and audio. Video processors are not run yet (a processor's video inputs are not planned).
 """
@@ -116,7 +121,9 @@ class HFInputs(EncoderInputs):
         planned = (item_info(item).get("info") or {}).get("stored_arrays") or {}
         if kind in self.joint_kinds:  # stored from its sample's media set: the keys its plan recorded
             if not set(planned) <= set(keys):
-                raise ValueError(f"its plan stores {sorted(planned)}, the processor's {kind} outputs are {sorted(keys)}")
+                raise ValueError(
+                    f"its plan stores {sorted(planned)}, the processor's {kind} outputs are {sorted(keys)}"
+                )
             keys = {k: keys[k] for k in planned}
         if not isinstance(payload, Mapping):  # a single stored array (how verify passes a one-key npz)
             if len(keys) != 1:
@@ -163,7 +170,6 @@ class HFInputs(EncoderInputs):
             )
             for k in keys
         }
-
 
     def _with_masks(self, per_item: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Items with the masks the processor gives for several items only: where a micro-batch joins
@@ -487,15 +493,20 @@ class HFProfile(ModelProfile):
             if c.shape == np.shape(three["input_ids"]):
                 continue  # per token, not per item
             diff = [d for d in range(c.ndim) if b.ndim == c.ndim and b.shape[d] != c.shape[d]]
+            d = diff[0] if len(diff) == 1 else -1
             if b.shape == c.shape and c.shape[:1] == (1,) and np.shape(one.get(k)) == c.shape:
                 axes[k] = 0
                 per_sample.append(k)
-            elif len(diff) == 1 and 2 * c.shape[diff[0]] == 3 * b.shape[diff[0]] == 3 * np.shape(pair[k])[diff[0]]:
-                axes[k], rows[k] = diff[0], b.shape[diff[0]] // 2
+            elif d >= 0 and 2 * c.shape[d] == 3 * b.shape[d] == 3 * np.shape(pair[k])[d]:
+                axes[k], rows[k] = d, b.shape[d] // 2  # the same rows per item, whatever its size
             else:
-                raise ValueError(f"{k!r} is {b.shape} for two {kind}s and {c.shape} for three: neither per item nor per sample")
-        for k in sorted(set(one) - set(three) - text_keys - {"text_replacement_offsets"}):
-            raise ValueError(f"it gives {k!r} for one {kind}, not for several")
+                raise ValueError(
+                    f"{k!r} is {b.shape} for two {kind}s and {c.shape} for three: neither per item nor per "
+                    "sample"
+                )
+        only_one = sorted(set(one) - set(three) - text_keys - {"text_replacement_offsets"})
+        if only_one:
+            raise ValueError(f"it gives {only_one} for one {kind}, not for several")
         for k in [k for k in axes if k not in one]:
             masked = self._masked_key(k, axes, pair, alone)
             if masked is None:
@@ -503,7 +514,7 @@ class HFProfile(ModelProfile):
             masks[k] = [masked, np.asarray(pair[k]).dtype.str, np.ndim(pair[k])]
         if not axes:
             raise ValueError(f"it returns no {kind} inputs")
-        for k, axis in axes.items():  # what a micro-batch pads another sample's items with: the processor's pad
+        for k, axis in axes.items():  # what a micro-batch pads other samples' items with: the processor's
             self.media_pad_values.pop(k, None)
             if k in rows and k not in masks:
                 fill = self._pad_value(np.asarray(pair[k]), [np.asarray(a[k]) for a in alone], axis)
@@ -514,7 +525,9 @@ class HFProfile(ModelProfile):
         return axes
 
     @staticmethod
-    def _masked_key(mask: str, axes: Mapping[str, int], pair: Mapping[str, Any], alone: list[Mapping[str, Any]]) -> str | None:
+    def _masked_key(
+        mask: str, axes: Mapping[str, int], pair: Mapping[str, Any], alone: list[Mapping[str, Any]]
+    ) -> str | None:
         """The key whose items' extent alone ``pair[mask]`` marks (true inside an item's own extent, false in
         the padding up to the longest), None when it marks none."""
         got = np.asarray(pair[mask])
@@ -522,7 +535,7 @@ class HFProfile(ModelProfile):
             if k == mask or axis != axes[mask] or axis >= got.ndim or any(k not in a for a in alone):
                 continue
             covered = [np.ones(np.shape(a[k])[: got.ndim], got.dtype) for a in alone]
-            if np.array_equal(join_into_batch_tensor(covered, axis).numpy(), got) and covered[0].shape[1:] != ():
+            if covered[0].ndim > 1 and np.array_equal(join_into_batch_tensor(covered, axis).numpy(), got):
                 return k
         return None
 
@@ -560,7 +573,8 @@ class HFProfile(ModelProfile):
         return self._item_plan(meta, self._expansion("audio", self._item_shape(meta)))
 
     def _item_shape(self, meta: MediaMeta) -> tuple[int, ...]:
-        """What an item's count depends on: an image's (height, width), a clip's samples at the extractor's rate."""
+        """What an item's count depends on: an image's (height, width); a clip's samples at the extractor's
+        rate."""
         if meta.kind == "image":
             if not meta.height or not meta.width:
                 raise MediaRejected("image size unknown or zero")
@@ -737,13 +751,16 @@ class HFProfile(ModelProfile):
         stored arrays' ``{key: [shape, dtype]}``)."""
         name = type(self.processor).__name__
         try:
-            out = self._call(kind, [self._blank(kind, s) for s in shapes], return_text_replacement_offsets=True)
+            blanks = [self._blank(kind, s) for s in shapes]
+            out = self._call(kind, blanks, return_text_replacement_offsets=True)
         except Exception as e:  # the processor refuses this set: a reject with its reason
             items = ", ".join(self._describe(kind, s) for s in shapes)
             raise MediaRejected(f"the {name} refuses {items} together: {e}") from None
         replacements = (out.get("text_replacement_offsets") or [[]])[0]
         if len(replacements) != len(shapes):
-            raise ValueError(f"profile hf: {name} reports {len(replacements)} text replacements for {len(shapes)} {kind}s")
+            raise ValueError(
+                f"profile hf: {name} reports {len(replacements)} text replacements for {len(shapes)} {kind}s"
+            )
         counted = []
         for replacement, arrays in zip(replacements, self._joint_outputs(kind, out, len(shapes)), strict=True):
             count, runs = self._placeholder_runs(replacement["replacement"], kind)
@@ -775,7 +792,9 @@ class HFProfile(ModelProfile):
                 continue
             rows = self._joint_rows[kind][k]
             if v.shape[axis] != n * rows:
-                raise MediaRejected(f"the {name} gives {k!r} {v.shape} for {n} {kind}s, not {rows} per {kind} on axis {axis}")
+                raise MediaRejected(
+                    f"the {name} gives {k!r} {v.shape} for {n} {kind}s, not {rows} per {kind} on axis {axis}"
+                )
             for i, item in enumerate(items):
                 item[k] = np.ascontiguousarray(np.take(v, np.arange(i * rows, (i + 1) * rows), axis=axis))
         return items
@@ -796,12 +815,14 @@ class HFProfile(ModelProfile):
                 stored[i] = item_arrays
         return [s for s in stored if s is not None]
 
-    def _store_joint(self, kind: str, plans: list[MediaPlan], decoded: list[Any]) -> list[dict[str, np.ndarray]]:
+    def _store_joint(
+        self, kind: str, plans: list[MediaPlan], decoded: list[Any]
+    ) -> list[dict[str, np.ndarray]]:
         """The processor's outputs for a sample's decoded items of ``kind`` together, sliced per item, checked
         against each one's plan (its placeholders and its arrays' shapes)."""
         name = type(self.processor).__name__
         if [p.info.get("sample_joint") for p in plans] != [[n, len(plans)] for n in range(len(plans))]:
-            raise MediaRejected(f"the plans of this sample's {kind}s are not of its {len(plans)} {kind}s together")
+            raise MediaRejected(f"this sample's {kind} plans are not of its {len(plans)} {kind}s together")
         items = [self._processor_item(plan, item) for plan, item in zip(plans, decoded, strict=True)]
         try:
             out = self._call(kind, items, return_text_replacement_offsets=True)
@@ -810,13 +831,16 @@ class HFProfile(ModelProfile):
         replacements = (out.get("text_replacement_offsets") or [[]])[0]
         arrays = self._joint_outputs(kind, out, len(items))
         if len(replacements) != len(items):
-            raise MediaRejected(f"the {name} reports {len(replacements)} text replacements for {len(items)} {kind}s")
+            raise MediaRejected(
+                f"the {name} reports {len(replacements)} text replacements for {len(items)} {kind}s"
+            )
         for n, (plan, replacement, got) in enumerate(zip(plans, replacements, arrays, strict=True)):
             count, _ = self._placeholder_runs(replacement["replacement"], kind)
             shapes = {k: [list(v.shape), v.dtype.str] for k, v in got.items()}
             if count != plan.num_tokens or shapes != plan.info.get("stored_arrays"):
                 raise MediaRejected(
-                    f"the processor gives {kind} {n} of this sample {count} placeholders and {shapes}, the plan "
+                    f"the processor gives {kind} {n} of this sample {count} placeholders and {shapes}, its "
+                    f"plan "
                     f"{plan.num_tokens} and {plan.info.get('stored_arrays')}"
                 )
         return arrays

@@ -284,7 +284,8 @@ def _media_store(spec: RunSpec) -> MediaStore | None:
     key = digest({"profile": config.profile, "options": config.profile_options})
     if key not in _STORES:
         own = profile_class(config.profile).stores_own_media()
-        _STORES[key] = get_profile(config.profile, **config.profile_options).store_sample_media if own else None
+        profile = get_profile(config.profile, **config.profile_options) if own else None
+        _STORES[key] = None if profile is None else profile.store_sample_media
     return _STORES[key]
 
 
