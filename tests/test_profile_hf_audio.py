@@ -306,6 +306,37 @@ def test_clips_whose_features_depend_on_the_others_are_stored_from_their_sample_
         assert_same_bits({k: v.numpy() for k, v in (batch.encoder_inputs or {}).items()}, want, sids)
 
 
+def test_a_mask_given_for_several_clips_only_is_built_where_a_micro_batch_joins_several():
+    """Phi-4-multimodal's extractor gives ``audio_attention_mask`` for two clips or more, none for one. Two
+    samples of one clip each, stored as the extractor gives them alone, joined in one micro-batch: the trainer
+    half builds the mask the extractor gives for the two together (true over each clip's own frames), whose
+    frames equal the extractor's, and gives none for a micro-batch of one clip."""
+    import transformers
+
+    from omnipack.profiles.hf import HFInputs
+    from omnipack.profiles.model_inputs import MediaInputOptions
+
+    extractor = transformers.Phi4MultimodalFeatureExtractor()
+    rng = np.random.default_rng(0)
+    clips = [(0.3 * rng.standard_normal(n)).astype(np.float32) for n in (16000, 4813)]
+    alone = [dict(extractor([c], sampling_rate=RATE, return_tensors="np")) for c in clips]
+    both = extractor(clips, sampling_rate=RATE, return_tensors="np")
+    axes = {"audio_attention_mask": 0, "audio_embed_sizes": 0, "audio_input_features": 0}
+    masks = {"audio_attention_mask": ["audio_input_features", "|b1", 2]}
+    inputs = HFInputs({
+        "placeholder_tokens": {"audio": ["<|audio|>"]}, "media_arrays": {"audio": axes},
+        "media_joint": {"audio": {"per_sample": [], "masks": masks}},
+    })  # fmt: skip
+    got = {k: v.numpy() for k, v in inputs.collate_media(alone, MediaInputOptions()).items()}
+    assert "audio_attention_mask" not in alone[0]
+    small = ("audio_attention_mask", "audio_embed_sizes")
+    assert_same_bits({k: got[k] for k in small}, {k: both[k] for k in small}, "two clips")
+    mask = got["audio_attention_mask"]
+    assert got["audio_input_features"].shape == both["audio_input_features"].shape
+    assert np.array_equal(got["audio_input_features"][mask], both["audio_input_features"][mask])
+    assert set(inputs.collate_media(alone[:1], MediaInputOptions())) == {"audio_embed_sizes", "audio_input_features"}
+
+
 def test_a_processor_that_takes_one_clip_per_text_is_refused_at_start(tmp_path, capsys):
     """AudioFlamingo3's processor (torch tensors only, read back as numpy) takes one clip per text: a sample
     of two clips cannot be processed, so the model is refused at start with the processor's own reason."""

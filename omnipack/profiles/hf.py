@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -210,8 +210,8 @@ class HFProfile(ModelProfile):
         self.model_dir = None if model_dir is None else str(model_dir)
         self.processor_kwargs = dict(processor_kwargs or {})
         self.image_backend = image_backend
-        self._expansions: dict[tuple[Any, ...], _Counted] = {}
-        self._joint_expansions: dict[tuple[Any, ...], list[_Counted]] = {}
+        # {(kind, *shape): _Counted, (kind, (shape, ...)): [_Counted, ...]}: an item's, a media set's
+        self._expansions: dict[tuple[Any, ...], Any] = {}
         self.processor_calls: Counter[str] = Counter()
         self.cache_hits: Counter[str] = Counter()
         self.template_blocks = {}
@@ -604,13 +604,16 @@ class HFProfile(ModelProfile):
         )
 
     def _expansion(self, kind: str, shape: tuple[int, ...]) -> _Counted:
-        key = (kind, *shape)
+        return self._once(kind, (kind, *shape), lambda: self._run_processor(kind, shape))
+
+    def _once(self, kind: str, key: tuple[Any, ...], run: Callable[[], Any]) -> Any:
+        """``run()`` (a processor call) once per ``key`` in this process; its calls and hits counted per kind."""
         found = self._expansions.get(key)
         if found is not None:
             self.cache_hits[kind] += 1
             return found
         self.processor_calls[kind] += 1
-        found = self._expansions[key] = self._run_processor(kind, shape)
+        found = self._expansions[key] = run()
         return found
 
     def _run_processor(self, kind: str, shape: tuple[int, ...]) -> _Counted:
@@ -737,14 +740,7 @@ class HFProfile(ModelProfile):
         return [p for p in plans if p is not None]
 
     def _joint_expansion(self, kind: str, shapes: tuple[tuple[int, ...], ...]) -> list[_Counted]:
-        key = (kind, shapes)
-        found = self._joint_expansions.get(key)
-        if found is not None:
-            self.cache_hits[kind] += 1
-            return found
-        self.processor_calls[kind] += 1
-        found = self._joint_expansions[key] = self._run_processor_joint(kind, shapes)
-        return found
+        return self._once(kind, (kind, shapes), lambda: self._run_processor_joint(kind, shapes))
 
     def _run_processor_joint(self, kind: str, shapes: tuple[tuple[int, ...], ...]) -> list[_Counted]:
         """The processor on blank items of ``shapes`` together: each one's (placeholder count, expansion runs,
