@@ -36,7 +36,7 @@ from tests.family_kit import (
     write_manifest,
 )
 from tests.test_pipeline import read_rows_from_tars
-from tests.test_profile_hf_payload import assert_same_bits, joined
+from tests.test_profile_hf_payload import assert_each_sample_is_the_processors, assert_same_bits, joined
 
 pytest.importorskip("megatron.energon")
 sf = pytest.importorskip("soundfile")
@@ -253,17 +253,78 @@ def build_gemma3n_model_dir(out: Path) -> Path:
     return out
 
 
-def test_a_processor_whose_clip_features_depend_on_the_others_is_refused_at_start(tmp_path, capsys):
-    """Stored per clip, Gemma3n's features could not be the processor's for a sample of two clips (it pads
-    both waveforms to the longer one first): refused at start with that reason, nothing written."""
-    folder = build_gemma3n_model_dir(tmp_path / "model")
-    manifest, media, _ = _corpus(tmp_path / "src", n=2)
-    args = prepare_args(manifest, media, tmp_path / "ds", "--model", str(folder))
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "profile hf: Gemma3nProcessor" in err, err
-    assert "'input_features' beside a second audio" in err and "depend on the sample's other items" in err
-    assert not (tmp_path / "ds").exists()
+@pytest.fixture(scope="module")
+def gemma3n(tmp_path_factory):
+    """(processor, media, samples, dataset): the audio corpus prepared with a Gemma3n folder."""
+    from transformers import AutoProcessor
+
+    root = tmp_path_factory.mktemp("gemma3n")
+    folder = build_gemma3n_model_dir(root / "model")
+    manifest, media, samples = _corpus(root / "src")
+    out = prepare(manifest, media, root / "ds", "--model", str(folder), "--seq-length", "512", "--shard-max-rows", "2")
+    return AutoProcessor.from_pretrained(str(folder)), media, samples, out
+
+
+GEMMA3N_AXES = {"input_features": 0, "input_features_mask": 0}
+
+
+def test_clips_whose_features_depend_on_the_others_are_stored_from_their_sample_together(gemma3n):
+    """Gemma3n pads a sample's clips to the longest before computing their features: its clips are processed
+    per sample's clip set (the count and the tensors of that set, cached by the tuple of clip lengths), and
+    each clip stores its rows of the processor's output. Every sample's token ids, labels and stored tensors
+    equal the processor's for the sample alone, bit for bit; verify and the loader's micro-batches of two
+    rows hold them (other samples' clips padded with zeros and a false mask, as the processor pads)."""
+    proc, media, samples, out = gemma3n
+    meta = run_meta(out)
+    settings = meta["profile"]["settings"]
+    assert (meta["profile"]["name"], meta["profile"]["source"]) == ("hf", "fallback")
+    assert settings["media_arrays"]["audio"] == GEMMA3N_AXES
+    assert settings["media_joint"] == {"audio": {"per_sample": [], "masks": {}}}
+    assert meta["counts"]["packed"] == len(samples) and meta["counts"]["rejected"] == 0
+    sets = [tuple(clip_paths(m)) for m in samples.values() if clip_paths(m)]  # each clip of its own length
+    cache = meta["processor_cache"]["audio"]
+    assert cache["processor_calls"] == len(set(sets)) and cache["cache_hits"] == len(sets) - len(set(sets))
+    seen = assert_each_sample_is_the_processors(
+        out, samples, lambda sid: processor_alone(proc, media, samples[sid]),
+        lambda parts: joined(parts, GEMMA3N_AXES), proc.tokenizer,
+    )  # fmt: skip
+    assert sum(n > 1 and len(set(clip_paths(samples[sid]))) > 1 for sid, n in seen.items()) >= 2
+    assert main(["verify", str(out), "--workers", "1"]) == 0
+    for batch in val_batches(out, batch_size=2):
+        sids = [s for row in batch.sample_ids for s in row]
+        want = joined([processor_alone(proc, media, samples[s]) for s in sids], GEMMA3N_AXES)
+        assert_same_bits({k: v.numpy() for k, v in (batch.encoder_inputs or {}).items()}, want, sids)
+
+
+def test_a_mask_given_for_several_clips_only_is_built_where_a_micro_batch_joins_several():
+    """Phi-4-multimodal's extractor gives ``audio_attention_mask`` for two clips or more, none for one. Two
+    samples of one clip each, stored as the extractor gives them alone, joined in one micro-batch: the trainer
+    half builds the mask the extractor gives for the two together (true over each clip's own frames), whose
+    frames equal the extractor's, and gives none for a micro-batch of one clip."""
+    import transformers
+
+    from omnipack.profiles.hf import HFInputs
+    from omnipack.profiles.model_inputs import MediaInputOptions
+
+    extractor = transformers.Phi4MultimodalFeatureExtractor()
+    rng = np.random.default_rng(0)
+    clips = [(0.3 * rng.standard_normal(n)).astype(np.float32) for n in (16000, 4813)]
+    alone = [dict(extractor([c], sampling_rate=RATE, return_tensors="np")) for c in clips]
+    both = extractor(clips, sampling_rate=RATE, return_tensors="np")
+    axes = {"audio_attention_mask": 0, "audio_embed_sizes": 0, "audio_input_features": 0}
+    masks = {"audio_attention_mask": ["audio_input_features", "|b1", 2]}
+    inputs = HFInputs({
+        "placeholder_tokens": {"audio": ["<|audio|>"]}, "media_arrays": {"audio": axes},
+        "media_joint": {"audio": {"per_sample": [], "masks": masks}},
+    })  # fmt: skip
+    got = {k: v.numpy() for k, v in inputs.collate_media(alone, MediaInputOptions()).items()}
+    assert "audio_attention_mask" not in alone[0]
+    small = ("audio_attention_mask", "audio_embed_sizes")
+    assert_same_bits({k: got[k] for k in small}, {k: both[k] for k in small}, "two clips")
+    mask = got["audio_attention_mask"]
+    assert got["audio_input_features"].shape == both["audio_input_features"].shape
+    assert np.array_equal(got["audio_input_features"][mask], both["audio_input_features"][mask])
+    assert set(inputs.collate_media(alone[:1], MediaInputOptions())) == {"audio_embed_sizes", "audio_input_features"}
 
 
 def test_a_processor_that_takes_one_clip_per_text_is_refused_at_start(tmp_path, capsys):

@@ -77,6 +77,28 @@ def assert_same_bits(got: dict[str, np.ndarray], want: dict[str, np.ndarray], wh
         assert g.tobytes() == w.tobytes(), (where, k)
 
 
+def assert_each_sample_is_the_processors(out: Path, samples: dict, alone, join, tokenizer) -> dict[str, int]:
+    """Every packed sample of the dataset ``out``: its token ids, its labels (each answer through its end of
+    turn) and its stored tensors (its items' arrays put together by ``join``) are ``alone(sample id)``'s, the
+    processor's outputs for the sample alone, bit for bit (the keys ``join`` knows). {sample id: items}."""
+    seen = {}
+    for parts in read_rows_from_tars(out).values():
+        row, _ = decode_row(parts)
+        for k, sid in enumerate(row.sample_ids):
+            want = alone(sid)
+            start, n = int(row.cu_seqlens_padded[k]), int(row.cu_seqlens[k + 1] - row.cu_seqlens[k])
+            assert row.tokens[start : start + n].tolist() == want["input_ids"][0].tolist(), sid
+            labels = row.labels[start : start + n]
+            answers = [p["text"] for m in samples[sid] if m["role"] == "assistant" for p in m["content"]]
+            assert tokenizer.decode(labels[labels >= 0].tolist()) == "".join(f"{a}<|im_end|>" for a in answers), sid
+            items = sorted((m for m in row.media if m.sample_index == k), key=lambda m: m.token_start)
+            stored = join([dict(decode_payload(m.part, parts[m.part])) for m in items])
+            assert_same_bits(stored, {key: want[key] for key in join([want])}, sid)
+            seen[sid] = len(items)
+    assert sorted(seen) == sorted(samples)
+    return seen
+
+
 @pytest.fixture(scope="module")
 def proc(model_dir):  # noqa: F811
     from transformers import AutoProcessor

@@ -160,9 +160,17 @@ class ModelProfile(ABC):
         ``media_cost(plan, shapes) -> float`` and ``cost_shapes()`` (default: ValueError, no cost model):
         encoder forward FLOPs for balanced packing.
 
+    Per sample, in measure: ``plan_sample(metas) -> list[MediaPlan]`` (default: ``plan`` of each item): the
+        plans of a sample's media items together, for a family whose counts depend on the sample's media set
+        (a processor that treats an image alone unlike one of several).
+
     Per media item, in write
         ``store_media(plan, decoded) -> {name: array}`` (default: none, the decoded media are stored): the
         arrays a family stores instead, e.g. its processor's own tensors.
+        ``store_sample_media(plans, decoded) -> [{name: array}]`` (default: ``store_media`` of each item):
+        the same for a sample's items at once (the writer calls this one). A plan whose ``info`` holds
+        ``"sample_joint"`` is stored from its sample's whole media set: the writer never reuses it from the
+        sample store (its arrays may depend on the sample's other items).
 
     Per sample
         ``mrope_position_ids(input_ids, spans)`` (default None: 1-D positions): ``int32 [3, L]`` mRoPE ids.
@@ -214,6 +222,10 @@ class ModelProfile(ABC):
     def expand(self, plan: MediaPlan) -> list[Segment]:
         """The token segments that replace ``template_blocks[plan.kind]`` for this item."""
 
+    def plan_sample(self, metas: list[MediaMeta]) -> list[MediaPlan]:
+        """The plans of one sample's media items, in order (default: each item's ``plan`` alone)."""
+        return [self.plan(meta) for meta in metas]
+
     def mrope_position_ids(self, input_ids: Any, spans: list[MediaSpan]) -> Any | None:
         """Per-sample 3-D rotary position ids ``int32 [3, L]`` for mRoPE models; None if not used."""
         return None
@@ -229,6 +241,11 @@ class ModelProfile(ABC):
         the decoded media are stored as they are (``stores_own_media``). ``MediaRejected`` rejects the
         sample with its reason."""
         raise NotImplementedError(f"profile {self.name} stores its media as decoded")
+
+    def store_sample_media(self, plans: list[MediaPlan], decoded: list[Any]) -> list[dict[str, np.ndarray]]:
+        """The named arrays stored for each of a sample's items (``plans`` and their ``decoded`` media, in
+        order). Default: ``store_media`` of each item alone."""
+        return [self.store_media(plan, item) for plan, item in zip(plans, decoded, strict=True)]
 
     @classmethod
     def stores_own_media(cls) -> bool:

@@ -26,7 +26,12 @@ items along it, reading nothing but numpy. Keys shaped like the token ids (per-t
 ``token_type_ids``) are not stored: each must be a function of the token ids, recorded as such and derived
 from the packed tokens by the trainer half.
 Stored per item, the outputs must not depend on the sample's other items: a probe item beside a smaller one
-must give its outputs alone (joined as the loader joins them), else the processor is refused at start.
+must give its outputs alone (joined as the loader joins them). Where they do (Gemma3n and Phi-4-multimodal
+pad a sample's clips to the longest before computing features; LLaVA-OneVision tiles an image alone, not one
+of several), that kind is run per sample's media set (``media_joint``, ``_find_joint_layout``): counts from
+the processor on the sample's shapes together (``plan_sample``, cached by the tuple of shapes), arrays from
+it on the sample's decoded items together, each item storing its rows (``store_sample_media``); else the
+processor is refused at start.
 
 Media kinds: images and audio. Video processors are not run yet (a processor's video inputs are not planned).
 """
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -67,6 +72,10 @@ _PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,)}  # (height, width); (secon
 _SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,)}
 
 
+class _SampleDependent(ValueError):
+    """A processor's outputs for an item differ with the sample's other items of its kind."""
+
+
 def _first_sentence(e: Exception) -> str:
     """``Type: first sentence`` of an error whose message may start with a blank line and wrap (transformers'
     "X requires the Torchvision library but it was not found in your environment. Check out ...")."""
@@ -90,6 +99,15 @@ class HFInputs(EncoderInputs):
         self.batch_keys = tuple(dict.fromkeys(k for axes in self.item_axes.values() for k in axes))
         # {key: value} the processor pads a batch's other axes with, where not 0 (Phi-4-multimodal's masks: 1)
         self.pad_values = {k: float(v) for k, v in settings.get("media_pad_values", {}).items()}
+        # {mask key: (key it masks, dtype, ndim)}: masks the processor gives for several items only (of a kind
+        # stored from each sample's media set, ``HFProfile._find_joint_layout``)
+        joint = settings.get("media_joint", {})
+        self.joint_kinds = frozenset(joint)
+        self.masks = {
+            k: (str(of), np.dtype(dtype), int(ndim))
+            for layout in joint.values()
+            for k, (of, dtype, ndim) in layout["masks"].items()
+        }
         # {key: [[token id, value], ...]}: the processor's per-token outputs, a function of the token ids
         self.token_values = {k: [(int(t), int(v)) for t, v in pairs] for k, pairs in settings.get("token_inputs", {}).items()}
 
@@ -100,13 +118,19 @@ class HFInputs(EncoderInputs):
         keys = self.item_axes.get(kind)
         if keys is None:
             raise ValueError(f"profile hf: the processor stored no arrays for {kind} media")
+        planned = (item_info(item).get("info") or {}).get("stored_arrays") or {}
+        if kind in self.joint_kinds:  # stored from its sample's media set: the keys its plan recorded
+            if not set(planned) <= set(keys):
+                raise ValueError(
+                    f"its plan stores {sorted(planned)}, the processor's {kind} outputs are {sorted(keys)}"
+                )
+            keys = {k: keys[k] for k in planned}
         if not isinstance(payload, Mapping):  # a single stored array (how verify passes a one-key npz)
             if len(keys) != 1:
                 raise ValueError(f"stored one array, the processor's {kind} outputs are {sorted(keys)}")
             payload = {next(iter(keys)): payload}
         if set(payload) != set(keys):
             raise ValueError(f"stores {sorted(payload)}, the processor's {kind} outputs are {sorted(keys)}")
-        planned = (item_info(item).get("info") or {}).get("stored_arrays") or {}
         for k, (shape, dtype) in planned.items():
             v = payload.get(k)
             if v is None or tuple(v.shape) != tuple(shape) or np.dtype(v.dtype) != np.dtype(dtype):
@@ -136,6 +160,7 @@ class HFInputs(EncoderInputs):
         """Items' arrays joined along each key's item axis, as the processor batches one sample's items (other
         axes padded to the largest with the processor's pad value, as it pads a batch)."""
         axes = {k: a for kind_axes in self.item_axes.values() for k, a in kind_axes.items()}
+        per_item = self._with_masks(per_item)
         keys: list[str] = []
         for d in per_item:
             keys += [k for k in d if k not in keys]
@@ -145,6 +170,19 @@ class HFInputs(EncoderInputs):
             )
             for k in keys
         }
+
+    def _with_masks(self, per_item: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Items with the masks the processor gives for several items only: where a micro-batch joins
+        several items of the masked key, an item whose sample had one gets its mask as the processor would
+        give it beside others (true over its own extent; the join pads it with false)."""
+        for mask, (of, dtype, ndim) in self.masks.items():
+            having = [d for d in per_item if of in d]
+            if len(having) > 1 and any(mask not in d for d in having):
+                per_item = [
+                    {**d, mask: np.ones(np.shape(d[of])[:ndim], dtype)} if of in d and mask not in d else d
+                    for d in per_item
+                ]
+        return per_item
 
 
 class HFProfile(ModelProfile):
@@ -172,13 +210,18 @@ class HFProfile(ModelProfile):
         self.model_dir = None if model_dir is None else str(model_dir)
         self.processor_kwargs = dict(processor_kwargs or {})
         self.image_backend = image_backend
-        self._expansions: dict[tuple[Any, ...], _Counted] = {}
+        # {(kind, *shape): _Counted, (kind, (shape, ...)): [_Counted, ...]}: an item's, a media set's
+        self._expansions: dict[tuple[Any, ...], Any] = {}
         self.processor_calls: Counter[str] = Counter()
         self.cache_hits: Counter[str] = Counter()
         self.template_blocks = {}
         self.feature_tokens: dict[str, str] = {}  # {kind: the token the model's features replace}
         self.media_arrays: dict[str, dict[str, int]] = {}
         self.media_pad_values: dict[str, float] = {}  # {key: pad value} where the processor pads with no 0
+        # {kind: {"per_sample": [key], "masks": {key: [key it masks, dtype]}}} of the kinds processed per
+        # sample's media set (``_find_joint_layout``); {kind: {key: rows per item}} of their item axes
+        self.media_joint: dict[str, dict[str, Any]] = {}
+        self._joint_rows: dict[str, dict[str, int]] = {}
         self.token_inputs: dict[str, list[list[int]]] = {}  # {key: [[token id, value], ...]}
         self.sampling_rate: int | None = None  # audio's: the rate clips are decoded at (the extractor's)
         if self.model_dir is None:  # no model: no media kinds (a run always passes the model folder)
@@ -211,7 +254,7 @@ class HFProfile(ModelProfile):
         self.turn_end = self._find_turn_end()
         self._added = {int(i) for i in tokenizer.backend_tokenizer.get_added_tokens_decoder()}
         self.feature_tokens = {kind: self._find_feature_token(kind) for kind in self.template_blocks}
-        self.media_arrays = {kind: self._find_item_axes(kind) for kind in self.template_blocks}
+        self.media_arrays = {kind: self._find_media_layout(kind) for kind in self.template_blocks}
         self.token_inputs = self._find_token_inputs()
 
     def _audio_processor(self) -> Any:
@@ -322,7 +365,7 @@ class HFProfile(ModelProfile):
                 continue  # per token, not per item
             diff = [d for d in range(a.ndim) if a.ndim == b.ndim and a.shape[d] != b.shape[d]]
             if len(diff) != 1 or not np.array_equal(b, np.concatenate([a, a], axis=diff[0])):
-                raise ValueError(
+                raise _SampleDependent(
                     f"profile hf: {name} of {self.model_dir} returns {k!r} {a.shape} for one {kind} and "
                     f"{b.shape} for two, not one item axis: its outputs cannot be stored per {kind}"
                 )
@@ -392,7 +435,7 @@ class HFProfile(ModelProfile):
                 self.media_pad_values[k] = fill
             want = join_into_batch_tensor(parts, axis, fill=fill).numpy()
             if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
-                raise ValueError(
+                raise _SampleDependent(
                     f"profile hf: {name} of {self.model_dir} gives an item other {k!r} beside a second {kind} "
                     f"than alone ({got.shape} together, {want.shape} alone, joined): its {kind} outputs depend on "
                     f"the sample's other items (padded before they are computed), so they cannot be stored per "
@@ -408,6 +451,93 @@ class HFProfile(ModelProfile):
             return 0
         padding = batch[~join_into_batch_tensor(covered, axis).numpy()]
         return float(padding.flat[0]) if padding.size and (padding == padding.flat[0]).all() else 0
+
+    def _find_media_layout(self, kind: str) -> dict[str, int]:
+        """{key: item axis} of the processor's ``kind`` outputs: stored per item where each item's outputs
+        are its own alone (``_find_item_axes``), else stored from each sample's media set
+        (``_find_joint_layout``) where that layout holds; refused otherwise, with both reasons."""
+        try:
+            return self._find_item_axes(kind)
+        except _SampleDependent as alone:
+            try:
+                return self._find_joint_layout(kind)
+            except ValueError as joint:
+                raise ValueError(f"{alone}; nor per sample's media set: {joint}") from None
+
+    def _find_joint_layout(self, kind: str) -> dict[str, int]:
+        """{key: item axis} of the outputs of a processor whose item outputs change with the sample's other
+        items (Phi-4-multimodal and Gemma3n pad every clip's waveform to the longest before computing
+        features; LLaVA-OneVision tiles an image alone, not one of several): each sample's items of the kind
+        are processed together, as a user's call processes them, and each item stores its slice. Every key
+        must be one of (read off one, two and three probe items, and two unlike ones):
+        - per item: a fixed number of rows per item along one axis (sliced per item; the sample's slices
+          joined are the processor's output, its padding included);
+        - per sample: one row per text whatever its items (LLaVA-OneVision's ``batch_num_images``), stored
+          with the sample's first item;
+        - a mask the processor gives for several items only (Phi-4-multimodal's ``audio_attention_mask``):
+          true exactly where another key's items extend alone; the trainer half builds it for items whose
+          sample had one, when a micro-batch joins several.
+        Records the layout in ``media_joint``; ValueError with the reason otherwise."""
+        blank = self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))
+        big, small = (self._content(kind, self._shape(kind, s[kind])) for s in (_PROBE_SHAPE, _SMALL_SHAPE))
+        try:
+            one, two, three = (self._call(kind, [blank] * n) for n in (1, 2, 3))
+            pair, *alone = (self._call(kind, items) for items in ([big, small], [big], [small]))
+            text_keys = set(self.processor(text=["omnipack"], return_tensors=self._tensors))
+        except Exception as e:
+            raise ValueError(f"it cannot process them together ({e})") from None
+        axes: dict[str, int] = {}
+        rows, per_sample, masks = {}, [], {}
+        for k in sorted(set(three) - text_keys - {"text_replacement_offsets"}):
+            b, c = np.asarray(two[k]), np.asarray(three[k])
+            if c.shape == np.shape(three["input_ids"]):
+                continue  # per token, not per item
+            diff = [d for d in range(c.ndim) if b.ndim == c.ndim and b.shape[d] != c.shape[d]]
+            d = diff[0] if len(diff) == 1 else -1
+            if b.shape == c.shape and c.shape[:1] == (1,) and np.shape(one.get(k)) == c.shape:
+                axes[k] = 0
+                per_sample.append(k)
+            elif d >= 0 and 2 * c.shape[d] == 3 * b.shape[d] == 3 * np.shape(pair[k])[d]:
+                axes[k], rows[k] = d, b.shape[d] // 2  # the same rows per item, whatever its size
+            else:
+                raise ValueError(
+                    f"{k!r} is {b.shape} for two {kind}s and {c.shape} for three: neither per item nor per "
+                    "sample"
+                )
+        only_one = sorted(set(one) - set(three) - text_keys - {"text_replacement_offsets"})
+        if only_one:
+            raise ValueError(f"it gives {only_one} for one {kind}, not for several")
+        for k in [k for k in axes if k not in one]:
+            masked = self._masked_key(k, axes, pair, alone)
+            if masked is None:
+                raise ValueError(f"it gives {k!r} for several {kind}s only, no mask of its other outputs")
+            masks[k] = [masked, np.asarray(pair[k]).dtype.str, np.ndim(pair[k])]
+        if not axes:
+            raise ValueError(f"it returns no {kind} inputs")
+        for k, axis in axes.items():  # what a micro-batch pads other samples' items with: the processor's
+            self.media_pad_values.pop(k, None)
+            if k in rows and k not in masks:
+                fill = self._pad_value(np.asarray(pair[k]), [np.asarray(a[k]) for a in alone], axis)
+                if fill:
+                    self.media_pad_values[k] = fill
+        self.media_joint[kind] = {"per_sample": per_sample, "masks": masks}
+        self._joint_rows[kind] = rows
+        return axes
+
+    @staticmethod
+    def _masked_key(
+        mask: str, axes: Mapping[str, int], pair: Mapping[str, Any], alone: list[Mapping[str, Any]]
+    ) -> str | None:
+        """The key whose items' extent alone ``pair[mask]`` marks (true inside an item's own extent, false in
+        the padding up to the longest), None when it marks none."""
+        got = np.asarray(pair[mask])
+        for k, axis in axes.items():
+            if k == mask or axis != axes[mask] or axis >= got.ndim or any(k not in a for a in alone):
+                continue
+            covered = [np.ones(np.shape(a[k])[: got.ndim], got.dtype) for a in alone]
+            if covered[0].ndim > 1 and np.array_equal(join_into_batch_tensor(covered, axis).numpy(), got):
+                return k
+        return None
 
     def _find_turn_end(self) -> str:
         """The first special token the chat template writes after an assistant's text (its end of turn)."""
@@ -437,38 +567,53 @@ class HFProfile(ModelProfile):
     # ---- counts: the processor on the item's shape, once per shape ----
 
     def plan_image(self, meta: MediaMeta) -> MediaPlan:
-        if not meta.height or not meta.width:
-            raise MediaRejected("image size unknown or zero")
-        count, runs, arrays = self._expansion("image", (meta.height, meta.width))
-        return MediaPlan(
-            kind="image",
-            num_tokens=count,
-            target_hw=(meta.height, meta.width),  # decoded at its own size: the processor's input
-            vision_patches=count,  # the encoder's cost, in features (the processor names no patch count)
-            # the processor's outputs for an image of this size: {key: [shape, dtype]}, what is stored
-            info={"expansion": runs, "stored_arrays": arrays},
-        )
+        return self._item_plan(meta, self._expansion("image", self._item_shape(meta)))
 
     def plan_audio(self, meta: MediaMeta) -> MediaPlan:
-        n = audio_samples_at(meta, int(self.sampling_rate or 0))  # the clip's length at the extractor's rate
-        count, runs, arrays = self._expansion("audio", (n,))
+        return self._item_plan(meta, self._expansion("audio", self._item_shape(meta)))
+
+    def _item_shape(self, meta: MediaMeta) -> tuple[int, ...]:
+        """What an item's count depends on: an image's (height, width); a clip's samples at the extractor's
+        rate."""
+        if meta.kind == "image":
+            if not meta.height or not meta.width:
+                raise MediaRejected("image size unknown or zero")
+            return (meta.height, meta.width)
+        return (audio_samples_at(meta, int(self.sampling_rate or 0)),)
+
+    def _item_plan(self, meta: MediaMeta, counted: _Counted, **info: Any) -> MediaPlan:
+        """The plan of an item the processor counted: its expansion and the arrays it gives for it
+        (``{key: [shape, dtype]}``, what is stored), decoded as the processor takes it."""
+        count, runs, arrays = counted
+        info = {"expansion": runs, "stored_arrays": arrays, **info}
+        if meta.kind == "image":
+            return MediaPlan(
+                kind="image",
+                num_tokens=count,
+                target_hw=(meta.height, meta.width),  # decoded at its own size: the processor's input
+                vision_patches=count,  # the encoder's cost, in features (the processor names no patch count)
+                info=info,
+            )
         return MediaPlan(
             kind="audio",
             num_tokens=count,
             sample_rate=self.sampling_rate,  # decoded (resampled) at the processor's rate: its input
-            num_audio_samples=n,
+            num_audio_samples=self._item_shape(meta)[0],
             audio_frames=count,  # the encoder's cost, in features (the processor names no frame count)
-            info={"expansion": runs, "stored_arrays": arrays},
+            info=info,
         )
 
     def _expansion(self, kind: str, shape: tuple[int, ...]) -> _Counted:
-        key = (kind, *shape)
+        return self._once(kind, (kind, *shape), lambda: self._run_processor(kind, shape))
+
+    def _once(self, kind: str, key: tuple[Any, ...], run: Callable[[], Any]) -> Any:
+        """``run()`` (a processor call) once per ``key`` in this process; its calls and hits counted per kind."""
         found = self._expansions.get(key)
         if found is not None:
             self.cache_hits[kind] += 1
             return found
         self.processor_calls[kind] += 1
-        found = self._expansions[key] = self._run_processor(kind, shape)
+        found = self._expansions[key] = run()
         return found
 
     def _run_processor(self, kind: str, shape: tuple[int, ...]) -> _Counted:
@@ -503,19 +648,7 @@ class HFProfile(ModelProfile):
         """The processor's outputs for this decoded item alone: what the model's forward takes for it
         (``decoded``: an image's uint8 [H, W, 3]; a clip's stored waveform at the plan's rate)."""
         kind = plan.kind
-        if kind not in self.template_blocks:
-            raise MediaRejected(f"profile hf does not store {kind} inputs")
-        if kind == "image":
-            from PIL import Image
-
-            item: Any = Image.fromarray(np.asarray(decoded, dtype=np.uint8))
-        else:
-            item = audio_waveform(decoded)
-            if plan.sample_rate != self.sampling_rate or item.shape != (plan.num_audio_samples,):
-                raise MediaRejected(
-                    f"audio decoded to {item.shape[0]} samples at {plan.sample_rate} Hz, the processor takes "
-                    f"{self.sampling_rate} Hz and the plan {plan.num_audio_samples} samples"
-                )
+        item = self._processor_item(plan, decoded)
         token_id = self.tokenizer.convert_tokens_to_ids(self.feature_tokens[kind])
         try:
             out = self._call(kind, [item])
@@ -534,6 +667,23 @@ class HFProfile(ModelProfile):
                     f"the processor gives {k} {v.shape} {v.dtype} for this {kind}, the plan {planned[k]}"
                 )
         return arrays
+
+    def _processor_item(self, plan: MediaPlan, decoded: Any) -> Any:
+        """A decoded item as the processor takes it: an image's uint8 [H, W, 3] as a PIL image; a clip's
+        stored waveform as float32 at the processor's rate, checked against the plan."""
+        if plan.kind not in self.template_blocks:
+            raise MediaRejected(f"profile hf does not store {plan.kind} inputs")
+        if plan.kind == "image":
+            from PIL import Image
+
+            return Image.fromarray(np.asarray(decoded, dtype=np.uint8))
+        item = audio_waveform(decoded)
+        if plan.sample_rate != self.sampling_rate or item.shape != (plan.num_audio_samples,):
+            raise MediaRejected(
+                f"audio decoded to {item.shape[0]} samples at {plan.sample_rate} Hz, the processor takes "
+                f"{self.sampling_rate} Hz and the plan {plan.num_audio_samples} samples"
+            )
+        return item
 
     def _runs(self, text: str, placeholder: str) -> list[list[Any]]:
         """``text`` as runs: ``["token", token, count, is_placeholder]`` for added tokens (where the tokenizer
@@ -565,6 +715,132 @@ class HFProfile(ModelProfile):
             for r in runs
         ]
 
+    # ---- kinds processed per sample's media set (``media_joint``): counts and arrays of the set at once ----
+
+    def plan(self, meta: MediaMeta) -> MediaPlan:
+        if meta.kind in self.media_joint:  # an item alone: a media set of one
+            return self.plan_sample([meta])[0]
+        return super().plan(meta)
+
+    def plan_sample(self, metas: list[MediaMeta]) -> list[MediaPlan]:
+        """Each item's plan: alone, or for a kind in ``media_joint`` from the processor on the sample's items
+        of that kind together (once per distinct tuple of their shapes)."""
+        plans: list[MediaPlan | None] = [None] * len(metas)
+        joint: dict[str, list[int]] = {}
+        for i, meta in enumerate(metas):
+            if meta.kind in self.media_joint:
+                joint.setdefault(meta.kind, []).append(i)
+            else:
+                plans[i] = super().plan(meta)
+        for kind, at in joint.items():
+            shapes = tuple(self._item_shape(metas[i]) for i in at)
+            for n, (i, counted) in enumerate(zip(at, self._joint_expansion(kind, shapes), strict=True)):
+                # its place in the set: the writer stores it with the others (never from the sample store)
+                plans[i] = self._item_plan(metas[i], counted, sample_joint=[n, len(at)])
+        return [p for p in plans if p is not None]
+
+    def _joint_expansion(self, kind: str, shapes: tuple[tuple[int, ...], ...]) -> list[_Counted]:
+        return self._once(kind, (kind, shapes), lambda: self._run_processor_joint(kind, shapes))
+
+    def _run_processor_joint(self, kind: str, shapes: tuple[tuple[int, ...], ...]) -> list[_Counted]:
+        """The processor on blank items of ``shapes`` together: each one's (placeholder count, expansion runs,
+        stored arrays' ``{key: [shape, dtype]}``)."""
+        name = type(self.processor).__name__
+        try:
+            blanks = [self._blank(kind, s) for s in shapes]
+            out = self._call(kind, blanks, return_text_replacement_offsets=True)
+        except Exception as e:  # the processor refuses this set: a reject with its reason
+            items = ", ".join(self._describe(kind, s) for s in shapes)
+            raise MediaRejected(f"the {name} refuses {items} together: {e}") from None
+        replacements = (out.get("text_replacement_offsets") or [[]])[0]
+        if len(replacements) != len(shapes):
+            raise ValueError(
+                f"profile hf: {name} reports {len(replacements)} text replacements for {len(shapes)} {kind}s"
+            )
+        counted = []
+        for replacement, arrays in zip(replacements, self._joint_outputs(kind, out, len(shapes)), strict=True):
+            count, runs = self._placeholder_runs(replacement["replacement"], kind)
+            counted.append((count, runs, {k: [list(v.shape), v.dtype.str] for k, v in arrays.items()}))
+        token_id = self.tokenizer.convert_tokens_to_ids(self.feature_tokens[kind])
+        if sum(c[0] for c in counted) != int((np.asarray(out["input_ids"]) == token_id).sum()):
+            raise ValueError(f"profile hf: the {kind} replacement texts and the processor's ids disagree")
+        return counted
+
+    def _placeholder_runs(self, replacement: str, kind: str) -> tuple[int, list[list[Any]]]:
+        """An item's replacement text as runs, and the placeholders among them."""
+        runs = self._runs(replacement, self.feature_tokens[kind])
+        return sum(r[2] for r in runs if r[0] == "token" and r[3]), runs
+
+    def _joint_outputs(self, kind: str, out: Mapping[str, Any], n: int) -> list[dict[str, np.ndarray]]:
+        """The processor's outputs for a sample's ``n`` items of ``kind`` as each item stores them: its rows
+        of each per-item key, and the per-sample keys with the first item."""
+        name = type(self.processor).__name__
+        layout = self.media_joint[kind]
+        items: list[dict[str, np.ndarray]] = [{} for _ in range(n)]
+        for k, axis in self.media_arrays[kind].items():
+            if k not in out:
+                if k in layout["masks"] and n == 1:
+                    continue  # a mask of several items' padding: none for one
+                raise MediaRejected(f"the {name} returns no {k!r} for {n} {kind}s")
+            v = np.asarray(out[k])
+            if k in layout["per_sample"]:
+                items[0][k] = v
+                continue
+            rows = self._joint_rows[kind][k]
+            if v.shape[axis] != n * rows:
+                raise MediaRejected(
+                    f"the {name} gives {k!r} {v.shape} for {n} {kind}s, not {rows} per {kind} on axis {axis}"
+                )
+            for i, item in enumerate(items):
+                item[k] = np.ascontiguousarray(np.take(v, np.arange(i * rows, (i + 1) * rows), axis=axis))
+        return items
+
+    def store_sample_media(self, plans: list[MediaPlan], decoded: list[Any]) -> list[dict[str, np.ndarray]]:
+        """Each item's stored arrays: alone (``store_media``), or for a kind in ``media_joint`` its slice of
+        the processor's outputs for the sample's items of that kind together."""
+        stored: list[dict[str, np.ndarray] | None] = [None] * len(plans)
+        joint: dict[str, list[int]] = {}
+        for i, (plan, item) in enumerate(zip(plans, decoded, strict=True)):
+            if plan.kind in self.media_joint:
+                joint.setdefault(plan.kind, []).append(i)
+            else:
+                stored[i] = self.store_media(plan, item)
+        for kind, at in joint.items():
+            arrays = self._store_joint(kind, [plans[i] for i in at], [decoded[i] for i in at])
+            for i, item_arrays in zip(at, arrays, strict=True):
+                stored[i] = item_arrays
+        return [s for s in stored if s is not None]
+
+    def _store_joint(
+        self, kind: str, plans: list[MediaPlan], decoded: list[Any]
+    ) -> list[dict[str, np.ndarray]]:
+        """The processor's outputs for a sample's decoded items of ``kind`` together, sliced per item, checked
+        against each one's plan (its placeholders and its arrays' shapes)."""
+        name = type(self.processor).__name__
+        if [p.info.get("sample_joint") for p in plans] != [[n, len(plans)] for n in range(len(plans))]:
+            raise MediaRejected(f"this sample's {kind} plans are not of its {len(plans)} {kind}s together")
+        items = [self._processor_item(plan, item) for plan, item in zip(plans, decoded, strict=True)]
+        try:
+            out = self._call(kind, items, return_text_replacement_offsets=True)
+        except Exception as e:
+            raise MediaRejected(f"the {name} refuses this sample's {kind}s: {e}") from None
+        replacements = (out.get("text_replacement_offsets") or [[]])[0]
+        arrays = self._joint_outputs(kind, out, len(items))
+        if len(replacements) != len(items):
+            raise MediaRejected(
+                f"the {name} reports {len(replacements)} text replacements for {len(items)} {kind}s"
+            )
+        for n, (plan, replacement, got) in enumerate(zip(plans, replacements, arrays, strict=True)):
+            count, _ = self._placeholder_runs(replacement["replacement"], kind)
+            shapes = {k: [list(v.shape), v.dtype.str] for k, v in got.items()}
+            if count != plan.num_tokens or shapes != plan.info.get("stored_arrays"):
+                raise MediaRejected(
+                    f"the processor gives {kind} {n} of this sample {count} placeholders and {shapes}, its "
+                    f"plan "
+                    f"{plan.num_tokens} and {plan.info.get('stored_arrays')}"
+                )
+        return arrays
+
     def cache_stats(self) -> dict[str, dict[str, int]]:
         """Per media kind: processor calls and cache hits of this process so far."""
         return {
@@ -582,6 +858,7 @@ class HFProfile(ModelProfile):
             "template_blocks": {k: list(v) for k, v in self.template_blocks.items()},
             "media_arrays": self.media_arrays,
             "media_pad_values": self.media_pad_values,  # {key: value} the trainer half pads with, where not 0
+            "media_joint": self.media_joint,  # the kinds stored from each sample's media set, see there
             "image_backend": self.image_backend,
             "image_processor_class": (
                 type(self.processor.image_processor).__name__ if "image" in self.template_blocks else None

@@ -138,14 +138,13 @@ class Measurer:
             else:
                 try:
                     refs = raw.media_refs()
-                    plans = []
+                    metas = []
                     for ref in refs:
                         source = resolve_source(
                             ref.path, self.config.media_root, self.config.media_allow_roots, self.config.remote
                         )
-                        meta = probe(source, ref.kind)
-                        plans.append(self.profile.plan(meta))
-                    ready.append((k, refs, plans))
+                        metas.append(probe(source, ref.kind))
+                    ready.append((k, refs, self.profile.plan_sample(metas)))
                 except Exception as e:
                     results[k] = self._reject(raw, e)
             if on_probed is not None:

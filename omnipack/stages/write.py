@@ -49,8 +49,8 @@ from .token_file import SampleRecords, TokenFiles, read_gather
 from .unit import Stage, run_once
 from .worker import WorkerContext
 
-# ``ModelProfile.store_media``: a decoded item's arrays -> the arrays stored for it.
-MediaStore = Callable[[MediaPlan, Any], Mapping[str, np.ndarray]]
+# ``ModelProfile.store_sample_media``: a sample's items (plans, decoded arrays) -> the arrays stored for each.
+MediaStore = Callable[[list[MediaPlan], list[Any]], list[Mapping[str, np.ndarray]]]
 
 
 # ---- row assembly: measured sequences side by side in one fixed-width THD row
@@ -168,16 +168,24 @@ def sample_media(
     it); ``SampleReject`` for media that can not be read. ``samples``: the sample store, whose payloads are
     copied instead of decoded (and new ones kept)."""
     media, payloads, digests = [], {}, {}
-    for m in json.loads(rec["media_json"]):
-        plan = MediaPlan.from_json(m["plan"])
-        stored = None if samples is None else samples.get(m["ref"], m["plan"])
+    entries = json.loads(rec["media_json"])
+    plans = [MediaPlan.from_json(m["plan"]) for m in entries]
+    # a repack copies a payload as an earlier write made it (not one stored from its sample's media set)
+    reused = [
+        None if samples is None or "sample_joint" in plan.info else samples.get(m["ref"], m["plan"])
+        for m, plan in zip(entries, plans, strict=True)
+    ]
+    todo = [k for k, found in enumerate(reused) if found is None]
+    made = _materialized([(entries[k]["ref"], plans[k]) for k in todo], cfg, store_media)
+    made_at = dict(zip(todo, made, strict=True))
+    for k, (m, plan) in enumerate(zip(entries, plans, strict=True)):
         known = None
-        if stored is not None:  # a repack: the payload as an earlier write made it (copied from its file)
-            ext, data = stored
+        if reused[k] is not None:
+            ext, data = reused[k]
             known = data.digest
         else:
-            ext, data = _materialized(m["ref"], plan, cfg, store_media)
-            if samples is not None:
+            ext, data = made_at[k]
+            if samples is not None and "sample_joint" not in plan.info:
                 known = media_digest(data)
                 samples.put(m["ref"], m["plan"], ext, data, known)
         part = f"media.{first + len(payloads)}.{ext}"
@@ -196,7 +204,7 @@ def build_row(
     samples: UnitPayloads | None = None,
 ) -> RowResult:
     """Materialise a row's media and assemble its arrays; pure function of its inputs. ``store_media``: a
-    profile's own arrays for a decoded item (``ModelProfile.store_media``), stored as npz instead of it.
+    profile's own arrays for a sample's decoded items (``ModelProfile.store_sample_media``), stored as npz.
     ``samples``: the sample store, whose payloads are copied instead of decoded (and new ones kept)."""
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
@@ -224,19 +232,25 @@ def build_row(
 
 
 def _materialized(
-    ref: str, plan: MediaPlan, cfg: WriteSettings, store_media: MediaStore | None
-) -> tuple[str, bytes]:
-    """(ext, bytes) of a media item's payload, decoded from its source and sized to its plan."""
-    ext, data = materialize(
-        resolve_source(ref, cfg.media_root, cfg.media_allow_roots, cfg.remote),
-        plan.storage,
-        image_encoding=cfg.image_encoding if store_media is None else "npy",
-        compress_video=cfg.compress_video and store_media is None,
-    )
-    if store_media is not None:  # npy / stored npz: the decoded arrays are views of the bytes
-        decoded = view_npy(data) if ext == "npy" else view_npz(data)
-        ext, data = "npz", npz_bytes(store_media(plan, decoded))
-    return ext, data
+    items: list[tuple[str, MediaPlan]], cfg: WriteSettings, store_media: MediaStore | None
+) -> list[tuple[str, bytes]]:
+    """(ext, bytes) of each of a sample's media items' payloads (``(ref, plan)``), decoded from its source
+    and sized to its plan; with ``store_media``, the profile's arrays for the items together, as npz."""
+    made = [
+        materialize(
+            resolve_source(ref, cfg.media_root, cfg.media_allow_roots, cfg.remote),
+            plan.storage,
+            image_encoding=cfg.image_encoding if store_media is None else "npy",
+            compress_video=cfg.compress_video and store_media is None,
+        )
+        for ref, plan in items
+    ]
+    if store_media is None or not items:
+        return made
+    # npy / stored npz: the decoded arrays are views of the bytes
+    decoded = [view_npy(data) if ext == "npy" else view_npz(data) for ext, data in made]
+    stored = store_media([plan for _, plan in items], decoded)
+    return [("npz", npz_bytes(arrays)) for arrays in stored]
 
 
 @dataclass
@@ -258,14 +272,14 @@ def _plan_view(spec: RunSpec, context: WorkerContext) -> _PlanView:
 
 
 def _media_store(spec: RunSpec, context: WorkerContext) -> MediaStore | None:
-    """The run's profile's ``store_media`` when it stores arrays of its own (built once per worker and
+    """The run's profile's ``store_sample_media`` when it stores arrays of its own (built once per worker and
     profile, as the measure stage builds it); None for the families that store the decoded media."""
     config = spec.measure
     if not profile_class(config.profile).stores_own_media():
         return None
 
     def make() -> MediaStore:
-        return get_profile(config.profile, **config.profile_options).store_media
+        return get_profile(config.profile, **config.profile_options).store_sample_media
 
     return context.kept("media store", digest({"profile": config.profile, "options": config.profile_options}), make)
 

@@ -329,7 +329,7 @@ def check_part(spec: SourceSpec, number: int, context: WorkerContext) -> PartFin
     raws = [r for r in read_part(spec.parts[number], spec.inputs) if r.source in picked]
     measurer = worker_measurer(context, spec.measure)
     own = profile_class(spec.measure.profile).stores_own_media()
-    store = measurer.profile.store_media if own else None
+    store = measurer.profile.store_sample_media if own else None
     found, rows = PartFindings(), {}
     for raw, (kind, rec) in zip(raws, measurer.measure_many(raws), strict=True):
         p = picked[raw.source]
