@@ -83,10 +83,16 @@ def start_local_ray() -> None:
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def module_ray():
     start_local_ray()
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def local_ray(module_ray):
+    """The module's one-node Ray, started once (a test that shuts it down runs after every test using it)."""
+    assert ray.is_initialized(), "an earlier test shut the module's Ray down: it belongs after the tests using it"
 
 
 def test_the_fixture_starts_a_cluster_of_its_own_beside_one_already_running(local_ray):
@@ -276,6 +282,31 @@ def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
     assert own and "ray: started a local Ray cluster at " in own[0] and address not in own[0], own
 
 
+def test_verify_source_on_ray_finds_what_the_local_check_finds(local_ray, demo_reference, tmp_path, monkeypatch):
+    """``verify --source`` with ``executor="ray"`` (2 actors, input parts of 8 records): on the intact demo
+    dataset it re-derives as many samples as the local check and passes; on a self-consistently damaged copy
+    it reports the local check's difference."""
+    import omnipack.tools.verify_source as vs
+    from tests.test_verify_source import _damage_row, _damage_text_token
+    from tests.tools_dataset import copy_dataset
+
+    monkeypatch.setattr(vs, "PART_LINES", 8)
+    local = vs.run_source_check(demo_reference)
+    on_ray = vs.run_source_check(demo_reference, executor="ray", workers=2)
+    assert local[0] == [] and on_ray == local and " 0 of " not in local[1][-1], local
+
+    ds = copy_dataset(demo_reference, tmp_path / "ds")
+    where = _damage_row(ds, _damage_text_token)  # another token of a sample's own text
+    local = vs.run_source_check(ds)
+    on_ray = vs.run_source_check(ds, executor="ray", workers=2)
+    assert len(local[0]) == 1 and f"sample {where['sid']} " in local[0][0] and "tokens differs" in local[0][0]
+    assert on_ray == local
+
+
+# The tests below shut the module's Ray down (each starts a cluster of its own): every test on the module's
+# cluster (``local_ray``) comes before them, or it would start clusters of its own too (seconds each).
+
+
 def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, demo_tokenizer, demo_corpus, capfd):
     from ray.cluster_utils import Cluster
 
@@ -356,24 +387,3 @@ def test_a_cluster_of_its_own_gives_the_actors_the_import_path_without_a_runtime
     finally:
         ray.shutdown()
     assert seen == {(os.environ["PYTHONPATH"], False)}
-
-
-def test_verify_source_on_ray_finds_what_the_local_check_finds(local_ray, demo_reference, tmp_path, monkeypatch):
-    """``verify --source`` with ``executor="ray"`` (2 actors, input parts of 8 records): on the intact demo
-    dataset it re-derives as many samples as the local check and passes; on a self-consistently damaged copy
-    it reports the local check's difference."""
-    import omnipack.tools.verify_source as vs
-    from tests.test_verify_source import _damage_row, _damage_text_token
-    from tests.tools_dataset import copy_dataset
-
-    monkeypatch.setattr(vs, "PART_LINES", 8)
-    local = vs.run_source_check(demo_reference)
-    on_ray = vs.run_source_check(demo_reference, executor="ray", workers=2)
-    assert local[0] == [] and on_ray == local and " 0 of " not in local[1][-1], local
-
-    ds = copy_dataset(demo_reference, tmp_path / "ds")
-    where = _damage_row(ds, _damage_text_token)  # another token of a sample's own text
-    local = vs.run_source_check(ds)
-    on_ray = vs.run_source_check(ds, executor="ray", workers=2)
-    assert len(local[0]) == 1 and f"sample {where['sid']} " in local[0][0] and "tokens differs" in local[0][0]
-    assert on_ray == local
