@@ -28,7 +28,19 @@ from the packed tokens by the trainer half.
 Stored per item, the outputs must not depend on the sample's other items: a probe item beside a smaller one
 must give its outputs alone (joined as the loader joins them), else the processor is refused at start.
 
-Media kinds: images and audio. Video processors are not run yet (a processor's video inputs are not planned).
+Video (``plan_video``): the processor is given a video as transformers' own decord reader gives it to a user,
+``transformers.video_utils.load_video(path, backend="decord")``: the decoded frames and a ``VideoMetadata`` of the
+file (``total_num_frames`` = decord's frame count, ``fps`` = its average rate, ``duration`` = frames / fps, the
+frame size). omnipack decodes with decord too (``omnipack.media.video``), so its frame count, rate and frames are
+that reader's; the processor's own ``sample_frames`` then picks the frames from that metadata, as it does for the
+user. A count depends on (frames, height, width, fps) and the processor options only, so the planner runs the
+processor once per such shape on a blank video (all-zero frames: only the sampled ones are ever read) and
+reads off the expansion (GLM-4.6V's frame timestamps are part of its text), the stored arrays' shapes and the
+frame indices it sampled (``return_metadata``). The write stage decodes just those frames and hands them to the
+processor with that metadata, its ``frames_indices`` set to them and ``do_sample_frames=False``: what the
+processor does after sampling the full video itself, so the stored ``pixel_values_videos``, ``video_grid_thw``
+... and the timestamps are the ones it gives for the file. A processor whose videos cannot be planned so (a
+probe fails) keeps its images and audio; its videos are rejected with the reason (``settings()["unplanned"]``).
 """
 
 from __future__ import annotations
@@ -63,8 +75,8 @@ _Counted = tuple[int, list[list[Any]], dict[str, list[Any]]]
 _ANSWER = "omnipack probe answer"
 # The probe items whose outputs, for one and for two of them, show how the processor batches each key; and a
 # smaller one, beside which a probe item must give its outputs alone (padded as a batch pads).
-_PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,)}  # (height, width); (seconds,)
-_SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,)}
+_PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,), "video": (8, 64, 96, 4.0)}  # (height, width); (seconds,);
+_SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,), "video": (4, 56, 56, 2.0)}  # (frames, height, width, fps)
 
 
 def _first_sentence(e: Exception) -> str:
@@ -181,6 +193,8 @@ class HFProfile(ModelProfile):
         self.media_pad_values: dict[str, float] = {}  # {key: pad value} where the processor pads with no 0
         self.token_inputs: dict[str, list[list[int]]] = {}  # {key: [[token id, value], ...]}
         self.sampling_rate: int | None = None  # audio's: the rate clips are decoded at (the extractor's)
+        self.unplanned: dict[str, str] = {}  # {kind: why} the processor's kinds whose items cannot be planned
+        self._frame_indices: dict[tuple[Any, ...], tuple[int, ...]] = {}  # {video shape: frames it samples}
         if self.model_dir is None:  # no model: no media kinds (a run always passes the model folder)
             return
         from transformers import AutoImageProcessor, AutoProcessor
@@ -210,6 +224,7 @@ class HFProfile(ModelProfile):
             self.sampling_rate = int(self._audio_processor().sampling_rate)
         self.turn_end = self._find_turn_end()
         self._added = {int(i) for i in tokenizer.backend_tokenizer.get_added_tokens_decoder()}
+        self._probe_videos()
         self.feature_tokens = {kind: self._find_feature_token(kind) for kind in self.template_blocks}
         self.media_arrays = {kind: self._find_item_axes(kind) for kind in self.template_blocks}
         self.token_inputs = self._find_token_inputs()
@@ -231,12 +246,24 @@ class HFProfile(ModelProfile):
             if not getattr(self._audio_processor(), "sampling_rate", None):
                 raise ValueError(f"profile hf: the audio front end of {name} of {self.model_dir} names no sampling_rate")
             kinds["audio"] = (str(audio_token),)
+        video_token = getattr(self.processor, "video_token", None)
+        if video_token and getattr(self.processor, "video_processor", None) is not None:
+            kinds["video"] = (str(video_token),)
         if not kinds:
-            raise ValueError(
-                f"profile hf: {name} of {self.model_dir} takes neither images nor audio (video processors are "
-                "not supported yet)"
-            )
+            raise ValueError(f"profile hf: {name} of {self.model_dir} takes no images, videos or audio")
         return kinds
+
+    def _probe_videos(self) -> None:
+        """Drop video from the kinds, the reason kept in ``unplanned``, when the processor cannot be run on a
+        video as ``plan_video`` runs it (the probes at start raise): its images and audio stay usable."""
+        if "video" not in self.template_blocks or len(self.template_blocks) == 1:
+            return  # a video-only processor: its probes' errors refuse it at start, as for the other kinds
+        try:
+            self._find_feature_token("video")
+            self._find_item_axes("video")
+        except ValueError as e:
+            self.unplanned["video"] = str(e)
+            self.template_blocks = {k: v for k, v in self.template_blocks.items() if k != "video"}
 
     def _find_feature_token(self, kind: str) -> str:
         """The token the model's features replace in a ``kind`` item's expansion. Not always the one the text
@@ -247,6 +274,8 @@ class HFProfile(ModelProfile):
         name = type(self.processor).__name__
         candidates = [self._config_token(kind), getattr(self.tokenizer, f"{kind}_token", None)]
         candidates.append(self.template_blocks[kind][0])
+        if kind == "video":  # frames written as images (GLM-4.6V: each frame's ``<|image|>`` run)
+            candidates.append(getattr(self.processor, "image_token", None))
         blank = self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))
         try:
             out = self._call(kind, [blank], return_text_replacement_offsets=True)
@@ -280,6 +309,8 @@ class HFProfile(ModelProfile):
         token = self.template_blocks[kind][0]
         if kind == "image":
             media: dict[str, Any] = {"images": [items]}
+        elif kind == "video":  # (frames, metadata) pairs: a fresh metadata dict each call (the processor sets it)
+            media = {"videos": [frames for frames, _ in items], "video_metadata": [dict(m) for _, m in items]}
         else:  # audio: float32 waveforms at the extractor's rate, said so (it warns or refuses otherwise)
             media = {"audio": items, "sampling_rate": self.sampling_rate}
         out = self.processor(
@@ -294,10 +325,26 @@ class HFProfile(ModelProfile):
 
             height, width = shape
             return Image.new("RGB", (width, height))
+        if kind == "video":  # np.zeros: pages never read (the frames a processor skips) take no memory
+            return np.zeros((*shape[:3], 3), dtype=np.uint8), self._video_metadata(shape)
         return np.zeros(shape[0], dtype=np.float32)
 
     @staticmethod
+    def _video_metadata(shape: tuple[Any, ...], frames: tuple[int, ...] | None = None) -> dict[str, Any]:
+        """The ``VideoMetadata`` transformers' decord reader gives for a video of ``shape`` (frames, height,
+        width, fps), as ``load_video(path, backend="decord")`` returns it; ``frames``: the decoded frames'
+        indices (all of them by default, as that reader decodes them)."""
+        n, height, width, fps = shape
+        indices = list(range(int(n))) if frames is None else [int(i) for i in frames]
+        return {
+            "total_num_frames": int(n), "fps": float(fps), "width": int(width), "height": int(height),
+            "duration": int(n) / float(fps), "video_backend": "decord", "frames_indices": indices,
+        }  # fmt: skip
+
+    @staticmethod
     def _describe(kind: str, shape: tuple[int, ...]) -> str:
+        if kind == "video":
+            return f"a video of {shape[0]} {shape[1]}x{shape[2]} frames at {shape[3]} fps"
         return f"a {shape[0]}x{shape[1]} image" if kind == "image" else f"a clip of {shape[0]} samples"
 
     def _find_item_axes(self, kind: str) -> dict[str, int]:
@@ -355,8 +402,11 @@ class HFProfile(ModelProfile):
                         )
         return {k: [[t, v] for t, v in sorted(values.items()) if v] for k, values in found.items()}
 
-    def _shape(self, kind: str, shape: tuple[float, ...]) -> tuple[int, ...]:
-        """A probe shape in the kind's units: (height, width) pixels; (seconds,) as samples at the rate."""
+    def _shape(self, kind: str, shape: tuple[float, ...]) -> tuple[Any, ...]:
+        """A probe shape in the kind's units: (height, width) pixels; (seconds,) as samples at the rate;
+        (frames, height, width, fps)."""
+        if kind == "video":
+            return (*(int(x) for x in shape[:3]), float(shape[3]))
         return tuple(int(x) for x in shape) if kind == "image" else (int(shape[0] * (self.sampling_rate or 0)),)
 
     def _content(self, kind: str, shape: tuple[int, ...]) -> Any:
@@ -365,6 +415,9 @@ class HFProfile(ModelProfile):
             from PIL import Image
 
             return Image.fromarray(np.random.default_rng(0).integers(0, 255, (*shape, 3), dtype=np.uint8))
+        if kind == "video":
+            frames = np.random.default_rng(0).integers(0, 255, (*shape[:3], 3), dtype=np.uint8)
+            return frames, self._video_metadata(shape)
         t = np.arange(shape[0], dtype=np.float32) / np.float32(self.sampling_rate or 1)
         return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
 
@@ -436,6 +489,11 @@ class HFProfile(ModelProfile):
 
     # ---- counts: the processor on the item's shape, once per shape ----
 
+    def plan(self, meta: MediaMeta) -> MediaPlan:
+        if meta.kind in self.unplanned:  # a kind the processor takes but this profile cannot plan: say why
+            raise MediaRejected(f"profile hf cannot plan {meta.kind} inputs: {self.unplanned[meta.kind]}")
+        return super().plan(meta)
+
     def plan_image(self, meta: MediaMeta) -> MediaPlan:
         if not meta.height or not meta.width:
             raise MediaRejected("image size unknown or zero")
@@ -461,6 +519,23 @@ class HFProfile(ModelProfile):
             info={"expansion": runs, "stored_arrays": arrays},
         )
 
+    def plan_video(self, meta: MediaMeta) -> MediaPlan:
+        """The frames the processor samples from the file's metadata, decoded at the file's size (its input),
+        and its expansion for them (frame timestamps included)."""
+        if not meta.num_frames or not meta.fps or not meta.height or not meta.width:
+            raise MediaRejected("video frame count, fps or size unknown or zero")
+        shape = (int(meta.num_frames), int(meta.height), int(meta.width), float(meta.fps))
+        count, runs, arrays = self._expansion("video", shape)
+        return MediaPlan(
+            kind="video",
+            num_tokens=count,
+            target_hw=(meta.height, meta.width),
+            frame_indices=self._frame_indices[shape],  # the processor's choice, repeats included
+            vision_patches=count,  # the encoder's cost, in features (the processor names no patch count)
+            # the file's VideoMetadata, given to the processor at write time with the frames' indices set
+            info={"expansion": runs, "stored_arrays": arrays, "video_metadata": self._video_metadata(shape, ())},
+        )
+
     def _expansion(self, kind: str, shape: tuple[int, ...]) -> _Counted:
         key = (kind, *shape)
         found = self._expansions.get(key)
@@ -475,8 +550,9 @@ class HFProfile(ModelProfile):
         """The processor on one blank item of ``shape``: (placeholder count, expansion runs, its stored
         arrays' ``{key: [shape, dtype]}``)."""
         token = self.feature_tokens[kind]
+        sampled = {"return_metadata": True} if kind == "video" else {}  # the frames its sampling picks
         try:
-            out = self._call(kind, [self._blank(kind, shape)], return_text_replacement_offsets=True)
+            out = self._call(kind, [self._blank(kind, shape)], return_text_replacement_offsets=True, **sampled)
         except Exception as e:  # the processor refuses this shape: a reject with its reason
             raise MediaRejected(
                 f"the {type(self.processor).__name__} refuses {self._describe(kind, shape)}: {e}"
@@ -490,6 +566,9 @@ class HFProfile(ModelProfile):
         if count != sum(int(i) == token_id for i in out["input_ids"][0]):  # the processor's own tokenization
             raise ValueError(f"profile hf: the {kind} replacement text and the processor's ids disagree")
         arrays = {k: [list(v.shape), v.dtype.str] for k, v in self._media_outputs(kind, out).items()}
+        if kind == "video":
+            frames = out["video_metadata"][0]["frames_indices"]
+            self._frame_indices[shape] = tuple(range(shape[0]) if frames is None else (int(i) for i in frames))
         return count, runs, arrays
 
     def _media_outputs(self, kind: str, out: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -505,10 +584,14 @@ class HFProfile(ModelProfile):
         kind = plan.kind
         if kind not in self.template_blocks:
             raise MediaRejected(f"profile hf does not store {kind} inputs")
+        given: dict[str, Any] = {}
         if kind == "image":
             from PIL import Image
 
             item: Any = Image.fromarray(np.asarray(decoded, dtype=np.uint8))
+        elif kind == "video":
+            item = self._planned_video(plan, decoded)
+            given["do_sample_frames"] = False  # the frames are the ones it sampled (``item``'s metadata says which)
         else:
             item = audio_waveform(decoded)
             if plan.sample_rate != self.sampling_rate or item.shape != (plan.num_audio_samples,):
@@ -518,7 +601,7 @@ class HFProfile(ModelProfile):
                 )
         token_id = self.tokenizer.convert_tokens_to_ids(self.feature_tokens[kind])
         try:
-            out = self._call(kind, [item])
+            out = self._call(kind, [item], **given)
         except Exception as e:
             raise MediaRejected(f"the {type(self.processor).__name__} refuses this {kind}: {e}") from None
         count = int((np.asarray(out["input_ids"]) == token_id).sum())
@@ -534,6 +617,18 @@ class HFProfile(ModelProfile):
                     f"the processor gives {k} {v.shape} {v.dtype} for this {kind}, the plan {planned[k]}"
                 )
         return arrays
+
+    @staticmethod
+    def _planned_video(plan: MediaPlan, decoded: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        """(frames, metadata) of a decoded video (``decoded``: its stored npz, ``frames`` uint8 [T, H, W, 3]
+        at the plan's indices): the file's metadata with ``frames_indices`` those indices."""
+        frames = np.asarray(decoded["frames"] if isinstance(decoded, Mapping) else decoded, dtype=np.uint8)
+        indices = plan.frame_indices or ()
+        if frames.ndim != 4 or frames.shape[0] != len(indices) or frames.shape[1:3] != tuple(plan.target_hw or ()):
+            raise MediaRejected(
+                f"video decoded to frames {frames.shape}, the plan samples {len(indices)} frames of {plan.target_hw}"
+            )
+        return frames, {**plan.info["video_metadata"], "frames_indices": list(indices)}
 
     def _runs(self, text: str, placeholder: str) -> list[list[Any]]:
         """``text`` as runs: ``["token", token, count, is_placeholder]`` for added tokens (where the tokenizer
@@ -588,6 +683,7 @@ class HFProfile(ModelProfile):
             ),
             "token_inputs": self.token_inputs,  # per-token outputs: {key: [[token id, value], ...]}, 0 elsewhere
             "sampling_rate": self.sampling_rate,  # audio's (None without audio): what clips were decoded at
+            "unplanned": self.unplanned,  # {kind: why} the processor's kinds this profile rejects
             "turn_end": self.turn_end,
         }
 
