@@ -623,6 +623,7 @@ class HFProfile(ModelProfile):
         """(frames, metadata) of a decoded video (``decoded``: its stored npz, ``frames`` uint8 [T, H, W, 3]
         at the plan's indices): the file's metadata with ``frames_indices`` those indices."""
         frames = np.asarray(decoded["frames"] if isinstance(decoded, Mapping) else decoded, dtype=np.uint8)
+        frames = np.require(frames, requirements="W")  # a copy of a read-only view: torch takes writable arrays
         indices = plan.frame_indices or ()
         if frames.ndim != 4 or frames.shape[0] != len(indices) or frames.shape[1:3] != tuple(plan.target_hw or ()):
             raise MediaRejected(
