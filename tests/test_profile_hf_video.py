@@ -78,7 +78,7 @@ def model_dir(tmp_path_factory) -> Path:
 def prepared(tmp_path_factory, model_dir):
     root = tmp_path_factory.mktemp("hf_video")
     manifest, media, samples = _corpus(root / "src")
-    out = prepare(manifest, media, root / "ds", "--model", str(model_dir), "--seq-length", "512", "--shard-max-rows", "2")
+    out = prepare(manifest, media, root / "ds", "--model", str(model_dir), "--seq-length", "512", "--shard-max-rows", "2", "--cp", "2")
     return media, samples, out
 
 
@@ -180,6 +180,26 @@ def test_verify_and_the_loader_hand_the_processor_tensors(prepared, proc):
             assert d["mm_token_type_ids"][0, a : a + n].tolist() == want.tolist(), sid
             types |= set(want.tolist())
     assert types == {0, 1, 2}
+
+
+def test_a_cp_rank_gets_its_slice_of_the_rows_mm_token_type_ids(prepared):
+    """Under context parallelism (cp=2) each rank's ``mm_token_type_ids`` are the whole rows' values at its
+    tokens: a video's 2s are read off its marks in the whole stream, also where a rank's chunks hold part of a
+    video's block without its ``<|begin_of_video|>`` (the values read off the rank's own tokens would differ)."""
+    from omnipack.loader.task_encoder import OmnipackTaskEncoder
+
+    out = prepared[2]
+    whole = [b.as_dict() for b in val_batches(out, batch_size=2)]
+    assert any((d["mm_token_type_ids"] == 2).any() for d in whole)
+    local_differs = 0
+    for rank in (0, 1):
+        te = OmnipackTaskEncoder.from_dataset(out, cp=2, cp_rank=rank)
+        for d, b in zip(whole, val_batches(out, te, batch_size=2), strict=True):
+            got = b.as_dict()
+            assert got["mm_token_type_ids"].tolist() == d["mm_token_type_ids"][:, b.cp_token_indices].tolist()
+            local = te.model_inputs.token_inputs(got["tokens"], te.placeholder_ids)["mm_token_type_ids"]
+            local_differs += local.tolist() != got["mm_token_type_ids"].tolist()
+    assert local_differs
 
 
 def test_the_trainer_only_install_loads_them(prepared, tmp_path):

@@ -86,6 +86,17 @@ def _first_sentence(e: Exception) -> str:
     return f"{type(e).__name__}: {text.split('. ')[0]}"
 
 
+def with_token_regions(tokens: Any, values: Any, regions: list[tuple[Any, ...]]) -> Any:
+    """``values`` (a tensor shaped like the ``[.., T]`` token tensor ``tokens``) with each region's values set
+    on its tokens between its marks (from an open mark up to its close mark; the rows' whole token stream, so
+    that a block's marks are both in it)."""
+    for open_id, close_id, pairs in regions:
+        depth = (tokens == open_id).cumsum(-1) - (tokens == close_id).cumsum(-1)
+        for token_id, value in pairs:
+            values[(depth > 0) & (tokens == token_id)] = value
+    return values
+
+
 class HFInputs(EncoderInputs):
     """Trainer half: the stored processor outputs as they are, under the processor's keys, joined per
     micro-batch along each key's recorded item axis. Placeholder tokens as the processor named them; an
@@ -104,6 +115,9 @@ class HFInputs(EncoderInputs):
         self.pad_values = {k: float(v) for k, v in settings.get("media_pad_values", {}).items()}
         # {key: [[token id, value], ...]}: the processor's per-token outputs, a function of the token ids
         self.token_values = {k: [(int(t), int(v)) for t, v in pairs] for k, pairs in settings.get("token_inputs", {}).items()}
+        # {key: [[open id, close id, [[token id, value], ...]], ...]}: values a token takes between a kind's
+        # marks instead (GLM-4.6V: ``<|image|>`` is 2 between ``<|begin_of_video|>`` and ``<|end_of_video|>``)
+        self.token_regions = {k: [tuple(r) for r in regions] for k, regions in settings.get("token_regions", {}).items()}
 
     def stored_arrays(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
         """The item's stored arrays by key, checked against the keys of its kind and the shapes and dtypes its
@@ -142,6 +156,8 @@ class HFInputs(EncoderInputs):
             for token_id, value in pairs:
                 values[tokens == token_id] = value
             out[key] = values
+        for key, regions in self.token_regions.items():
+            out[key] = with_token_regions(tokens, out.get(key, tokens.new_zeros(tokens.shape)), regions)
         return out
 
     def collate_media(self, per_item: list[dict[str, Any]], options: MediaInputOptions) -> dict[str, Any]:
@@ -228,6 +244,7 @@ class HFProfile(ModelProfile):
         self.feature_tokens = {kind: self._find_feature_token(kind) for kind in self.template_blocks}
         self.media_arrays = {kind: self._find_item_axes(kind) for kind in self.template_blocks}
         self.token_inputs = self._find_token_inputs()
+        self.token_regions = self._find_token_regions()
 
     def _audio_processor(self) -> Any:
         """The processor's audio front end (a feature extractor), None when it takes no audio."""
@@ -304,19 +321,30 @@ class HFProfile(ModelProfile):
             return None
         return str(self.tokenizer.convert_ids_to_tokens(token_id))
 
-    def _call(self, kind: str, items: list[Any], **kwargs: Any) -> Any:
-        """The processor on one text holding ``items`` (each at its placeholder), numpy outputs."""
+    def _call(self, kind: str, items: list[Any], text: str | None = None, **kwargs: Any) -> Any:
+        """The processor on one text holding ``items`` (each at its placeholder; ``text``: that text, by
+        default the placeholders alone), numpy outputs."""
         token = self.template_blocks[kind][0]
-        if kind == "image":
-            media: dict[str, Any] = {"images": [items]}
-        elif kind == "video":  # (frames, metadata) pairs: a fresh metadata dict each call (the processor sets it)
-            media = {"videos": [frames for frames, _ in items], "video_metadata": [dict(m) for _, m in items]}
-        else:  # audio: float32 waveforms at the extractor's rate, said so (it warns or refuses otherwise)
-            media = {"audio": items, "sampling_rate": self.sampling_rate}
         out = self.processor(
-            text=[token * len(items)], return_tensors=self._tensors, **media, **kwargs, **self.processor_kwargs
+            text=[token * len(items) if text is None else text],
+            return_tensors=self._tensors,
+            **self._media({kind: items}),
+            **kwargs,
+            **self.processor_kwargs,
         )
         return {k: v.numpy() if hasattr(v, "numpy") else v for k, v in out.items()}
+
+    def _media(self, items: Mapping[str, list[Any]]) -> dict[str, Any]:
+        """The processor's media arguments for one sample's ``{kind: items}``."""
+        media: dict[str, Any] = {}
+        for kind, some in items.items():
+            if kind == "image":
+                media["images"] = [some]
+            elif kind == "video":  # (frames, metadata) pairs: fresh metadata dicts (the processor sets them)
+                media.update(videos=[frames for frames, _ in some], video_metadata=[dict(m) for _, m in some])
+            else:  # audio: float32 waveforms at the extractor's rate, said so (it warns or refuses otherwise)
+                media.update(audio=some, sampling_rate=self.sampling_rate)
+        return media
 
     def _blank(self, kind: str, shape: tuple[int, ...]) -> Any:
         """A blank item of ``shape``: a black (height, width) image, a silent clip of (samples,)."""
@@ -401,6 +429,75 @@ class HFProfile(ModelProfile):
                             f"the token ids (token {token_id}: {values[int(token_id)]} and {value})"
                         )
         return {k: [[t, v] for t, v in sorted(values.items()) if v] for k, values in found.items()}
+
+    def _template_marks(self, kind: str) -> tuple[str, str]:
+        """The added tokens the chat template writes right before and after a ``kind`` item's placeholder
+        (GLM-4.6V's ``<|begin_of_video|>``, ``<|end_of_video|>``); "" where it writes none."""
+        token = self.template_blocks[kind][0]
+        messages = [{"role": "user", "content": [{"type": kind, kind: "omnipack"}, {"type": "text", "text": "q"}]}]
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False)
+        except Exception:  # a template that renders no such item: no marks to read
+            return "", ""
+        if token not in text:
+            return "", ""
+        before, after = text.split(token, 1)
+        runs = self._runs(before, ""), self._runs(after, "")
+        last = runs[0][-1] if runs[0] and runs[0][-1][0] == "token" else None
+        first = runs[1][0] if runs[1] and runs[1][0][0] == "token" else None
+        return ("" if last is None else last[1]), ("" if first is None else first[1])
+
+    def _find_token_regions(self) -> dict[str, list[list[Any]]]:
+        """{key: [[open id, close id, [[token id, value], ...]], ...]}: per-token outputs that differ between a
+        kind's template marks from ``token_inputs`` (GLM-4.6V gives its ``<|image|>`` 2 in a video's block,
+        1 in an image's), read off each item in its marks. Checked on a sample of one item of every kind in
+        its marks: the values the trainer half derives must be the processor's, else the processor is refused."""
+        import torch
+
+        name = type(self.processor).__name__
+        found: dict[str, list[list[Any]]] = {}
+        context = {kind: self._template_marks(kind) for kind in self.template_blocks}
+        for kind, (open_mark, close_mark) in context.items():
+            if not open_mark or not close_mark:
+                continue
+            blank = self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))
+            out = self._call(kind, [blank], text=open_mark + self.template_blocks[kind][0] + close_mark)
+            ids = np.asarray(out["input_ids"]).reshape(-1).tolist()
+            ends = [int(i) for i in self.tokenizer.convert_tokens_to_ids([open_mark, close_mark])]
+            a, b = ids.index(ends[0]) + 1, len(ids) - 1 - ids[::-1].index(ends[1])  # the tokens between the marks
+            for key in self._per_token_keys(out):
+                base = dict(map(tuple, self.token_inputs.get(key, [])))
+                values = np.asarray(out[key]).reshape(-1).tolist()
+                inside = {int(t): int(v) for t, v in zip(ids[a:b], values[a:b], strict=True) if v != base.get(t, 0)}
+                if inside:
+                    found.setdefault(key, []).append([*ends, sorted([t, v] for t, v in inside.items())])
+        if not found:
+            return found
+        items = [self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind])) for kind in context]
+        text = "".join(o + self.template_blocks[kind][0] + c for kind, (o, c) in context.items())
+        media = self._media({kind: [item] for kind, item in zip(context, items, strict=True)})
+        out = self.processor(text=[text], return_tensors=self._tensors, **media, **self.processor_kwargs)
+        tokens = torch.as_tensor(np.asarray(out["input_ids"]))
+        for key, regions in found.items():
+            values = tokens.new_zeros(tokens.shape)
+            for token_id, value in self.token_inputs.get(key, []):
+                values[tokens == token_id] = value
+            derived = with_token_regions(tokens, values, [tuple(r) for r in regions]).numpy()
+            if not np.array_equal(derived, np.asarray(out[key])):
+                raise ValueError(
+                    f"profile hf: {name} of {self.model_dir} gives per-token {key!r} that is no function of the "
+                    "token ids and the media marks around them"
+                )
+        return found
+
+    @staticmethod
+    def _per_token_keys(out: Mapping[str, Any]) -> list[str]:
+        """The keys of a processor output that are per-token (shaped like the token ids, integer)."""
+        ids = np.asarray(out["input_ids"])
+        return [
+            k for k, v in out.items()
+            if k not in ("input_ids", "attention_mask") and np.shape(v) == ids.shape and np.asarray(v).dtype.kind in "iub"
+        ]  # fmt: skip
 
     def _shape(self, kind: str, shape: tuple[float, ...]) -> tuple[Any, ...]:
         """A probe shape in the kind's units: (height, width) pixels; (seconds,) as samples at the rate;
@@ -683,6 +780,7 @@ class HFProfile(ModelProfile):
                 type(self.processor.image_processor).__name__ if "image" in self.template_blocks else None
             ),
             "token_inputs": self.token_inputs,  # per-token outputs: {key: [[token id, value], ...]}, 0 elsewhere
+            "token_regions": self.token_regions,  # their values between a kind's marks, where other
             "sampling_rate": self.sampling_rate,  # audio's (None without audio): what clips were decoded at
             "unplanned": self.unplanned,  # {kind: why} the processor's kinds this profile rejects
             "turn_end": self.turn_end,
