@@ -208,6 +208,7 @@ class HFProfile(ModelProfile):
         self.media_arrays: dict[str, dict[str, int]] = {}
         self.media_pad_values: dict[str, float] = {}  # {key: pad value} where the processor pads with no 0
         self.token_inputs: dict[str, list[list[int]]] = {}  # {key: [[token id, value], ...]}
+        self.token_regions: dict[str, list[list[Any]]] = {}  # {key: [[open id, close id, [[id, value], ...]]]}
         self.sampling_rate: int | None = None  # audio's: the rate clips are decoded at (the extractor's)
         self.unplanned: dict[str, str] = {}  # {kind: why} the processor's kinds whose items cannot be planned
         self._frame_indices: dict[tuple[Any, ...], tuple[int, ...]] = {}  # {video shape: frames it samples}
@@ -448,6 +449,17 @@ class HFProfile(ModelProfile):
         return ("" if last is None else last[1]), ("" if first is None else first[1])
 
     def _find_token_regions(self) -> dict[str, list[list[Any]]]:
+        try:
+            return self._read_token_regions()
+        except ValueError:
+            raise
+        except Exception as e:  # a processor that fails on its own template's marks cannot be planned offline
+            raise ValueError(
+                f"profile hf: {type(self.processor).__name__} of {self.model_dir} cannot process a sample's media "
+                f"in the chat template's marks offline ({_first_sentence(e)})"
+            ) from None
+
+    def _read_token_regions(self) -> dict[str, list[list[Any]]]:
         """{key: [[open id, close id, [[token id, value], ...]], ...]}: per-token outputs that differ between a
         kind's template marks from ``token_inputs`` (GLM-4.6V gives its ``<|image|>`` 2 in a video's block,
         1 in an image's), read off each item in its marks. Checked on a sample of one item of every kind in
@@ -780,7 +792,7 @@ class HFProfile(ModelProfile):
                 type(self.processor.image_processor).__name__ if "image" in self.template_blocks else None
             ),
             "token_inputs": self.token_inputs,  # per-token outputs: {key: [[token id, value], ...]}, 0 elsewhere
-            "token_regions": self.token_regions,  # their values between a kind's marks, where other
+            "token_regions": self.token_regions,  # their values between a kind's marks, where they differ
             "sampling_rate": self.sampling_rate,  # audio's (None without audio): what clips were decoded at
             "unplanned": self.unplanned,  # {kind: why} the processor's kinds this profile rejects
             "turn_end": self.turn_end,
