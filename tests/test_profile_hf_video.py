@@ -30,18 +30,15 @@ pytest.importorskip("decord")
 require_torchvision()
 
 from omnipack.cli import main  # noqa: E402
-from omnipack.dataset.codec import decode_row  # noqa: E402
-from omnipack.loader.media import decode_payload  # noqa: E402
 from omnipack.media.meta import MediaMeta  # noqa: E402
 from omnipack.profiles import get_profile  # noqa: E402
 from tests.family_kit import chat_samples, noise_images, prepare, val_batches, write_manifest  # noqa: E402
-from tests.test_pipeline import read_rows_from_tars  # noqa: E402
-from tests.test_profile_hf_payload import (  # noqa: E402
-    assert_same_bits,
-    assert_trainer_only_loads_the_same,
-    joined,
+from tests.test_profile_hf_payload import assert_trainer_only_loads_the_same  # noqa: E402
+from tests.test_profile_hf_vision import (  # noqa: E402
+    assert_loader_hands_the_processor_tensors,
+    assert_samples_equal_the_processor,
+    build_glm46v_model_dir,
 )
-from tests.test_profile_hf_vision import build_glm46v_model_dir  # noqa: E402
 from tests.test_profiles_qwen3_5 import _write_textured_video  # noqa: E402
 
 # The processor's outputs per kind and their item axes (one video's patches, then the next's; a grid row each).
@@ -135,22 +132,9 @@ def test_every_sample_equals_the_processor_given_the_file(prepared, proc):
     ``pixel_values_videos`` and ``video_grid_thw``, float32 and int64 as the processor gives them) equal the
     processor's for the sample alone, bit for bit."""
     media, samples, out = prepared
-    seen, with_videos = [], 0
-    for parts in read_rows_from_tars(out).values():
-        row, _ = decode_row(parts)
-        for k, sid in enumerate(row.sample_ids):
-            want = processor_alone(proc, media, samples[sid])
-            start, n = int(row.cu_seqlens_padded[k]), int(row.cu_seqlens[k + 1] - row.cu_seqlens[k])
-            assert row.tokens[start : start + n].tolist() == want["input_ids"][0].tolist(), sid
-            labels = row.labels[start : start + n]
-            answers = [p["text"] for m in samples[sid] if m["role"] == "assistant" for p in m["content"]]
-            assert proc.tokenizer.decode(labels[labels >= 0].tolist()) == "".join(f"{a}<|im_end|>" for a in answers)
-            items = sorted((m for m in row.media if m.sample_index == k), key=lambda m: m.token_start)
-            stored = joined([dict(decode_payload(m.part, parts[m.part])) for m in items], AXES)
-            assert_same_bits(stored, {key: v for key, v in want.items() if key in AXES}, sid)
-            seen.append(sid)
-            with_videos += any(m.kind == "video" for m in items)
-    assert sorted(seen) == sorted(samples) and with_videos >= 6
+    alone = lambda sid: processor_alone(proc, media, samples[sid])  # noqa: E731
+    found = assert_samples_equal_the_processor(out, samples, alone, AXES, proc.tokenizer)
+    assert sum(any(m.kind == "video" for m in items) for items in found.values()) >= 6
     some = processor_alone(proc, media, samples["v-001"])  # a clip's frame times are in the text
     assert " seconds" in proc.tokenizer.decode(some["input_ids"][0].tolist())
 
@@ -162,24 +146,8 @@ def test_verify_and_the_loader_hand_the_processor_tensors(prepared, proc):
     image's)."""
     media, samples, out = prepared
     assert main(["verify", str(out), "--workers", "1"]) == 0
-    seen = []
-    for batch in val_batches(out, batch_size=2):
-        sids = [s for row in batch.sample_ids for s in row]
-        seen += sids
-        alone = [processor_alone(proc, media, samples[s]) for s in sids]
-        got = {k: v.numpy() for k, v in (batch.encoder_inputs or {}).items()}
-        assert_same_bits(got, joined([{k: v for k, v in a.items() if k in AXES} for a in alone], AXES), sids)
-    assert sorted(seen) == sorted(samples)
-    types = set()
-    for batch in val_batches(out, batch_size=1):
-        d = batch.as_dict()
-        cup, cu = d["cu_seqlens_q_padded"], d["cu_seqlens_q"]
-        for k, sid in enumerate(batch.sample_ids[0]):
-            want = processor_alone(proc, media, samples[sid])["mm_token_type_ids"][0]
-            a, n = int(cup[k]), int(cu[k + 1] - cu[k])
-            assert d["mm_token_type_ids"][0, a : a + n].tolist() == want.tolist(), sid
-            types |= set(want.tolist())
-    assert types == {0, 1, 2}
+    alone = lambda sid: processor_alone(proc, media, samples[sid])  # noqa: E731
+    assert assert_loader_hands_the_processor_tensors(out, samples, alone, AXES) == {0, 1, 2}
 
 
 def test_a_cp_rank_gets_its_slice_of_the_rows_mm_token_type_ids(prepared):

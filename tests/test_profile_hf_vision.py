@@ -175,52 +175,67 @@ def test_the_run_falls_back_to_the_processor(prepared, family, model_dir):
     assert cache["processor_calls"] == len(set(used)) and cache["cache_hits"] == len(used) - len(set(used))
 
 
-def test_every_sample_equals_the_processor_alone(prepared, proc, family):
-    """Token ids, labels (each answer through its end of turn) and every stored tensor, joined along the
-    processor's item axis, are the processor's for the sample alone, bit for bit."""
-    media, samples, out = prepared
-    axes = FAMILIES[family][4]
-    seen, with_images = [], 0
+def assert_samples_equal_the_processor(out: Path, samples: dict, alone, axes: dict[str, int], tokenizer) -> dict:
+    """Every packed sample's token ids, labels (each answer through its end of turn) and stored tensors, joined
+    along the processor's item axes, are ``alone(sample id)``'s (the processor's for the sample alone), bit for
+    bit; {sample id: its stored media items}, every sample of ``samples`` packed."""
+    found = {}
     for parts in read_rows_from_tars(out).values():
         row, _ = decode_row(parts)
         for k, sid in enumerate(row.sample_ids):
-            want = processor_alone(proc, media, samples[sid])
+            want = alone(sid)
             start, n = int(row.cu_seqlens_padded[k]), int(row.cu_seqlens[k + 1] - row.cu_seqlens[k])
             assert row.tokens[start : start + n].tolist() == want["input_ids"][0].tolist(), sid
             labels = row.labels[start : start + n]
             answers = [p["text"] for m in samples[sid] if m["role"] == "assistant" for p in m["content"]]
-            assert proc.tokenizer.decode(labels[labels >= 0].tolist()) == "".join(f"{a}<|im_end|>" for a in answers)
+            assert tokenizer.decode(labels[labels >= 0].tolist()) == "".join(f"{a}<|im_end|>" for a in answers)
             items = sorted((m for m in row.media if m.sample_index == k), key=lambda m: m.token_start)
             stored = joined([dict(decode_payload(m.part, parts[m.part])) for m in items], axes)
             assert_same_bits(stored, {k2: v for k2, v in want.items() if k2 in axes}, sid)
-            seen.append(sid)
-            with_images += bool(items)
-    assert sorted(seen) == sorted(samples) and with_images >= 6
+            found[sid] = items
+    assert sorted(found) == sorted(samples)
+    return found
 
 
-def test_verify_and_the_loader_hand_the_processor_tensors(prepared, proc, family):
-    """``omnipack verify`` re-measures with the processor and finds every row as written; the loader's
-    micro-batches of two rows hold every sample's processor outputs, in stream order, joined per image, and
-    its per-token outputs (GLM's ``mm_token_type_ids``) as the processor gives them."""
+def test_every_sample_equals_the_processor_alone(prepared, proc, family):
+    """Token ids, labels and every stored tensor are the processor's for the sample alone, bit for bit."""
     media, samples, out = prepared
-    assert main(["verify", str(out), "--workers", "1"]) == 0
-    axes = FAMILIES[family][4]
+    alone = lambda sid: processor_alone(proc, media, samples[sid])  # noqa: E731
+    found = assert_samples_equal_the_processor(out, samples, alone, FAMILIES[family][4], proc.tokenizer)
+    assert sum(bool(items) for items in found.values()) >= 6
+
+
+def assert_loader_hands_the_processor_tensors(out: Path, samples: dict, alone, axes: dict[str, int]) -> set[int]:
+    """The loader's micro-batches of two rows hold every sample's processor outputs (``alone(sample id)``), in
+    stream order, joined along the item axes, and (sample by sample) its per-token outputs (GLM's
+    ``mm_token_type_ids``) as the processor gives them; the per-token values seen."""
     seen = []
     for batch in val_batches(out, batch_size=2):
         sids = [s for row in batch.sample_ids for s in row]
         seen += sids
-        alone = [processor_alone(proc, media, samples[s]) for s in sids]
-        got = {k: v.numpy() for k, v in (batch.encoder_inputs or {}).items()}
-        assert_same_bits(got, joined([{k: v for k, v in a.items() if k in axes} for a in alone], axes), sids)
+        want = joined([{k: v for k, v in alone(s).items() if k in axes} for s in sids], axes)
+        assert_same_bits({k: v.numpy() for k, v in (batch.encoder_inputs or {}).items()}, want, sids)
     assert sorted(seen) == sorted(samples)
+    values: set[int] = set()
     for batch in val_batches(out, batch_size=1):  # per-token outputs, sample by sample
         d = batch.as_dict()
         cup, cu = d["cu_seqlens_q_padded"], d["cu_seqlens_q"]
         for k, sid in enumerate(batch.sample_ids[0]):
-            want = processor_alone(proc, media, samples[sid])
+            want = alone(sid)
             a, n = int(cup[k]), int(cu[k + 1] - cu[k])
             for key in set(want) - set(axes) - set(TEXT_KEYS):
                 assert d[key][0, a : a + n].tolist() == want[key][0].tolist(), (sid, key)
+                values |= set(want[key][0].tolist())
+    return values
+
+
+def test_verify_and_the_loader_hand_the_processor_tensors(prepared, proc, family):
+    """``omnipack verify`` re-measures with the processor and finds every row as written; the loader hands
+    every sample's processor outputs and per-token outputs."""
+    media, samples, out = prepared
+    assert main(["verify", str(out), "--workers", "1"]) == 0
+    alone = lambda sid: processor_alone(proc, media, samples[sid])  # noqa: E731
+    assert_loader_hands_the_processor_tensors(out, samples, alone, FAMILIES[family][4])
 
 
 def test_the_trainer_only_install_loads_them(prepared, tmp_path):
