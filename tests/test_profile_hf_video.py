@@ -105,10 +105,11 @@ def _uses(samples: dict[str, list[dict]], kind: str) -> list[str]:
     return [p[kind] for msgs in samples.values() for m in msgs for p in m["content"] if p["type"] == kind]
 
 
-def test_videos_are_planned_by_the_processor_once_per_shape(prepared):
+def test_videos_are_planned_by_the_processor_once_per_shape(prepared, proc):
     """The run records video among the processor's kinds, its features ``<|image|>`` (GLM writes a video's
-    frames as images), its stored keys; one processor call per distinct (frames, size, fps), a cache hit for
-    every other video."""
+    frames as images), its stored keys, the ``mm_token_type_ids`` value of those tokens between the video's
+    marks (2; 1 elsewhere); one processor call per distinct (frames, size, fps), a cache hit for every other
+    video."""
     _, samples, out = prepared
     rec = json.loads((out / ".nv-meta" / "omnipack.json").read_text())
     settings = rec["profile"]["settings"]
@@ -117,6 +118,9 @@ def test_videos_are_planned_by_the_processor_once_per_shape(prepared):
     assert settings["placeholder_tokens"] == {"image": ["<|image|>"], "video": ["<|image|>"]}
     assert settings["media_arrays"]["video"] == {"pixel_values_videos": 0, "video_grid_thw": 0}
     assert settings["unplanned"] == {}
+    begin, end, image = proc.tokenizer.convert_tokens_to_ids(["<|begin_of_video|>", "<|end_of_video|>", "<|image|>"])
+    assert settings["token_inputs"] == {"mm_token_type_ids": [[image, 1]]}
+    assert settings["token_regions"] == {"mm_token_type_ids": [[begin, end, [[image, 2]]]]}
     assert rec["counts"]["packed"] == len(samples) and rec["counts"]["rejected"] == 0
     used = _uses(samples, "video")
     shapes = {name: (n, fps, w, h) for name, n, fps, w, h in VIDEOS}
