@@ -100,7 +100,8 @@ def test_the_profiles_are_the_checkpoints_and_the_processors(both):
     settings = hf["profile"]["settings"]
     assert settings["processor_class"] == FAMILIES[family][0]
     assert (settings["image_backend"], settings["image_processor_class"]) == ("pil", "Qwen2VLImageProcessorPil")
-    assert settings["placeholder_tokens"] == {"image": ["<|image_pad|>"]}
+    # the processor's videos are planned too (hf's video planning: tests/test_profile_hf_video.py)
+    assert settings["placeholder_tokens"] == {"image": ["<|image_pad|>"], "video": ["<|video_pad|>"]}
     assert native["counts"]["packed"] == hf["counts"]["packed"] == len(samples)
 
 

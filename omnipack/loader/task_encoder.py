@@ -453,20 +453,31 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             out.buffer_lease = pool.lease(scope)
         return out
 
+    def _rank_tokens(self, fields: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], Any]:
+        """(this CP rank's token fields, its per-token model inputs, where its tokens sit in the stream)."""
+        token_inputs: dict[str, Any] = {}
+        if self.model_inputs is not None and self.placeholder_ids is not None:
+            # from the rows' whole token stream (a value may depend on the media marks around a token), then
+            # CP-sliced as the tokens are
+            token_inputs = self.model_inputs.token_inputs(fields["tokens"], self.placeholder_ids)
+        if self.cp_size == 1:
+            return fields, token_inputs, None
+        # Where this rank's tokens sit in the full stream: a model that merges media embeddings (which are not
+        # CP-split) finds the placeholders local to this rank through it.
+        cp_token_indices = cp_partition_indices(fields["cu_seqlens_q_padded"], self.cp_size, self.cp_rank)
+        named = {f"token_inputs.{k}": v for k, v in token_inputs.items()}
+        fields = slice_batch_for_cp(
+            {**fields, **named},
+            self.cp_size,
+            self.cp_rank,
+            tp_size=self.tp_size,
+            sequence_parallel=self.sequence_parallel,
+            extra_token_keys=named,
+        )
+        return fields, {k: fields.pop(name) for k, name in zip(token_inputs, named, strict=True)}, cp_token_indices
+
     def _batch(self, samples: list[PackedRowSample]) -> PackedBatch:
-        fields = concat_rows([s.arrays() for s in samples])
-        cp_token_indices = None
-        if self.cp_size > 1:
-            # Where this rank's tokens sit in the full stream: a model that merges media embeddings (which
-            # are not CP-split) finds the placeholders local to this rank through it.
-            cp_token_indices = cp_partition_indices(fields["cu_seqlens_q_padded"], self.cp_size, self.cp_rank)
-            fields = slice_batch_for_cp(
-                fields,
-                self.cp_size,
-                self.cp_rank,
-                tp_size=self.tp_size,
-                sequence_parallel=self.sequence_parallel,
-            )
+        fields, token_inputs, cp_token_indices = self._rank_tokens(concat_rows([s.arrays() for s in samples]))
         media: dict[str, Any] = {}
         if self.decode_media and self.model_inputs is not None:
             per_item = [d for s in samples for d in (s.media_inputs or [])]
@@ -478,10 +489,6 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
                         f"profile {self.model_inputs.name} produced batch keys {sorted(unknown)} outside its "
                         f"batch_keys {list(self.model_inputs.batch_keys)}"
                     )
-        token_inputs: dict[str, Any] = {}
-        if self.model_inputs is not None and self.placeholder_ids is not None:
-            # element-wise in the tokens, so computed on this CP rank's slice
-            token_inputs = self.model_inputs.token_inputs(fields["tokens"], self.placeholder_ids)
         norm: dict[str, Any] = dict.fromkeys(("pixel_mean", "pixel_std"))
         if self.pixel_mean is not None and self.pixel_std is not None:
             norm.update(pixel_mean=self.pixel_mean.clone(), pixel_std=self.pixel_std.clone())

@@ -33,7 +33,19 @@ the processor on the sample's shapes together (``plan_sample``, cached by the tu
 it on the sample's decoded items together, each item storing its rows (``store_sample_media``); else the
 processor is refused at start.
 
-Media kinds: images and audio. Video processors are not run yet (a processor's video inputs are not planned).
+Video (``plan_video``): the processor is given a video as transformers' own decord reader gives it to a user,
+``transformers.video_utils.load_video(path, backend="decord")``: the decoded frames and a ``VideoMetadata`` of the
+file (``total_num_frames`` = decord's frame count, ``fps`` = its average rate, ``duration`` = frames / fps, the
+frame size). omnipack decodes with decord too (``omnipack.media.video``), so its frame count, rate and frames are
+that reader's; the processor's own ``sample_frames`` then picks the frames from that metadata, as it does for the
+user. A count depends on (frames, height, width, fps) and the processor options only, so the planner runs the
+processor once per such shape on a blank video (all-zero frames: only the sampled ones are ever read) and
+reads off the expansion (GLM-4.6V's frame timestamps are part of its text), the stored arrays' shapes and the
+frame indices it sampled (``return_metadata``). The write stage decodes just those frames and hands them to the
+processor with that metadata, its ``frames_indices`` set to them and ``do_sample_frames=False``: what the
+processor does after sampling the full video itself, so the stored ``pixel_values_videos``, ``video_grid_thw``
+... and the timestamps are the ones it gives for the file. A processor whose videos cannot be planned so (a
+probe fails) keeps its images and audio; its videos are rejected with the reason (``settings()["unplanned"]``).
 """
 
 from __future__ import annotations
@@ -68,8 +80,8 @@ _Counted = tuple[int, list[list[Any]], dict[str, list[Any]]]
 _ANSWER = "omnipack probe answer"
 # The probe items whose outputs, for one and for two of them, show how the processor batches each key; and a
 # smaller one, beside which a probe item must give its outputs alone (padded as a batch pads).
-_PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,)}  # (height, width); (seconds,)
-_SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,)}
+_PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,), "video": (8, 64, 96, 4.0)}  # (height, width); (seconds,);
+_SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,), "video": (4, 56, 56, 2.0)}  # (frames, height, width, fps)
 
 
 class _SampleDependent(ValueError):
@@ -81,6 +93,17 @@ def _first_sentence(e: Exception) -> str:
     "X requires the Torchvision library but it was not found in your environment. Check out ...")."""
     text = " ".join(str(e).split())
     return f"{type(e).__name__}: {text.split('. ')[0]}"
+
+
+def with_token_regions(tokens: Any, values: Any, regions: list[tuple[Any, ...]]) -> Any:
+    """``values`` (a tensor shaped like the ``[.., T]`` token tensor ``tokens``) with each region's values set
+    on its tokens between its marks (from an open mark up to its close mark; the rows' whole token stream, so
+    that a block's marks are both in it)."""
+    for open_id, close_id, pairs in regions:
+        depth = (tokens == open_id).cumsum(-1) - (tokens == close_id).cumsum(-1)
+        for token_id, value in pairs:
+            values[(depth > 0) & (tokens == token_id)] = value
+    return values
 
 
 class HFInputs(EncoderInputs):
@@ -110,6 +133,9 @@ class HFInputs(EncoderInputs):
         }
         # {key: [[token id, value], ...]}: the processor's per-token outputs, a function of the token ids
         self.token_values = {k: [(int(t), int(v)) for t, v in pairs] for k, pairs in settings.get("token_inputs", {}).items()}
+        # {key: [[open id, close id, [[token id, value], ...]], ...]}: values a token takes between a kind's
+        # marks instead (GLM-4.6V: ``<|image|>`` is 2 between ``<|begin_of_video|>`` and ``<|end_of_video|>``)
+        self.token_regions = {k: [tuple(r) for r in regions] for k, regions in settings.get("token_regions", {}).items()}
 
     def stored_arrays(self, item: Any, payload: Payload) -> dict[str, np.ndarray]:
         """The item's stored arrays by key, checked against the keys of its kind and the shapes and dtypes its
@@ -154,6 +180,8 @@ class HFInputs(EncoderInputs):
             for token_id, value in pairs:
                 values[tokens == token_id] = value
             out[key] = values
+        for key, regions in self.token_regions.items():
+            out[key] = with_token_regions(tokens, out.get(key, tokens.new_zeros(tokens.shape)), regions)
         return out
 
     def collate_media(self, per_item: list[dict[str, Any]], options: MediaInputOptions) -> dict[str, Any]:
@@ -223,7 +251,10 @@ class HFProfile(ModelProfile):
         self.media_joint: dict[str, dict[str, Any]] = {}
         self._joint_rows: dict[str, dict[str, int]] = {}
         self.token_inputs: dict[str, list[list[int]]] = {}  # {key: [[token id, value], ...]}
+        self.token_regions: dict[str, list[list[Any]]] = {}  # {key: [[open id, close id, [[id, value], ...]]]}
         self.sampling_rate: int | None = None  # audio's: the rate clips are decoded at (the extractor's)
+        self.unplanned: dict[str, str] = {}  # {kind: why} the processor's kinds whose items cannot be planned
+        self._frame_indices: dict[tuple[Any, ...], tuple[int, ...]] = {}  # {video shape: frames it samples}
         if self.model_dir is None:  # no model: no media kinds (a run always passes the model folder)
             return
         from transformers import AutoImageProcessor, AutoProcessor
@@ -253,9 +284,11 @@ class HFProfile(ModelProfile):
             self.sampling_rate = int(self._audio_processor().sampling_rate)
         self.turn_end = self._find_turn_end()
         self._added = {int(i) for i in tokenizer.backend_tokenizer.get_added_tokens_decoder()}
+        self._probe_videos()
         self.feature_tokens = {kind: self._find_feature_token(kind) for kind in self.template_blocks}
         self.media_arrays = {kind: self._find_media_layout(kind) for kind in self.template_blocks}
         self.token_inputs = self._find_token_inputs()
+        self.token_regions = self._find_token_regions()
 
     def _audio_processor(self) -> Any:
         """The processor's audio front end (a feature extractor), None when it takes no audio."""
@@ -274,12 +307,24 @@ class HFProfile(ModelProfile):
             if not getattr(self._audio_processor(), "sampling_rate", None):
                 raise ValueError(f"profile hf: the audio front end of {name} of {self.model_dir} names no sampling_rate")
             kinds["audio"] = (str(audio_token),)
+        video_token = getattr(self.processor, "video_token", None)
+        if video_token and getattr(self.processor, "video_processor", None) is not None:
+            kinds["video"] = (str(video_token),)
         if not kinds:
-            raise ValueError(
-                f"profile hf: {name} of {self.model_dir} takes neither images nor audio (video processors are "
-                "not supported yet)"
-            )
+            raise ValueError(f"profile hf: {name} of {self.model_dir} takes no images, videos or audio")
         return kinds
+
+    def _probe_videos(self) -> None:
+        """Drop video from the kinds, the reason kept in ``unplanned``, when the processor cannot be run on a
+        video as ``plan_video`` runs it (the probes at start raise): its images and audio stay usable."""
+        if "video" not in self.template_blocks or len(self.template_blocks) == 1:
+            return  # a video-only processor: its probes' errors refuse it at start, as for the other kinds
+        try:
+            self._find_feature_token("video")
+            self._find_item_axes("video")
+        except ValueError as e:
+            self.unplanned["video"] = str(e)
+            self.template_blocks = {k: v for k, v in self.template_blocks.items() if k != "video"}
 
     def _find_feature_token(self, kind: str) -> str:
         """The token the model's features replace in a ``kind`` item's expansion. Not always the one the text
@@ -290,6 +335,8 @@ class HFProfile(ModelProfile):
         name = type(self.processor).__name__
         candidates = [self._config_token(kind), getattr(self.tokenizer, f"{kind}_token", None)]
         candidates.append(self.template_blocks[kind][0])
+        if kind == "video":  # frames written as images (GLM-4.6V: each frame's ``<|image|>`` run)
+            candidates.append(getattr(self.processor, "image_token", None))
         blank = self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))
         try:
             out = self._call(kind, [blank], return_text_replacement_offsets=True)
@@ -318,17 +365,30 @@ class HFProfile(ModelProfile):
             return None
         return str(self.tokenizer.convert_ids_to_tokens(token_id))
 
-    def _call(self, kind: str, items: list[Any], **kwargs: Any) -> Any:
-        """The processor on one text holding ``items`` (each at its placeholder), numpy outputs."""
+    def _call(self, kind: str, items: list[Any], text: str | None = None, **kwargs: Any) -> Any:
+        """The processor on one text holding ``items`` (each at its placeholder; ``text``: that text, by
+        default the placeholders alone), numpy outputs."""
         token = self.template_blocks[kind][0]
-        if kind == "image":
-            media: dict[str, Any] = {"images": [items]}
-        else:  # audio: float32 waveforms at the extractor's rate, said so (it warns or refuses otherwise)
-            media = {"audio": items, "sampling_rate": self.sampling_rate}
         out = self.processor(
-            text=[token * len(items)], return_tensors=self._tensors, **media, **kwargs, **self.processor_kwargs
+            text=[token * len(items) if text is None else text],
+            return_tensors=self._tensors,
+            **self._media({kind: items}),
+            **kwargs,
+            **self.processor_kwargs,
         )
         return {k: v.numpy() if hasattr(v, "numpy") else v for k, v in out.items()}
+
+    def _media(self, items: Mapping[str, list[Any]]) -> dict[str, Any]:
+        """The processor's media arguments for one sample's ``{kind: items}``."""
+        media: dict[str, Any] = {}
+        for kind, some in items.items():
+            if kind == "image":
+                media["images"] = [some]
+            elif kind == "video":  # (frames, metadata) pairs: fresh metadata dicts (the processor sets them)
+                media.update(videos=[frames for frames, _ in some], video_metadata=[dict(m) for _, m in some])
+            else:  # audio: float32 waveforms at the extractor's rate, said so (it warns or refuses otherwise)
+                media.update(audio=some, sampling_rate=self.sampling_rate)
+        return media
 
     def _blank(self, kind: str, shape: tuple[int, ...]) -> Any:
         """A blank item of ``shape``: a black (height, width) image, a silent clip of (samples,)."""
@@ -337,10 +397,26 @@ class HFProfile(ModelProfile):
 
             height, width = shape
             return Image.new("RGB", (width, height))
+        if kind == "video":  # np.zeros: pages never read (the frames a processor skips) take no memory
+            return np.zeros((*shape[:3], 3), dtype=np.uint8), self._video_metadata(shape)
         return np.zeros(shape[0], dtype=np.float32)
 
     @staticmethod
+    def _video_metadata(shape: tuple[Any, ...], frames: tuple[int, ...] | None = None) -> dict[str, Any]:
+        """The ``VideoMetadata`` transformers' decord reader gives for a video of ``shape`` (frames, height,
+        width, fps), as ``load_video(path, backend="decord")`` returns it; ``frames``: the decoded frames'
+        indices (all of them by default, as that reader decodes them)."""
+        n, height, width, fps = shape
+        indices = list(range(int(n))) if frames is None else [int(i) for i in frames]
+        return {
+            "total_num_frames": int(n), "fps": float(fps), "width": int(width), "height": int(height),
+            "duration": int(n) / float(fps), "video_backend": "decord", "frames_indices": indices,
+        }  # fmt: skip
+
+    @staticmethod
     def _describe(kind: str, shape: tuple[int, ...]) -> str:
+        if kind == "video":
+            return f"a video of {shape[0]} {shape[1]}x{shape[2]} frames at {shape[3]} fps"
         return f"a {shape[0]}x{shape[1]} image" if kind == "image" else f"a clip of {shape[0]} samples"
 
     def _find_item_axes(self, kind: str) -> dict[str, int]:
@@ -398,8 +474,91 @@ class HFProfile(ModelProfile):
                         )
         return {k: [[t, v] for t, v in sorted(values.items()) if v] for k, values in found.items()}
 
-    def _shape(self, kind: str, shape: tuple[float, ...]) -> tuple[int, ...]:
-        """A probe shape in the kind's units: (height, width) pixels; (seconds,) as samples at the rate."""
+    def _template_marks(self, kind: str) -> tuple[str, str]:
+        """The added tokens the chat template writes right before and after a ``kind`` item's placeholder
+        (GLM-4.6V's ``<|begin_of_video|>``, ``<|end_of_video|>``); "" where it writes none."""
+        token = self.template_blocks[kind][0]
+        messages = [{"role": "user", "content": [{"type": kind, kind: "omnipack"}, {"type": "text", "text": "q"}]}]
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False)
+        except Exception:  # a template that renders no such item: no marks to read
+            return "", ""
+        if token not in text:
+            return "", ""
+        before, after = text.split(token, 1)
+        runs = self._runs(before, ""), self._runs(after, "")
+        last = runs[0][-1] if runs[0] and runs[0][-1][0] == "token" else None
+        first = runs[1][0] if runs[1] and runs[1][0][0] == "token" else None
+        return ("" if last is None else last[1]), ("" if first is None else first[1])
+
+    def _find_token_regions(self) -> dict[str, list[list[Any]]]:
+        try:
+            return self._read_token_regions()
+        except ValueError:
+            raise
+        except Exception as e:  # a processor that fails on its own template's marks cannot be planned offline
+            raise ValueError(
+                f"profile hf: {type(self.processor).__name__} of {self.model_dir} cannot process a sample's media "
+                f"in the chat template's marks offline ({_first_sentence(e)})"
+            ) from None
+
+    def _read_token_regions(self) -> dict[str, list[list[Any]]]:
+        """{key: [[open id, close id, [[token id, value], ...]], ...]}: per-token outputs that differ between a
+        kind's template marks from ``token_inputs`` (GLM-4.6V gives its ``<|image|>`` 2 in a video's block,
+        1 in an image's), read off each item in its marks. Checked on a sample of one item of every kind in
+        its marks: the values the trainer half derives must be the processor's, else the processor is refused."""
+        import torch
+
+        name = type(self.processor).__name__
+        found: dict[str, list[list[Any]]] = {}
+        context = {kind: self._template_marks(kind) for kind in self.template_blocks}
+        for kind, (open_mark, close_mark) in context.items():
+            if not open_mark or not close_mark:
+                continue
+            blank = self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))
+            out = self._call(kind, [blank], text=open_mark + self.template_blocks[kind][0] + close_mark)
+            ids = np.asarray(out["input_ids"]).reshape(-1).tolist()
+            ends = [int(i) for i in self.tokenizer.convert_tokens_to_ids([open_mark, close_mark])]
+            a, b = ids.index(ends[0]) + 1, len(ids) - 1 - ids[::-1].index(ends[1])  # the tokens between the marks
+            for key in self._per_token_keys(out):
+                base = dict(map(tuple, self.token_inputs.get(key, [])))
+                values = np.asarray(out[key]).reshape(-1).tolist()
+                inside = {int(t): int(v) for t, v in zip(ids[a:b], values[a:b], strict=True) if v != base.get(t, 0)}
+                if inside:
+                    found.setdefault(key, []).append([*ends, sorted([t, v] for t, v in inside.items())])
+        if not found:
+            return found
+        items = [self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind])) for kind in context]
+        text = "".join(o + self.template_blocks[kind][0] + c for kind, (o, c) in context.items())
+        media = self._media({kind: [item] for kind, item in zip(context, items, strict=True)})
+        out = self.processor(text=[text], return_tensors=self._tensors, **media, **self.processor_kwargs)
+        tokens = torch.as_tensor(np.asarray(out["input_ids"]))
+        for key, regions in found.items():
+            values = tokens.new_zeros(tokens.shape)
+            for token_id, value in self.token_inputs.get(key, []):
+                values[tokens == token_id] = value
+            derived = with_token_regions(tokens, values, [tuple(r) for r in regions]).numpy()
+            if not np.array_equal(derived, np.asarray(out[key])):
+                raise ValueError(
+                    f"profile hf: {name} of {self.model_dir} gives per-token {key!r} that is no function of the "
+                    "token ids and the media marks around them"
+                )
+        return found
+
+    @staticmethod
+    def _per_token_keys(out: Mapping[str, Any]) -> list[str]:
+        """The keys of a processor output that are per-token (shaped like the token ids, integer)."""
+        ids = np.asarray(out["input_ids"])
+        return [
+            k for k, v in out.items()
+            if k not in ("input_ids", "attention_mask") and np.shape(v) == ids.shape and np.asarray(v).dtype.kind in "iub"
+        ]  # fmt: skip
+
+    def _shape(self, kind: str, shape: tuple[float, ...]) -> tuple[Any, ...]:
+        """A probe shape in the kind's units: (height, width) pixels; (seconds,) as samples at the rate;
+        (frames, height, width, fps)."""
+        if kind == "video":
+            return (*(int(x) for x in shape[:3]), float(shape[3]))
         return tuple(int(x) for x in shape) if kind == "image" else (int(shape[0] * (self.sampling_rate or 0)),)
 
     def _content(self, kind: str, shape: tuple[int, ...]) -> Any:
@@ -408,6 +567,9 @@ class HFProfile(ModelProfile):
             from PIL import Image
 
             return Image.fromarray(np.random.default_rng(0).integers(0, 255, (*shape, 3), dtype=np.uint8))
+        if kind == "video":
+            frames = np.random.default_rng(0).integers(0, 255, (*shape[:3], 3), dtype=np.uint8)
+            return frames, self._video_metadata(shape)
         t = np.arange(shape[0], dtype=np.float32) / np.float32(self.sampling_rate or 1)
         return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
 
@@ -566,6 +728,13 @@ class HFProfile(ModelProfile):
 
     # ---- counts: the processor on the item's shape, once per shape ----
 
+    def plan(self, meta: MediaMeta) -> MediaPlan:
+        if meta.kind in self.unplanned:  # a kind the processor takes but this profile cannot plan: say why
+            raise MediaRejected(f"profile hf cannot plan {meta.kind} inputs: {self.unplanned[meta.kind]}")
+        if meta.kind in self.media_joint:  # an item alone: a media set of one
+            return self.plan_sample([meta])[0]
+        return super().plan(meta)
+
     def plan_image(self, meta: MediaMeta) -> MediaPlan:
         return self._item_plan(meta, self._expansion("image", self._item_shape(meta)))
 
@@ -603,6 +772,23 @@ class HFProfile(ModelProfile):
             info=info,
         )
 
+    def plan_video(self, meta: MediaMeta) -> MediaPlan:
+        """The frames the processor samples from the file's metadata, decoded at the file's size (its input),
+        and its expansion for them (frame timestamps included)."""
+        if not meta.num_frames or not meta.fps or not meta.height or not meta.width:
+            raise MediaRejected("video frame count, fps or size unknown or zero")
+        shape = (int(meta.num_frames), int(meta.height), int(meta.width), float(meta.fps))
+        count, runs, arrays = self._expansion("video", shape)
+        return MediaPlan(
+            kind="video",
+            num_tokens=count,
+            target_hw=(meta.height, meta.width),
+            frame_indices=self._frame_indices[shape],  # the processor's choice, repeats included
+            vision_patches=count,  # the encoder's cost, in features (the processor names no patch count)
+            # the file's VideoMetadata, given to the processor at write time with the frames' indices set
+            info={"expansion": runs, "stored_arrays": arrays, "video_metadata": self._video_metadata(shape, ())},
+        )
+
     def _expansion(self, kind: str, shape: tuple[int, ...]) -> _Counted:
         return self._once(kind, (kind, *shape), lambda: self._run_processor(kind, shape))
 
@@ -620,8 +806,9 @@ class HFProfile(ModelProfile):
         """The processor on one blank item of ``shape``: (placeholder count, expansion runs, its stored
         arrays' ``{key: [shape, dtype]}``)."""
         token = self.feature_tokens[kind]
+        sampled = {"return_metadata": True} if kind == "video" else {}  # the frames its sampling picks
         try:
-            out = self._call(kind, [self._blank(kind, shape)], return_text_replacement_offsets=True)
+            out = self._call(kind, [self._blank(kind, shape)], return_text_replacement_offsets=True, **sampled)
         except Exception as e:  # the processor refuses this shape: a reject with its reason
             raise MediaRejected(
                 f"the {type(self.processor).__name__} refuses {self._describe(kind, shape)}: {e}"
@@ -635,6 +822,9 @@ class HFProfile(ModelProfile):
         if count != sum(int(i) == token_id for i in out["input_ids"][0]):  # the processor's own tokenization
             raise ValueError(f"profile hf: the {kind} replacement text and the processor's ids disagree")
         arrays = {k: [list(v.shape), v.dtype.str] for k, v in self._media_outputs(kind, out).items()}
+        if kind == "video":
+            frames = out["video_metadata"][0]["frames_indices"]
+            self._frame_indices[shape] = tuple(range(shape[0]) if frames is None else (int(i) for i in frames))
         return count, runs, arrays
 
     def _media_outputs(self, kind: str, out: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -649,9 +839,11 @@ class HFProfile(ModelProfile):
         (``decoded``: an image's uint8 [H, W, 3]; a clip's stored waveform at the plan's rate)."""
         kind = plan.kind
         item = self._processor_item(plan, decoded)
+        # a video's frames are the ones the processor sampled (``item``'s metadata says which)
+        given: dict[str, Any] = {"do_sample_frames": False} if kind == "video" else {}
         token_id = self.tokenizer.convert_tokens_to_ids(self.feature_tokens[kind])
         try:
-            out = self._call(kind, [item])
+            out = self._call(kind, [item], **given)
         except Exception as e:
             raise MediaRejected(f"the {type(self.processor).__name__} refuses this {kind}: {e}") from None
         count = int((np.asarray(out["input_ids"]) == token_id).sum())
@@ -669,14 +861,17 @@ class HFProfile(ModelProfile):
         return arrays
 
     def _processor_item(self, plan: MediaPlan, decoded: Any) -> Any:
-        """A decoded item as the processor takes it: an image's uint8 [H, W, 3] as a PIL image; a clip's
-        stored waveform as float32 at the processor's rate, checked against the plan."""
+        """A decoded item as the processor takes it: an image's uint8 [H, W, 3] as a PIL image; a video's
+        sampled frames with the file's metadata; a clip's stored waveform as float32 at the processor's rate,
+        checked against the plan."""
         if plan.kind not in self.template_blocks:
             raise MediaRejected(f"profile hf does not store {plan.kind} inputs")
         if plan.kind == "image":
             from PIL import Image
 
             return Image.fromarray(np.asarray(decoded, dtype=np.uint8))
+        if plan.kind == "video":
+            return self._planned_video(plan, decoded)
         item = audio_waveform(decoded)
         if plan.sample_rate != self.sampling_rate or item.shape != (plan.num_audio_samples,):
             raise MediaRejected(
@@ -684,6 +879,19 @@ class HFProfile(ModelProfile):
                 f"{self.sampling_rate} Hz and the plan {plan.num_audio_samples} samples"
             )
         return item
+
+    @staticmethod
+    def _planned_video(plan: MediaPlan, decoded: Any) -> tuple[np.ndarray, dict[str, Any]]:
+        """(frames, metadata) of a decoded video (``decoded``: its stored npz, ``frames`` uint8 [T, H, W, 3]
+        at the plan's indices): the file's metadata with ``frames_indices`` those indices."""
+        frames = np.asarray(decoded["frames"] if isinstance(decoded, Mapping) else decoded, dtype=np.uint8)
+        frames = np.require(frames, requirements="W")  # a copy of a read-only view: torch takes writable arrays
+        indices = plan.frame_indices or ()
+        if frames.ndim != 4 or frames.shape[0] != len(indices) or frames.shape[1:3] != tuple(plan.target_hw or ()):
+            raise MediaRejected(
+                f"video decoded to frames {frames.shape}, the plan samples {len(indices)} frames of {plan.target_hw}"
+            )
+        return frames, {**plan.info["video_metadata"], "frames_indices": list(indices)}
 
     def _runs(self, text: str, placeholder: str) -> list[list[Any]]:
         """``text`` as runs: ``["token", token, count, is_placeholder]`` for added tokens (where the tokenizer
@@ -717,11 +925,6 @@ class HFProfile(ModelProfile):
 
     # ---- kinds processed per sample's media set (``media_joint``): counts and arrays of the set at once ----
 
-    def plan(self, meta: MediaMeta) -> MediaPlan:
-        if meta.kind in self.media_joint:  # an item alone: a media set of one
-            return self.plan_sample([meta])[0]
-        return super().plan(meta)
-
     def plan_sample(self, metas: list[MediaMeta]) -> list[MediaPlan]:
         """Each item's plan: alone, or for a kind in ``media_joint`` from the processor on the sample's items
         of that kind together (once per distinct tuple of their shapes)."""
@@ -731,7 +934,7 @@ class HFProfile(ModelProfile):
             if meta.kind in self.media_joint:
                 joint.setdefault(meta.kind, []).append(i)
             else:
-                plans[i] = super().plan(meta)
+                plans[i] = self.plan(meta)
         for kind, at in joint.items():
             shapes = tuple(self._item_shape(metas[i]) for i in at)
             for n, (i, counted) in enumerate(zip(at, self._joint_expansion(kind, shapes), strict=True)):
@@ -864,7 +1067,9 @@ class HFProfile(ModelProfile):
                 type(self.processor.image_processor).__name__ if "image" in self.template_blocks else None
             ),
             "token_inputs": self.token_inputs,  # per-token outputs: {key: [[token id, value], ...]}, 0 elsewhere
+            "token_regions": self.token_regions,  # their values between a kind's marks, where they differ
             "sampling_rate": self.sampling_rate,  # audio's (None without audio): what clips were decoded at
+            "unplanned": self.unplanned,  # {kind: why} the processor's kinds this profile rejects
             "turn_end": self.turn_end,
         }
 

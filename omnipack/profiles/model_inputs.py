@@ -38,8 +38,9 @@ Per micro-batch, in a loader worker (``batch``)
     ``collate_media(per_item, options) -> dict`` (default: concatenate every key along dim 0 into one
         tensor from ``options.allocate``, building ``PendingRows`` in place): the items' inputs, in
         placeholder order across the micro-batch, as batch tensors.
-    ``token_inputs(tokens, placeholder_ids) -> dict`` (default none): per-token model inputs, element-wise
-        functions of the (possibly CP-sliced) ``[1, T]`` token tensor, e.g. Gemma 3's ``token_type_ids``.
+    ``token_inputs(tokens, placeholder_ids) -> dict`` (default none): per-token model inputs, functions of
+        the micro-batch's whole ``[1, T]`` token tensor (the loader CP-slices them as the tokens), e.g. Gemma
+        3's ``token_type_ids``, GLM-4.6V's ``mm_token_type_ids`` (2 on a video's tokens, 1 on an image's).
 
 Once, when the loader is configured
     ``pixel_normalization() -> (mean, std) | None`` (default None): per-channel statistics of the model's
@@ -160,9 +161,10 @@ class EncoderInputs(ABC):
         return None
 
     def token_inputs(self, tokens: Any, placeholder_ids: Mapping[str, Sequence[int]]) -> dict[str, Any]:
-        """Per-token model inputs derived from the token ids (``tokens``: a ``[1, T]`` tensor, possibly a
-        CP rank's slice); each must be an element-wise function of the tokens, so that it is right on a CP
-        slice. ``placeholder_ids``: the dataset's placeholder token ids per media kind. Default: none."""
+        """Per-token model inputs derived from the token ids (``tokens``: the micro-batch's whole ``[1, T]``
+        tensor, its rows' sequences complete; the loader CP-slices the results as it slices the tokens), each
+        shaped like ``tokens``. ``placeholder_ids``: the dataset's placeholder token ids per media kind.
+        Default: none."""
         return {}
 
     def pixel_repeats(self, pixel_dtype: str) -> dict[str, int]:
