@@ -257,19 +257,7 @@ class HFProfile(ModelProfile):
         self._frame_indices: dict[tuple[Any, ...], tuple[int, ...]] = {}  # {video shape: frames it samples}
         if self.model_dir is None:  # no model: no media kinds (a run always passes the model folder)
             return
-        from transformers import AutoImageProcessor, AutoProcessor
-
-        try:
-            given = {}
-            if image_backend is not None:  # the sub-processor built with that backend, the rest as saved
-                given["image_processor"] = AutoImageProcessor.from_pretrained(
-                    self.model_dir, local_files_only=True, backend=image_backend
-                )
-            self.processor = AutoProcessor.from_pretrained(self.model_dir, local_files_only=True, **given)
-        except Exception as e:  # a processor that can not be built here can not count anything
-            raise ValueError(
-                f"profile hf: the processor of {self.model_dir} cannot be loaded offline ({_first_sentence(e)})"
-            ) from None
+        self.processor = self._load_processor()
         tokenizer = getattr(self.processor, "tokenizer", None)
         if tokenizer is None or not hasattr(self.processor, "replace_image_token"):
             raise ValueError(f"profile hf: {type(self.processor).__name__} of {self.model_dir} is no multimodal processor")
@@ -289,6 +277,22 @@ class HFProfile(ModelProfile):
         self.media_arrays = {kind: self._find_media_layout(kind) for kind in self.template_blocks}
         self.token_inputs = self._find_token_inputs()
         self.token_regions = self._find_token_regions()
+
+    def _load_processor(self) -> Any:
+        """The model folder's processor, offline; its image processor built with ``image_backend`` if set."""
+        from transformers import AutoImageProcessor, AutoProcessor
+
+        try:
+            given = {}
+            if self.image_backend is not None:  # the sub-processor built with that backend, the rest as saved
+                given["image_processor"] = AutoImageProcessor.from_pretrained(
+                    self.model_dir, local_files_only=True, backend=self.image_backend
+                )
+            return AutoProcessor.from_pretrained(self.model_dir, local_files_only=True, **given)
+        except Exception as e:  # a processor that can not be built here can not count anything
+            raise ValueError(
+                f"profile hf: the processor of {self.model_dir} cannot be loaded offline ({_first_sentence(e)})"
+            ) from None
 
     def _audio_processor(self) -> Any:
         """The processor's audio front end (a feature extractor), None when it takes no audio."""
