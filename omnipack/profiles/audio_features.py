@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..media.audio_storage import INT16_SCALE
+from .model_inputs import audio_waveform
 
 HOP_LENGTH = 160
 
@@ -115,8 +116,6 @@ def whisper_padded_waves(waves: Sequence[np.ndarray], out: np.ndarray) -> None:
     max(n_i) + 400``, same dtype or float32) as ``WhisperLogMel`` takes them: each clip reflect-padded by
     200 samples at both ends (as the centred STFT pads it), zeros after. int16 clips stay int16 when ``out``
     is (scaled on the device), else become ``k / 32768`` (``model_inputs.audio_waveform``'s float32)."""
-    from .model_inputs import audio_waveform
-
     p = WHISPER_PAD
     for row, wave in zip(out, waves, strict=True):
         check_whisper_clip(tuple(wave.shape))
