@@ -1,11 +1,13 @@
 """Log-mel front ends of the audio encoders, in torch alone (the trainer install has no transformers).
 
-Two front ends, each one clip per call (their normalisation statistics are per clip):
+Two front ends (their normalisation statistics are per clip):
 
 - ``whisper_log_mel``: Whisper's log10 mel spectrogram (Qwen3-Omni, 128 bins): a centred, reflect-padded
   STFT (periodic Hann of 400, hop 160), power, slaney mel filters up to 8 kHz, ``log10(max(x, 1e-10))``
   floored at the clip maximum minus 8 and mapped by ``(x + 4) / 4``; the last STFT frame is dropped, so a
-  clip of ``n`` samples gives ``n // 160`` frames.
+  clip of ``n`` samples gives ``n // 160`` frames. ``WhisperLogMel`` computes it for a batch of clips at
+  once (each as if alone) from the stored samples that ``whisper_padded_waves`` lays out, where the
+  loader's batch is used; ``whisper_log_mel`` is it on one clip.
 - ``parakeet_log_mel``: the Parakeet / NeMo front end (Nemotron Omni): pre-emphasis 0.97, a centred,
   zero-padded STFT (symmetric Hann of 400 inside an FFT of 512, hop 160), power, slaney mel filters up to
   half the rate, ``ln(x + 2**-24)``, then per-bin mean / unbiased std over the ``n // 160`` valid frames;
@@ -130,16 +132,18 @@ def whisper_padded_waves(waves: Sequence[np.ndarray], out: np.ndarray) -> None:
 @dataclass(frozen=True)
 class WhisperLogMel:
     """Whisper's log-mel front end over a batch of clips, where the batch is used (the GPU for
-    ``PackedBatch.as_dict(device)``): the loader ships each clip's stored samples, 4-8x fewer bytes than
-    its features, and no STFT runs in the loader.
+    ``PackedBatch.as_dict(device)``): the loader ships each clip's stored samples (int16: 1.6x fewer bytes
+    than its float32 features) and no STFT runs in the loader.
 
     ``__call__(waves, frames)``: ``waves`` ``[N, L]`` (int16 stored samples, scaled by 1/32768 here, or
     float32) laid out by ``whisper_padded_waves``; ``frames``: each clip's ``n_i // 160`` (Python ints,
     read from the batch's ``lengths_key`` tensor on the host). Returns float32 ``[N, num_mels, max(frames)]``,
     zero past each clip's frames (as the Qwen3-Omni collate pads them). Each clip's features are computed as
     if it were alone (its own reflect padding and maximum); the STFT, log and floor run batched, the mel
-    projection per clip on its own frames, so the bits do not depend on the batch's other clips. Within
-    1e-4 of ``WhisperFeatureExtractor`` on CPU and GPU (``tests/test_profiles_audio_features.py``).
+    projection per clip on its own frames, so the bits do not depend on the batch's other clips. On CPU
+    within 1e-4 of ``WhisperFeatureExtractor`` and bit-identical to ``whisper_log_mel`` of each clip
+    (``tests/test_profiles_audio_features.py``); on a GPU the FFT and matmul round differently (not yet
+    measured against the extractor there).
     """
 
     lengths_key: str

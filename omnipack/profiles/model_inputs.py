@@ -201,7 +201,7 @@ class EncoderInputs(ABC):
         ``lengths_key`` names the batch key holding each clip's feature frames.
 
         Under ``MediaInputOptions(waves=True)`` a key ``k`` here holds the clips' samples as the front end
-        lays them out (int16 when stored so, a few times fewer bytes than the features), so workers copy
+        lays them out (int16 when stored so: 1.6x fewer bytes than float32 log-mel features), so workers copy
         stored samples instead of running the STFT; ``PackedBatch`` accessors run the front end on the
         device (``frames``: Python ints read from the batch's ``lengths_key`` tensor). Default: none.
         """
