@@ -474,8 +474,6 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         if not self.reuse_buffers:
             return self._batch(samples, self.media_options)
         pool = worker_pool()
-        if pool is None and self.media_options.allocate is not batch_storage:
-            return self._batch(samples, self.media_options)  # an allocator of the caller's own
         if pool is None:  # no loader workers: private slots, reused once the trainer let go of a batch
             local = self._local_pool
             with local.batch_scope():
