@@ -27,9 +27,7 @@ def _received(pool: WorkerBufferPool, sizes: list[int]) -> tuple[dict, BufferLea
     with pool.batch_scope() as scope:
         taken = [pool.take(n) for n in sizes]
         assert all(offset % 64 == 0 for _, offset in taken)
-        built = [
-            storage_view(s, offset, (n,), torch.uint8) for (s, offset), n in zip(taken, sizes, strict=True)
-        ]
+        built = [storage_view(s, offset, (n,), torch.uint8) for (s, offset), n in zip(taken, sizes, strict=True)]
         for k, t in enumerate(built):
             t.fill_(k + 1)
     lease = pool.lease(scope)
@@ -235,9 +233,7 @@ def dataset(tmp_path_factory) -> Path:
 def _batches(ds: Path, workers: int, **options):
     te = OmnipackTaskEncoder.from_dataset(ds, **options)
     wc = WorkerConfig(rank=0, world_size=1, num_workers=workers)
-    return get_loader(
-        get_val_dataset(str(ds), split_part="train", batch_size=1, worker_config=wc, task_encoder=te)
-    )
+    return get_loader(get_val_dataset(str(ds), split_part="train", batch_size=1, worker_config=wc, task_encoder=te))
 
 
 def _content(batch) -> dict[str, torch.Tensor]:
@@ -461,9 +457,7 @@ def test_a_batch_built_but_never_delivered_gives_its_slot_back(dataset):
     assert got == expected and len(keys) + len(got) >= 12
     sweep_released()  # the last batches were freed after the last arrival
     assert len(flags) == 2
-    busy = {
-        pid: int((storage_view(f, 0, (f.nbytes(),), torch.uint8) != FREE).sum()) for pid, f in flags.items()
-    }
+    busy = {pid: int((storage_view(f, 0, (f.nbytes(),), torch.uint8) != FREE).sum()) for pid, f in flags.items()}
     assert busy == dict.fromkeys(flags, 0)
 
 
@@ -487,54 +481,3 @@ def test_the_task_encoder_hands_its_allocator_to_the_family(dataset):
     loader = get_loader(ds)
     pixels = [v for b in loader for k, v in (b.encoder_inputs or {}).items() if k in b.pixel_keys]
     assert pixels and all(v.untyped_storage().data_ptr() in taken for v in pixels)
-
-
-@pytest.mark.parametrize("hold", [0, 3, None])
-def test_in_process_batches_reuse_private_slots_only_once_nothing_holds_them(dataset, hold):
-    """No workers: the task encoder builds batches in this process, in private slots of its own
-    ``LocalBufferPool``. Every batch equals the fresh-memory one (``reuse_buffers=False``) when read and
-    after later batches were built; a slot is reused only once no tensor of an earlier batch views it
-    (dropping batches at once reuses them; holding all of them never does)."""
-    expected = {b.__key__[0]: _content(b) for b in _batches(dataset, 0, reuse_buffers=False)}
-    te = OmnipackTaskEncoder.from_dataset(dataset)
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
-    loader = get_loader(
-        get_val_dataset(str(dataset), split_part="train", batch_size=1, worker_config=wc, task_encoder=te)
-    )
-    held: collections.deque = collections.deque()
-    storages: list[int] = []
-
-    def check(batch) -> None:
-        for k, v in _content(batch).items():
-            assert torch.equal(v, expected[batch.__key__[0]][k]), (batch.__key__, k)
-
-    for batch in loader:
-        check(batch)
-        raw = batch.encoder_inputs or {}
-        storages += [v.untyped_storage().data_ptr() for v in raw.values() if _views_more(v)]
-        slots = {s.data_ptr() for s in te._local_pool.slots}
-        small = [v for k, v in raw.items() if k.endswith(("grid_thw", "lengths"))]
-        assert small and not any(v.untyped_storage().data_ptr() in slots for v in small)  # copied out
-        held.append(batch)
-        while hold is not None and len(held) > hold:
-            check(held.popleft())
-        del batch, raw, small
-    for batch in held:
-        check(batch)
-    pool = te._local_pool
-    assert storages and pool.slots
-    if hold is None:  # every batch alive at once: each slot held one batch (then fresh memory)
-        assert pool.allocated >= len(set(storages)) and len(set(storages)) == len(storages)
-    else:
-        assert len(set(storages)) < len(storages) and pool.allocated <= hold + 2
-
-
-def test_reuse_buffers_off_in_process_takes_no_slots(dataset):
-    te = OmnipackTaskEncoder.from_dataset(dataset, reuse_buffers=False)
-    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
-    assert list(
-        get_loader(
-            get_val_dataset(str(dataset), split_part="train", batch_size=1, worker_config=wc, task_encoder=te)
-        )
-    )
-    assert te._local_pool.allocated == 0 and not te._local_pool.slots

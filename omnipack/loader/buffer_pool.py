@@ -242,97 +242,25 @@ class _Scope:
     total: int = 0  # bytes given out in this scope
 
 
-class SlotPool:
-    """Reusable batch buffers (``slots``): inside a batch scope, buffers are cut one after the other from
-    the scope's slot (``ALIGN``-byte aligned), and a slot is sized for the largest batch seen so far, so a
-    batch usually lives in ONE slot. Subclasses say which slots are free and what memory a slot is."""
+class WorkerBufferPool:
+    """One worker process's reusable shared-memory slots and their busy flags.
 
-    def __init__(self, max_slots: int) -> None:
-        self.slots: list[torch.UntypedStorage] = []
-        self.max_slots = max_slots
-        self.scope: _Scope | None = None
-        self.batch_bytes = 0  # the most bytes one batch has taken: a new slot is made this big
-        self.allocated = 0  # buffers created (slots and fresh ones), for tests and benchmarks
-
-    def _new(self, nbytes: int) -> torch.UntypedStorage:
-        raise NotImplementedError
-
-    def _free_slots(self) -> list[int]:
-        raise NotImplementedError
-
-    def _claim(self, k: int) -> None:
-        """Slot ``k`` now holds the scope's batch."""
-
-    def _abandon(self, scope: _Scope) -> None:
-        """A batch failed while built: its slots are free again."""
-
-    def _before_batch(self) -> None:
-        """Called as a batch scope opens."""
-
-    def take(self, nbytes: int) -> tuple[torch.UntypedStorage, int]:
-        """``(storage, byte offset)`` of ``nbytes``: inside a batch scope the next aligned bytes of the
-        scope's slot, or of a new one (the smallest free slot that fits what a batch takes); outside a
-        scope, or with every slot busy, a fresh buffer."""
-        if self.scope is None:
-            return self._new(max(nbytes, 1)), 0
-        scope = self.scope
-        size = pad_to_multiple(max(nbytes, 1), ALIGN)
-        if scope.taken and scope.used + size <= self.slots[scope.taken[-1]].nbytes():
-            offset = scope.used
-            scope.used += size
-            scope.total += size
-            return self.slots[scope.taken[-1]], offset
-        wanted = max(size, self.batch_bytes - scope.total)
-        free = self._free_slots()
-        fitting = [k for k in free if self.slots[k].nbytes() >= wanted]
-        if fitting:
-            k = min(fitting, key=lambda k: self.slots[k].nbytes())
-        else:
-            rounded = pad_to_multiple(wanted, SLOT_ROUNDING)
-            if free:  # a free slot too small for this batch: replace it (its memory goes back)
-                k = max(free, key=lambda k: self.slots[k].nbytes())
-                self.slots[k] = self._new(rounded)
-            elif len(self.slots) < self.max_slots:
-                self.slots.append(self._new(rounded))
-                k = len(self.slots) - 1
-            else:
-                return self._new(size), 0
-        self._claim(k)
-        scope.taken.append(k)
-        scope.used = size
-        scope.total += size
-        return self.slots[k], 0
-
-    @contextmanager
-    def batch_scope(self) -> Iterator[_Scope]:
-        """Slots taken inside belong to one batch; on an error they are free again."""
-        if self.scope is not None:  # nested: the outer scope owns the slots
-            yield self.scope
-            return
-        self._before_batch()
-        self.scope = scope = _Scope()
-        try:
-            yield scope
-        except BaseException:
-            self._abandon(scope)
-            raise
-        finally:
-            self.scope = None
-        self.batch_bytes = max(self.batch_bytes, scope.total)
-
-
-class WorkerBufferPool(SlotPool):
-    """One worker process's reusable shared-memory slots and their busy flags (``SlotPool``): a batch in
-    one slot is one file descriptor to hand over (a socket round trip each, ~0.75 ms here), and an omni
-    batch has 6-8 buffers."""
+    Inside a batch scope, buffers are cut one after the other from the scope's slot (``ALIGN``-byte
+    aligned), and a slot is sized for the largest batch seen so far, so a batch usually lives in ONE slot:
+    the hand-over passes one file descriptor per storage (a socket round trip each, ~0.75 ms here), and an
+    omni batch has 6-8 buffers."""
 
     def __init__(self, max_slots: int = MAX_SLOTS) -> None:
-        super().__init__(max_slots)
         self.flags = torch.UntypedStorage._new_shared(max_slots)
         self._flags = _bytes_view(self.flags).numpy()
         self._flags[:] = FREE
+        self.slots: list[torch.UntypedStorage] = []
         self.owner: dict[int, int] = {}  # the serial of the lease each slot was last given to
         self.leases = 0  # leases given out
+        self.max_slots = max_slots
+        self.scope: _Scope | None = None
+        self.batch_bytes = 0  # the most bytes one batch has taken: a new slot is made this big
+        self.allocated = 0  # shared buffers created (slots and fresh ones), for tests and benchmarks
         self.retired = 0  # slots dropped because another holder may still read them
         self.forked: set[int] = set()  # slots that held a batch when this worker forked
 
@@ -345,7 +273,7 @@ class WorkerBufferPool(SlotPool):
         """This worker forks: a slot holding a batch now may be read by the child, so it is never reused."""
         self.forked |= {k for k in range(len(self.slots)) if self._flags[k] != FREE or self._viewed_here(k)}
 
-    def _before_batch(self) -> None:
+    def _drop_retired(self) -> None:
         """Let go of every slot that must not be written again: retired by the trainer (a process it
         forked may map it), or free but still viewed here or by a process this worker forked. The memory
         goes once the last process mapping it lets go; the index gets a new slot when one is next needed."""
@@ -368,14 +296,56 @@ class WorkerBufferPool(SlotPool):
         self.allocated += 1
         return storage
 
-    def _free_slots(self) -> list[int]:
-        return [k for k in range(len(self.slots)) if self._flags[k] == FREE]
-
-    def _claim(self, k: int) -> None:
+    def take(self, nbytes: int) -> tuple[torch.UntypedStorage, int]:
+        """``(storage, byte offset)`` of ``nbytes`` of shared memory: inside a batch scope the next aligned
+        bytes of the scope's slot, or of a new one (the smallest free slot that fits what a batch takes);
+        outside a scope, or with every slot busy, fresh shared memory."""
+        if self.scope is None:
+            return self._new(max(nbytes, 1)), 0
+        scope = self.scope
+        size = pad_to_multiple(max(nbytes, 1), ALIGN)
+        if scope.taken and scope.used + size <= self.slots[scope.taken[-1]].nbytes():
+            offset = scope.used
+            scope.used += size
+            scope.total += size
+            return self.slots[scope.taken[-1]], offset
+        wanted = max(size, self.batch_bytes - scope.total)
+        free = [k for k in range(len(self.slots)) if self._flags[k] == FREE]
+        fitting = [k for k in free if self.slots[k].nbytes() >= wanted]
+        if fitting:
+            k = min(fitting, key=lambda k: self.slots[k].nbytes())
+        else:
+            rounded = pad_to_multiple(wanted, SLOT_ROUNDING)
+            if free:  # a free slot too small for this batch: replace it (its memory goes back)
+                k = max(free, key=lambda k: self.slots[k].nbytes())
+                self.slots[k] = self._new(rounded)
+            elif len(self.slots) < self.max_slots:
+                self.slots.append(self._new(rounded))
+                k = len(self.slots) - 1
+            else:
+                return self._new(size), 0
         self._flags[k] = BUSY
+        scope.taken.append(k)
+        scope.used = size
+        scope.total += size
+        return self.slots[k], 0
 
-    def _abandon(self, scope: _Scope) -> None:
-        self._flags[scope.taken] = FREE
+    @contextmanager
+    def batch_scope(self) -> Iterator[_Scope]:
+        """Slots taken inside belong to one batch; on an error they are free again."""
+        if self.scope is not None:  # nested: the outer scope owns the slots
+            yield self.scope
+            return
+        self._drop_retired()
+        self.scope = scope = _Scope()
+        try:
+            yield scope
+        except BaseException:
+            self._flags[scope.taken] = FREE
+            raise
+        finally:
+            self.scope = None
+        self.batch_bytes = max(self.batch_bytes, scope.total)
 
     def lease(self, scope: _Scope) -> BufferLease | None:
         """The lease of a finished scope's slots (None if it took none)."""
@@ -387,34 +357,6 @@ class WorkerBufferPool(SlotPool):
         for k in scope.taken:
             self.owner[k] = lease.serial
         return lease
-
-
-class LocalBufferPool(SlotPool):
-    """Batch buffers of a loader without workers (batches built in the trainer process): private memory,
-    a slot reused once nothing but the pool holds it (torch's storage use count: no tensor, array or storage
-    object of an earlier batch left; where torch does not tell, never reused). A fresh private buffer per
-    batch costs a page fault per page, about what the copy into it does. Nothing else can map private
-    memory: a forked child has its own copy-on-write pages. Held by the task encoder; pickled (into a
-    worker) it travels empty."""
-
-    def __init__(self, max_slots: int = 4) -> None:
-        super().__init__(max_slots)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"max_slots": self.max_slots}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["max_slots"])
-
-    def _new(self, nbytes: int) -> torch.UntypedStorage:
-        self.allocated += 1
-        return torch.UntypedStorage(nbytes)
-
-    def _free_slots(self) -> list[int]:
-        if getattr(torch._C, "_storage_Use_Count", None) is None:
-            return []
-        taken = self.scope.taken if self.scope is not None else []
-        return [k for k in range(len(self.slots)) if k not in taken and _storage_use_count(self.slots[k]) == 1]
 
 
 _POOL: tuple[int, WorkerBufferPool] | None = None

@@ -29,7 +29,7 @@ from ..profiles.base import ModelProfile
 from ..profiles.hf_config import dataset_placeholder_ids
 from ..profiles.model_inputs import EncoderInputs, MediaInputOptions, storage_view
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
-from .buffer_pool import ALIGN, BufferLease, LocalBufferPool, batch_storage, unpin_small, worker_pool
+from .buffer_pool import ALIGN, BufferLease, batch_storage, unpin_small, worker_pool
 from .compat import check_dataset_alignment
 from .context_parallel import cp_partition_indices, slice_batch_for_cp
 from .media import (
@@ -298,9 +298,8 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
 
     ``reuse_buffers`` (default on): a loader worker reuses a batch's shared memory once no process can read
     that batch any more: the trainer process freed every tensor of it, and no child forked while it held
-    the batch may map it (``omnipack.loader.buffer_pool``), instead of fresh shared memory per batch;
-    without workers the batch's private buffers are reused once nothing holds them any more
-    (``LocalBufferPool``); off, each batch gets fresh memory. Either way small tensors are copied out of the shared memory on arrival,
+    the batch may map it (``omnipack.loader.buffer_pool``), instead of fresh shared memory per batch; off,
+    each batch gets fresh memory. Either way small tensors are copied out of the shared memory on arrival,
     so keeping one keeps no batch alive.
     """
 
@@ -340,7 +339,6 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         self.pixel_dtype = pixel_dtype
         self.check_rows = check_rows
         self.reuse_buffers = reuse_buffers
-        self._local_pool = LocalBufferPool()  # batch buffers when batches are built in this process
         self.align = int(align)
         # What the model must apply to uint8 pixels (None in float32 mode: already applied).
         self.pixel_mean = self.pixel_std = None
@@ -471,22 +469,15 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
 
     @stateless
     def batch(self, samples: list[PackedRowSample]) -> PackedBatch:
-        if not self.reuse_buffers:
-            return self._batch(samples, self.media_options)
-        pool = worker_pool()
-        if pool is None:  # no loader workers: private slots, reused once the trainer let go of a batch
-            local = self._local_pool
-            with local.batch_scope():
-                out = self._batch(samples, dataclasses.replace(self.media_options, allocate=local.take))
-            # Small inputs (grids, lengths) get memory of their own, so that keeping one keeps no slot.
-            out.encoder_inputs = unpin_small(out.encoder_inputs)
-            return out
+        pool = worker_pool() if self.reuse_buffers else None
+        if pool is None:
+            return self._batch(samples)
         with pool.batch_scope() as scope:
-            out = self._batch(samples, self.media_options)
+            out = self._batch(samples)
             out.buffer_lease = pool.lease(scope)
         return out
 
-    def _batch(self, samples: list[PackedRowSample], media_options: MediaInputOptions) -> PackedBatch:
+    def _batch(self, samples: list[PackedRowSample]) -> PackedBatch:
         fields = concat_rows([s.arrays() for s in samples])
         cp_token_indices = None
         if self.cp_size > 1:
@@ -504,7 +495,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         if self.decode_media and self.model_inputs is not None:
             per_item = [d for s in samples for d in (s.media_inputs or [])]
             if per_item:
-                media = self.model_inputs.collate_media(per_item, media_options)
+                media = self.model_inputs.collate_media(per_item, self.media_options)
                 unknown = set(media) - set(self.model_inputs.batch_keys)
                 if unknown:
                     raise ValueError(
