@@ -29,9 +29,6 @@ every batch the kernel allocates, zeroes and later frees each page of it: ~20 ms
   slots when its lease is collected there.
 - A worker never waits for a slot: with none free it takes fresh shared memory, as before.
 
-Without workers (batches built in the trainer process) ``LocalBufferPool`` cuts them from private slots
-the same way and reuses a slot once torch's storage use count says nothing but the pool holds it.
-
 Not covered: a fork made by C code that bypasses Python's fork hooks while the trainer still holds a
 batch (``reuse_buffers=False`` for such trainers).
 """
