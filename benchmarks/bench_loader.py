@@ -403,10 +403,16 @@ def timed(
 
 
 def bench_omnipack(
-    ds: Path, workers: int, passes: int, patches_in_worker: bool = False, **encoder_options: Any
+    ds: Path,
+    workers: int,
+    passes: int,
+    patches_in_worker: bool = False,
+    features_in_worker: bool = False,
+    **encoder_options: Any,
 ) -> tuple[int, int, float]:
-    """The loader at default settings plus ``encoder_options``; ``patches_in_worker``: the previous
-    default, uint8 pixels cut into patches in the worker (not left to the consumer as the stored frames)."""
+    """The loader at default settings plus ``encoder_options``; ``patches_in_worker``: uint8 pixels cut into
+    patches in the worker (not left to the consumer as the stored frames); ``features_in_worker``: audio
+    log-mel computed in the worker (not left to the consumer from the stored samples)."""
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
     from omnipack.loader.task_encoder import OmnipackTaskEncoder
@@ -416,6 +422,9 @@ def bench_omnipack(
         if patches_in_worker:
             te.unpatched_pixels = {}
             te.media_options = dataclasses.replace(te.media_options, unpatched=False)
+        if features_in_worker:
+            te.wave_features = {}
+            te.media_options = dataclasses.replace(te.media_options, waves=False)
         return te
 
     def batches() -> Iterable[Any]:
@@ -826,15 +835,20 @@ def floor_table(res: dict[tuple[str, int], list[tuple[int, int, float]]], defaul
 
 def floor_run(profile: str, samples: int, seq_length: int, repeats: int, passes: int) -> list[str]:
     """Only the loader against its floor: the floor, the default, the default without the row check,
-    without buffer reuse, and with patches cut in the worker (the previous default), 0 and 2 workers,
+    without buffer reuse, with patches cut in the worker and (families with ``wave_features``) with the
+    audio log-mel computed in the worker (the previous default), 0 and 2 workers,
     every pipeline once per repeat in turn (order reversed every other repeat)."""
+    from omnipack.profiles import get_profile
+
     pipelines: dict[str, dict[str, Any]] = {
         FLOOR: {},
         "omnipack default": {},
         "omnipack default, check_rows=False": {"check_rows": False},
         "omnipack default, reuse_buffers=False": {"reuse_buffers": False},
-        "omnipack, patches cut in the worker (previous default)": {"patches_in_worker": True},
+        "omnipack, patches cut in the worker": {"patches_in_worker": True},
     }
+    if get_profile(profile).inputs().wave_features():
+        pipelines["omnipack, log-mel in the worker (previous default)"] = {"features_in_worker": True}
     load_before = os.getloadavg()
     res: dict[tuple[str, int], list[tuple[int, int, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:

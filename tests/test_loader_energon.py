@@ -111,6 +111,10 @@ def test_two_workers_mbs2_batches_carry_media_in_placeholder_order(dataset):
         assert batch.tokens.shape == (1, 1024 * len(keys)) and batch.media is None
         expect = _expected_media(te, [tars[k] for k in keys])  # float32, as the HF processors give them
         assert all(batch.media_inputs()[k].dtype == torch.uint8 for k in PIXEL_KEYS & set(expect))
+        if "input_features" in expect:  # the workers ship the clips' stored samples, not their log-mel
+            shipped = batch.encoder_inputs["input_features"]
+            assert shipped.ndim == 2 and shipped.dtype in (torch.int16, torch.float32)
+            assert set(batch.wave_features) == {"input_features"}
         got = batch.normalized_media_inputs()  # default uint8 pixels, normalized as the trainer does
         assert set(got) == set(expect)
         for k, v in expect.items():
@@ -139,12 +143,16 @@ def test_uint8_pixels_normalize_to_the_float32_batches(dataset):
         assert b.pixel_std.tolist() == pytest.approx(list(te.model_inputs.image_std))
         fa, fb = a.media_inputs(), b.normalized_media_inputs()
         assert set(fa) == set(fb)
+        if "input_features" in fa:  # float32: model-ready log-mel from the worker; uint8: samples, same bits
+            assert a.wave_features is None and a.encoder_inputs["input_features"].ndim == 3
+            assert b.wave_features and b.encoder_inputs["input_features"].ndim == 2
+            seen.add("input_features")
         for k, v in fa.items():
             if k in ("pixel_values", "pixel_values_videos"):
                 assert b.media_inputs()[k].dtype == torch.uint8
                 seen.add(k)
             assert torch.equal(fb[k], v), k
-    assert seen == {"pixel_values", "pixel_values_videos"}
+    assert seen == {"pixel_values", "pixel_values_videos", "input_features"}
     with pytest.raises(ValueError, match="pixel_dtype"):
         OmnipackTaskEncoder.from_dataset(dataset, pixel_dtype="float16")
 

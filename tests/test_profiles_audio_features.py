@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from omnipack.profiles import get_profile
 from omnipack.profiles.audio_features import slaney_mel_filters
@@ -113,3 +114,38 @@ def test_profiles_use_them_through_the_trainer_half():
         k = len(want)
         assert float(np.abs(batch["input_features"][i, :k].numpy() - want).max()) <= TOL
         np.testing.assert_array_equal(batch["input_features_mask"][i, :k].numpy(), want_mask)
+
+
+def _waves_batch(clips: list[np.ndarray]) -> dict:
+    """A Qwen3-Omni audio batch built as the loader's workers build it by default (stored samples)."""
+    qwen = get_profile("qwen3_omni").inputs()
+    waves = MediaInputOptions(waves=True)
+    item = {"kind": "audio", "info": {}}
+    return qwen.collate_media([qwen.media_inputs(item, c, waves) for c in clips], waves)
+
+
+@pytest.mark.parametrize("dtypes", ["int16", "mixed"])
+def test_whisper_front_end_on_shipped_samples_equals_the_extractor_per_clip(dtypes):
+    """The loader's default audio path: workers ship each clip's stored samples (int16 kept when every
+    clip is), the batch's accessor runs ``WhisperLogMel`` over all clips at once; every clip's features
+    are the extractor's (1e-4), the same bits as that clip computed alone, zero past its frames."""
+    clips = [s for label, s in CLIPS if dtypes == "mixed" or label.endswith("int16")]
+    batch = _waves_batch(clips)
+    waves, lens = batch["input_features"], batch["audio_feature_lengths"].tolist()
+    assert waves.dtype == (torch.int16 if dtypes == "int16" else torch.float32)
+    assert tuple(waves.shape) == (len(clips), max(len(c) for c in clips) + 400)
+    assert lens == [len(c) // 160 for c in clips] == batch["feature_attention_mask"].sum(1).tolist()
+    front_end = get_profile("qwen3_omni").inputs().wave_features()["input_features"]
+    feats = front_end(waves, lens)
+    assert feats.dtype == torch.float32 and tuple(feats.shape) == (len(clips), 128, max(lens))
+    for i, c in enumerate(clips):
+        got = feats[i, :, : lens[i]].numpy()
+        np.testing.assert_array_equal(got, whisper_features(c))
+        assert float(np.abs(got - _hf_whisper(audio_waveform(c))).max()) <= TOL
+        assert float(feats[i, :, lens[i] :].abs().sum()) == 0.0
+
+
+def test_whisper_front_end_refuses_a_clip_too_short_for_its_padding():
+    qwen = get_profile("qwen3_omni").inputs()
+    with pytest.raises(ValueError, match="more than 200 samples"):
+        qwen.media_inputs({"kind": "audio", "info": {}}, np.zeros(200, np.int16), MediaInputOptions(waves=True))

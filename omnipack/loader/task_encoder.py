@@ -101,6 +101,10 @@ class PackedBatch(Batch):
     # patch); every accessor below patchifies them (``loader.media.patchify_frames``; on the device for
     # ``as_dict(device)``), so workers only copy stored bytes.
     unpatched_pixels: dict[str, tuple[str, int, int, int]] | None = None
+    # Audio feature keys whose ``encoder_inputs`` hold the clips' stored samples, not yet features, with the
+    # family's front end (``EncoderInputs.wave_features``, e.g. Whisper's log-mel); every accessor below
+    # runs it (on the device for ``as_dict(device)``), so workers only copy stored samples.
+    wave_features: dict[str, Any] | None = None
     # cp_size > 1: int64 [T_local], the full-stream position of each of this rank's tokens.
     cp_token_indices: torch.Tensor | None = None
     # Per-token model inputs the family derives from the tokens (``EncoderInputs.token_inputs``, e.g.
@@ -130,9 +134,10 @@ class PackedBatch(Batch):
 
     def media_inputs(self) -> dict[str, torch.Tensor]:
         """The encoder inputs present in this batch (placeholder order across the micro-batch), in the HF
-        layout: unpatched pixels (``unpatched_pixels``) are cut into patches and temporally compact ones
-        (``pixel_repeats``) repeated here (copies)."""
-        out = self._patchified(dict(self.encoder_inputs or {}), self.encoder_inputs or {})
+        layout: unpatched pixels (``unpatched_pixels``) are cut into patches, temporally compact ones
+        (``pixel_repeats``) repeated and audio samples (``wave_features``) turned into features here."""
+        host = self.encoder_inputs or {}
+        out = self._featurized(self._patchified(dict(host), host), host)
         return {k: self._expanded(k, v) for k, v in out.items()}
 
     def _channels(self) -> int:
@@ -147,6 +152,16 @@ class PackedBatch(Batch):
             if key in values:
                 grids = host[grid_key].tolist()
                 values[key] = patchify_frames(values[key], grids, self._channels(), ps, merge, frames)
+        return values
+
+    def _featurized(
+        self, values: dict[str, torch.Tensor], host: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """``values`` with its audio sample keys turned into features by the family's front end (where they
+        are: the device), each clip's frame count read from ``host`` (no device sync)."""
+        for key, front_end in (self.wave_features or {}).items():
+            if key in values:
+                values[key] = front_end(values[key], host[front_end.lengths_key].tolist())
         return values
 
     def _expanded(self, key: str, value: torch.Tensor) -> torch.Tensor:
@@ -166,8 +181,9 @@ class PackedBatch(Batch):
             k: v.to(device, non_blocking=True) if device is not None else v
             for k, v in (self.encoder_inputs or {}).items()
         }
-        # Stored frames cross the link as they are and are cut into patches there (a copy on the device).
-        out = self._patchified(out, self.encoder_inputs or {})
+        # Stored frames cross the link as they are and are cut into patches there (a copy on the device);
+        # stored audio samples likewise, and their log-mel is computed there.
+        out = self._featurized(self._patchified(out, self.encoder_inputs or {}), self.encoder_inputs or {})
         if self.pixel_mean is not None and self.pixel_std is not None:
             for k in self.pixel_keys:
                 if k in out and out[k].dtype == torch.uint8:
@@ -270,7 +286,10 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     ``batch.pixel_std`` (float32 [3]): the model input is ``(x.float() / 255 - mean[c]) / std[c]`` with
     ``x`` viewed as ``[patches, 3, -1]``, which ``batch.as_dict(device)`` /
     ``batch.normalized_media_inputs(device)`` compute on the device, bit-identical to the HF processor.
-    "float32" builds those normalized values in the worker (same bits, 4x the bytes).
+    "float32" builds those normalized values in the worker (same bits, 4x the bytes). With "uint8" the
+    workers also ship audio clips as their stored samples where the family can
+    (``EncoderInputs.wave_features``: Qwen3-Omni's Whisper log-mel), and the same accessors compute the
+    features on the device, bit-identical on CPU to the ones "float32" builds in the worker.
 
     ``check_rows`` (default on): every row is checked against the packed-row contract
     (``omnipack.dataset.contract.row_contract_errors``: boundaries, dtypes, padding mask, labels / loss mask, no
@@ -332,6 +351,10 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         # Pixel keys the workers fill with the stored frames (a copy of the stored bytes, no transposing
         # gather); the batch's accessors cut them into patches where it is used.
         self.unpatched_pixels = dict(model_inputs.unpatched_pixels(pixel_dtype)) if uint8_media else {}
+        # Audio feature keys the workers fill with the stored samples; the batch's accessors compute the
+        # features where it is used (with uint8 pixels the consumer finishes the inputs anyway; float32
+        # mode keeps model-ready encoder inputs built in the worker).
+        self.wave_features = dict(model_inputs.wave_features()) if uint8_media else {}
         # What every media_inputs / collate_media call gets. Deferred: pixel patches are built once, in
         # batch(), straight into the batch tensor, which the workers' reused shared buffers hold.
         self.media_options = MediaInputOptions(
@@ -339,6 +362,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             deferred=True,
             compact=bool(self.pixel_repeats),
             unpatched=bool(self.unpatched_pixels),
+            waves=bool(self.wave_features),
             allocate=batch_storage,
         )
 
@@ -514,6 +538,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             pixel_keys=tuple(self.model_inputs.pixel_keys) if self.model_inputs is not None else (),
             pixel_repeats={k: r for k, r in self.pixel_repeats.items() if k in encoder_inputs} or None,
             unpatched_pixels={k: v for k, v in self.unpatched_pixels.items() if k in encoder_inputs} or None,
+            wave_features={k: v for k, v in self.wave_features.items() if k in encoder_inputs} or None,
             sample_ids=[s.sample_ids for s in samples],
             row_meta=[s.meta for s in samples],
             media=None if self.decode_media else [s.media or {} for s in samples],

@@ -1,11 +1,13 @@
 """Log-mel front ends of the audio encoders, in torch alone (the trainer install has no transformers).
 
-Two front ends, each one clip per call (their normalisation statistics are per clip):
+Two front ends (their normalisation statistics are per clip):
 
 - ``whisper_log_mel``: Whisper's log10 mel spectrogram (Qwen3-Omni, 128 bins): a centred, reflect-padded
   STFT (periodic Hann of 400, hop 160), power, slaney mel filters up to 8 kHz, ``log10(max(x, 1e-10))``
   floored at the clip maximum minus 8 and mapped by ``(x + 4) / 4``; the last STFT frame is dropped, so a
-  clip of ``n`` samples gives ``n // 160`` frames.
+  clip of ``n`` samples gives ``n // 160`` frames. ``WhisperLogMel`` computes it for a batch of clips at
+  once (each as if alone) from the stored samples that ``whisper_padded_waves`` lays out, where the
+  loader's batch is used; ``whisper_log_mel`` is it on one clip.
 - ``parakeet_log_mel``: the Parakeet / NeMo front end (Nemotron Omni): pre-emphasis 0.97, a centred,
   zero-padded STFT (symmetric Hann of 400 inside an FFT of 512, hop 160), power, slaney mel filters up to
   half the rate, ``ln(x + 2**-24)``, then per-bin mean / unbiased std over the ``n // 160`` valid frames;
@@ -19,9 +21,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ..media.audio_storage import INT16_SCALE
+from .model_inputs import audio_waveform
 
 HOP_LENGTH = 160
 
@@ -83,30 +90,86 @@ def _wave_tensor(wave: np.ndarray) -> Any:
     return torch.from_numpy(arr if arr.flags.writeable else arr.copy())
 
 
+WHISPER_N_FFT = 400
+# Whisper's centred STFT reflect-pads each clip by n_fft // 2 samples at both ends.
+WHISPER_PAD = WHISPER_N_FFT // 2
+
+
 def whisper_log_mel(wave: np.ndarray, num_mels: int = 128, sample_rate: int = 16000) -> np.ndarray:
-    """float32 ``[num_mels, n // 160]`` Whisper log-mel of one float32 clip of ``n`` samples (``n > 200``)."""
+    """float32 ``[num_mels, n // 160]`` Whisper log-mel of one float32 clip of ``n`` samples (``n > 200``):
+    ``WhisperLogMel`` on a batch of this clip alone (so a clip's features are the same bits in either)."""
     import torch
 
-    n_fft = 400
     x = _wave_tensor(wave)
-    if x.ndim != 1 or x.numel() <= n_fft // 2:
-        raise ValueError(
-            f"whisper log-mel needs a 1-D clip of more than {n_fft // 2} samples, got {tuple(x.shape)}"
-        )
-    spec = torch.stft(
-        x,
-        n_fft,
-        HOP_LENGTH,
-        window=torch.hann_window(n_fft),
-        center=True,
-        pad_mode="reflect",
-        return_complex=True,
-    )
-    power = (spec[..., :-1].abs() ** 2).contiguous()
-    mel = _filters_tensor(n_fft, num_mels, sample_rate, 8000.0, False) @ power
-    log = torch.clamp(mel, min=1e-10).log10()
-    log = torch.maximum(log, log.max() - 8.0)
-    return ((log + 4.0) / 4.0).numpy()
+    check_whisper_clip(tuple(x.shape))
+    padded = torch.nn.functional.pad(x[None], (WHISPER_PAD, WHISPER_PAD), mode="reflect")
+    front_end = WhisperLogMel(lengths_key="", num_mels=num_mels, sample_rate=sample_rate)
+    return front_end(padded, [x.numel() // HOP_LENGTH])[0].numpy()
+
+
+def check_whisper_clip(shape: tuple[int, ...]) -> None:
+    """ValueError unless ``shape`` is a 1-D clip long enough for Whisper's reflect padding."""
+    if len(shape) != 1 or shape[0] <= WHISPER_PAD:
+        raise ValueError(f"whisper log-mel needs a 1-D clip of more than {WHISPER_PAD} samples, got {shape}")
+
+
+def whisper_padded_waves(waves: Sequence[np.ndarray], out: np.ndarray) -> None:
+    """Write clips (int16 or float32 ``[n_i]``, ``n_i > 200``) into the rows of ``out`` (``[N, L]``, ``L >=
+    max(n_i) + 400``, same dtype or float32) as ``WhisperLogMel`` takes them: each clip reflect-padded by
+    200 samples at both ends (as the centred STFT pads it), zeros after. int16 clips stay int16 when ``out``
+    is (scaled on the device), else become ``k / 32768`` (``model_inputs.audio_waveform``'s float32)."""
+    p = WHISPER_PAD
+    for row, wave in zip(out, waves, strict=True):
+        check_whisper_clip(tuple(wave.shape))
+        x = wave if wave.dtype == out.dtype else audio_waveform(wave)
+        n = x.shape[0]
+        row[p : p + n] = x
+        row[:p] = x[1 : p + 1][::-1]  # reflect (the edge not repeated): x[p], ..., x[1]
+        row[p + n : n + 2 * p] = x[n - 1 - p : n - 1][::-1]  # x[n-2], ..., x[n-1-p]
+        row[n + 2 * p :] = 0
+
+
+@dataclass(frozen=True)
+class WhisperLogMel:
+    """Whisper's log-mel front end over a batch of clips, where the batch is used (the GPU for
+    ``PackedBatch.as_dict(device)``): the loader ships each clip's stored samples (int16: 1.6x fewer bytes
+    than its float32 features) and no STFT runs in the loader.
+
+    ``__call__(waves, frames)``: ``waves`` ``[N, L]`` (int16 stored samples, scaled by 1/32768 here, or
+    float32) laid out by ``whisper_padded_waves``; ``frames``: each clip's ``n_i // 160`` (Python ints,
+    read from the batch's ``lengths_key`` tensor on the host). Returns float32 ``[N, num_mels, max(frames)]``,
+    zero past each clip's frames (as the Qwen3-Omni collate pads them). Each clip's features are computed as
+    if it were alone (its own reflect padding and maximum); the STFT, log and floor run batched, the mel
+    projection per clip on its own frames, so the bits do not depend on the batch's other clips. On CPU
+    within 1e-4 of ``WhisperFeatureExtractor`` and bit-identical to ``whisper_log_mel`` of each clip
+    (``tests/test_profiles_audio_features.py``); on a GPU the FFT and matmul round differently (not yet
+    measured against the extractor there).
+    """
+
+    lengths_key: str
+    num_mels: int = 128
+    sample_rate: int = 16000
+
+    def __call__(self, waves: Any, frames: Sequence[int]) -> Any:
+        import torch
+
+        x = waves.to(torch.float32)
+        if waves.dtype == torch.int16:
+            x = x / INT16_SCALE  # exact, as audio_waveform's numpy division
+        window = torch.hann_window(WHISPER_N_FFT, device=x.device)
+        spec = torch.stft(x, WHISPER_N_FFT, HOP_LENGTH, window=window, center=False, return_complex=True)
+        power = spec.abs() ** 2  # [N, bins, frames]
+        filters = _filters_tensor(WHISPER_N_FFT, self.num_mels, self.sample_rate, 8000.0, False).to(x.device)
+        width = max(frames)
+        mel = torch.zeros((x.shape[0], self.num_mels, width), dtype=torch.float32, device=x.device)
+        for i, f in enumerate(frames):  # the last STFT frame of each clip is dropped, as Whisper does
+            mel[i, :, :f] = filters @ power[i, :, :f].contiguous()
+        lengths = torch.tensor(list(frames), device=x.device)
+        valid = torch.arange(width, device=x.device)[None, :] < lengths[:, None]
+        log = torch.clamp(mel, min=1e-10).log10()
+        top = log.masked_fill(~valid[:, None, :], float("-inf")).amax(dim=(1, 2), keepdim=True)
+        log = torch.maximum(log, top - 8.0)
+        return ((log + 4.0) / 4.0).masked_fill_(~valid[:, None, :], 0.0)
 
 
 def parakeet_log_mel(

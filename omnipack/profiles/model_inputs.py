@@ -51,6 +51,10 @@ Once, when the loader is configured
     ``unpatched_pixels(pixel_dtype) -> {key: (grid key, patch size, merge size, frames)}`` (default none):
         pixel keys the family can give as the stored frames under ``options.unpatched`` (patchified by the
         consumer, ``omnipack.loader.media.patchify_frames``).
+    ``wave_features() -> {key: front end}`` (default none): audio feature keys the family can give as the
+        clips' stored samples under ``options.waves``, each with the picklable front end that computes the
+        features where the batch is used (``front_end(waves, frames) -> features``; its ``lengths_key``
+        names the batch key holding each clip's feature frames), e.g. ``audio_features.WhisperLogMel``.
 """
 
 from __future__ import annotations
@@ -98,13 +102,15 @@ class MediaInputOptions:
     ``torch.from_numpy``) is copied into the loader's shared memory afterwards. ``unpatched`` (uint8): the
     keys ``unpatched_pixels(pixel_dtype)`` names hold each item's stored frames, not yet cut into patches
     (still images one frame, so it implies ``compact``); the consumer patchifies them where the batch is
-    used.
+    used. ``waves``: the keys ``wave_features()`` names hold each clip's stored samples, laid out for its
+    front end, which the consumer runs where the batch is used (no STFT in the loader).
     """
 
     pixel_dtype: str = "float32"
     deferred: bool = False
     compact: bool = False
     unpatched: bool = False
+    waves: bool = False
     allocate: Allocator = private_storage
 
     def __post_init__(self) -> None:
@@ -188,6 +194,18 @@ class EncoderInputs(ABC):
         same bytes in stored order), so workers copy stored bytes (a memcpy) instead of the transposing
         copy; ``loader.media.patchify_frames`` (which ``PackedBatch`` accessors run on the device) gives the
         patches. Default: none.
+        """
+        return {}
+
+    def wave_features(self) -> dict[str, Any]:
+        """Audio feature keys the loader can fill with the clips' stored samples instead of their features,
+        each with its front end: a picklable callable ``front_end(waves, frames) -> features`` whose
+        ``lengths_key`` names the batch key holding each clip's feature frames.
+
+        Under ``MediaInputOptions(waves=True)`` a key ``k`` here holds the clips' samples as the front end
+        lays them out (int16 when stored so: 1.6x fewer bytes than float32 log-mel features), so workers copy
+        stored samples instead of running the STFT; ``PackedBatch`` accessors run the front end on the
+        device (``frames``: Python ints read from the batch's ``lengths_key`` tensor). Default: none.
         """
         return {}
 

@@ -19,10 +19,24 @@ from ..media.audio import audio_samples_at
 from ..media.audio_storage import AUDIO_LOADING
 from ..media.errors import MediaRejected
 from ..media.meta import MediaMeta
-from .audio_features import whisper_log_mel
+from .audio_features import (
+    WHISPER_PAD,
+    WhisperLogMel,
+    check_whisper_clip,
+    whisper_log_mel,
+    whisper_padded_waves,
+)
 from .base import MediaPlan, MediaSpan, Segment
 from .cost import TransformerShape, blocks_pairs, encoder_flops, tiled_sizes
-from .model_inputs import MediaInputOptions, Payload, audio_waveform, item_kind, payload_audio, payload_frames
+from .model_inputs import (
+    MediaInputOptions,
+    Payload,
+    audio_waveform,
+    empty_batch_tensor,
+    item_kind,
+    payload_audio,
+    payload_frames,
+)
 from .qwen_vl import HALF, VISION_BATCH_KEYS, QwenVLInputs, QwenVLProfile, VideoSettings, VisionSettings
 
 AUDIO_RATE = 16000
@@ -82,7 +96,8 @@ def interleave_runs(
 class Qwen3OmniInputs(QwenVLInputs):
     """Trainer half: Qwen-VL pixel patches and grids (``video_second_per_grid`` per video) and Whisper
     log-mel features of audio clips and of videos' own tracks (``input_features`` [N, 128, Lmax] with
-    ``feature_attention_mask`` and ``audio_feature_lengths``), computed in torch (no transformers)."""
+    ``feature_attention_mask`` and ``audio_feature_lengths``), computed in torch (no transformers): in the
+    worker, or where the batch is used from the shipped samples (``wave_features``, the loader's default)."""
 
     name = "qwen3_omni"
     # A video block with its own audio interleaves audio pads: both count as that block's features.
@@ -123,7 +138,10 @@ class Qwen3OmniInputs(QwenVLInputs):
         if kind in ("image", "video"):
             out.update(self.vision_inputs(kind, item, payload_frames(payload), options))
         wave = payload_audio(payload) if kind == "audio" or isinstance(payload, Mapping) else None
-        if wave is not None:
+        if wave is not None and options.waves:
+            check_whisper_clip(tuple(wave.shape))
+            out["input_features"] = wave  # the stored samples (a view); the consumer runs WhisperLogMel
+        elif wave is not None:
             out["input_features"] = whisper_features(wave)  # [128, L]; collate pads and masks
         if not out:
             return super().media_inputs(item, payload, options)
@@ -134,23 +152,36 @@ class Qwen3OmniInputs(QwenVLInputs):
 
         ``input_features`` [N, 128, Lmax], ``feature_attention_mask`` [N, Lmax] (int64, 1 = valid frame),
         ``audio_feature_lengths`` [N]: N audio clips (audio items and videos' own tracks) in placeholder order.
+        Under ``options.waves`` ``input_features`` holds the clips' stored samples instead, ``[N, nmax +
+        400]`` as ``whisper_padded_waves`` lays them out (int16 when every clip is stored so), straight in
+        the batch's storage; ``WhisperLogMel`` (``wave_features``) turns them into the features above.
         """
         import torch
 
         feats = [d["input_features"] for d in per_item if "input_features" in d]
         vision = [{k: v for k, v in d.items() if k != "input_features"} for d in per_item]
         out = super().collate_media(vision, options)
-        if feats:
+        if not feats:
+            return out
+        if options.waves:  # stored samples [n_i]: WhisperLogMel gives n_i // 160 frames where the batch is used
+            lens = [mel_frames(int(w.shape[0])) for w in feats]
+            dtype = np.int16 if all(w.dtype == np.int16 for w in feats) else np.float32
+            longest = max(int(w.shape[0]) for w in feats) + 2 * WHISPER_PAD
+            waves = empty_batch_tensor((len(feats), longest), dtype, options.allocate)
+            whisper_padded_waves(feats, waves.numpy())
+            out["input_features"] = waves
+        else:
             lens = [f.shape[1] for f in feats]
             x = np.zeros((len(feats), feats[0].shape[0], max(lens)), dtype=np.float32)
-            mask = np.zeros((len(feats), max(lens)), dtype=np.int64)
             for i, f in enumerate(feats):
                 x[i, :, : f.shape[1]] = f
-                mask[i, : f.shape[1]] = 1
             out["input_features"] = torch.from_numpy(x)
-            out["feature_attention_mask"] = torch.from_numpy(mask)
-            out["audio_feature_lengths"] = torch.tensor(lens, dtype=torch.int64)
+        out["feature_attention_mask"] = (torch.arange(max(lens))[None, :] < torch.tensor(lens)[:, None]).long()
+        out["audio_feature_lengths"] = torch.tensor(lens, dtype=torch.int64)
         return out
+
+    def wave_features(self) -> dict[str, Any]:
+        return {"input_features": WhisperLogMel("audio_feature_lengths", num_mels=128, sample_rate=AUDIO_RATE)}
 
 
 class Qwen3OmniProfile(QwenVLProfile):
