@@ -58,6 +58,57 @@ def build_qwen_vl_checkpoint(out: Path, family: str) -> Path:
     return out
 
 
+QWEN_OMNI_TOKENS = {
+    "image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
+    "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>",
+}  # fmt: skip
+
+
+def build_qwen3_omni_checkpoint(out: Path) -> Path:
+    """Qwen3-Omni (thinker): the family's demo tokenizer with its multimodal token attributes,
+    ``Qwen3OmniMoeProcessor`` over the PIL image processor at patch 16, the video processor and Whisper's
+    128-bin extractor (the released layout), ``config.json`` model_type ``qwen3_omni_moe``."""
+    import transformers
+
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+
+    build_demo_tokenizer(out, profile="qwen3_omni")
+    tok = transformers.AutoTokenizer.from_pretrained(out, extra_special_tokens=QWEN_OMNI_TOKENS)
+    transformers.Qwen3OmniMoeProcessor(
+        image_processor=transformers.Qwen2VLImageProcessorPil(patch_size=16),
+        video_processor=transformers.Qwen2VLVideoProcessor(patch_size=16),
+        feature_extractor=transformers.WhisperFeatureExtractor(feature_size=128),
+        tokenizer=tok, chat_template=tok.chat_template,
+    ).save_pretrained(out)  # fmt: skip
+    config = transformers.Qwen3OmniMoeConfig()
+    config.architectures = ["Qwen3OmniMoeForConditionalGeneration"]
+    config.save_pretrained(out)
+    return out
+
+
+def build_nemotron_omni_checkpoint(out: Path) -> Path:
+    """Nemotron Omni: the family's demo tokenizer, ``NemotronH_Omni_Reasoning_V3Processor`` over its RADIO
+    image processor (torchvision only), video processor and ``ParakeetFeatureExtractor`` (class defaults),
+    ``config.json`` model_type ``nemotron_h_omni``."""
+    import transformers
+    from transformers.models import nemotron_h_omni as nemotron
+
+    from omnipack.demo.tokenizer import build_demo_tokenizer
+
+    build_demo_tokenizer(out, profile="nemotron_omni")
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    nemotron.NemotronH_Omni_Reasoning_V3Processor(
+        image_processor=nemotron.NemotronH_Omni_Reasoning_V3ImageProcessor(),
+        video_processor=nemotron.NemotronH_Omni_Reasoning_V3VideoProcessor(),
+        feature_extractor=transformers.ParakeetFeatureExtractor(), tokenizer=tok, chat_template=tok.chat_template,
+    ).save_pretrained(out)  # fmt: skip
+    config = nemotron.NemotronH_Omni_Reasoning_V3_Config()
+    config.architectures = ["NemotronH_Omni_Reasoning_V3"]
+    config.save_pretrained(out)
+    return out
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def both(request, tmp_path_factory):
     """(family, {profile: dataset}, samples) of one corpus prepared by the native family and by ``hf``."""
@@ -117,3 +168,36 @@ def test_token_ids_labels_pixels_and_grids_equal_the_native_familys(both):
             assert got.tobytes() == want.tobytes(), (sid, key, float(np.abs(got.astype(float) - want).max()))
         images += len(native[sid].get("image_grid_thw", ()))
     assert images == sum(p["type"] == "image" for m in sum(samples.values(), []) for p in m["content"])
+
+
+# The omni families: the hf profile refuses their processors at start, so there is no hf side to compare
+# (README, "Model profiles"; benchmarks/README.md, "Profiles benchmark", records the same reasons).
+OMNI_REFUSALS = {
+    # Whisper's extractor pads every clip of a call to the longest: a clip's last frames, reflect-padded
+    # alone, see the zeros beside a longer clip, so its stored features could not be the processor's.
+    "qwen3_omni": (
+        build_qwen3_omni_checkpoint, "Qwen3OmniMoeProcessor",
+        "'input_features' beside a second audio than alone",
+    ),
+    # Its own __call__ drops the text_replacement_offsets that get_text_with_replacements returns
+    # (``text, _ = ...``): no item's expansion can be read off the processor.
+    "nemotron_omni": (
+        build_nemotron_omni_checkpoint, "NemotronH_Omni_Reasoning_V3Processor",
+        "reports no text replacement for an image",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", sorted(OMNI_REFUSALS))
+def test_the_omni_processors_are_refused_at_start_with_their_reason(family, tmp_path, capsys):
+    from omnipack.cli import main
+    from tests.family_kit import prepare_args
+    from tests.test_profile_hf import _corpus
+
+    build, proc_cls, reason = OMNI_REFUSALS[family]
+    model = build(tmp_path / "model")
+    manifest, media, _ = _corpus(tmp_path / "src", n=2)
+    assert main(prepare_args(manifest, media, tmp_path / "ds", "--model", str(model), "--profile", "hf")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"profile hf: {proc_cls} of {model}" in err and reason in err, err
+    assert not (tmp_path / "ds").exists()
