@@ -10,6 +10,9 @@ families reproduce; with torchvision installed transformers picks its torchvisio
 differently). Every sample gets the same token ids and labels, and the loader hands the same ``pixel_values``
 (the native family's stored uint8 frames normalized and patched by its trainer half; the processor's float32
 patches as stored) and ``image_grid_thw``, bit for bit.
+
+Qwen3-Omni and Nemotron Omni have no hf side to compare: the hf profile refuses their processors at start,
+each with its reason (``OMNI_REFUSALS``; their native profiles prepare the same folders).
 """
 
 from __future__ import annotations
@@ -190,8 +193,10 @@ OMNI_REFUSALS = {
 
 @pytest.mark.parametrize("family", sorted(OMNI_REFUSALS))
 def test_the_omni_processors_are_refused_at_start_with_their_reason(family, tmp_path, capsys):
+    """``--profile hf`` on the checkpoint: refused at start, the one-line reason naming the processor, nothing
+    written; without ``--profile`` the same folder is prepared by its native family."""
     from omnipack.cli import main
-    from tests.family_kit import prepare_args
+    from tests.family_kit import prepare, prepare_args, run_meta
     from tests.test_profile_hf import _corpus
 
     build, proc_cls, reason = OMNI_REFUSALS[family]
@@ -201,3 +206,6 @@ def test_the_omni_processors_are_refused_at_start_with_their_reason(family, tmp_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"profile hf: {proc_cls} of {model}" in err and reason in err, err
     assert not (tmp_path / "ds").exists()
+    native = prepare(manifest, media, tmp_path / "native", "--model", str(model))  # the checkpoint's family
+    rec = run_meta(native)["profile"]
+    assert (rec["name"], rec["source"]) == (family, "checkpoint")
