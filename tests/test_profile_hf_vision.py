@@ -30,7 +30,7 @@ require_torchvision()
 from omnipack.cli import main  # noqa: E402
 from omnipack.dataset.codec import decode_row  # noqa: E402
 from omnipack.loader.media import decode_payload  # noqa: E402
-from tests.family_kit import packed_row_logits, sample_spans, val_batches  # noqa: E402
+from tests.family_kit import assert_each_samples_own_logits, val_batches  # noqa: E402
 from tests.test_pipeline import read_rows_from_tars  # noqa: E402
 from tests.test_profile_hf_payload import (  # noqa: E402
     TEXT_KEYS,
@@ -255,25 +255,11 @@ def test_a_packed_row_gives_each_samples_own_logits(prepared, proc, family):
     """Each loader row (position resets, a block-diagonal causal mask from ``cu_seqlens_q_padded``, the
     stored tensors under the processor's keys) gives, on every sample's tokens, the logits of that sample
     alone through the processor and the model."""
-    import torch
-
     if family not in TINY_MODELS:
         pytest.skip(f"no packed-row model for {family} (TINY_MODELS)")
-    model = TINY_MODELS[family](proc)
     media, samples, out = prepared
-    checked = 0
-    with torch.no_grad():
-        for b in val_batches(out):
-            packed = packed_row_logits(model, b)
-            for k, (sid, a, n) in enumerate(sample_spans(b)):
-                alone = {k2: torch.from_numpy(v) for k2, v in processor_alone(proc, media, samples[sid]).items()}
-                alone.pop("attention_mask")
-                want = model(**alone).logits[0]
-                assert n == want.shape[0]
-                err = float((packed[a : a + n] - want).abs().max())
-                assert err <= 1e-5, (sid, err)
-                checked += "pixel_values" in alone and k > 0
-    assert checked  # a sample after the first of its row holds images
+    model = TINY_MODELS[family](proc)
+    assert assert_each_samples_own_logits(model, out, lambda sid: processor_alone(proc, media, samples[sid]))
 
 
 def test_phi4_multimodal_crop_masks_pad_with_ones_and_its_audio_is_refused(tmp_path, capsys):
