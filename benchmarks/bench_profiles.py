@@ -28,8 +28,8 @@ process (no profile, tokenizer or processor cache carried over), stage by stage:
 - shard bytes/sample: the finished dataset's shards over packed samples.
 
     PYTHONPATH=. python benchmarks/bench_profiles.py --families gemma3     # ~5 min on 2 cores
-    PYTHONPATH=. python benchmarks/bench_profiles.py --pan-and-scan        # Gemma 3's crops too
-    PYTHONPATH=. /work/vision-venv/bin/python benchmarks/bench_profiles.py # all five (torchvision)
+    PYTHONPATH=. python benchmarks/bench_profiles.py --families gemma3 --pan-and-scan  # crops too
+    PYTHONPATH=. python benchmarks/bench_profiles.py                       # all five (with torchvision)
 """
 
 from __future__ import annotations
