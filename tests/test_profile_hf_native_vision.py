@@ -176,8 +176,8 @@ def test_token_ids_labels_pixels_and_grids_equal_the_native_familys(both):
 # The omni families: the hf profile refuses their processors at start, so there is no hf side to compare
 # (README, "Model profiles"; benchmarks/README.md, "Profiles benchmark", records the same reasons).
 OMNI_REFUSALS = {
-    # Whisper's extractor pads every clip of a call to the longest: a clip's last frames, reflect-padded
-    # alone, see the zeros beside a longer clip, so its stored features could not be the processor's.
+    # Whisper's extractor pads every clip of a call to the longest: a clip's last mel frame, reflect-padded
+    # alone, sees the zeros beside a longer clip, so its stored features could not be the processor's.
     "qwen3_omni": (
         build_qwen3_omni_checkpoint, "Qwen3OmniMoeProcessor",
         "'input_features' beside a second audio than alone",
