@@ -8,8 +8,9 @@ its family from the checkpoint:
   (``tests/test_profile_hf_native.py``: same ids, labels, ``token_type_ids`` and normalized pixels);
 - ``qwen2_5_vl``, ``qwen3_vl``: the family's demo tokenizer and processor class over the PIL image processor
   (``tests/test_profile_hf_native_vision.py``: same ids, labels, ``pixel_values`` and ``image_grid_thw``);
-- ``qwen3_omni``, ``nemotron_omni``: their processor classes (same file): the hf profile refuses both at
-  start, and the table prints its reason in place of the hf numbers.
+- ``qwen3_omni``: its processor class over the same PIL image processor and Whisper features (same file);
+- ``nemotron_omni``: its processor class (same file): the hf profile refuses it at start, and the table
+  prints the reason in place of the hf numbers (as for any family hf refuses).
 
 The hf runs pin ``image_backend=pil`` (the backend the native families reproduce; Nemotron's RADIO image
 processor has only the torchvision one). Every family but Gemma 3 holds a video processor, which
@@ -72,10 +73,7 @@ def build_checkpoint(family: str, out: Path) -> None:
         raise ImportError("its processor holds a video processor, which transformers builds only with torchvision")
     import tests.test_profile_hf_native_vision as side_by_side
 
-    if family in side_by_side.FAMILIES:
-        side_by_side.build_qwen_vl_checkpoint(out, family)
-    else:
-        side_by_side.OMNI_REFUSALS[family][0](out)
+    side_by_side.BUILDERS[family](out)
 
 
 def model_dir(family: str) -> Path:

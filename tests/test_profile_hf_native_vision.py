@@ -1,5 +1,5 @@
 """Native profile vs processor-backed profile on the families whose processors hold a video processor
-(transformers builds those only with torchvision): Qwen2.5-VL and Qwen3-VL, images (issue 23, item 4; the
+(transformers builds those only with torchvision): Qwen2.5-VL, Qwen3-VL and Qwen3-Omni, images (issue 23, item 4; the
 Gemma 3 pair runs without torchvision in test_profile_hf_native.py). Opt-in (``pytest -m hf_processors``),
 skipped where torchvision does not import.
 
@@ -11,8 +11,9 @@ differently). Every sample gets the same token ids and labels, and the loader ha
 (the native family's stored uint8 frames normalized and patched by its trainer half; the processor's float32
 patches as stored) and ``image_grid_thw``, bit for bit.
 
-Qwen3-Omni and Nemotron Omni have no hf side to compare: the hf profile refuses their processors at start,
-each with its reason (``OMNI_REFUSALS``; their native profiles prepare the same folders).
+Qwen3-Omni's folder (``Qwen3OmniMoeProcessor``, Whisper features beside the images) is compared the same way,
+on images. Nemotron Omni has no hf side to compare: the hf profile refuses its processor at start, with the
+reason (``OMNI_REFUSALS``; its native profile prepares the same folder).
 """
 
 from __future__ import annotations
@@ -112,12 +113,24 @@ def build_nemotron_omni_checkpoint(out: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+# family -> its checkpoint folder builder (the native profiles compared with hf; benchmarks/bench_profiles.py)
+BUILDERS = {
+    "qwen2_5_vl": lambda out: build_qwen_vl_checkpoint(out, "qwen2_5_vl"),
+    "qwen3_vl": lambda out: build_qwen_vl_checkpoint(out, "qwen3_vl"),
+    "qwen3_omni": build_qwen3_omni_checkpoint,
+    "nemotron_omni": build_nemotron_omni_checkpoint,
+}
+COMPARED_FAMILIES = {  # family -> the processor class hf runs
+    "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor", "qwen3_omni": "Qwen3OmniMoeProcessor",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(COMPARED_FAMILIES))
 def both(request, tmp_path_factory):
     """(family, {profile: dataset}, samples) of one corpus prepared by the native family and by ``hf``."""
     family = request.param
     root = tmp_path_factory.mktemp(f"side_by_side_{family}")
-    model = build_qwen_vl_checkpoint(root / "model", family)
+    model = BUILDERS[family](root / "model")
     out = {}
     for name, extra in [(family, []), ("hf", ["--profile", "hf", "--profile-option", "image_backend=pil"])]:
         _, samples, out[name] = prepare_hf_corpus(root / name, model, *extra, seq_length=4096)
@@ -152,9 +165,9 @@ def test_the_profiles_are_the_checkpoints_and_the_processors(both):
     assert (native["profile"]["name"], native["profile"]["source"]) == (family, "checkpoint")
     assert (hf["profile"]["name"], hf["profile"]["source"]) == ("hf", "explicit")
     settings = hf["profile"]["settings"]
-    assert settings["processor_class"] == FAMILIES[family][0]
+    assert settings["processor_class"] == COMPARED_FAMILIES[family]
     assert (settings["image_backend"], settings["image_processor_class"]) == ("pil", "Qwen2VLImageProcessorPil")
-    assert settings["placeholder_tokens"] == {"image": ["<|image_pad|>"]}
+    assert settings["placeholder_tokens"]["image"] == ["<|image_pad|>"]  # Qwen3-Omni's: audio and video too
     assert native["counts"]["packed"] == hf["counts"]["packed"] == len(samples)
 
 
@@ -173,15 +186,9 @@ def test_token_ids_labels_pixels_and_grids_equal_the_native_familys(both):
     assert images == sum(p["type"] == "image" for m in sum(samples.values(), []) for p in m["content"])
 
 
-# The omni families: the hf profile refuses their processors at start, so there is no hf side to compare
-# (README, "Model profiles"; benchmarks/README.md, "Profiles benchmark", records the same reasons).
+# Nemotron Omni: the hf profile refuses its processor at start, so there is no hf side to compare (README,
+# "Model profiles"; benchmarks/README.md, "Profiles benchmark", records the same reason).
 OMNI_REFUSALS = {
-    # Whisper's extractor pads every clip of a call to the longest: a clip's last mel frame, reflect-padded
-    # alone, sees the zeros beside a longer clip, so its stored features could not be the processor's.
-    "qwen3_omni": (
-        build_qwen3_omni_checkpoint, "Qwen3OmniMoeProcessor",
-        "'input_features' beside a second audio than alone",
-    ),
     # Its own __call__ drops the text_replacement_offsets that get_text_with_replacements returns
     # (``text, _ = ...``): no item's expansion can be read off the processor.
     "nemotron_omni": (

@@ -6,8 +6,7 @@ where torchvision does not import.
 Each model folder is built from the transformers 5.24 classes over the demo vocabulary with the model's
 added tokens, saved as a checkpoint is, and prepared without ``--profile`` (test_profile_hf.py's image
 corpus): the run falls back to ``hf``, and every packed sample's token ids, labels and stored tensors equal
-the processor's for that sample alone; verify and the trainer-only loader work; a tiny random InternVL fed
-the loader's packed rows gives each sample's own logits.
+the processor's for that sample alone; verify and the trainer-only loader work.
 """
 
 from __future__ import annotations
@@ -30,11 +29,10 @@ require_torchvision()
 from omnipack.cli import main  # noqa: E402
 from omnipack.dataset.codec import decode_row  # noqa: E402
 from omnipack.loader.media import decode_payload  # noqa: E402
-from tests.family_kit import assert_each_samples_own_logits, val_batches  # noqa: E402
+from tests.family_kit import val_batches  # noqa: E402
 from tests.test_pipeline import read_rows_from_tars  # noqa: E402
 from tests.test_profile_hf_payload import (  # noqa: E402
     TEXT_KEYS,
-    TINY_TEXT,
     assert_same_bits,
     assert_trainer_only_loads_the_same,
     joined,
@@ -221,45 +219,6 @@ def test_verify_and_the_loader_hand_the_processor_tensors(prepared, proc, family
 
 def test_the_trainer_only_install_loads_them(prepared, tmp_path):
     assert_trainer_only_loads_the_same(prepared[2], tmp_path)
-
-
-# ---- a tiny random model on the loader's packed rows ----
-
-
-def tiny_internvl(proc):
-    """A random InternVL whose vision tower gives the processor's 4 context tokens a 32 px tile (patch 8:
-    16 patches, pixel-shuffled 2x2 into 4), over a 2-layer Qwen2 (the family's default text model)."""
-    import torch
-    import transformers
-
-    vision = dict(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=[32, 32],
-        patch_size=[8, 8],
-    )  # fmt: skip
-    text = dict(TINY_TEXT, model_type="qwen2", vocab_size=len(proc.tokenizer))
-    config = transformers.InternVLConfig(
-        vision_config=vision, text_config=text, downsample_ratio=0.5, vision_feature_layer=-1,
-        image_token_id=proc.tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"),
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return transformers.InternVLForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
-
-
-# family -> its tiny random model from the processor. GLM-4.6V has none: its model gives image tokens 3-D
-# (mRoPE) positions that its get_rope_index derives from the whole sequence and the image grids, while a
-# processor-backed dataset's packed rows carry 1-D position resets.
-TINY_MODELS = {"internvl": tiny_internvl}
-
-
-def test_a_packed_row_gives_each_samples_own_logits(prepared, proc, family):
-    """Each loader row (position resets, a block-diagonal causal mask from ``cu_seqlens_q_padded``, the
-    stored tensors under the processor's keys) gives, on every sample's tokens, the logits of that sample
-    alone through the processor and the model."""
-    if family not in TINY_MODELS:
-        pytest.skip(f"no packed-row model for {family} (TINY_MODELS)")
-    media, samples, out = prepared
-    model = TINY_MODELS[family](proc)
-    assert assert_each_samples_own_logits(model, out, lambda sid: processor_alone(proc, media, samples[sid]))
 
 
 def test_phi4_multimodal_crop_masks_pad_with_ones_and_its_audio_is_refused(tmp_path, capsys):
