@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -349,6 +349,30 @@ def packed_row_logits(model: Any, batch: Any) -> Any:
     mask = packed_layer_masks(d["cu_seqlens_q_padded"], types, tokens.shape[1], dtype=torch.float32)
     inputs = {"input_ids": tokens, "position_ids": d["position_ids"], **batch.media_inputs()}
     return model(**inputs, attention_mask=mask["full_attention"]).logits[0]
+
+
+def assert_each_samples_own_logits(
+    model: Any, out: Path, inputs_alone: Callable[[str], Mapping[str, Any]], rel: float = 0.0, atol: float = 1e-5
+) -> int:
+    """Each of the dataset's loader rows (``packed_row_logits``) gives, on every sample's tokens, the logits
+    of ``model`` on that sample alone (``inputs_alone(sample id)``: the processor's outputs for it, arrays
+    or tensors; its attention mask dropped), within ``atol`` plus ``rel`` of their largest: float noise
+    only, far below what attention across samples or misplaced media gives. Returns how many samples after
+    the first of their row hold media (a packed row's hard case, for the caller to require)."""
+    import torch
+
+    checked = 0
+    with torch.no_grad():
+        for b in val_batches(out):
+            packed = packed_row_logits(model, b)
+            for k, (sid, a, n) in enumerate(sample_spans(b)):
+                alone = {key: torch.as_tensor(v) for key, v in inputs_alone(sid).items() if key != "attention_mask"}
+                want = model(**alone).logits[0]
+                assert n == want.shape[0], sid
+                err, top = float((packed[a : a + n] - want).abs().max()), float(want.abs().max())
+                assert err <= rel * top + atol, (sid, err, top)
+                checked += k > 0 and len(alone) > 1  # more than input_ids: the sample's media
+    return checked
 
 
 def encoder_inputs_by_batch(batches: Iterator[Any]) -> dict[str, np.ndarray]:
