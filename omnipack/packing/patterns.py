@@ -251,7 +251,9 @@ def _generate_columns(
         lp_rows = math.ceil(objective - 1e-6)
         if value <= 1 + 1e-9:
             return lp_rows, x
-        lower = max(math.ceil(objective / value - 1e-6), floor if work.columns >= work.limits.min_columns else 0)
+        lower = max(
+            math.ceil(objective / value - 1e-6), floor if work.columns >= work.limits.min_columns else 0
+        )
         if lower >= min(upper, lp_rows) or work.spent or not patterns:
             return lower, x
         for pattern in patterns:

@@ -63,7 +63,9 @@ class _VectorPricing:
         )
         for d, cap in enumerate(caps.tolist()):
             idx = np.flatnonzero(vectors[:, d]).astype(np.int32)
-            self.model.addRow(-highspy.kHighsInf, float(cap), len(idx), idx, vectors[idx, d].astype(np.float64))
+            self.model.addRow(
+                -highspy.kHighsInf, float(cap), len(idx), idx, vectors[idx, d].astype(np.float64)
+            )
         self.columns = np.arange(m, dtype=np.int32)
 
     def floor(self, demand: np.ndarray) -> int:
