@@ -244,6 +244,9 @@ def _assign(
 def _assign_constrained(
     lengths: np.ndarray, capacity: int, constraints: PackConstraints, improve: bool
 ) -> tuple[np.ndarray, int, str]:
+    """The constrained fast best fit; with ``improve``, the steps that may cut rows (the other item order,
+    the balanced fill, the exact BFD, on small plans above the vector bound the vector pattern LP); the
+    plan with the fewest rows wins, ties keep the earlier one."""
     row_of, num_rows = constrained_pack(lengths, capacity, constraints)
     name = "bfd+constraints"
     if not improve or len(lengths) > SECOND_ORDER_MAX:
@@ -382,7 +385,9 @@ def pack(
     ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
     constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says; above
     the vector bound (up to SECOND_ORDER_MAX samples) the row-by-row ``balanced_fill`` is tried as well
-    when the resource amounts take few distinct values (media counts), and the plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared
+    when the resource amounts take few distinct values (media counts), and up to CONSTRAINED_LP_MAX_SAMPLES
+    samples the vector pattern LP (``vector_patterns``, with ``highspy``); the plan with fewer rows wins.
+    ``balance`` evens out per-row attention cost (sum of squared
     lengths) with at most +0.1% rows.
     Rows are shuffled with ``seed`` unless ``shuffle=False``; results are deterministic.
     """

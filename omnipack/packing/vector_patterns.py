@@ -4,16 +4,17 @@ The constrained counterpart of ``patterns.lp_pattern_pack``. An item is a vector
 of each resource (media items, patches, audio frames) and 1 for the sample cap when there is one. Items
 with the same vector form a class (exact vectors, no rounding: a row's budgets hold exactly). The master
 LP, its column generation and the sequential rounding are ``patterns.round_pattern_lp``'s; only the pricing
-differs: the pattern worth most at the LP's prices is a multi-dimensional bounded knapsack, solved as a
-small HiGHS MIP (one integer per class, one ``<= budget`` row per dimension). Its dual bound is what the
-column generation uses as the pricing value, so Farley's bound stays valid when a MIP stops at its node
-limit. What the rounding leaves is packed by the constrained greedy packers (``constraints``), the better
-of ``constrained_pack`` and ``constrained_bfd``.
+differs: the pattern worth most at the LP's prices is a multi-dimensional bounded knapsack. Greedy fills
+price first (cheap, and nearly always one beats a row), valued at the fractional bound of the tightest
+budget; only when none does, a small HiGHS MIP (one integer per class, one ``<= budget`` row per
+dimension) whose dual bound is the value, so Farley's bound stays valid when it stops at its node limit.
+What the rounding leaves is packed by the constrained greedy packers (``constraints``), the best of
+``constrained_pack`` (both item orders) and ``constrained_bfd``.
 
 On the media benchmark sets every item is its own class (patch counts vary), so the LP has one row per
-item; the step is for small and medium plans (``engine`` runs it up to a few thousand samples, above the
-vector bound only). Limits are counts (LP solves, columns, MIP nodes), HiGHS runs on one thread with a
-fixed seed: the plan is the same on every run.
+item and its column generation tails beyond a few hundred items; ``engine`` runs the step on small plans
+above the vector bound only (``CONSTRAINED_LP_MAX_SAMPLES``). Limits are counts (LP solves, columns,
+MIP nodes), HiGHS runs on one thread with a fixed seed: the plan is the same on every run.
 """
 
 from __future__ import annotations
