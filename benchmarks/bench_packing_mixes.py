@@ -14,8 +14,9 @@ W in 4096/8192/16384/32768, seeded by its index) is packed twice:
   bound; loss against the optimum when the MIP proves it).
 
 ``--speed`` adds the plan-speed comparison with lightbinpack (bench_packing's, on 4M text samples).
-``--constrained`` packs small image-text and omni sets under their media budgets (bench_packing's) and, where
-``pack`` is above the vector bound, asks an assignment MIP (``optimum.vector_packing_feasible``) whether
+``--constrained`` packs small image-text and omni sets under their media budgets (bench_packing's) without
+("before") and with ("after") the vector pattern LP step (``engine.CONSTRAINED_LP_MAX_SAMPLES``) and, where
+``pack`` is still above the vector bound, asks an assignment MIP (``optimum.vector_packing_feasible``) whether
 the bound's row count is reachable: "bound tight" (the packer's loss) or "bound not tight".
 """
 
@@ -33,7 +34,7 @@ import bench_packing  # noqa: E402
 from mixes import WIDTHS, describe, random_mixture, sample_mixture  # noqa: E402
 from optimum import bin_packing_optimum, vector_packing_feasible  # noqa: E402
 
-from omnipack.packing import lower_bounds, pack  # noqa: E402
+from omnipack.packing import engine, lower_bounds, pack  # noqa: E402
 from omnipack.packing.bounds import constrained_lower_bounds  # noqa: E402
 
 
@@ -72,7 +73,15 @@ def run_small(index: int, n: int, lp_seconds: float) -> dict:
     bound = max(lower_bounds(lengths, width).values())
     rows = pack(lengths, width, shuffle=False).num_rows
     ffd = pack(lengths, width, algorithm="ffd", shuffle=False).num_rows
-    out = {"index": index, "W": width, "rows": rows, "bound": bound, "ffd": ffd, "lp": bound, "optimum": bound}
+    out = {
+        "index": index,
+        "W": width,
+        "rows": rows,
+        "bound": bound,
+        "ffd": ffd,
+        "lp": bound,
+        "optimum": bound,
+    }
     out["converged"] = True
     if rows > bound:
         opt = bin_packing_optimum(lengths, width, upper=rows, lp_seconds=lp_seconds)
@@ -123,7 +132,9 @@ def summarize_small(results: list[dict]) -> dict:
         "LP not solved in time": sum(not r["converged"] for r in results),
         "worst rows/ceil LP": max((r["rows"] / r["lp"] for r in results if r["converged"]), default=1.0),
         "worst rows/optimum": max((r["rows"] / r["optimum"] for r in proven), default=1.0),
-        "p99 rows/optimum": float(np.quantile([r["rows"] / r["optimum"] for r in proven], 0.99)) if proven else 1.0,
+        "p99 rows/optimum": float(np.quantile([r["rows"] / r["optimum"] for r in proven], 0.99))
+        if proven
+        else 1.0,
         "worst rows/bound": max(r["rows"] / r["bound"] for r in results),
         "p99 rows/bound": float(np.quantile([r["rows"] / r["bound"] for r in results], 0.99)),
         "worst rows/ffd": max(r["rows"] / r["ffd"] for r in results),
@@ -141,8 +152,21 @@ def print_table(rows: list[dict]) -> None:
     bench_packing.print_table(rows, _cell)
 
 
+def _timed_rows(lengths: np.ndarray, width: int, constraints, lp_max_samples: int) -> tuple[int, float]:
+    """Rows and plan seconds of ``pack`` with the vector pattern LP step up to ``lp_max_samples``."""
+    saved = engine.CONSTRAINED_LP_MAX_SAMPLES
+    engine.CONSTRAINED_LP_MAX_SAMPLES = lp_max_samples
+    try:
+        start = time.perf_counter()
+        rows = pack(lengths, width, constraints=constraints).num_rows
+        return rows, time.perf_counter() - start
+    finally:
+        engine.CONSTRAINED_LP_MAX_SAMPLES = saved
+
+
 def constrained_small(n: int, seeds: int, seconds: float) -> list[dict]:
-    """Small media sets under bench_packing's budgets: pack vs the vector bound, and the MIP's verdict."""
+    """Small media sets under bench_packing's budgets: pack without ("before") and with ("after") the vector
+    pattern LP step, against the vector bound, and the MIP's verdict where "after" is above it."""
     from bench_packing import image_text, media_constraints, omni_mix, padded
 
     out = []
@@ -154,33 +178,81 @@ def constrained_small(n: int, seeds: int, seconds: float) -> list[dict]:
             amounts, budgets = constraints.amounts_matrix(n)
             cap = constraints.max_samples_per_row
             bound = constrained_lower_bounds(lengths, width, amounts, budgets, cap)["best"]
-            rows = pack(lengths, width, constraints=constraints).num_rows
+            before, before_s = _timed_rows(lengths, width, constraints, 0)
+            rows, after_s = _timed_rows(lengths, width, constraints, engine.CONSTRAINED_LP_MAX_SAMPLES)
             verdict = "pack at bound"
-            if rows > bound:
+            if rows > bound and seconds > 0:
                 dims = np.column_stack([lengths, amounts, np.ones(n, dtype=np.int64)])
                 caps = np.concatenate([[width], budgets, [cap]])
                 binding = 1 + int(np.argmax(amounts.sum(axis=0) / budgets))  # the patch budget here
                 fits = vector_packing_feasible(dims, caps, bound, seconds=seconds, order_by=binding)
-                verdict = {True: "bound tight: packer's loss", False: "bound not tight", None: "undecided"}[fits]
-            out.append({"set": name, "n": n, "seed": seed, "rows": rows, "vector bound": bound, "MIP": verdict})
+                verdict = {True: "bound tight: packer's loss", False: "bound not tight", None: "undecided"}[
+                    fits
+                ]
+            elif rows > bound:
+                verdict = "above bound (no MIP)"
+            out.append(
+                {
+                    "set": name,
+                    "n": n,
+                    "seed": seed,
+                    "vector bound": bound,
+                    "rows before": before,
+                    "rows after": rows,
+                    "s before": before_s,
+                    "s after": after_s,
+                    "MIP": verdict,
+                }
+            )
             print(f"# {out[-1]}", file=sys.stderr, flush=True)
     return out
+
+
+def summarize_constrained(results: list[dict]) -> list[dict]:
+    """Per set: rows/bound before and after the step (worst, p99), instances at the bound, max plan seconds."""
+    rows = []
+    for name in dict.fromkeys(r["set"] for r in results):
+        sel = [r for r in results if r["set"] == name]
+        before = np.array([r["rows before"] / r["vector bound"] for r in sel])
+        after = np.array([r["rows after"] / r["vector bound"] for r in sel])
+        rows.append(
+            {
+                "set": name,
+                "instances": len(sel),
+                "at bound before": int((before == 1).sum()),
+                "at bound after": int((after == 1).sum()),
+                "worst before": before.max(),
+                "worst after": after.max(),
+                "p99 before": float(np.quantile(before, 0.99)),
+                "p99 after": float(np.quantile(after, 0.99)),
+                "max s before": max(r["s before"] for r in sel),
+                "max s after": max(r["s after"] for r in sel),
+            }
+        )
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="10k-1M samples, optima at 2000 items")
     parser.add_argument("--mixtures", type=int, default=200)
-    parser.add_argument("--lp-seconds", type=float, default=None, help="LP time cap (default 10 s, --full 60 s)")
+    parser.add_argument(
+        "--lp-seconds", type=float, default=None, help="LP time cap (default 10 s, --full 60 s)"
+    )
     parser.add_argument("--speed", action="store_true", help="plan speed vs lightbinpack (4M text samples)")
     parser.add_argument("--constrained", action="store_true", help="only the small constrained sets vs a MIP")
     parser.add_argument("--constrained-n", type=int, default=200)
     parser.add_argument("--constrained-seeds", type=int, default=4)
-    parser.add_argument("--mip-seconds", type=float, default=60.0)
+    parser.add_argument("--mip-seconds", type=float, default=60.0, help="0: no MIP verdict")
     args = parser.parse_args()
     if args.constrained:
-        print(f"\nConstrained sets at {args.constrained_n} samples vs the vector bound (MIP {args.mip_seconds:.0f} s)\n")
-        print_table(constrained_small(args.constrained_n, args.constrained_seeds, args.mip_seconds))
+        print(
+            f"\nConstrained sets at {args.constrained_n} samples vs the vector bound (MIP {args.mip_seconds:.0f} s)\n"
+        )
+        results = constrained_small(args.constrained_n, args.constrained_seeds, args.mip_seconds)
+        print_table(results)
+        print("\nrows / vector bound without (before) and with (after) the vector pattern LP step\n")
+        print_table(summarize_constrained(results))
         return
     high = 1_000_000 if args.full else 100_000
     small_n = 2000 if args.full else 1000
@@ -204,7 +276,9 @@ def main() -> None:
         return
     print(f"\nLarge instances: {args.mixtures} mixtures, n log-uniform in [10k, {high // 1000}k]\n")
     print_table(summarize_large(large))
-    print(f"\nSmall instances: the same mixtures at {small_n} items, against the LP bound / optimum (HiGHS)\n")
+    print(
+        f"\nSmall instances: the same mixtures at {small_n} items, against the LP bound / optimum (HiGHS)\n"
+    )
     print_table([summarize_small(small)])
     print("\nWorst 10 large instances (rows / bound):\n")
     worst = sorted(large, key=lambda r: -r["rows"] / r["bound"])[:10]

@@ -1,4 +1,5 @@
-"""The LP-guided step (``packing.patterns``): plans at the optimum where the greedy steps stop above it."""
+"""The LP-guided steps (``packing.patterns``, ``packing.vector_patterns``): plans at the optimum where the
+greedy steps stop above it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omnipack.packing import lower_bounds, pack
+from omnipack.packing import engine, lower_bounds, pack
+from omnipack.packing.bounds import constrained_lower_bounds
+from omnipack.packing.constraints import constrained_bfd
 from omnipack.packing.greedy import ffd_classes
 from omnipack.packing.patterns import lp_pattern_pack, patterns_to_slots, plan_patterns
+from omnipack.packing.vector_patterns import _VectorPricing, constrained_lp_pack
 
+from .test_packing import assert_constraints_hold, media_mix
 from .test_packing_bounds_refill import SETTINGS, capped_classes, padded
 
 
@@ -77,3 +82,70 @@ def test_without_highspy_the_greedy_plan_stays(monkeypatch):
     assert lp_pattern_pack(values, counts, 4096, start, [lambda v, c: ffd_classes(v, c, 4096)]) is None
     plan = pack(lengths, 4096)
     assert plan.algorithm != "lp-patterns" and plan.num_rows <= start[1]
+
+
+# The constrained step (``packing.vector_patterns``): media sets whose patch budget binds.
+
+
+def _assert_within_every_budget(plan, lengths: np.ndarray, constraints, capacity: int) -> None:
+    assert np.bincount(plan.row_of, weights=lengths).max() <= capacity
+    assert_constraints_hold(plan, constraints)
+    assert sorted(plan.members.tolist()) == list(range(len(lengths)))
+
+
+def test_vector_lp_step_reaches_the_vector_bound_where_the_greedy_packers_stop_above_it(monkeypatch):
+    pytest.importorskip("highspy")
+    lengths, constraints = media_mix(7, 60, 16384)
+    amounts, budgets = constraints.amounts_matrix(len(lengths))
+    bound = constrained_lower_bounds(lengths, 16384, amounts, budgets, 64)["best"]
+    assert bound == 10  # the patch budget's own bound: no packing has fewer rows, so 10 is the optimum
+    with monkeypatch.context() as without:
+        without.setattr(engine, "CONSTRAINED_LP_MAX_SAMPLES", 0)
+        assert pack(lengths, 16384, constraints=constraints).num_rows == 11
+    plan = pack(lengths, 16384, constraints=constraints)
+    assert (plan.num_rows, plan.algorithm) == (10, "lp-patterns+constraints")
+    _assert_within_every_budget(plan, lengths, constraints, 16384)
+
+
+@pytest.mark.parametrize(("seed", "n"), [(1, 100), (2, 150)])
+def test_vector_lp_step_gives_the_same_plan_on_every_run_within_every_budget(seed, n):
+    pytest.importorskip("highspy")
+    lengths, constraints = media_mix(seed, n, 16384)
+    first = pack(lengths, 16384, constraints=constraints, seed=5)
+    second = pack(lengths, 16384, constraints=constraints, seed=5)
+    assert first.algorithm == "lp-patterns+constraints"
+    assert np.array_equal(first.row_of, second.row_of) and np.array_equal(first.members, second.members)
+    _assert_within_every_budget(first, lengths, constraints, 16384)
+
+
+def test_vector_lp_step_without_highspy_keeps_the_greedy_plan(monkeypatch):
+    lengths, constraints = media_mix(7, 60, 16384)
+    start = constrained_bfd(lengths, 16384, constraints)
+    monkeypatch.setitem(sys.modules, "highspy", None)
+    assert constrained_lp_pack(lengths, 16384, constraints, start) is None
+    plan = pack(lengths, 16384, constraints=constraints)
+    assert plan.algorithm != "lp-patterns+constraints" and plan.num_rows == 11
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(1, 9), st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=7))
+def test_vector_pricing_finds_the_best_pattern(raw):
+    """The pricing's value caps every pattern's and it returns the best one when one beats a row (brute force)."""
+    highspy = pytest.importorskip("highspy")
+    vectors = np.unique(np.array(raw, dtype=np.int64), axis=0)
+    caps = np.array([12, 6, 3], dtype=np.int64)
+    rng = np.random.default_rng(len(raw))
+    counts = rng.integers(1, 3, len(vectors))
+    prices = rng.uniform(0, 1, len(vectors))
+    pricing = _VectorPricing(highspy, vectors, caps)
+    value, patterns, _ = pricing.price(counts, prices)
+    grids = np.stack(np.meshgrid(*[np.arange(c + 1) for c in counts], indexing="ij"), -1).reshape(
+        -1, len(counts)
+    )
+    feasible = grids[(grids @ vectors <= caps).all(axis=1)]
+    best = float((feasible @ prices).max())
+    assert value >= best - 1e-6
+    for pattern in patterns:
+        assert (pattern @ vectors <= caps).all() and (pattern <= counts).all() and pattern @ prices > 1
+    if best > 1 + 1e-6:
+        assert patterns

@@ -13,6 +13,7 @@ from .plan import PackPlan, build_plan
 from .refill import refill_classes
 from .swap import swap_search
 from .vector_fill import balanced_fill, fits_balanced_fill
+from .vector_patterns import constrained_lp_pack
 
 ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
@@ -28,6 +29,9 @@ PAIR_THRESHOLDS = 16  # thresholds tried by the pairing scan (spread evenly over
 PAIR_MIN_SHARE = 0.2  # the scan runs when at least this share of items is above W/3 (rows of 2-4 items)
 LP_MAX_SAMPLES = 20_000  # samples up to which a plan still above the bound gets the LP-guided step
 LP_MAX_CLASSES = 2_000  # distinct lengths up to which it runs (one LP row and knapsack class each)
+# Samples up to which a constrained plan above the vector bound gets the vector pattern LP (an LP row per
+# distinct item vector, which on media sets is every item; 2-10 s at 200-300 samples, see benchmarks/README.md).
+CONSTRAINED_LP_MAX_SAMPLES = 300
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -227,30 +231,7 @@ def _assign(
     improve: bool,
 ) -> tuple[np.ndarray, int, str]:
     if constraints is not None:
-        row_of, num_rows = constrained_pack(lengths, capacity, constraints)
-        name = "bfd+constraints"
-        if improve and len(lengths) <= SECOND_ORDER_MAX:
-            # Neither item order wins everywhere (weighted shares: omni mixes; plain sums: image-text).
-            plain_row_of, plain_rows = constrained_pack(lengths, capacity, constraints, weigh_by_demand=False)
-            if plain_rows < num_rows:
-                row_of, num_rows = plain_row_of, plain_rows
-        if (
-            improve
-            and len(lengths) <= SECOND_ORDER_MAX
-            and fits_balanced_fill(constraints, len(lengths))
-            and num_rows > _constrained_bound(lengths, capacity, constraints)
-        ):
-            # Budgets that bind together: a row-by-row fill that keeps every dimension level.
-            filled = balanced_fill(lengths, capacity, constraints)
-            if filled is not None and filled[1] < num_rows:
-                row_of, num_rows, name = filled[0], filled[1], "balanced-fill+constraints"
-        if improve and len(lengths) <= EXACT_CONSTRAINED_MAX:
-            # The fast packer only looks at the front row of each space bucket and can open needless rows
-            # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
-            exact_row_of, exact_rows = constrained_bfd(lengths, capacity, constraints)
-            if exact_rows < num_rows:
-                return exact_row_of, exact_rows, "bfd+constraints(exact)"
-        return row_of, num_rows, name
+        return _assign_constrained(lengths, capacity, constraints, improve)
     values, counts = _classes(lengths, capacity)
     run = bfd_classes if algorithm == "bfd" else ffd_classes
     slot_rows, num_rows = run(values, counts, capacity)
@@ -258,6 +239,42 @@ def _assign(
     if improve and algorithm == "bfd":
         slot_rows, num_rows, used = _improve(slot_rows, num_rows, lengths, values, counts, capacity)
     return _slots_to_samples(slot_rows, lengths, capacity), num_rows, used
+
+
+def _assign_constrained(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, improve: bool
+) -> tuple[np.ndarray, int, str]:
+    """The constrained fast best fit; with ``improve``, the steps that may cut rows (the other item order,
+    the balanced fill, the exact BFD, on small plans above the vector bound the vector pattern LP); the
+    plan with the fewest rows wins, ties keep the earlier one."""
+    row_of, num_rows = constrained_pack(lengths, capacity, constraints)
+    name = "bfd+constraints"
+    if not improve or len(lengths) > SECOND_ORDER_MAX:
+        return row_of, num_rows, name
+    # Neither item order wins everywhere (weighted shares: omni mixes; plain sums: image-text).
+    plain_row_of, plain_rows = constrained_pack(lengths, capacity, constraints, weigh_by_demand=False)
+    if plain_rows < num_rows:
+        row_of, num_rows = plain_row_of, plain_rows
+    small = len(lengths) <= CONSTRAINED_LP_MAX_SAMPLES
+    level = fits_balanced_fill(constraints, len(lengths))
+    bound = _constrained_bound(lengths, capacity, constraints) if level or small else 0
+    if level and num_rows > bound:
+        # Budgets that bind together: a row-by-row fill that keeps every dimension level.
+        filled = balanced_fill(lengths, capacity, constraints)
+        if filled is not None and filled[1] < num_rows:
+            row_of, num_rows, name = filled[0], filled[1], "balanced-fill+constraints"
+    if len(lengths) <= EXACT_CONSTRAINED_MAX:
+        # The fast packer only looks at the front row of each space bucket and can open needless rows
+        # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
+        exact_row_of, exact_rows = constrained_bfd(lengths, capacity, constraints)
+        if exact_rows < num_rows:
+            row_of, num_rows, name = exact_row_of, exact_rows, "bfd+constraints(exact)"
+    if small and num_rows > bound:
+        # Still above the vector bound on a small plan: the vector pattern LP, rounded.
+        guided = constrained_lp_pack(lengths, capacity, constraints, (row_of, num_rows), lower_bound=bound)
+        if guided is not None:
+            row_of, num_rows, name = guided[0], guided[1], "lp-patterns+constraints"
+    return row_of, num_rows, name
 
 
 def _constrained_bound(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> int:
@@ -368,7 +385,9 @@ def pack(
     ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
     constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says; above
     the vector bound (up to SECOND_ORDER_MAX samples) the row-by-row ``balanced_fill`` is tried as well
-    when the resource amounts take few distinct values (media counts), and the plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared
+    when the resource amounts take few distinct values (media counts), and up to CONSTRAINED_LP_MAX_SAMPLES
+    samples the vector pattern LP (``vector_patterns``, with ``highspy``); the plan with fewer rows wins.
+    ``balance`` evens out per-row attention cost (sum of squared
     lengths) with at most +0.1% rows.
     Rows are shuffled with ``seed`` unless ``shuffle=False``; results are deterministic.
     """

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -47,6 +48,7 @@ class LpLimits:
     max_knapsack_work: int = 150_000_000  # knapsack table cells updated, summed over the pricing rounds
     max_lp_solves: int = 400  # master LP solves (each followed by one knapsack)
     max_rounds: int = 1000  # rounding steps, each followed by a new LP for the demand left
+    min_columns: int = MIN_COLUMNS  # patterns generated before a known bound may end the LP
 
 
 def best_patterns(
@@ -197,33 +199,62 @@ class _Work:
         )
 
 
+class Pricing(Protocol):
+    """The pricing problem of the pattern LP: the row pattern worth most at the master's prices."""
+
+    def floor(self, demand: np.ndarray) -> int:
+        """A cheap lower bound on the rows for ``demand`` (e.g. ceil(total / width))."""
+        ...
+
+    def price(self, demand: np.ndarray, prices: np.ndarray) -> tuple[float, list[np.ndarray], int]:
+        """An upper bound on the best pattern's value (its exact value when solved), improving patterns
+        (value > 1; none when none was found) and the work done."""
+        ...
+
+
+@dataclass(frozen=True)
+class KnapsackPricing:
+    """1-D pricing: the exact bounded knapsack over length classes (``best_patterns``)."""
+
+    values: np.ndarray  # class lengths, divided by their common divisor with the width
+    capacity: int
+
+    def floor(self, demand: np.ndarray) -> int:
+        return -(-int(demand @ self.values) // self.capacity)
+
+    def price(self, demand: np.ndarray, prices: np.ndarray) -> tuple[float, list[np.ndarray], int]:
+        return best_patterns(self.values, demand, self.capacity, prices, PATTERNS_PER_PRICING)
+
+
 def _generate_columns(
     master: _Master,
-    values: np.ndarray,
+    pricing: Pricing,
     demand: np.ndarray,
-    capacity: int,
     upper: int,
     work: _Work,
     floor: int = 0,
 ) -> tuple[int, np.ndarray]:
     """Column generation until the LP is solved, its bound reaches ``upper``, its value rounds up to
-    ``floor`` (a known lower bound: more columns could not lower it further; only after MIN_COLUMNS
-    new patterns, which the rounding needs as much as the value) or the work is spent.
+    ``floor`` (a known lower bound: more columns could not lower it further; only after
+    ``LpLimits.min_columns`` new patterns, which the rounding needs as much as the value), the pricing
+    finds no improving pattern, or the work is spent.
 
     Returns a lower bound on the rows for ``demand`` (ceil of the LP when solved, else the best of
     Farley's bound ``LP / best pattern value`` and ``floor``) and the last LP's column values.
     """
-    floor = max(floor, -(-int(demand @ values) // capacity))
+    floor = max(floor, pricing.floor(demand))
     while True:
         objective, prices, x = master.solve_lp()
-        value, patterns, cost = best_patterns(values, demand, capacity, prices, PATTERNS_PER_PRICING)
+        value, patterns, cost = pricing.price(demand, prices)
         work.knapsack += cost
         work.rounds += 1
         lp_rows = math.ceil(objective - 1e-6)
         if value <= 1 + 1e-9:
             return lp_rows, x
-        lower = max(math.ceil(objective / value - 1e-6), floor if work.columns >= MIN_COLUMNS else 0)
-        if lower >= min(upper, lp_rows) or work.spent:
+        lower = max(
+            math.ceil(objective / value - 1e-6), floor if work.columns >= work.limits.min_columns else 0
+        )
+        if lower >= min(upper, lp_rows) or work.spent or not patterns:
             return lower, x
         for pattern in patterns:
             master.add(pattern)
@@ -233,12 +264,12 @@ def _generate_columns(
 def _sequential_rounding(
     master: _Master,
     x: np.ndarray,
-    scaled: np.ndarray,
+    pricing: Pricing,
     counts: np.ndarray,
-    capacity: int,
     work: _Work,
     complete: Callable[[np.ndarray], int],
     upper: int,
+    target: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows per column taken by rounding the LP one step at a time, and the demand left for a greedy
     packer to complete.
@@ -248,7 +279,8 @@ def _sequential_rounding(
     to the items still scarce). After every round ``complete(demand)`` (rows a greedy packer needs for
     the rest) prices stopping there; the best stopping point wins, ``upper`` (the plan to beat) if none
     is better. The rounding ends when it cannot beat the best (rows taken + the residual LP's bound),
-    after ``max_rounds`` or once its own work budget is spent.
+    when the best meets ``target`` (a lower bound on the rows), after ``max_rounds`` or once its own
+    work budget is spent.
     """
     taken: dict[int, int] = {}
     demand = counts.copy()
@@ -267,10 +299,10 @@ def _sequential_rounding(
         total = rows_taken + (complete(demand) if demand.any() else 0)
         if total < best[0]:
             best = (total, dict(taken), demand)
-        if not demand.any() or work.spent:
+        if not demand.any() or work.spent or best[0] <= target:
             break
         master.set_demand(demand)
-        lower, x = _generate_columns(master, scaled, demand, capacity, best[0] - rows_taken, work)
+        lower, x = _generate_columns(master, pricing, demand, best[0] - rows_taken, work)
         if rows_taken + lower >= best[0]:
             break
     rows = np.zeros(len(master.columns), dtype=np.int64)
@@ -278,11 +310,12 @@ def _sequential_rounding(
     return rows, best[2]
 
 
-def _residual_rows(
+def residual_patterns(
     values: np.ndarray, demand: np.ndarray, residual_packers: list[Callable]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The best of ``residual_packers`` on the items of ``demand``: its patterns (over all classes) and
-    rows per pattern."""
+    """The best of ``residual_packers`` on the items of ``demand`` (``packer(values[present],
+    demand[present])`` returning ``(slot_rows, num_rows)`` or None; one must succeed): its patterns
+    (over all classes) and rows per pattern. ``values`` is any per-class array (lengths, vectors)."""
     present = np.flatnonzero(demand)
     packed = [p(values[present], demand[present]) for p in residual_packers]
     slots, num = min((p for p in packed if p is not None), key=lambda p: p[1])
@@ -292,22 +325,61 @@ def _residual_rows(
     return full, used
 
 
-def _pack_residual(
-    master: _Master,
-    rows: np.ndarray,
-    demand: np.ndarray,
-    values: np.ndarray,
-    residual_packers: list[Callable],
-) -> np.ndarray:
-    """``rows`` plus the rows of the best of ``residual_packers`` on the items of ``demand`` (as columns)."""
+Residual = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # demand -> (patterns, rows per pattern)
+
+
+def _pack_residual(master: _Master, rows: np.ndarray, demand: np.ndarray, residual: Residual) -> np.ndarray:
+    """``rows`` plus the rows ``residual`` packs the items of ``demand`` into (as columns)."""
     if not demand.any():
         return rows
-    patterns, used = _residual_rows(values, demand, residual_packers)
+    patterns, used = residual(demand)
     columns = [master.add(pattern) for pattern in patterns]
     out = np.zeros(len(master.columns), dtype=np.int64)
     out[: len(rows)] = rows
     np.add.at(out, columns, used)
     return out
+
+
+def round_pattern_lp(
+    pricing: Pricing,
+    counts: np.ndarray,
+    start_patterns: np.ndarray,
+    start_rows: int,
+    residual: Residual,
+    lower_bound: int = 0,
+    limits: LpLimits | None = None,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Patterns and rows per pattern covering ``counts`` in fewer rows than a start plan of
+    ``start_rows`` rows (its distinct patterns ``start_patterns`` are the first columns), by the
+    pattern LP priced by ``pricing`` and sequential rounding, ``residual`` packing what the rounding
+    leaves; None if none is found, the LP proves the start optimal, or ``highspy`` is missing.
+    ``lower_bound`` (a known bound on the rows) ends the column generation once the LP rounds up to it.
+    """
+    try:
+        import highspy
+    except ImportError:
+        return None
+    work = _Work(limits or LpLimits())
+    master = _Master(highspy, counts)
+    for pattern in start_patterns:
+        master.add(pattern)
+
+    def complete(demand: np.ndarray) -> int:
+        return int(residual(demand)[1].sum())
+
+    try:
+        lower, x = _generate_columns(master, pricing, counts, start_rows, work, floor=lower_bound)
+        if lower >= start_rows or x.sum() > start_rows - 1 + 1e-6:
+            return None  # proven optimal, or the LP (stopped by its limits) found nothing better to round
+        rows, demand = _sequential_rounding(
+            master, x, pricing, counts, work, complete, start_rows, target=lower_bound
+        )
+    except LpNotSolved:
+        return None
+    rows = _pack_residual(master, rows, demand, residual)
+    if rows.sum() >= start_rows:
+        return None
+    return np.array(master.columns), rows
 
 
 def lp_pattern_pack(
@@ -328,29 +400,15 @@ def lp_pattern_pack(
     columns, so the LP begins from the plan it has to beat. ``lower_bound`` (a known bound on the rows,
     e.g. max(L1, L2, DFF)) ends the column generation once the LP rounds up to it.
     """
-    try:
-        import highspy
-    except ImportError:
-        return None
-    work = _Work(limits or LpLimits())
     start_slots, start_rows = start
     scale = math.gcd(int(capacity), *values.tolist())
-    scaled, width = values // scale, int(capacity) // scale
-    master = _Master(highspy, counts)
-    for pattern in plan_patterns(start_slots, start_rows, counts)[0]:
-        master.add(pattern)
-
-    def complete(demand: np.ndarray) -> int:
-        return int(_residual_rows(values, demand, residual_packers)[1].sum())
-
-    try:
-        lower, x = _generate_columns(master, scaled, counts, width, start_rows, work, floor=lower_bound)
-        if lower >= start_rows or x.sum() > start_rows - 1 + 1e-6:
-            return None  # proven optimal, or the LP (stopped by its limits) found nothing better to round
-        rows, demand = _sequential_rounding(master, x, scaled, counts, width, work, complete, start_rows)
-    except LpNotSolved:
-        return None
-    rows = _pack_residual(master, rows, demand, values, residual_packers)
-    if rows.sum() >= start_rows:
-        return None
-    return patterns_to_slots(np.array(master.columns), rows, counts)
+    out = round_pattern_lp(
+        KnapsackPricing(values // scale, int(capacity) // scale),
+        counts,
+        plan_patterns(start_slots, start_rows, counts)[0],
+        start_rows,
+        lambda demand: residual_patterns(values, demand, residual_packers),
+        lower_bound,
+        limits,
+    )
+    return None if out is None else patterns_to_slots(*out, counts)

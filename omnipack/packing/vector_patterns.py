@@ -1,0 +1,216 @@
+"""LP-guided packing under per-row budgets (vector bin packing): the pattern LP over item vectors.
+
+The constrained counterpart of ``patterns.lp_pattern_pack``. An item is a vector: its length, its amount
+of each resource (media items, patches, audio frames) and 1 for the sample cap when there is one. Items
+with the same vector form a class (exact vectors, no rounding: a row's budgets hold exactly). The master
+LP, its column generation and the sequential rounding are ``patterns.round_pattern_lp``'s; only the pricing
+differs: the pattern worth most at the LP's prices is a multi-dimensional bounded knapsack. Greedy fills
+price first (cheap, and nearly always one beats a row), valued at the fractional bound of the tightest
+budget; only when none does, a small HiGHS MIP (one integer per class, one ``<= budget`` row per
+dimension) whose dual bound is the value, so Farley's bound stays valid when it stops at its node limit.
+What the rounding leaves is packed by the constrained greedy packers (``constraints``), the best of
+``constrained_pack`` (both item orders) and ``constrained_bfd``.
+
+On the media benchmark sets every item is its own class (patch counts vary), so the LP has one row per
+item and its column generation tails beyond a few hundred items; ``engine`` runs the step on small plans
+above the vector bound only (``CONSTRAINED_LP_MAX_SAMPLES``). Limits are counts (LP solves, columns,
+MIP nodes), HiGHS runs on one thread with a fixed seed: the plan is the same on every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .constraints import PackConstraints, constrained_bfd, constrained_pack
+from .patterns import LP_EPS, LpLimits, patterns_to_slots, plan_patterns, residual_patterns, round_pattern_lp
+
+PRICING_MAX_NODES = 100
+GREEDY_SEEDS = 8  # greedy fills per pricing that start from one of the dearest classes  # branch-and-bound nodes per pricing MIP (its dual bound stays a valid value)
+# LP solves dominate (each with a greedy pricing, the MIP when the greedy finds nothing); a known bound
+# may end the LP after fewer columns than in 1-D (the vector LPs are small: one row per item here).
+VECTOR_LIMITS = LpLimits(
+    max_columns=1500, max_knapsack_work=10**12, max_lp_solves=150, max_rounds=400, min_columns=50
+)
+
+
+class _VectorPricing:
+    """Multi-dimensional bounded knapsack over classes as a HiGHS MIP, built once; each pricing changes
+    the objective (the prices) and the column bounds (the demand left)."""
+
+    def __init__(self, highspy, vectors: np.ndarray, caps: np.ndarray) -> None:
+        self.vectors = vectors
+        self.caps = caps
+        # Per class: how many copies fit one row by each budget alone.
+        with np.errstate(divide="ignore"):
+            fit = np.where(vectors > 0, caps // np.maximum(vectors, 1), np.iinfo(np.int64).max)
+        self.fit = fit.min(axis=1)
+        self.model = getattr(highspy, "_Highs", highspy.Highs)()
+        options = (
+            ("output_flag", False),
+            ("threads", 1),
+            ("random_seed", 0),
+            ("mip_max_nodes", PRICING_MAX_NODES),
+        )
+        for name, value in options:
+            self.model.setOptionValue(name, value)
+        self.model.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        m = len(vectors)
+        for _ in range(m):
+            self.model.addVar(0.0, 0.0)
+        self.model.changeColsIntegrality(
+            m, np.arange(m, dtype=np.int32), np.full(m, highspy.HighsVarType.kInteger)
+        )
+        for d, cap in enumerate(caps.tolist()):
+            idx = np.flatnonzero(vectors[:, d]).astype(np.int32)
+            self.model.addRow(
+                -highspy.kHighsInf, float(cap), len(idx), idx, vectors[idx, d].astype(np.float64)
+            )
+        self.columns = np.arange(m, dtype=np.int32)
+
+    def floor(self, demand: np.ndarray) -> int:
+        return max(-(-int(demand @ self.vectors[:, d]) // int(c)) for d, c in enumerate(self.caps.tolist()))
+
+    def price(self, demand: np.ndarray, prices: np.ndarray) -> tuple[float, list[np.ndarray], int]:
+        """Greedy fills first (cheap, and their patterns are as good for the master); the MIP only
+        when none of them is worth more than one row, to prove the LP solved or find what they miss."""
+        upper = np.where(prices > LP_EPS, np.minimum(demand, self.fit), 0)
+        patterns = self._greedy(upper, prices)
+        if patterns:
+            return self._fractional_bound(upper, prices), patterns, 1
+        return self._mip(upper, prices)
+
+    def _greedy(self, upper: np.ndarray, prices: np.ndarray) -> list[np.ndarray]:
+        """Improving patterns from greedy fills: classes by price per unit of size, size measured by
+        each budget alone and by all of them together (their shares summed); and the summed-share order
+        again from each of the GREEDY_SEEDS dearest classes put in first (more columns per LP solve: the
+        column generation tails less)."""
+        present = np.flatnonzero(upper)
+        shares = self.vectors[present] / self.caps
+        orders = [
+            np.lexsort((present, -prices[present] / np.maximum(size, 1e-12)))
+            for size in (shares.sum(axis=1), *shares.T)
+        ]
+        dearest = np.lexsort((present, -prices[present]))[:GREEDY_SEEDS]
+        orders += [np.concatenate([[k], orders[0][orders[0] != k]]) for k in dearest.tolist()]
+        found: dict[bytes, np.ndarray] = {}
+        vectors = self.vectors[present].tolist()
+        for order in orders:
+            left = self.caps.tolist()
+            pattern = np.zeros(len(upper), dtype=np.int64)
+            for k in order.tolist():
+                vec = vectors[k]
+                take = min([int(upper[present[k]])] + [lf // v for lf, v in zip(left, vec, strict=True) if v])
+                if take > 0:
+                    pattern[present[k]] = take
+                    left = [lf - v * take for lf, v in zip(left, vec, strict=True)]
+            if prices @ pattern > 1 + 1e-9:
+                found.setdefault(pattern.tobytes(), pattern)
+        return list(found.values())
+
+    def _fractional_bound(self, upper: np.ndarray, prices: np.ndarray) -> float:
+        """An upper bound on the best pattern's value: the fractional knapsack of each budget alone (the
+        tightest of them); keeps Farley's bound valid while the greedy fills price."""
+        best = np.inf
+        for d, cap in enumerate(self.caps.tolist()):
+            weight = self.vectors[:, d]
+            free = float(prices[(weight == 0) & (upper > 0)] @ upper[(weight == 0) & (upper > 0)])
+            used = np.flatnonzero((weight > 0) & (upper > 0))
+            order = used[np.argsort(-prices[used] / weight[used], kind="stable")]
+            fill = np.cumsum(weight[order] * upper[order])
+            whole = int(np.searchsorted(fill, cap, side="right"))
+            value = free + float(prices[order[:whole]] @ upper[order[:whole]])
+            if whole < len(order):
+                room = cap - (fill[whole - 1] if whole else 0)
+                value += prices[order[whole]] * room / weight[order[whole]]
+            best = min(best, value)
+        return float(best)
+
+    def _mip(self, upper: np.ndarray, prices: np.ndarray) -> tuple[float, list[np.ndarray], int]:
+        m = len(upper)
+        self.model.changeColsCost(m, self.columns, np.where(upper > 0, prices, 0.0))
+        self.model.changeColsBounds(m, self.columns, np.zeros(m), upper.astype(np.float64))
+        self.model.run()
+        info = self.model.getInfo()
+        solution = np.asarray(self.model.getSolution().col_value, dtype=np.float64)
+        pattern = np.minimum(np.round(solution).astype(np.int64), upper).clip(0)
+        feasible = info.primal_solution_status == 2 and (pattern @ self.vectors <= self.caps).all()
+        found = float(prices @ pattern) if feasible else 0.0
+        # The dual bound caps the best pattern's value even when the node limit stopped the MIP.
+        value = max(found, float(info.mip_dual_bound)) if np.isfinite(info.mip_dual_bound) else found
+        patterns = [pattern] if feasible and found > 1 + 1e-9 else []
+        return value, patterns, int(info.mip_node_count) + 1
+
+
+@dataclass(frozen=True)
+class _Items:
+    """A constrained instance as vectors: ``matrix[i] = (length, amounts..., 1 if capped)``, ``caps`` the
+    row budgets in the same order; the resources' budgets and the sample cap to rebuild constraints."""
+
+    matrix: np.ndarray
+    caps: np.ndarray
+    budgets: np.ndarray
+    max_samples: int | None
+
+    @classmethod
+    def of(cls, lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> _Items:
+        n = len(lengths)
+        amounts, budgets = constraints.amounts_matrix(n)
+        cap = constraints.max_samples_per_row
+        columns = [lengths[:, None], amounts] + ([np.ones((n, 1), np.int64)] if cap is not None else [])
+        caps = np.concatenate([[capacity], budgets] + ([[cap]] if cap is not None else []))
+        return cls(np.hstack(columns).astype(np.int64), caps.astype(np.int64), budgets, cap)
+
+    def pack_greedy(self, vectors: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, int]:
+        """The better of the constrained greedy packers on ``counts[j]`` items of each class vector; the
+        rows of the items in class order (a class-level packing)."""
+        items = np.repeat(vectors, counts, axis=0)
+        resources = {f"r{d}": (items[:, 1 + d], int(b)) for d, b in enumerate(self.budgets.tolist())}
+        constraints = PackConstraints(self.max_samples, resources)
+        width = int(self.caps[0])
+        return min(
+            (
+                constrained_pack(items[:, 0], width, constraints),
+                constrained_pack(items[:, 0], width, constraints, weigh_by_demand=False),
+                constrained_bfd(items[:, 0], width, constraints),
+            ),
+            key=lambda packed: packed[1],
+        )
+
+
+def constrained_lp_pack(
+    lengths: np.ndarray,
+    capacity: int,
+    constraints: PackConstraints,
+    start: tuple[np.ndarray, int],
+    lower_bound: int = 0,
+    limits: LpLimits | None = None,
+) -> tuple[np.ndarray, int] | None:
+    """``(row_of, num_rows)`` with fewer rows than ``start`` (``(row_of, num_rows)``, e.g. the greedy
+    plan), guided by the vector pattern LP (see the module doc); None if none is found, the LP proves
+    ``start`` optimal, or ``highspy`` is not installed. Every budget and the sample cap hold exactly.
+    ``lower_bound`` (e.g. the vector bound) ends the column generation once the LP rounds up to it."""
+    try:
+        import highspy
+    except ImportError:
+        return None
+    items = _Items.of(lengths, capacity, constraints)
+    vectors, class_of, counts = np.unique(items.matrix, axis=0, return_inverse=True, return_counts=True)
+    order = np.argsort(class_of.reshape(-1), kind="stable")  # the items in class order
+    start_row_of, start_rows = start
+    out = round_pattern_lp(
+        _VectorPricing(highspy, vectors, items.caps),
+        counts,
+        plan_patterns(np.asarray(start_row_of)[order], start_rows, counts)[0],
+        start_rows,
+        lambda demand: residual_patterns(vectors, demand, [items.pack_greedy]),
+        lower_bound,
+        limits or VECTOR_LIMITS,
+    )
+    if out is None:
+        return None
+    slot_rows, num_rows = patterns_to_slots(*out, counts)
+    row_of = np.empty(len(lengths), dtype=np.int32)
+    row_of[order] = slot_rows
+    return row_of, num_rows
