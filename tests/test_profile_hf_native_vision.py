@@ -78,9 +78,12 @@ def both(request, tmp_path_factory):
 KEYS = {"image": ("pixel_values", "image_grid_thw"), "video": ("pixel_values_videos", "video_grid_thw")}
 
 
-def _per_sample(out: Path, kinds: tuple[str, ...] = ("image",)) -> dict[str, dict[str, np.ndarray]]:
-    """{sample id: its token ids, labels, and its items' pixel rows and grids (and a video's
-    ``second_per_grid_ts``, as float32) of each of ``kinds``} as the loader hands them."""
+def _per_sample(
+    out: Path, kinds: tuple[str, ...] = ("image",), per_token: tuple[str, ...] = ()
+) -> dict[str, dict[str, np.ndarray]]:
+    """{sample id: its token ids, labels (and the ``per_token`` keys the batch has: ``[3, tokens]`` for mRoPE
+    ids), and its items' pixel rows and grids (and a video's ``second_per_grid_ts``) of each of ``kinds``}
+    as the loader hands them."""
     found = {}
     for batch in val_batches(out, batch_size=1):
         d = batch.as_dict()
@@ -89,6 +92,8 @@ def _per_sample(out: Path, kinds: tuple[str, ...] = ("image",)) -> dict[str, dic
         for k, sid in enumerate(batch.sample_ids[0]):
             a, n = int(cup[k]), int(cu[k + 1] - cu[k])
             found[sid] = {key: d[key][0, a : a + n].numpy() for key in COMPARED}
+            for key in (key for key in per_token if key in d):
+                found[sid][key] = (d[key][:, 0] if d[key].ndim == 3 else d[key][0])[..., a : a + n].numpy()
             for kind in kinds:
                 pixels, grids = KEYS[kind]
                 items = sum(m["sample_index"] == k and m["kind"] == kind for m in media)
@@ -240,6 +245,37 @@ def test_hf_video_pixels_are_the_processors_given_the_file(videos_both):
     alone = lambda sid: processor_alone(proc, media, samples[sid])  # noqa: E731
     seen = assert_each_sample_is_the_processors(out["hf"], samples, alone, lambda p: joined(p, AXES), proc.tokenizer)
     assert sum(seen.values()) == sum(len(_videos_of(m)) for m in samples.values())
+
+
+def test_native_mrope_ids_are_the_models_over_the_hf_outputs(videos_both):
+    """``hf`` hands no position ids (the processor's ``mm_token_type_ids`` instead, from which the model
+    computes them): the model's own ``get_rope_index`` (its config from the folder) over each sample's ``hf``
+    token ids, ``mm_token_type_ids``, ``video_grid_thw`` and ``second_per_grid_ts`` gives the native family's
+    ``mrope_position_ids`` (Qwen2.5-VL's once it read ``vision_config.tokens_per_second`` off the checkpoint: it
+    used its option's default 2 over the folder's 4, every video's temporal positions apart)."""
+    import types
+
+    import torch
+    import transformers
+
+    family, model, _, samples, out = videos_both
+    cls = getattr(transformers, FAMILIES[family][0].replace("Processor", "Model"))
+    stub = types.SimpleNamespace(config=transformers.AutoConfig.from_pretrained(model))
+    stub.get_vision_position_ids = types.MethodType(cls.get_vision_position_ids, stub)
+    if family == "qwen2_5_vl":  # its time scale is the folder's (the config class's 4; the released ones 2)
+        settings = json.loads((out[family] / ".nv-meta" / "omnipack.json").read_text())["profile"]["settings"]
+        assert settings["tokens_per_second"] == stub.config.vision_config.tokens_per_second == 4
+    native = _per_sample(out[family], ("video",), ("mrope_position_ids",))
+    hf = _per_sample(out["hf"], ("video",), ("mm_token_type_ids",))
+    for sid in samples:
+        got, want = hf[sid], native[sid]["mrope_position_ids"]
+        kw = {"video_grid_thw": torch.from_numpy(got["video_grid_thw"])} if "video_grid_thw" in got else {}
+        if "second_per_grid_ts" in got:
+            kw["second_per_grid_ts"] = torch.from_numpy(got["second_per_grid_ts"])
+        ids, types_ = (torch.from_numpy(got[k])[None] for k in ("tokens", "mm_token_type_ids"))
+        pos, _ = cls.get_rope_index(stub, ids, types_, **kw)
+        assert pos[:, 0].tolist() == want.tolist(), sid
+    assert sum("video_grid_thw" in hf[sid] for sid in samples) >= 6
 
 
 def test_native_refuses_a_video_processor_that_normalizes_otherwise(tmp_path):
