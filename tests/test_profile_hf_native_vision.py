@@ -1,6 +1,6 @@
 """Native profile vs processor-backed profile on the families whose processors hold a video processor
-(transformers builds those only with torchvision): Qwen2.5-VL and Qwen3-VL, images (issue 23, item 4; the
-Gemma 3 pair runs without torchvision in test_profile_hf_native.py). Opt-in (``pytest -m hf_processors``),
+(transformers builds those only with torchvision): Qwen2.5-VL and Qwen3-VL, images and videos (issue 23, item
+4; the Gemma 3 pair runs without torchvision in test_profile_hf_native.py). Opt-in (``pytest -m hf_processors``),
 skipped where torchvision does not import.
 
 Each model folder (the demo tokenizer of the family, its processor class with the PIL image processor and the
@@ -10,6 +10,11 @@ families reproduce; with torchvision installed transformers picks its torchvisio
 differently). Every sample gets the same token ids and labels, and the loader hands the same ``pixel_values``
 (the native family's stored uint8 frames normalized and patched by its trainer half; the processor's float32
 patches as stored) and ``image_grid_thw``, bit for bit.
+
+Videos (a corpus of lossless mp4 files, both sides decoding with decord): the same token ids, labels, grids,
+``second_per_grid_ts`` and mRoPE ids (the native family's against the model's ``get_rope_index`` over hf's
+outputs); ``pixel_values_videos`` within a float32 ulp where neither side resizes and at most 2 uint8 steps
+apart where both do (PIL bicubic frames vs the processor's torchvision resize, README "Model profiles").
 """
 
 from __future__ import annotations
