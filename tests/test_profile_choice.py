@@ -200,3 +200,20 @@ def test_a_run_measures_with_the_settings_of_processor_config(tmp_path, small_co
             differ += got != [default.plan(m).num_tokens for m in metas]
             checked += len(got)
     assert checked and differ
+
+
+def test_a_checkpoint_config_sets_the_model_config_options(tmp_path):
+    """A profile chosen from a checkpoint takes the options its config.json sets (``model_config_options``:
+    Qwen2.5-VL's ``vision_config.tokens_per_second``, the mRoPE time scale of its videos), not over an option
+    given; a family without such an option takes none."""
+    from omnipack.profiles.checkpoint import choose_profile
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "qwen2_5_vl", "vision_config": {"tokens_per_second": 4}}))
+    choice, opts = choose_profile(None, tmp_path, {})
+    assert (choice.name, choice.source, opts["tokens_per_second"]) == ("qwen2_5_vl", "checkpoint", 4)
+    assert choose_profile(None, tmp_path, {"tokens_per_second": 2.0})[1]["tokens_per_second"] == 2.0
+    config.write_text(json.dumps({"model_type": "qwen2_5_vl", "vision_config": {}}))
+    assert "tokens_per_second" not in choose_profile(None, tmp_path, {})[1]
+    config.write_text(json.dumps({"model_type": "qwen3_vl", "vision_config": {"tokens_per_second": 4}}))
+    assert "tokens_per_second" not in choose_profile(None, tmp_path, {})[1]

@@ -199,6 +199,9 @@ class ModelProfile(ABC):
     # True for a profile that runs a checkpoint's own HF processor (it needs a model folder to plan anything);
     # False for a native family, whose rules are pure functions of media metadata.
     processor_backed: ClassVar[bool] = False
+    # Options a checkpoint's config.json sets when the profile is chosen from it (not over options given):
+    # option -> the keys leading to its value there (e.g. Qwen2.5-VL's vision_config.tokens_per_second).
+    model_config_options: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     @property
     def kinds(self) -> tuple[str, ...]:

@@ -32,6 +32,7 @@ class Checkpoint:
     folder: Path
     model_type: str
     architectures: tuple[str, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # config.json as read
 
     @classmethod
     def read(cls, folder: str | Path) -> Checkpoint | None:
@@ -47,7 +48,7 @@ class Checkpoint:
         if not isinstance(model_type, str) or not model_type:
             raise ValueError(f"model config {path} names no model_type: omnipack cannot tell which model it is")
         architectures = config.get("architectures") or ()
-        return cls(Path(folder), model_type, tuple(str(a) for a in architectures))
+        return cls(Path(folder), model_type, tuple(str(a) for a in architectures), config)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ def choose_profile(
             and processor_config_source(checkpoint.folder, kind) is not None
         ):
             opts[option] = str(checkpoint.folder)
+    opts.update(_model_config_options(cls, checkpoint.config, opts))
     choice = ProfileChoice(
         name,
         source,
@@ -140,6 +142,18 @@ def choose_profile(
         _processor_files(cls, opts),
     )
     return choice, opts
+
+
+def _model_config_options(cls: type[ModelProfile], config: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The profile's ``model_config_options`` the checkpoint's config sets, where not given explicitly."""
+    found = {}
+    for option, keys in cls.model_config_options.items():
+        value: Any = config
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None and given.get(option) is None:
+            found[option] = value
+    return found
 
 
 def _checkpoint_profile(explicit: str | None, checkpoint: Checkpoint) -> tuple[str, str]:

@@ -25,6 +25,8 @@ class Qwen25VLProfile(QwenVLProfile):
     # Qwen2VLVideoProcessor class defaults (per-frame budget 128..768 tokens), sampled at 2 fps.
     default_video = VideoSettings(2.0, 4, 768, 128 * 28 * 28, 28 * 28 * 768, False, 128000)
     video_sampler = "qwen2"
+    # the model's temporal mRoPE scale (2 in the released configs; the config class's default is 4)
+    model_config_options = {"tokens_per_second": ("vision_config", "tokens_per_second")}
 
     # ---- training cost model (profiles.cost): new methods ----
 

@@ -391,6 +391,7 @@ class QwenVLProfile(ModelProfile):
         self.image_std = tuple(float(x) for x in pcfg.get("image_std", self.default_std))
         self.image = self._image_settings_from(pcfg, min_pixels, max_pixels)
         vcfg = read_preprocessor_config(video_preprocessor_config, "video")
+        self._check_video_normalization(vcfg)
         options = dict(
             fps=video_fps,
             min_frames=video_min_frames,
@@ -435,6 +436,18 @@ class QwenVLProfile(ModelProfile):
         if image.min_pixels > image.max_pixels:
             raise ValueError(f"min_pixels {image.min_pixels} > max_pixels {image.max_pixels}")
         return image
+
+    def _check_video_normalization(self, vcfg: dict[str, Any]) -> None:
+        """Refuse a video processor config that normalizes otherwise than the image processor: the trainer half
+        normalizes images and videos with one (mean, std) (the batch's ``pixel_mean`` / ``pixel_std``), so the
+        videos would silently differ from the processor's. The released Qwen-VL checkpoints use one for both."""
+        for key, image_value in (("image_mean", self.image_mean), ("image_std", self.image_std)):
+            if key in vcfg and tuple(float(x) for x in vcfg[key]) != image_value:
+                raise ValueError(
+                    f"the video processor's {key} {list(vcfg[key])} differs from the image processor's "
+                    f"{list(image_value)}; profile {self.name!r} normalizes videos and images alike (set the "
+                    "video processor's image_mean / image_std to the image processor's, or use --profile hf)"
+                )
 
     def _video_settings_from(
         self, vcfg: dict[str, Any], options: dict[str, Any], do_sample_frames: bool | None
