@@ -10,6 +10,8 @@ and is no child of this process, is reaped here and its CPU (with its workers') 
 ``RUSAGE_CHILDREN``. Both modes' datasets must be byte-identical (checked).
 
     PYTHONPATH=. python benchmarks/bench_pool_start.py --rounds 3
+    # any command's wall and process-tree CPU seconds (e.g. test files before and after):
+    PYTHONPATH=. python benchmarks/bench_pool_start.py --tree python -m pytest -q -p no:cacheprovider tests/test_cli.py
 """
 
 from __future__ import annotations
@@ -75,12 +77,24 @@ def run_once(script: Path, out: Path, corpus: tuple[Path, Path], tokenizer: Path
     return time.perf_counter() - t, _cpu_children() - c
 
 
+def run_tree(command: list[str]) -> int:
+    """Run ``command``; print its wall seconds and the CPU seconds of its whole process tree."""
+    t = time.perf_counter()
+    rc = subprocess.call(command)
+    _reap_all()
+    print(f"tree: wall {time.perf_counter() - t:.1f} s, CPU {_cpu_children():.1f} s, exit {rc}", file=sys.stderr)
+    return rc
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="runs of each mode, taking turns")
+    parser.add_argument("--tree", nargs=argparse.REMAINDER, help="instead: time this command's process tree")
     args = parser.parse_args()
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    if args.tree:
+        raise SystemExit(run_tree(args.tree))
     from omnipack.demo.corpus import build_demo_corpus
     from omnipack.demo.tokenizer import build_demo_tokenizer
     from tests.stage_outputs import dataset_bytes

@@ -6,7 +6,7 @@ for all the units it runs; units run inline get the executor's own context.
 
 Pool processes start warm: forked from multiprocessing's fork server, a single-threaded process started once
 per run (a fresh interpreter, not a fork of the run) that imports the stage code (``WARM_MODULES``: torch,
-transformers, pyarrow, omnipack's stages) once. A spawned process pays that import anew, ~3.5 s of CPU each
+transformers, pyarrow, omnipack's stages) once. A spawned process pays that import anew, ~4 s of CPU each
 (benchmarks/README.md, "Warm pool workers"). Forked from the server, a worker is the server's child: it
 ends with the server, and the server ends with the run (its end of the server's pipe closes). What a
 spawned worker inherits from the run when the pool starts (environment, working folder, ``sys.path``) the
