@@ -36,7 +36,9 @@ from .base import Executor, UnitFn
 PARENT_POLL_S = 1.0  # how often a worker looks whether its parent is still there (where no signal says so)
 
 # What a pool worker's units import, imported once by the fork server (each worker forks from it); "__main__"
-# is the run's main script, as a spawned worker imports it (unit functions defined there).
+# is the run's main script, as a spawned worker imports it (unit functions defined there). Imports only: none
+# may run torch work at import (a process forked after torch's OpenMP pool ran hangs on its first parallel op;
+# importing starts one idle OpenMP thread, which forks cleanly: test_pool_workers_run_torch_thread_pools).
 WARM_MODULES = (
     "__main__",
     "torch",
