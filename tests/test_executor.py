@@ -232,3 +232,29 @@ def test_pool_workers_exit_when_their_parent_is_killed(tmp_path):
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"pool workers {left} outlived their parent"
+
+
+def torch_threads_unit(spec, unit, context):
+    """Work on torch's intra-op thread pool (OpenMP): hangs in a worker forked from a process whose pool ran."""
+    import torch
+
+    x = torch.ones(256, 256)
+    return float((x @ x).sum() + torch.ones(1 << 20).exp().sum()) > 0, torch.get_num_threads()
+
+
+def test_pool_workers_run_torch_thread_pools():
+    """Pool workers fork from the fork server, which imported torch but never ran its thread pools: a worker
+    forked after they ran would hang on its first parallel op. A fresh process, so that a hang fails in time."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = (
+        "from omnipack.executors.local import LocalExecutor\nfrom tests import test_executor as t\n"
+        "with LocalExecutor(2) as ex:\n    print(list(ex.map(t.torch_threads_unit, None, [0, 1, 2, 3])))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", run], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("(True,") == 4, done.stdout

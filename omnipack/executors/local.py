@@ -1,8 +1,16 @@
 """The embedded executor: stage units on a local process pool (nothing to start), or in this process.
 
-``LocalExecutor.map`` runs a stage's unit function over its units (parts, shards) on spawned processes;
-each process keeps what it loads (a tokenizer, the mapped measure tables) in its worker context
-(``stages.worker``) for all the units it runs; units run inline get the executor's own context.
+``LocalExecutor.map`` runs a stage's unit function over its units (parts, shards) on pool processes; each
+process keeps what it loads (a tokenizer, the mapped measure tables) in its worker context (``stages.worker``)
+for all the units it runs; units run inline get the executor's own context.
+
+Pool processes start warm: forked from multiprocessing's fork server, a single-threaded process started once
+per run (a fresh interpreter, not a fork of the run) that imports the stage code (``WARM_MODULES``: torch,
+transformers, pyarrow, omnipack's stages) once. A spawned process pays that import anew, ~4 s of CPU each
+(benchmarks/README.md, "Warm pool workers"). Forked from the server, a worker is the server's child: it
+ends with the server, and the server ends with the run (its end of the server's pipe closes). What a
+spawned worker inherits from the run when the pool starts (environment, working folder, ``sys.path``) the
+initializer sets from the run's values, as the server was started with the values of its own time.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -27,23 +35,67 @@ from .base import Executor, UnitFn
 
 PARENT_POLL_S = 1.0  # how often a worker looks whether its parent is still there (where no signal says so)
 
+# What a pool worker's units import, imported once by the fork server (each worker forks from it); "__main__"
+# is the run's main script, as a spawned worker imports it (unit functions defined there). Imports only: none
+# may run torch work at import (a process forked after torch's OpenMP pool ran hangs on its first parallel op;
+# importing starts one idle OpenMP thread, which forks cleanly: test_pool_workers_run_torch_thread_pools).
+WARM_MODULES = (
+    "__main__",
+    "torch",
+    "pyarrow",
+    "transformers.tokenization_utils_fast",
+    "omnipack.pipeline",
+    "omnipack.stages.measure",
+    "omnipack.stages.pack",
+    "omnipack.stages.write",
+    "omnipack.stages.finalize",
+)
 
-def exit_with_parent(parent_pid: int) -> None:
-    """End this pool worker when its parent dies (``kill -9``, the OOM killer): an orphaned worker holds its
+
+def pool_context() -> Any:
+    """The multiprocessing context of the pool's workers: the fork server, with ``WARM_MODULES`` preloaded,
+    where the platform has one; spawn elsewhere (no fork: Windows). Never plain fork: the run holds threads
+    (progress bars, tokenizers' and torch's thread pools) that a fork does not copy in a usable state."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    # the preload list is multiprocessing's (one server per process); it counts when the server starts
+    context.set_forkserver_preload(list(WARM_MODULES))
+    return context
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, but another user's: the pid was reused, the run is gone
+        return False
+    return True
+
+
+def exit_with_parent(run_pid: int) -> None:
+    """End this pool worker when the run dies (``kill -9``, the OOM killer): an orphaned worker holds its
     memory (a tokenizer, mapped tables: hundreds of MB each) for as long as it waits for work that never
-    comes. On Linux the kernel kills it (``PR_SET_PDEATHSIG``); elsewhere, and should the signal be missed, a
-    thread sees the parent gone (the worker is re-parented) within ``PARENT_POLL_S``."""
+    comes. The worker's parent is the run (spawned) or the fork server, which ends with the run. On Linux
+    the kernel kills the worker when its parent ends (``PR_SET_PDEATHSIG``); elsewhere, and should the
+    signal be missed, a thread sees the parent or the run gone within ``PARENT_POLL_S``."""
+    parent = os.getppid()
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass  # no libc prctl (e.g. a static interpreter): the thread below still watches
-    if os.getppid() != parent_pid:  # the parent died before the signal was set up
+
+    def parents_there() -> bool:
+        return os.getppid() == parent and (parent == run_pid or _process_alive(run_pid))
+
+    if not parents_there():  # the parent died before the signal was set up
         os._exit(1)
 
     def watch() -> None:
-        while os.getppid() == parent_pid:
+        while parents_there():
             time.sleep(PARENT_POLL_S)
         os._exit(1)
 
@@ -66,19 +118,31 @@ def _run_unit(fn: UnitFn, spec_path: str, unit: Any) -> Any:
     return _POOL_WORKER.run(fn, spec_path, lambda: _load_spec(spec_path), unit)
 
 
-def _worker_init(progress_queue: Any, parent_pid: int) -> None:
-    """A pool worker leaves Ctrl-C to the parent (which stops the pool and says how to resume: a worker
-    handling it too would print its own traceback), reports its progress counts to the parent, ends when
-    the parent dies, and keeps its worker context for its lifetime."""
+def _inherit(environ: Mapping[str, str], cwd: str, path: list[str]) -> None:
+    """This process's environment, working folder and import path: the run's when its pool started (a
+    forked worker has the fork server's, from when the server started: a test's or a library caller's
+    later ``os.environ`` changes, S3 endpoints and credentials among them, would be missed)."""
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+    os.chdir(cwd)
+    sys.path[:] = path
+
+
+def _worker_init(progress_queue: Any, run_pid: int, environ: Mapping[str, str], cwd: str, path: list[str]) -> None:
+    """A pool worker takes the run's environment, leaves Ctrl-C to the run (which stops the pool and says
+    how to resume: a worker handling it too would print its own traceback), reports its progress counts to
+    the run, ends when the run dies, and keeps its worker context for its lifetime."""
     global _POOL_WORKER
-    exit_with_parent(parent_pid)
+    exit_with_parent(run_pid)
+    _inherit(environ, cwd, path)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     attach_queue(progress_queue)
     _POOL_WORKER = WorkerContext()
 
 
 class LocalExecutor(Executor):
-    """Units on ``workers`` spawned processes (inline with one worker); results in unit order.
+    """Units on ``workers`` pool processes (inline with one worker); results in unit order.
 
     A worker killed mid-unit (``kill -9``, the OOM killer) fails the run with ``BrokenProcessPool`` rather
     than hanging it; a rerun then redoes only the unfinished units.
@@ -93,7 +157,7 @@ class LocalExecutor(Executor):
 
     @staticmethod
     def _new_queue() -> Any:
-        return mp.get_context("spawn").Queue()
+        return pool_context().Queue()
 
     def map(self, fn: UnitFn, spec: Any, units: list[Any]) -> Iterator[Any]:
         if self.workers <= 1 or len(units) <= 1:
@@ -101,8 +165,7 @@ class LocalExecutor(Executor):
                 yield fn(spec, unit, self._inline)
             return
         if self._pool is None:
-            # spawn, not fork: tokenizers' thread pools and fork do not mix
-            context = mp.get_context("spawn")
+            context = pool_context()
             if self.progress_queue is None:  # closed before: a new run of units
                 self.progress_queue = self._new_queue()
 
@@ -110,7 +173,7 @@ class LocalExecutor(Executor):
                 self.workers,
                 mp_context=context,
                 initializer=_worker_init,
-                initargs=(self.progress_queue, os.getpid()),
+                initargs=(self.progress_queue, os.getpid(), dict(os.environ), os.getcwd(), list(sys.path)),
             )
         # The spec (with every input part: megabytes for a large input) goes to each worker once, through a
         # file; a unit carries only its number. Pickled per unit it would cost O(units x parts). The file is
