@@ -149,3 +149,19 @@ def test_vector_pricing_finds_the_best_pattern(raw):
         assert (pattern @ vectors <= caps).all() and (pattern <= counts).all() and pattern @ prices > 1
     if best > 1 + 1e-6:
         assert patterns
+
+
+def test_a_pricing_larger_than_the_whole_work_budget_is_not_started(monkeypatch):
+    """2000 length classes of 10 items at W=131072: one knapsack pricing would update ~1e9 cells (seconds and
+    ~0.5 GB of tables), more than the solve's whole work limit, which is checked between pricings; the
+    step is skipped before it starts. A smaller W with the same classes still runs it."""
+    calls = []
+    monkeypatch.setattr(engine, "lp_pattern_pack", lambda *a, **k: calls.append(a[2]))
+    values = np.arange(2000, 4000, dtype=np.int64) * 16
+    counts = np.full(2000, 10, dtype=np.int64)
+    slots, rows = ffd_classes(values, counts, 131072)
+    assert engine._lp_guided(slots, rows + 1, values, counts, 131072, rows) is None
+    small = np.arange(1, 101, dtype=np.int64) * 16
+    slots, rows = ffd_classes(small, counts[:100], 4096)
+    engine._lp_guided(slots, rows + 1, small, counts[:100], 4096, rows)
+    assert calls == [4096]

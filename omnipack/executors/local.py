@@ -4,13 +4,17 @@
 process keeps what it loads (a tokenizer, the mapped measure tables) in its worker context (``stages.worker``)
 for all the units it runs; units run inline get the executor's own context.
 
-Pool processes start warm: forked from multiprocessing's fork server, a single-threaded process started once
-per run (a fresh interpreter, not a fork of the run) that imports the stage code (``WARM_MODULES``: torch,
+Pool processes start warm: forked from multiprocessing's fork server, a single-threaded process started by
+the first pool of a process and kept for the process's lifetime (a fresh interpreter, not a fork of the run;
+one per process, so later runs in the same process reuse it) that imports the stage code (``WARM_MODULES``: torch,
 transformers, pyarrow, omnipack's stages) once. A spawned process pays that import anew, ~4 s of CPU each
 (benchmarks/README.md, "Warm pool workers"). Forked from the server, a worker is the server's child: it
 ends with the server, and the server ends with the run (its end of the server's pipe closes). What a
 spawned worker inherits from the run when the pool starts (environment, working folder, ``sys.path``) the
-initializer sets from the run's values, as the server was started with the values of its own time.
+initializer sets from the run's values, as the server was started with the values of its own time. What the
+preloaded modules read once at import (torch's OpenMP/MKL thread counts, huggingface_hub's ``HF_*``
+constants) stays as it was when the server started: a process that runs prepare twice with other such
+variables between the runs gets the first run's (a CLI run is one process, one run).
 """
 
 from __future__ import annotations

@@ -349,11 +349,15 @@ class SegmentWriter:
         self._offset += len(data)
 
     def commit(self) -> None:
-        """The payloads written, then their index and the segment's stamp after its last write (the
-        segment's commit point). No fsync: payloads a crash lost leave the segment shorter than its stamp
-        (a file system records a size after its data), so they are checked against their xxh3 on read."""
+        """The payloads written and synced, then their index and the segment's stamp (the segment's commit
+        point). The fsync comes before the stamp: a repack copies a segment whose stamp is unchanged without
+        checking its payloads' xxh3, and not every file system persists a file's data before its size and
+        times (ext4 ``data=writeback``, some network and FUSE mounts), so a crash could otherwise leave a
+        full-length segment of zeros behind a matching stamp."""
         if self._file is None:
             return
+        self._file.flush()
+        os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
         stamp = {"stamp": json.dumps(output_stamp(self.bin))}
