@@ -83,7 +83,8 @@ class PackedBatch(Batch):
     # The model's encoder inputs, named as its forward arguments; which keys exist is the family's
     # (``EncoderInputs.batch_keys``), e.g. Qwen-VL ``pixel_values`` / ``image_grid_thw``, Qwen3-Omni also
     # ``input_features`` / ``feature_attention_mask``, Nemotron Omni ``image_grid_hw`` / ``input_features_mask``.
-    # Placeholder order across the micro-batch.
+    # Placeholder order across the micro-batch. Shipped audio samples are no forward argument: they have a key
+    # of their own (``input_features_waves``, see ``wave_features``) that the accessors turn into features.
     encoder_inputs: dict[str, torch.Tensor] | None = None
     # The encoder inputs that hold pixels; uint8 ones (the default for Qwen families) are raw pixel values
     # and the model input is (x / 255 - pixel_mean[c]) / pixel_std[c] per channel
@@ -161,7 +162,7 @@ class PackedBatch(Batch):
     ) -> dict[str, torch.Tensor]:
         """``values`` with its audio sample keys turned into features by the family's front end (where they
         are: the device), each clip's frame count read from ``host`` (no device sync). The samples' key
-        (``wave_samples_key``) is replaced by the features' key, in place."""
+        (``wave_samples_key``) is replaced by the features' key, at the same position."""
         for key, front_end in (self.wave_features or {}).items():
             src = wave_samples_key(key)
             if src in values:
