@@ -407,12 +407,10 @@ def bench_omnipack(
     workers: int,
     passes: int,
     patches_in_worker: bool = False,
-    features_in_worker: bool = False,
     **encoder_options: Any,
 ) -> tuple[int, int, float]:
     """The loader at default settings plus ``encoder_options``; ``patches_in_worker``: uint8 pixels cut into
-    patches in the worker (not left to the consumer as the stored frames); ``features_in_worker``: audio
-    log-mel computed in the worker (not left to the consumer from the stored samples)."""
+    patches in the worker (not left to the consumer as the stored frames)."""
     from megatron.energon import WorkerConfig, get_loader, get_val_dataset
 
     from omnipack.loader.task_encoder import OmnipackTaskEncoder
@@ -422,9 +420,6 @@ def bench_omnipack(
         if patches_in_worker:
             te.unpatched_pixels = {}
             te.media_options = dataclasses.replace(te.media_options, unpatched=False)
-        if features_in_worker:
-            te.wave_features = {}
-            te.media_options = dataclasses.replace(te.media_options, waves=False)
         return te
 
     def batches() -> Iterable[Any]:
@@ -848,7 +843,7 @@ def floor_run(profile: str, samples: int, seq_length: int, repeats: int, passes:
         "omnipack, patches cut in the worker": {"patches_in_worker": True},
     }
     if get_profile(profile).inputs().wave_features():
-        pipelines["omnipack, log-mel in the worker (previous default)"] = {"features_in_worker": True}
+        pipelines["omnipack, log-mel in the worker (previous default)"] = {"audio_features": "worker"}
     load_before = os.getloadavg()
     res: dict[tuple[str, int], list[tuple[int, int, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:

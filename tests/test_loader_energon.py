@@ -112,8 +112,9 @@ def test_two_workers_mbs2_batches_carry_media_in_placeholder_order(dataset):
         expect = _expected_media(te, [tars[k] for k in keys])  # float32, as the HF processors give them
         assert all(batch.media_inputs()[k].dtype == torch.uint8 for k in PIXEL_KEYS & set(expect))
         if "input_features" in expect:  # the workers ship the clips' stored samples, not their log-mel
-            shipped = batch.encoder_inputs["input_features"]
+            shipped = batch.encoder_inputs["input_features_waves"]  # under their own key, never the features'
             assert shipped.ndim == 2 and shipped.dtype in (torch.int16, torch.float32)
+            assert "input_features" not in batch.encoder_inputs
             assert set(batch.wave_features) == {"input_features"}
         got = batch.normalized_media_inputs()  # default uint8 pixels, normalized as the trainer does
         assert set(got) == set(expect)
@@ -145,7 +146,7 @@ def test_uint8_pixels_normalize_to_the_float32_batches(dataset):
         assert set(fa) == set(fb)
         if "input_features" in fa:  # float32: model-ready log-mel from the worker; uint8: samples, same bits
             assert a.wave_features is None and a.encoder_inputs["input_features"].ndim == 3
-            assert b.wave_features and b.encoder_inputs["input_features"].ndim == 2
+            assert b.wave_features and b.encoder_inputs["input_features_waves"].ndim == 2
             seen.add("input_features")
         for k, v in fa.items():
             if k in ("pixel_values", "pixel_values_videos"):
@@ -155,6 +156,40 @@ def test_uint8_pixels_normalize_to_the_float32_batches(dataset):
     assert seen == {"pixel_values", "pixel_values_videos", "input_features"}
     with pytest.raises(ValueError, match="pixel_dtype"):
         OmnipackTaskEncoder.from_dataset(dataset, pixel_dtype="float16")
+
+
+def test_worker_audio_features_equal_the_device_ones_with_uint8_pixels(dataset):
+    """``audio_features="worker"`` gives ready log-mel in ``encoder_inputs["input_features"]`` with the
+    default uint8 pixels; bit for bit (CPU) the features the default ("device") computes in the accessors
+    from the samples it ships under ``input_features_waves``, while its ``input_features`` is absent."""
+    device_te = OmnipackTaskEncoder.from_dataset(dataset)
+    worker_te = OmnipackTaskEncoder.from_dataset(dataset, audio_features="worker")
+    assert device_te.audio_features == "device" and worker_te.audio_features == "worker"
+    assert worker_te.pixel_dtype == device_te.pixel_dtype == "uint8"  # pixels stay uint8 either way
+    clips = 0
+    for dev, work in zip(_val(dataset, device_te, mbs=2), _val(dataset, worker_te, mbs=2), strict=True):
+        if "audio_feature_lengths" not in dev.encoder_inputs:
+            continue
+        ready = work.encoder_inputs["input_features"]
+        assert work.wave_features is None and "input_features_waves" not in work.encoder_inputs
+        assert ready.dtype == torch.float32 and ready.shape[1] == 128
+        assert "input_features" not in dev.encoder_inputs  # a direct read fails loudly, never gets samples
+        assert dev.encoder_inputs["input_features_waves"].ndim == 2
+        assert torch.equal(dev.media_inputs()["input_features"], ready)
+        assert torch.equal(dev.as_dict()["input_features"], ready)
+        assert all(work.encoder_inputs[k].dtype == torch.uint8 for k in PIXEL_KEYS & set(work.encoder_inputs))
+        for k in ("feature_attention_mask", "audio_feature_lengths"):
+            assert torch.equal(dev.encoder_inputs[k], work.encoder_inputs[k]), k
+        clips += int(ready.shape[0])
+    assert clips
+    # float32 pixels may still take the device path; a family without a device front end refuses it
+    f32 = OmnipackTaskEncoder.from_dataset(dataset, pixel_dtype="float32", audio_features="device")
+    assert f32.audio_features == "device" and f32.media_options.waves
+    assert OmnipackTaskEncoder.from_dataset(dataset, pixel_dtype="float32").audio_features == "worker"
+    with pytest.raises(ValueError, match="audio_features must be one of"):
+        OmnipackTaskEncoder.from_dataset(dataset, audio_features="gpu")
+    with pytest.raises(ValueError, match="no device-side audio front end"):
+        OmnipackTaskEncoder(model_inputs=get_profile("qwen2_5_vl").inputs(), decode_media=True, audio_features="device")
 
 
 def test_cp_rank_batches_are_sliced(dataset):

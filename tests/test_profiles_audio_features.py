@@ -14,7 +14,7 @@ import torch
 
 from omnipack.profiles import get_profile
 from omnipack.profiles.audio_features import slaney_mel_filters
-from omnipack.profiles.model_inputs import MediaInputOptions, audio_waveform
+from omnipack.profiles.model_inputs import MediaInputOptions, audio_waveform, wave_samples_key
 from omnipack.profiles.nemotron_omni import parakeet_features
 from omnipack.profiles.qwen3_omni import whisper_features
 
@@ -131,7 +131,8 @@ def test_whisper_front_end_on_shipped_samples_equals_the_extractor_per_clip(dtyp
     are the extractor's (1e-4), the same bits as that clip computed alone, zero past its frames."""
     clips = [s for label, s in CLIPS if dtypes == "mixed" or label.endswith("int16")]
     batch = _waves_batch(clips)
-    waves, lens = batch["input_features"], batch["audio_feature_lengths"].tolist()
+    assert "input_features" not in batch  # the samples have a key of their own, never the features'
+    waves, lens = batch[wave_samples_key("input_features")], batch["audio_feature_lengths"].tolist()
     assert waves.dtype == (torch.int16 if dtypes == "int16" else torch.float32)
     assert tuple(waves.shape) == (len(clips), max(len(c) for c in clips) + 400)
     assert lens == [len(c) // 160 for c in clips] == batch["feature_attention_mask"].sum(1).tolist()

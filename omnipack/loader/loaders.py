@@ -42,8 +42,8 @@ def get_train_loader(
 
     ``rank``/``world_size`` (or ``data_parallel_group``) are the data-parallel coordinates.
     ``encoder_options`` go to ``OmnipackTaskEncoder.from_dataset`` (tp, cp, cp_rank, sequence_parallel,
-    fp8 -- checked against the dataset's alignment -- decode_media, check_media, pixel_dtype, check_rows,
-    reuse_buffers);
+    fp8 -- checked against the dataset's alignment -- decode_media, check_media, pixel_dtype, audio_features,
+    check_rows, reuse_buffers);
     ``dataset_options`` to Energon's ``get_train_dataset``. ``savable`` returns a loader with
     ``save_state_rank``/``restore_state_rank``.
     """

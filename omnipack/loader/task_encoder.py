@@ -27,7 +27,7 @@ from ..dataset.meta import read_omnipack_meta
 from ..profiles import get_encoder_inputs
 from ..profiles.base import ModelProfile
 from ..profiles.hf_config import dataset_placeholder_ids
-from ..profiles.model_inputs import EncoderInputs, MediaInputOptions, storage_view
+from ..profiles.model_inputs import EncoderInputs, MediaInputOptions, storage_view, wave_samples_key
 from .batch import concat_rows, packed_seq_fields, packed_seq_params
 from .buffer_pool import ALIGN, BufferLease, batch_storage, unpin_small, worker_pool
 from .compat import check_dataset_alignment
@@ -57,6 +57,7 @@ class RowContractError(FatalSampleError, ValueError):
 
 
 PIXEL_DTYPE_CHOICES = ("auto", "float32", "uint8")
+AUDIO_FEATURES_CHOICES = ("auto", "device", "worker")
 
 
 @edataclass
@@ -82,7 +83,8 @@ class PackedBatch(Batch):
     # The model's encoder inputs, named as its forward arguments; which keys exist is the family's
     # (``EncoderInputs.batch_keys``), e.g. Qwen-VL ``pixel_values`` / ``image_grid_thw``, Qwen3-Omni also
     # ``input_features`` / ``feature_attention_mask``, Nemotron Omni ``image_grid_hw`` / ``input_features_mask``.
-    # Placeholder order across the micro-batch.
+    # Placeholder order across the micro-batch. Shipped audio samples are no forward argument: they have a key
+    # of their own (``input_features_waves``, see ``wave_features``) that the accessors turn into features.
     encoder_inputs: dict[str, torch.Tensor] | None = None
     # The encoder inputs that hold pixels; uint8 ones (the default for Qwen families) are raw pixel values
     # and the model input is (x / 255 - pixel_mean[c]) / pixel_std[c] per channel
@@ -101,9 +103,10 @@ class PackedBatch(Batch):
     # patch); every accessor below patchifies them (``loader.media.patchify_frames``; on the device for
     # ``as_dict(device)``), so workers only copy stored bytes.
     unpatched_pixels: dict[str, tuple[str, int, int, int]] | None = None
-    # Audio feature keys whose ``encoder_inputs`` hold the clips' stored samples, not yet features, with the
-    # family's front end (``EncoderInputs.wave_features``, e.g. Whisper's log-mel); every accessor below
-    # runs it (on the device for ``as_dict(device)``), so workers only copy stored samples.
+    # Audio feature keys whose clips' stored samples, not yet features, ``encoder_inputs`` holds under
+    # ``wave_samples_key(key)`` (``input_features_waves``; ``key`` itself is absent), with the family's front
+    # end (``EncoderInputs.wave_features``, e.g. Whisper's log-mel); every accessor below runs it (on the
+    # device for ``as_dict(device)``) and gives ``key``, so workers only copy stored samples.
     wave_features: dict[str, Any] | None = None
     # cp_size > 1: int64 [T_local], the full-stream position of each of this rank's tokens.
     cp_token_indices: torch.Tensor | None = None
@@ -158,10 +161,13 @@ class PackedBatch(Batch):
         self, values: dict[str, torch.Tensor], host: Mapping[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         """``values`` with its audio sample keys turned into features by the family's front end (where they
-        are: the device), each clip's frame count read from ``host`` (no device sync)."""
+        are: the device), each clip's frame count read from ``host`` (no device sync). The samples' key
+        (``wave_samples_key``) is replaced by the features' key, at the same position."""
         for key, front_end in (self.wave_features or {}).items():
-            if key in values:
-                values[key] = front_end(values[key], host[front_end.lengths_key].tolist())
+            src = wave_samples_key(key)
+            if src in values:
+                feats = front_end(values[src], host[front_end.lengths_key].tolist())
+                values = {key if k == src else k: feats if k == src else v for k, v in values.items()}
         return values
 
     def _expanded(self, key: str, value: torch.Tensor) -> torch.Tensor:
@@ -270,6 +276,26 @@ def _resolved_pixel_dtype(
     return pixel_dtype, norm
 
 
+def _resolved_audio_features(
+    audio_features: str, model_inputs: EncoderInputs | None, decode_media: bool, uint8_pixels: bool
+) -> dict[str, Any]:
+    """The family's audio front ends the accessors run (``{feature key: front end}``; empty: the workers
+    build the features). ``auto``: "device" with uint8 pixels (the consumer finishes the inputs anyway),
+    "worker" with float32 ones (model-ready encoder inputs from the workers)."""
+    if audio_features not in AUDIO_FEATURES_CHOICES:
+        raise ValueError(f"audio_features must be one of {AUDIO_FEATURES_CHOICES}, got {audio_features!r}")
+    if not decode_media or model_inputs is None:
+        return {}
+    front_ends = dict(model_inputs.wave_features())
+    if audio_features == "device" and not front_ends:
+        raise ValueError(
+            f"profile {model_inputs.name!r} has no device-side audio front end (wave_features): "
+            'use audio_features="auto" or "worker"'
+        )
+    device = audio_features == "device" or (audio_features == "auto" and uint8_pixels)
+    return front_ends if device else {}
+
+
 class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, PackedBatch, PackedBatch]):
     """Cooks omnipack rows and batches them into THD micro-batches (CP-sliced when ``cp_size > 1``).
 
@@ -286,10 +312,15 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
     ``batch.pixel_std`` (float32 [3]): the model input is ``(x.float() / 255 - mean[c]) / std[c]`` with
     ``x`` viewed as ``[patches, 3, -1]``, which ``batch.as_dict(device)`` /
     ``batch.normalized_media_inputs(device)`` compute on the device, bit-identical to the HF processor.
-    "float32" builds those normalized values in the worker (same bits, 4x the bytes). With "uint8" the
-    workers also ship audio clips as their stored samples where the family can
-    (``EncoderInputs.wave_features``: Qwen3-Omni's Whisper log-mel), and the same accessors compute the
-    features on the device, bit-identical on CPU to the ones "float32" builds in the worker.
+    "float32" builds those normalized values in the worker (same bits, 4x the bytes).
+
+    ``audio_features``: where the audio features of a family with a device-side front end
+    (``EncoderInputs.wave_features``: Qwen3-Omni's Whisper log-mel) are computed. "device": the workers ship
+    each clip's stored samples under ``wave_samples_key`` (``encoder_inputs["input_features_waves"]``, no
+    ``input_features``) and ``media_inputs`` / ``normalized_media_inputs`` / ``as_dict`` compute the
+    features (on the device for ``as_dict(device)``), bit-identical on CPU to "worker", which builds
+    ``encoder_inputs["input_features"]`` in the workers. "auto" (default): "device" with uint8 pixels,
+    "worker" with float32 ones; "device" for a family without such a front end is a ValueError.
 
     ``check_rows`` (default on): every row is checked against the packed-row contract
     (``omnipack.dataset.contract.row_contract_errors``: boundaries, dtypes, padding mask, labels / loss mask, no
@@ -318,6 +349,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         check_media: bool = True,
         placeholder_ids: Mapping[str, Sequence[int]] | None = None,
         pixel_dtype: str = "auto",
+        audio_features: str = "auto",
         check_rows: bool = True,
         align: int = 1,
         reuse_buffers: bool = True,
@@ -351,10 +383,10 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         # Pixel keys the workers fill with the stored frames (a copy of the stored bytes, no transposing
         # gather); the batch's accessors cut them into patches where it is used.
         self.unpatched_pixels = dict(model_inputs.unpatched_pixels(pixel_dtype)) if uint8_media else {}
-        # Audio feature keys the workers fill with the stored samples; the batch's accessors compute the
-        # features where it is used (with uint8 pixels the consumer finishes the inputs anyway; float32
-        # mode keeps model-ready encoder inputs built in the worker).
-        self.wave_features = dict(model_inputs.wave_features()) if uint8_media else {}
+        # Audio feature keys whose stored samples the workers ship (under wave_samples_key); the batch's
+        # accessors compute the features where it is used. Empty: features built in the workers.
+        self.wave_features = _resolved_audio_features(audio_features, model_inputs, decode_media, uint8_media)
+        self.audio_features = "device" if self.wave_features else "worker"
         # What every media_inputs / collate_media call gets. Deferred: pixel patches are built once, in
         # batch(), straight into the batch tensor, which the workers' reused shared buffers hold.
         self.media_options = MediaInputOptions(
@@ -387,6 +419,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         decode_media: bool = True,
         check_media: bool = True,
         pixel_dtype: str = "auto",
+        audio_features: str = "auto",
         check_rows: bool = True,
         reuse_buffers: bool = True,
     ) -> OmnipackTaskEncoder:
@@ -396,6 +429,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
         otherwise) and builds the profile's trainer half (``EncoderInputs``) from the recorded name and
         settings: only that family's module is imported, and no preprocessor_config or tokenizer is needed.
         ``pixel_dtype``: "auto", "uint8" (normalized on the device, see the class) or "float32";
+        ``audio_features``: "auto", "device" (log-mel where the batch is used) or "worker" (see the class);
         ``check_rows``: the per-row contract check; ``reuse_buffers``: workers reuse shared memory (see the
         class).
         """
@@ -420,6 +454,7 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             check_media=check_media,
             placeholder_ids=dataset_placeholder_ids(meta, model_inputs)[0],
             pixel_dtype=pixel_dtype,
+            audio_features=audio_features,
             check_rows=check_rows,
             align=int(meta["align"]),
             reuse_buffers=reuse_buffers,
@@ -538,7 +573,8 @@ class OmnipackTaskEncoder(DefaultTaskEncoder[PackedRowSample, PackedRowSample, P
             pixel_keys=tuple(self.model_inputs.pixel_keys) if self.model_inputs is not None else (),
             pixel_repeats={k: r for k, r in self.pixel_repeats.items() if k in encoder_inputs} or None,
             unpatched_pixels={k: v for k, v in self.unpatched_pixels.items() if k in encoder_inputs} or None,
-            wave_features={k: v for k, v in self.wave_features.items() if k in encoder_inputs} or None,
+            wave_features={k: v for k, v in self.wave_features.items() if wave_samples_key(k) in encoder_inputs}
+            or None,
             sample_ids=[s.sample_ids for s in samples],
             row_meta=[s.meta for s in samples],
             media=None if self.decode_media else [s.media or {} for s in samples],

@@ -89,6 +89,13 @@ def private_storage(nbytes: int) -> tuple[Any, int]:
     return torch.UntypedStorage(max(int(nbytes), 1)), 0
 
 
+def wave_samples_key(feature_key: str) -> str:
+    """The batch key holding the clips' stored samples for the audio features ``feature_key`` under
+    ``MediaInputOptions(waves=True)``: a name of its own (``input_features`` -> ``input_features_waves``),
+    so a consumer reading ``feature_key`` gets features or a missing key, never samples."""
+    return f"{feature_key}_waves"
+
+
 @dataclass(frozen=True)
 class MediaInputOptions:
     """What the loader asks of ``media_inputs`` / ``collate_media``; one object, always passed.
@@ -102,8 +109,9 @@ class MediaInputOptions:
     ``torch.from_numpy``) is copied into the loader's shared memory afterwards. ``unpatched`` (uint8): the
     keys ``unpatched_pixels(pixel_dtype)`` names hold each item's stored frames, not yet cut into patches
     (still images one frame, so it implies ``compact``); the consumer patchifies them where the batch is
-    used. ``waves``: the keys ``wave_features()`` names hold each clip's stored samples, laid out for its
-    front end, which the consumer runs where the batch is used (no STFT in the loader).
+    used. ``waves``: for each key ``k`` that ``wave_features()`` names, ``wave_samples_key(k)`` holds each
+    clip's stored samples, laid out for its front end, which the consumer runs where the batch is used (no
+    STFT in the loader); ``k`` itself is absent, so it never holds samples where features are expected.
     """
 
     pixel_dtype: str = "float32"
@@ -202,8 +210,8 @@ class EncoderInputs(ABC):
         each with its front end: a picklable callable ``front_end(waves, frames) -> features`` whose
         ``lengths_key`` names the batch key holding each clip's feature frames.
 
-        Under ``MediaInputOptions(waves=True)`` a key ``k`` here holds the clips' samples as the front end
-        lays them out (int16 when stored so: 1.6x fewer bytes than float32 log-mel features), so workers copy
+        Under ``MediaInputOptions(waves=True)`` the key ``wave_samples_key(k)`` (not ``k``) holds the clips'
+        samples as the front end lays them out (int16 when stored so: 1.6x fewer bytes than float32 log-mel features), so workers copy
         stored samples instead of running the STFT; ``PackedBatch`` accessors run the front end on the
         device (``frames``: Python ints read from the batch's ``lengths_key`` tensor). Default: none.
         """

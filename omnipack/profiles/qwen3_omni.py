@@ -36,6 +36,7 @@ from .model_inputs import (
     item_kind,
     payload_audio,
     payload_frames,
+    wave_samples_key,
 )
 from .qwen_vl import HALF, VISION_BATCH_KEYS, QwenVLInputs, QwenVLProfile, VideoSettings, VisionSettings
 
@@ -43,6 +44,9 @@ AUDIO_RATE = 16000
 HOP_LENGTH = 160
 # WhisperFeatureExtractor reflect-pads by n_fft // 2 = 200 samples, which needs a longer input.
 MIN_SAMPLES = 201
+# Where the workers put the clips' stored samples when the consumer computes the log-mel (its own key, so
+# ``input_features`` is never samples).
+WAVES_KEY = wave_samples_key("input_features")
 
 
 def mel_frames(num_samples: int) -> int:
@@ -113,6 +117,7 @@ class Qwen3OmniInputs(QwenVLInputs):
         "input_features",
         "feature_attention_mask",
         "audio_feature_lengths",
+        WAVES_KEY,  # the clips' stored samples instead of input_features (MediaInputOptions.waves)
     )
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
@@ -140,7 +145,7 @@ class Qwen3OmniInputs(QwenVLInputs):
         wave = payload_audio(payload) if kind == "audio" or isinstance(payload, Mapping) else None
         if wave is not None and options.waves:
             check_whisper_clip(tuple(wave.shape))
-            out["input_features"] = wave  # the stored samples (a view); the consumer runs WhisperLogMel
+            out[WAVES_KEY] = wave  # the stored samples (a view); the consumer runs WhisperLogMel
         elif wave is not None:
             out["input_features"] = whisper_features(wave)  # [128, L]; collate pads and masks
         if not out:
@@ -152,14 +157,16 @@ class Qwen3OmniInputs(QwenVLInputs):
 
         ``input_features`` [N, 128, Lmax], ``feature_attention_mask`` [N, Lmax] (int64, 1 = valid frame),
         ``audio_feature_lengths`` [N]: N audio clips (audio items and videos' own tracks) in placeholder order.
-        Under ``options.waves`` ``input_features`` holds the clips' stored samples instead, ``[N, nmax +
-        400]`` as ``whisper_padded_waves`` lays them out (int16 when every clip is stored so), straight in
-        the batch's storage; ``WhisperLogMel`` (``wave_features``) turns them into the features above.
+        Under ``options.waves`` ``input_features_waves`` (``wave_samples_key``) holds the clips' stored
+        samples instead of ``input_features``, ``[N, nmax + 400]`` as ``whisper_padded_waves`` lays them out
+        (int16 when every clip is stored so), straight in the batch's storage; ``WhisperLogMel``
+        (``wave_features``) turns them into the features above.
         """
         import torch
 
-        feats = [d["input_features"] for d in per_item if "input_features" in d]
-        vision = [{k: v for k, v in d.items() if k != "input_features"} for d in per_item]
+        key = WAVES_KEY if options.waves else "input_features"
+        feats = [d[key] for d in per_item if key in d]
+        vision = [{k: v for k, v in d.items() if k != key} for d in per_item]
         out = super().collate_media(vision, options)
         if not feats:
             return out
@@ -169,7 +176,7 @@ class Qwen3OmniInputs(QwenVLInputs):
             longest = max(int(w.shape[0]) for w in feats) + 2 * WHISPER_PAD
             waves = empty_batch_tensor((len(feats), longest), dtype, options.allocate)
             whisper_padded_waves(feats, waves.numpy())
-            out["input_features"] = waves
+            out[WAVES_KEY] = waves
         else:
             lens = [f.shape[1] for f in feats]
             x = np.zeros((len(feats), feats[0].shape[0], max(lens)), dtype=np.float32)
