@@ -30,8 +30,8 @@ must give its outputs alone (joined as the loader joins them). Where they do (Ge
 pad a sample's clips to the longest before computing features; LLaVA-OneVision tiles an image alone, not one
 of several), that kind is run per sample's media set (``media_joint``, ``_find_joint_layout``): counts from
 the processor on the sample's shapes together (``plan_sample``, cached by the tuple of shapes), arrays from
-it on the sample's decoded items together, each item storing its rows (``store_sample_media``); else the
-processor is refused at start.
+it on the sample's decoded items together, each item storing its rows (``store_sample_media``; images and
+audio only: videos so are unplanned); else the processor is refused at start.
 
 Video (``plan_video``): the processor is given a video as transformers' own decord reader gives it to a user,
 ``transformers.video_utils.load_video(path, backend="decord")``: the decoded frames and a ``VideoMetadata`` of the
