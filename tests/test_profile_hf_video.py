@@ -30,6 +30,7 @@ pytest.importorskip("decord")
 require_torchvision()
 
 from omnipack.cli import main  # noqa: E402
+from omnipack.media.errors import MediaRejected  # noqa: E402
 from omnipack.media.meta import MediaMeta  # noqa: E402
 from omnipack.profiles import get_profile  # noqa: E402
 from tests.family_kit import chat_samples, noise_images, prepare, val_batches, write_manifest  # noqa: E402
@@ -206,3 +207,55 @@ def test_the_processor_runs_once_per_video_shape(model_dir, proc):
         assert plan.num_tokens == int((out["input_ids"][0] == image_id).sum())
         assert plan.frame_indices == tuple(int(i) for i in out["video_metadata"][0].frames_indices)
         assert plan.info["stored_arrays"]["pixel_values_videos"][0] == list(out["pixel_values_videos"].shape)
+
+
+def test_marks_apart_from_the_placeholder_refuse_unlike_token_values(tmp_path):
+    """A template writing ``<|begin_of_video|>\\n<|video|>``: the marks are not right beside the placeholder,
+    so no region is read off them; the check on a sample of every kind as the template writes it sees the
+    processor's ``mm_token_type_ids`` (2 on a video's frames) unlike the derived ones (1) and refuses it,
+    instead of recording values the trainer half would get wrong."""
+    model_dir = build_glm46v_model_dir(tmp_path / "model", video_block="<|begin_of_video|>\n<|video|><|end_of_video|>")
+    with pytest.raises(ValueError, match="per-token 'mm_token_type_ids'"):
+        get_profile("hf", model_dir=str(model_dir))
+
+
+def test_a_video_whose_outputs_depend_on_other_videos_is_refused(model_dir, monkeypatch):
+    """The per-sample layout plans images and audio only: a video kind whose outputs depend on the sample's
+    other videos is refused with that reason, not given the per-sample layout."""
+    from omnipack.profiles import hf
+
+    prof = get_profile("hf", model_dir=str(model_dir))
+    item_axes = hf.HFProfile._find_item_axes
+
+    def sample_dependent_videos(self, kind):
+        if kind == "video":
+            raise hf._SampleDependent("profile hf: its videos' outputs depend on the sample's other videos")
+        return item_axes(self, kind)
+
+    monkeypatch.setattr(hf.HFProfile, "_find_item_axes", sample_dependent_videos)
+    with pytest.raises(ValueError, match="not supported for videos"):
+        prof._find_media_layout("video")
+    assert "video" not in prof.media_joint
+    assert prof._find_media_layout("image") == {"pixel_values": 0, "image_grid_thw": 0}
+
+
+def test_a_processor_giving_no_sampled_frames_keeps_its_images(model_dir, monkeypatch):
+    """A processor that ignores ``return_metadata`` names no frames it samples: its videos are unplanned at
+    start with that reason (a video is a reject saying so), its images planned as before."""
+    import transformers
+
+    call = transformers.Glm46VProcessor.__call__
+
+    def without_metadata(self, *args, **kwargs):
+        out = call(self, *args, **kwargs)
+        out.pop("video_metadata", None)
+        return out
+
+    monkeypatch.setattr(transformers.Glm46VProcessor, "__call__", without_metadata)
+    prof = get_profile("hf", model_dir=str(model_dir))
+    settings = prof.settings()
+    assert settings["unplanned"]["video"].startswith("ValueError: profile hf: the Glm46VProcessor returns no video_metadata")
+    assert "video" not in settings["template_blocks"]
+    assert prof.plan(MediaMeta("image", width=90, height=60)).num_tokens > 0
+    with pytest.raises(MediaRejected, match="cannot plan video inputs: .*frames_indices"):
+        prof.plan(MediaMeta("video", width=64, height=64, num_frames=12, fps=4.0))

@@ -77,9 +77,9 @@ def build_internvl_model_dir(out: Path) -> Path:
     return out
 
 
-def build_glm46v_model_dir(out: Path) -> Path:
+def build_glm46v_model_dir(out: Path, video_block: str = "<|begin_of_video|><|video|><|end_of_video|>") -> Path:
     """GLM-4.6V: the class defaults (patch 14, merge 2, Qwen-VL-like grids), ``<|image|>`` placeholders
-    between the begin/end marks, per-token ``mm_token_type_ids``."""
+    between the begin/end marks, per-token ``mm_token_type_ids``; ``video_block``: the template's video text."""
     import transformers
 
     tok = _tokenizer(out, GLM_TOKENS, list(GLM_TOKENS.values()) + GLM_MARKS)
@@ -87,7 +87,7 @@ def build_glm46v_model_dir(out: Path) -> Path:
         image_processor=transformers.Glm46VImageProcessor(), video_processor=transformers.Glm46VVideoProcessor(),
         tokenizer=tok,
         chat_template=tok.chat_template.replace(DEMO_IMAGE_BLOCK, "<|begin_of_image|><|image|><|end_of_image|>").replace(
-            DEMO_VIDEO_BLOCK, "<|begin_of_video|><|video|><|end_of_video|>"
+            DEMO_VIDEO_BLOCK, video_block
         ),
     ).save_pretrained(out)  # fmt: skip
     config = transformers.Glm46VConfig()

@@ -30,8 +30,8 @@ must give its outputs alone (joined as the loader joins them). Where they do (Ge
 pad a sample's clips to the longest before computing features; LLaVA-OneVision tiles an image alone, not one
 of several), that kind is run per sample's media set (``media_joint``, ``_find_joint_layout``): counts from
 the processor on the sample's shapes together (``plan_sample``, cached by the tuple of shapes), arrays from
-it on the sample's decoded items together, each item storing its rows (``store_sample_media``); else the
-processor is refused at start.
+it on the sample's decoded items together, each item storing its rows (``store_sample_media``; images and
+audio only: videos so are unplanned); else the processor is refused at start.
 
 Video (``plan_video``): the processor is given a video as transformers' own decord reader gives it to a user,
 ``transformers.video_utils.load_video(path, backend="decord")``: the decoded frames and a ``VideoMetadata`` of the
@@ -79,9 +79,10 @@ _Counted = tuple[int, list[list[Any]], dict[str, list[Any]]]
 # A sentinel assistant answer: what the template writes right after it ends the turn.
 _ANSWER = "omnipack probe answer"
 # The probe items whose outputs, for one and for two of them, show how the processor batches each key; and a
-# smaller one, beside which a probe item must give its outputs alone (padded as a batch pads).
-_PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,), "video": (8, 64, 96, 4.0)}  # (height, width); (seconds,);
-_SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,), "video": (4, 56, 56, 2.0)}  # (frames, height, width, fps)
+# smaller one, beside which a probe item must give its outputs alone (padded as a batch pads). Shapes: an
+# image's (height, width); a clip's (seconds,); a video's (frames, height, width, fps).
+_PROBE_SHAPE = {"image": (224, 224), "audio": (1.0,), "video": (8, 64, 96, 4.0)}
+_SMALL_SHAPE = {"image": (96, 160), "audio": (0.3,), "video": (4, 56, 56, 2.0)}
 
 
 class _SampleDependent(ValueError):
@@ -320,14 +321,27 @@ class HFProfile(ModelProfile):
 
     def _probe_videos(self) -> None:
         """Drop video from the kinds, the reason kept in ``unplanned``, when the processor cannot be run on a
-        video as ``plan_video`` runs it (the probes at start raise): its images and audio stay usable."""
-        if "video" not in self.template_blocks or len(self.template_blocks) == 1:
-            return  # a video-only processor: its probes' errors refuse it at start, as for the other kinds
+        video as ``plan_video`` runs it (the probes at start raise: no per-item layout, no sampled frames'
+        indices): its images and audio stay usable. A video-only processor is refused."""
+        if "video" not in self.template_blocks:
+            return
+        name = type(self.processor).__name__
+        shape = self._shape("video", _PROBE_SHAPE["video"])
         try:
             self._find_feature_token("video")
-            self._find_item_axes("video")
+            self._find_media_layout("video")
+            try:  # the frames it samples, as ``_run_processor`` reads them
+                out = self._call("video", [self._blank("video", shape)], return_metadata=True)
+            except Exception as e:
+                raise ValueError(f"profile hf: {name} of {self.model_dir} cannot process a video offline ({e})") from None
+            try:
+                self._sampled_frames(out, shape)
+            except MediaRejected as e:
+                raise ValueError(f"profile hf: {e}") from None
         except ValueError as e:
-            self.unplanned["video"] = str(e)
+            if len(self.template_blocks) == 1:  # a video-only processor: refused at start, as for the other kinds
+                raise
+            self.unplanned["video"] = _first_sentence(e)
             self.template_blocks = {k: v for k, v in self.template_blocks.items() if k != "video"}
 
     def _find_feature_token(self, kind: str) -> str:
@@ -509,11 +523,9 @@ class HFProfile(ModelProfile):
     def _read_token_regions(self) -> dict[str, list[list[Any]]]:
         """{key: [[open id, close id, [[token id, value], ...]], ...]}: per-token outputs that differ between a
         kind's template marks from ``token_inputs`` (GLM-4.6V gives its ``<|image|>`` 2 in a video's block,
-        1 in an image's), read off each item in its marks. Checked on a sample of one item of every kind in
-        its marks: the values the trainer half derives must be the processor's, else the processor is refused."""
-        import torch
-
-        name = type(self.processor).__name__
+        1 in an image's), read off each item in its marks. Always checked on a sample of one item of every kind
+        as the chat template writes it (marks not right beside the placeholder included, which the reading
+        above misses): the values the trainer half derives must be the processor's, else it is refused."""
         found: dict[str, list[list[Any]]] = {}
         context = {kind: self._template_marks(kind) for kind in self.template_blocks}
         for kind, (open_mark, close_mark) in context.items():
@@ -523,6 +535,11 @@ class HFProfile(ModelProfile):
             out = self._call(kind, [blank], text=open_mark + self.template_blocks[kind][0] + close_mark)
             ids = np.asarray(out["input_ids"]).reshape(-1).tolist()
             ends = [int(i) for i in self.tokenizer.convert_tokens_to_ids([open_mark, close_mark])]
+            if ends[0] not in ids or ends[1] not in ids:
+                raise ValueError(
+                    f"profile hf: {type(self.processor).__name__} of {self.model_dir} drops the chat template's "
+                    f"{kind} marks {open_mark!r} {close_mark!r} from its token ids"
+                )
             a, b = ids.index(ends[0]) + 1, len(ids) - 1 - ids[::-1].index(ends[1])  # the tokens between the marks
             for key in self._per_token_keys(out):
                 base = dict(map(tuple, self.token_inputs.get(key, [])))
@@ -530,24 +547,46 @@ class HFProfile(ModelProfile):
                 inside = {int(t): int(v) for t, v in zip(ids[a:b], values[a:b], strict=True) if v != base.get(t, 0)}
                 if inside:
                     found.setdefault(key, []).append([*ends, sorted([t, v] for t, v in inside.items())])
-        if not found:
-            return found
-        items = [self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind])) for kind in context]
-        text = "".join(o + self.template_blocks[kind][0] + c for kind, (o, c) in context.items())
-        media = self._media({kind: [item] for kind, item in zip(context, items, strict=True)})
-        out = self.processor(text=[text], return_tensors=self._tensors, **media, **self.processor_kwargs)
+        self._check_token_values(context, found)
+        return found
+
+    def _check_token_values(self, context: Mapping[str, tuple[str, str]], found: Mapping[str, list[list[Any]]]) -> None:
+        """Refuse the processor unless its per-token outputs on a sample of one item of every kind (the chat
+        template's text for it, else each item in its marks) are what the trainer half derives from the token
+        ids with ``token_inputs`` and the ``found`` regions."""
+        import torch
+
+        items = {kind: [self._blank(kind, self._shape(kind, _PROBE_SHAPE[kind]))] for kind in context}
+        text = self._template_text(list(context)) or "".join(
+            o + self.template_blocks[kind][0] + c for kind, (o, c) in context.items()
+        )
+        out = self.processor(text=[text], return_tensors=self._tensors, **self._media(items), **self.processor_kwargs)
+        out = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in out.items()}
         tokens = torch.as_tensor(np.asarray(out["input_ids"]))
-        for key, regions in found.items():
+        for key in self._per_token_keys(out):
             values = tokens.new_zeros(tokens.shape)
             for token_id, value in self.token_inputs.get(key, []):
                 values[tokens == token_id] = value
-            derived = with_token_regions(tokens, values, [tuple(r) for r in regions]).numpy()
+            derived = with_token_regions(tokens, values, [tuple(r) for r in found.get(key, [])]).numpy()
             if not np.array_equal(derived, np.asarray(out[key])):
                 raise ValueError(
-                    f"profile hf: {name} of {self.model_dir} gives per-token {key!r} that is no function of the "
-                    "token ids and the media marks around them"
+                    f"profile hf: {type(self.processor).__name__} of {self.model_dir} gives per-token {key!r} that "
+                    "is no function of the token ids and the media marks right around the placeholders (a sample "
+                    "of every kind as the chat template writes it)"
                 )
-        return found
+
+    def _template_text(self, kinds: list[str]) -> str | None:
+        """The chat template's text for a user turn of one item of each kind, None where it renders none or
+        not exactly one placeholder per item."""
+        content = [{"type": kind, kind: "omnipack"} for kind in kinds] + [{"type": "text", "text": "q"}]
+        try:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False)
+        except Exception:  # a template that renders no such items: the items in their marks instead
+            return None
+        placeholders = [self.template_blocks[kind][0] for kind in kinds]
+        if len(set(placeholders)) != len(placeholders) or any(text.count(p) != 1 for p in placeholders):
+            return None
+        return str(text)
 
     @staticmethod
     def _per_token_keys(out: Mapping[str, Any]) -> list[str]:
@@ -621,10 +660,13 @@ class HFProfile(ModelProfile):
     def _find_media_layout(self, kind: str) -> dict[str, int]:
         """{key: item axis} of the processor's ``kind`` outputs: stored per item where each item's outputs
         are its own alone (``_find_item_axes``), else stored from each sample's media set
-        (``_find_joint_layout``) where that layout holds; refused otherwise, with both reasons."""
+        (``_find_joint_layout``) where that layout holds (images and audio); refused otherwise, with both
+        reasons."""
         try:
             return self._find_item_axes(kind)
         except _SampleDependent as alone:
+            if kind == "video":  # the per-sample layout plans images and audio only (``_item_plan``)
+                raise ValueError(f"{alone}; nor per sample's media set: not supported for videos") from None
             try:
                 return self._find_joint_layout(kind)
             except ValueError as joint:
@@ -827,9 +869,20 @@ class HFProfile(ModelProfile):
             raise ValueError(f"profile hf: the {kind} replacement text and the processor's ids disagree")
         arrays = {k: [list(v.shape), v.dtype.str] for k, v in self._media_outputs(kind, out).items()}
         if kind == "video":
-            frames = out["video_metadata"][0]["frames_indices"]
-            self._frame_indices[shape] = tuple(range(shape[0]) if frames is None else (int(i) for i in frames))
+            self._frame_indices[shape] = self._sampled_frames(out, shape)
         return count, runs, arrays
+
+    def _sampled_frames(self, out: Mapping[str, Any], shape: tuple[Any, ...]) -> tuple[int, ...]:
+        """The indices of the frames the processor sampled from a video of ``shape`` (its ``return_metadata``
+        output; all frames where it names none)."""
+        try:
+            frames = out["video_metadata"][0]["frames_indices"]
+        except (KeyError, IndexError, TypeError):
+            raise MediaRejected(
+                f"the {type(self.processor).__name__} returns no video_metadata frames_indices for "
+                f"{self._describe('video', shape)} (return_metadata=True): the frames it samples are unknown"
+            ) from None
+        return tuple(range(shape[0]) if frames is None else (int(i) for i in frames))
 
     def _media_outputs(self, kind: str, out: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The processor's outputs for the item (the keys found at start)."""
@@ -944,7 +997,9 @@ class HFProfile(ModelProfile):
             for n, (i, counted) in enumerate(zip(at, self._joint_expansion(kind, shapes), strict=True)):
                 # its place in the set: the writer stores it with the others (never from the sample store)
                 plans[i] = self._item_plan(metas[i], counted, sample_joint=[n, len(at)])
-        return [p for p in plans if p is not None]
+        done = [p for p in plans if p is not None]
+        assert len(done) == len(plans), "profile hf: an item left unplanned"
+        return done
 
     def _joint_expansion(self, kind: str, shapes: tuple[tuple[int, ...], ...]) -> list[_Counted]:
         return self._once(kind, (kind, shapes), lambda: self._run_processor_joint(kind, shapes))
@@ -1016,7 +1071,9 @@ class HFProfile(ModelProfile):
             arrays = self._store_joint(kind, [plans[i] for i in at], [decoded[i] for i in at])
             for i, item_arrays in zip(at, arrays, strict=True):
                 stored[i] = item_arrays
-        return [s for s in stored if s is not None]
+        done = [s for s in stored if s is not None]
+        assert len(done) == len(stored), "profile hf: an item left unstored"
+        return done
 
     def _store_joint(
         self, kind: str, plans: list[MediaPlan], decoded: list[Any]
@@ -1042,8 +1099,7 @@ class HFProfile(ModelProfile):
             shapes = {k: [list(v.shape), v.dtype.str] for k, v in got.items()}
             if count != plan.num_tokens or shapes != plan.info.get("stored_arrays"):
                 raise MediaRejected(
-                    f"the processor gives {kind} {n} of this sample {count} placeholders and {shapes}, its "
-                    f"plan "
+                    f"the processor gives {kind} {n} of this sample {count} placeholders and {shapes}, its plan "
                     f"{plan.num_tokens} and {plan.info.get('stored_arrays')}"
                 )
         return arrays
