@@ -258,3 +258,29 @@ def test_pool_workers_run_torch_thread_pools():
     done = subprocess.run([sys.executable, "-c", run], env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("(True,") == 4, done.stdout
+
+
+def test_a_pool_under_a_deep_tmpdir_runs_its_units(tmp_path):
+    """The fork server listens on a socket in TMPDIR; under a TMPDIR too deep for an AF_UNIX path (a batch
+    scheduler's per-job folder) the pool spawns its workers instead of failing its first unit."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from omnipack.executors.local import UNIX_PATH_MAX
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    assert len(os.fsencode(deep)) + len("/pymp-XXXXXXXX/listener-XXXXXXXX") > UNIX_PATH_MAX
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TMPDIR": str(deep), "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    run = (
+        "from omnipack.executors.local import LocalExecutor, pool_context\nfrom tests import test_executor as t\n"
+        "print(pool_context().get_start_method())\n"
+        "with LocalExecutor(2) as ex:\n    print(list(ex.map(t._unit, 3, [0, 1, 2])))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", run], env=env, cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    method, results = out.stdout.strip().splitlines()[-2:]
+    assert (method, results) == ("spawn", "[0, 3, 6]")

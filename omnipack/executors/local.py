@@ -59,13 +59,27 @@ WARM_MODULES = (
 def pool_context() -> Any:
     """The multiprocessing context of the pool's workers: the fork server, with ``WARM_MODULES`` preloaded,
     where the platform has one; spawn elsewhere (no fork: Windows). Never plain fork: the run holds threads
-    (progress bars, tokenizers' and torch's thread pools) that a fork does not copy in a usable state."""
-    if "forkserver" not in mp.get_all_start_methods():
+    (progress bars, tokenizers' and torch's thread pools) that a fork does not copy in a usable state.
+    Spawn too where the fork server's socket path would not fit (``_forkserver_address_fits``)."""
+    if "forkserver" not in mp.get_all_start_methods() or not _forkserver_address_fits():
         return mp.get_context("spawn")
     context = mp.get_context("forkserver")
     # the preload list is multiprocessing's (one server per process); it counts when the server starts
     context.set_forkserver_preload(list(WARM_MODULES))
     return context
+
+
+UNIX_PATH_MAX = 107  # bytes of an AF_UNIX socket path on Linux (sun_path, less its NUL); macOS: 103
+
+
+def _forkserver_address_fits() -> bool:
+    """Whether the fork server's listening socket (``listener-XXXXXXXX`` in multiprocessing's temp folder,
+    under ``TMPDIR``) has a path short enough to bind: a deep ``TMPDIR`` (a batch scheduler's per-job
+    folder) fails the pool's first unit with "AF_UNIX path too long", so such runs spawn their workers."""
+    from multiprocessing import util
+
+    limit = UNIX_PATH_MAX if sys.platform.startswith("linux") else 103
+    return len(os.fsencode(os.path.join(util.get_temp_dir(), "listener-XXXXXXXX"))) <= limit
 
 
 def _process_alive(pid: int) -> bool:
