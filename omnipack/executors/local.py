@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import util as mp_util
 from typing import Any
 
 from ..progress import attach_queue
@@ -76,10 +77,8 @@ def _forkserver_address_fits() -> bool:
     """Whether the fork server's listening socket (``listener-XXXXXXXX`` in multiprocessing's temp folder,
     under ``TMPDIR``) has a path short enough to bind: a deep ``TMPDIR`` (a batch scheduler's per-job
     folder) fails the pool's first unit with "AF_UNIX path too long", so such runs spawn their workers."""
-    from multiprocessing import util
-
     limit = UNIX_PATH_MAX if sys.platform.startswith("linux") else 103
-    return len(os.fsencode(os.path.join(util.get_temp_dir(), "listener-XXXXXXXX"))) <= limit
+    return len(os.fsencode(os.path.join(mp_util.get_temp_dir(), "listener-XXXXXXXX"))) <= limit
 
 
 def _process_alive(pid: int) -> bool:
