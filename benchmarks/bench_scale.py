@@ -336,7 +336,8 @@ def two_node(corpus: tuple[Path, Path], out: Path, n: int, shard_mb: float) -> f
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    head = {"num_cpus": 1, "include_dashboard": False, "_system_config": {"worker_niceness": 0}}  # as a run's own
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     cluster.add_node(num_cpus=1)
     try:
         ray.init(address=cluster.address)
@@ -488,13 +489,15 @@ def main() -> None:
         return
     import ray
 
+    from omnipack.executors.ray import own_cluster_options
+
     CACHE.mkdir(parents=True, exist_ok=True)
     corpora = {"text": (args.text, 2.0), "image": (args.image, 24.0), "video": (args.video, 24.0)}
     results: dict[str, dict[str, dict]] = {}
     same: dict[str, dict[str, bool]] = {}
     work = CACHE / "runs"
     configs = (("local x1", "local", 1, "x1"), ("local x2", "local", 2, "x2"), ("ray x2", "ray", 2, "ray"))
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    ray.init(address="local", include_dashboard=False, **own_cluster_options(2))  # as a run's own cluster
     # the configurations take turns, so a change in the machine's load falls on all of them alike
     for kind, (n, shard_mb) in corpora.items():
         corpus = build_corpus(kind, n)

@@ -51,6 +51,10 @@ def unit_1_kills_its_worker(spec, unit, context):
     return unit
 
 
+def niceness_of(spec, unit, context):
+    return os.nice(0)
+
+
 def slow_first(spec, unit, context):
     if unit == 0:
         time.sleep(3)
@@ -79,7 +83,9 @@ def start_local_ray() -> None:
     """A Ray cluster of this process's own with 2 CPUs ("local"), never whatever Ray already runs on the
     machine (``RAY_ADDRESS``, or the cluster ``ray start`` last left in ``ray_current_cluster``): joining one
     would fail, as num_cpus cannot be set when joining, or run the tests on another job's cluster."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    from omnipack.executors.ray import own_cluster_options
+
+    ray.init(address="local", include_dashboard=False, **own_cluster_options(2))
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +319,8 @@ def test_two_node_cluster_gives_the_bytes_of_a_local_run(tmp_path, reference, de
     from omnipack.executors.ray import RayExecutor
 
     ray.shutdown()  # the module's one-node Ray (if it ran): this test starts its own cluster
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    head = {"num_cpus": 1, "include_dashboard": False, "_system_config": {"worker_niceness": 0}}  # as a run's own
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     cluster.add_node(num_cpus=1)
     try:
         cluster.wait_for_nodes()
@@ -374,7 +381,8 @@ def test_a_run_starts_its_cluster_while_the_driver_splits_the_input(
 def test_a_cluster_of_its_own_gives_the_actors_the_import_path_without_a_runtime_env(monkeypatch):
     """A cluster the run starts inherits the driver's environment (PYTHONPATH: the same omnipack); a
     runtime_env would make every actor wait for a worker started for it instead of one started in advance.
-    It has a CPU per worker, not one per core: Ray starts a Python worker per CPU in advance."""
+    It has a CPU per worker, not one per core: Ray starts a Python worker per CPU in advance. Its workers run
+    at the driver's priority."""
     from omnipack.executors.ray import RayExecutor
 
     ray.shutdown()
@@ -384,6 +392,9 @@ def test_a_cluster_of_its_own_gives_the_actors_the_import_path_without_a_runtime
         with RayExecutor(workers=1, address="local") as ex:
             assert ex.workers == 1 and ray.cluster_resources()["CPU"] == 1
             seen = {(path, "env_vars" in env) for path, env in ex.map(import_path_and_env, None, [0, 1, 2, 3])}
+            niceness = set(ex.map(niceness_of, None, [0, 1]))
     finally:
         ray.shutdown()
     assert seen == {(os.environ["PYTHONPATH"], False)}
+    # the actors run at the driver's priority (Ray's default would be nice 15: starved by any other work)
+    assert niceness == {os.nice(0)}
