@@ -32,7 +32,7 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 import bench_packing  # noqa: E402
 from mixes import WIDTHS, describe, random_mixture, sample_mixture  # noqa: E402
-from optimum import bin_packing_optimum, vector_packing_feasible  # noqa: E402
+from optimum import bin_packing_optimum, lp_lower_bound, plan_patterns, vector_packing_feasible  # noqa: E402
 
 from omnipack.packing import engine, lower_bounds, pack  # noqa: E402
 from omnipack.packing.bounds import constrained_lower_bounds  # noqa: E402
@@ -44,7 +44,7 @@ def mixture(index: int) -> tuple[int, list[dict], np.random.Generator]:
     return width, random_mixture(rng, width), rng
 
 
-def run_large(index: int, low: int, high: int) -> dict:
+def run_large(index: int, low: int, high: int, lp_seconds: float = 0.0) -> dict:
     width, modes, rng = mixture(index)
     n = int(np.exp(rng.uniform(np.log(low), np.log(high))))
     lengths = sample_mixture(rng, modes, n, width)
@@ -53,7 +53,16 @@ def run_large(index: int, low: int, high: int) -> dict:
     plan = pack(lengths, width, shuffle=False)
     seconds = time.perf_counter() - start
     ffd = pack(lengths, width, algorithm="ffd", shuffle=False).num_rows
+    # above the simple bound: the Gilmore-Gomory LP's bound (over length classes, so at any n), started
+    # from the plan's own rows; Farley's bound when cut by the clock, still a valid lower bound
+    lp, converged = bound, True
+    if lp_seconds > 0 and plan.num_rows > bound:
+        start_patterns = plan_patterns(lengths, plan.row_of)
+        lp, converged = lp_lower_bound(lengths, width, start_patterns, plan.num_rows, lp_seconds)
+        lp = max(lp, bound)
     return {
+        "lp": lp,
+        "lp_converged": converged,
         "index": index,
         "W": width,
         "n": n,
@@ -99,6 +108,7 @@ def summarize_large(results: list[dict]) -> list[dict]:
         if not sel:
             continue
         ratio = np.array([r["rows"] / r["bound"] for r in sel])
+        vs_lp = np.array([r["rows"] / r["lp"] for r in sel])
         vs_ffd = np.array([r["rows"] / r["ffd"] for r in sel])
         rows.append(
             {
@@ -108,6 +118,9 @@ def summarize_large(results: list[dict]) -> list[dict]:
                 "p99": np.quantile(ratio, 0.99),
                 "median": np.median(ratio),
                 "> bound+0.1%": int((ratio > 1.001).sum()),
+                "worst rows/LP": vs_lp.max(),
+                "> LP+0.1%": int((vs_lp > 1.001).sum()),
+                "LP cut by clock": sum(not r["lp_converged"] for r in sel),
                 "worst rows/ffd": vs_ffd.max(),
                 "mean rows/ffd": vs_ffd.mean(),
                 "ffd worst/bound": max(r["ffd"] / r["bound"] for r in sel),
@@ -239,6 +252,12 @@ def main() -> None:
     parser.add_argument(
         "--lp-seconds", type=float, default=None, help="LP time cap (default 10 s, --full 60 s)"
     )
+    parser.add_argument(
+        "--large-lp-seconds",
+        type=float,
+        default=0.0,
+        help="large instances above the simple bound: the Gilmore-Gomory LP bound, capped at this (0: off)",
+    )
     parser.add_argument("--speed", action="store_true", help="plan speed vs lightbinpack (4M text samples)")
     parser.add_argument("--constrained", action="store_true", help="only the small constrained sets vs a MIP")
     parser.add_argument("--constrained-n", type=int, default=200)
@@ -259,7 +278,7 @@ def main() -> None:
     lp_seconds = args.lp_seconds or (60.0 if args.full else 10.0)
     large, small = [], []
     for index in range(args.mixtures):
-        r = run_large(index, 10_000, high)
+        r = run_large(index, 10_000, high, args.large_lp_seconds)
         large.append(r)
         s = run_small(index, small_n, lp_seconds)
         small.append(s)

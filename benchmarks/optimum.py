@@ -67,19 +67,36 @@ def _greedy_patterns(values: np.ndarray, counts: np.ndarray, capacity: int) -> l
     return list(patterns.values())
 
 
-def bin_packing_optimum(
+def plan_patterns(lengths: np.ndarray, row_of: np.ndarray) -> list[np.ndarray]:
+    """A packing's distinct rows as patterns over ``_classes(lengths)`` (items per length class): a start
+    for the master LP of a large instance, where ``_greedy_patterns`` (first fit, item by item) is slow."""
+    values, _ = _classes(lengths)
+    cls = len(values) - 1 - np.searchsorted(values[::-1], np.asarray(lengths, dtype=np.int64))
+    rows = np.unique(np.stack([np.asarray(row_of, dtype=np.int64), cls]), axis=1, return_counts=True)
+    (row, c), n = rows
+    dense = np.zeros((int(row.max()) + 1, len(values)), dtype=np.int64)
+    dense[row, c] = n
+    return list(np.unique(dense, axis=0))
+
+
+def lp_lower_bound(
     lengths: np.ndarray,
     capacity: int,
+    start: list[np.ndarray] | None = None,
     upper: int | None = None,
     lp_seconds: float = 30.0,
-    mip_seconds: float = 5.0,
-) -> Optimum:
-    """Gilmore-Gomory LP bound and the best integer packing over its patterns (see the module doc).
+) -> tuple[int, bool]:
+    """``ceil`` of the Gilmore-Gomory LP (or Farley's bound when stopped by ``lp_seconds`` or by reaching
+    ``upper``): a lower bound on the rows of any packing, at any sample count (the LP is over length classes).
+    Returns (bound, converged)."""
+    _, bound, converged, _ = _pattern_lp(lengths, capacity, start, upper, lp_seconds)
+    return bound, converged
 
-    ``upper`` (rows of a known packing) ends the column generation as soon as Farley's bound
-    ``LP_restricted / best_pricing_value`` proves that packing optimal, and skips the MIP then. After
-    ``lp_seconds`` the column generation stops with Farley's bound, which is still a valid lower bound.
-    """
+
+def _pattern_lp(
+    lengths: np.ndarray, capacity: int, start: list[np.ndarray] | None, upper: int | None, lp_seconds: float
+) -> tuple[object, int, bool, list[np.ndarray]]:
+    """The column generation: (HiGHS model, bound, converged, columns)."""
     import highspy
 
     values, counts = _classes(lengths)
@@ -98,7 +115,7 @@ def bin_packing_optimum(
         h.addCol(1.0, 0.0, inf, len(idx), idx, pattern[idx].astype(np.float64))
         columns.append(pattern)
 
-    for pattern in _greedy_patterns(values_s, counts, cap_s):
+    for pattern in start if start is not None else _greedy_patterns(values_s, counts, cap_s):
         add(pattern)
     if upper is None:
         upper = int(counts.sum())
@@ -113,7 +130,27 @@ def bin_packing_optimum(
         if converged or farley >= upper or time.perf_counter() > deadline:
             break
         add(pattern)
-    lp_bound = max(farley, 0)
+    return h, max(farley, 0), converged, columns
+
+
+def bin_packing_optimum(
+    lengths: np.ndarray,
+    capacity: int,
+    upper: int | None = None,
+    lp_seconds: float = 30.0,
+    mip_seconds: float = 5.0,
+) -> Optimum:
+    """Gilmore-Gomory LP bound and the best integer packing over its patterns (see the module doc).
+
+    ``upper`` (rows of a known packing) ends the column generation as soon as Farley's bound
+    ``LP_restricted / best_pricing_value`` proves that packing optimal, and skips the MIP then. After
+    ``lp_seconds`` the column generation stops with Farley's bound, which is still a valid lower bound.
+    """
+    import highspy
+
+    if upper is None:
+        upper = len(lengths)
+    h, lp_bound, converged, columns = _pattern_lp(lengths, capacity, None, upper, lp_seconds)
     if lp_bound >= upper:
         return Optimum(lp_bound=lp_bound, best_known=upper, patterns=len(columns), converged=True)
     h.setOptionValue("time_limit", float(mip_seconds))
