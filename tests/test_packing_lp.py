@@ -73,6 +73,37 @@ def test_lp_step_gives_the_same_plan_on_every_run():
     assert np.array_equal(first.members, second.members)
 
 
+def _highs_scheduler_of(threads: int) -> None:
+    """This process's HiGHS thread scheduler, made anew with ``threads`` threads by a first solve."""
+    import highspy
+
+    highspy.Highs.resetGlobalScheduler(True)
+    model = highspy._Highs()
+    model.setOptionValue("output_flag", False)
+    model.setOptionValue("threads", threads)
+    model.addVar(0.0, 1.0)
+    assert model.run() == highspy.HighsStatus.kOk
+
+
+def test_the_lp_steps_run_in_a_process_whose_highs_runs_on_more_threads():
+    """A process that solved with HiGHS before, with more threads (HiGHS's default on a larger machine):
+    HiGHS keeps that scheduler for the process, and a one-thread model fails there at once. The LP steps
+    still run, to the plan a fresh process gives (before: "Not Set", the greedy plan, without a word)."""
+    pytest.importorskip("highspy")
+    lengths = _crops(0)
+    media, constraints = media_mix(7, 60, 16384)
+    fresh, fresh_media = pack(lengths, 4096), pack(media, 16384, constraints=constraints)
+    _highs_scheduler_of(2)
+    try:
+        plan, media_plan = pack(lengths, 4096), pack(media, 16384, constraints=constraints)
+    finally:
+        _highs_scheduler_of(1)
+    assert (plan.algorithm, plan.num_rows) == ("lp-patterns", 359)
+    assert np.array_equal(plan.row_of, fresh.row_of) and np.array_equal(plan.members, fresh.members)
+    assert media_plan.algorithm == "lp-patterns+constraints"
+    assert np.array_equal(media_plan.row_of, fresh_media.row_of)
+
+
 def test_without_highspy_the_greedy_plan_stays(monkeypatch):
     monkeypatch.setitem(sys.modules, "highspy", None)  # `import highspy` raises ImportError
     lengths = _crops(0)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -134,6 +134,22 @@ def patterns_to_slots(patterns: np.ndarray, rows: np.ndarray, counts: np.ndarray
     return dense.astype(np.int64), len(used)
 
 
+def run_highs(model: Any, highspy: Any) -> None:
+    """``model.run()`` on one thread where this process's HiGHS allows it.
+
+    HiGHS keeps one thread scheduler per process, sized by the first solve; a model whose ``threads``
+    option differs from it fails at once (model status "Not Set"). In a process that had solved anything
+    with HiGHS's default options before (a library caller, a benchmark), every LP here failed, and the
+    LP-guided step was skipped without a word: the same lengths gave another plan there than in a fresh
+    process. Such a model now runs on the scheduler there is (``threads`` 0); its simplex and MIP runs
+    are deterministic whatever the scheduler's size, so the plan is the same (tested).
+    """
+    status = model.run()
+    if status == highspy.HighsStatus.kError and model.getModelStatus() == highspy.HighsModelStatus.kNotset:
+        model.setOptionValue("threads", 0)
+        model.run()
+
+
 class _Master:
     """The pattern LP in HiGHS: one ``>= demand`` row per class, one column per pattern (cost 1)."""
 
@@ -171,7 +187,7 @@ class _Master:
 
     def solve_lp(self) -> tuple[float, np.ndarray, np.ndarray]:
         """Objective, row duals (prices, >= 0) and column values of the LP over the columns so far."""
-        self.model.run()
+        run_highs(self.model, self.highspy)
         if self.model.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
             raise LpNotSolved(self.model.modelStatusToString(self.model.getModelStatus()))
         solution = self.model.getSolution()

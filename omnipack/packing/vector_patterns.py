@@ -24,7 +24,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .constraints import PackConstraints, constrained_bfd, constrained_pack
-from .patterns import LP_EPS, LpLimits, patterns_to_slots, plan_patterns, residual_patterns, round_pattern_lp
+from .patterns import (
+    LP_EPS,
+    LpLimits,
+    patterns_to_slots,
+    plan_patterns,
+    residual_patterns,
+    round_pattern_lp,
+    run_highs,
+)
 
 PRICING_MAX_NODES = 100
 GREEDY_SEEDS = 8  # greedy fills per pricing that start from one of the dearest classes  # branch-and-bound nodes per pricing MIP (its dual bound stays a valid value)
@@ -46,6 +54,7 @@ class _VectorPricing:
         with np.errstate(divide="ignore"):
             fit = np.where(vectors > 0, caps // np.maximum(vectors, 1), np.iinfo(np.int64).max)
         self.fit = fit.min(axis=1)
+        self.highspy = highspy
         self.model = getattr(highspy, "_Highs", highspy.Highs)()
         options = (
             ("output_flag", False),
@@ -131,7 +140,7 @@ class _VectorPricing:
         m = len(upper)
         self.model.changeColsCost(m, self.columns, np.where(upper > 0, prices, 0.0))
         self.model.changeColsBounds(m, self.columns, np.zeros(m), upper.astype(np.float64))
-        self.model.run()
+        run_highs(self.model, self.highspy)
         info = self.model.getInfo()
         solution = np.asarray(self.model.getSolution().col_value, dtype=np.float64)
         pattern = np.minimum(np.round(solution).astype(np.int64), upper).clip(0)
