@@ -21,6 +21,12 @@ WARM = ["omnipack.cli", "torch", "transformers.models.auto.tokenization_auto", "
 _context: mp.context.BaseContext | None = None
 
 
+def warm_context() -> mp.context.BaseContext:
+    """The multiprocessing context whose processes fork from the warm server (torch, transformers and the
+    prepare stack imported): a process of its own that starts without importing them again."""
+    return _forkserver()
+
+
 def _forkserver() -> mp.context.BaseContext:
     global _context
     if _context is None:
