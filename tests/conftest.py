@@ -84,26 +84,31 @@ def prepare_hf_corpus(root: Path, model_dir: Path, *extra: str, seq_length: int 
 # share a session fixture too expensive to build twice go to the same worker together. The slowest modules
 # are sent first: one of them started last would leave the other worker idle at the end.
 SHARED_WORKER = {"tests/test_profile_hf_payload.py": "tests/test_profile_hf.py"}  # hf_prepared
-SLOWEST_FIRST = [  # by the per-file sums of a whole `-n 2` run's `--durations` (benchmarks/README.md, Test loop)
-    "tests/test_ray.py",
+SLOWEST_FIRST = [  # by each module's wall and CPU in CI (benchmarks/README.md, Test loop: "Sixth part")
+    "tests/test_ray.py",  # still the longest with its actors at the driver's priority (~200 s)
     "tests/test_family_conformance.py",
-    "tests/test_energon_tools.py",
     "tests/test_gemma3_packed_forward.py",
+    "tests/test_energon_tools.py",
     "tests/test_resume.py",
-    "tests/test_profile_hf_audio.py",
-    "tests/test_record_memory.py",
+    "tests/test_lock.py",  # two SIGTERM runs of ~24 s wall each
+    "tests/test_profile_hf.py",  # with test_profile_hf_payload.py
+    "tests/test_loader_buffer_pool.py",
     "tests/test_cli.py",
+    "tests/test_loader_energon.py",
+    "tests/test_output_s3.py",
+    "tests/test_profile_hf_audio.py",
+    "tests/test_pipeline_gemma4.py",
     "tests/test_profiles_gemma4.py",
-    "tests/test_lock.py",
-    "tests/test_pipeline_gemma3.py",
-    "tests/test_packing.py",
     "tests/test_shipped_tokenizer.py",
+    "tests/test_record_memory.py",
+    "tests/test_loader_storage.py",
+    "tests/test_pipeline_gemma3.py",
+    "tests/test_errors.py",
+    "tests/test_packing.py",
     "tests/test_loader_contract.py",
     "tests/test_verify_source.py",
     "tests/test_inputs_parts.py",
     "tests/test_token_count.py",
-    "tests/test_output_s3.py",
-    "tests/test_profile_hf.py",  # with test_profile_hf_payload.py
 ]
 
 

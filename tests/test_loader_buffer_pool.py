@@ -16,6 +16,7 @@ from omnipack.loader import buffer_pool
 from omnipack.loader.buffer_pool import FREE, BufferLease, SlotView, WorkerBufferPool, sweep_released
 from omnipack.loader.task_encoder import OmnipackTaskEncoder
 from omnipack.profiles.model_inputs import storage_view
+from tests.prepare_child import warm_context
 
 PROFILE = "qwen3_omni"
 
@@ -252,13 +253,19 @@ def _slots(batch) -> set[tuple[int, int]]:
     return set() if lease is None else {(lease.worker_pid, k) for k in lease.slots}
 
 
+@pytest.fixture(scope="module")
+def in_process_content(dataset) -> dict[str, dict[str, torch.Tensor]]:
+    """Each batch's content (cloned) by key, read in the test process (no workers): read once for the module."""
+    return {b.__key__[0]: _content(b) for b in _batches(dataset, 0)}
+
+
 @pytest.mark.parametrize("hold", [0, 3, None])
-def test_worker_batches_equal_in_process_batches_while_buffers_are_reused(dataset, hold):
+def test_worker_batches_equal_in_process_batches_while_buffers_are_reused(dataset, in_process_content, hold):
     """Two real Energon workers: every batch equals the in-process one when it is read, whether the
     trainer drops batches at once (buffers reused), holds the last ``hold`` batches, or holds all of them
     (``None``: no buffer may be reused while a tensor of a live batch views it; a batch whose tensors
     were all small enough to be copied out of its buffer keeps none)."""
-    expected = {b.__key__[0]: _content(b) for b in _batches(dataset, 0)}
+    expected = in_process_content
     assert len(expected) >= 12
     held: collections.deque = collections.deque()
     used: list[tuple[int, int]] = []
@@ -302,7 +309,7 @@ def _hold_and_compare(inbox, outbox) -> None:
 def test_tensors_sent_on_to_another_process_survive_buffer_reuse(dataset):
     """The trainer sends tensors of a worker batch to another process and drops its own: the workers reuse
     that batch's buffers for later batches, and the other process still reads the batch's values."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = warm_context()  # a process of its own, forked from the tests' warm server (torch imported there)
     inbox, outbox = ctx.Queue(), ctx.Queue()
     child = ctx.Process(target=_hold_and_compare, args=(inbox, outbox), daemon=True)
     child.start()

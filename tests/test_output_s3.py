@@ -86,16 +86,16 @@ def test_prepare_to_s3_gives_the_local_bytes_and_energon_reads_it_there(
     assert main(["verify", url]) == 2
 
 
-def test_every_loader_entry_point_reads_an_s3_dataset_by_s3_and_msc_url(s3, reference, tmp_path):
+def test_every_loader_entry_point_reads_an_s3_dataset_by_s3_and_msc_url(s3, demo_tokenizer, tmp_path):
     """get_train_loader / get_val_loader (a dataset and a metadataset YAML on the bucket),
     OmnipackTaskEncoder.from_dataset with Energon's get_val_dataset, task_encoder_for: by ``s3://`` and by
-    ``msc://`` URL, the batches equal the local dataset's."""
-    import shutil
-
+    ``msc://`` URL, the batches equal the local dataset's. The dataset: a 16-sample demo corpus (text-only,
+    one- and two-image and two-turn chats; 14 passes over it, so its size is the test's time, not its subject)."""
+    from omnipack.demo.corpus import build_demo_corpus
     from tests.trainer_only_check import check_remote
 
     local = tmp_path / "omni-ds"
-    shutil.copytree(reference, local)
+    run_prepare(demo_config(local, demo_tokenizer, build_demo_corpus(tmp_path / "corpus", num_samples=16)))
     lines = check_remote(local, f"s3://{BUCKET}/trainer")
     assert len(lines) == 2
 

@@ -1,7 +1,8 @@
 """Memory per record: one huge manifest line costs prepare a small multiple of its size, not gigabytes.
 
-Each run is a fresh subprocess (``workers=1``: measured in that process), so its peak RSS (``VmHWM``) is its
-own; growth is measured against the same corpus without the huge line. A line's text is held a few times at
+Each run is a process of its own (``workers=1``: measured in that process), forked from the tests' warm server
+(``tests/prepare_child.py``: the prepare stack imported once, not once per run) with its peak RSS (``VmHWM``)
+reset to its resident size at its start, so the peak is its own run's; growth is measured against the same corpus without the huge line. A line's text is held a few times at
 once while it is measured (the line's bytes, its decoded text, the parsed record, the rendered conversation,
 the reserved-token scan's joined texts), plus a fixed window of the tokenizer's memory (``text/token_count``),
 so the bound is 8x the line's size: room for allocator slack, and far below what tokenizing it whole costs
@@ -14,13 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from omnipack.tools.verify import run_verify
+from tests.prepare_child import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ_LENGTH = 1_000_000  # a long-context run: the demo tokenizer's character bound alone lets a 10 MB text through
@@ -29,6 +29,7 @@ GROWTH_PER_BYTE = 8
 
 CHILD = r"""
 import json, os, sys, threading, time
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) from here: this run's, not the fork server's
 from omnipack.pipeline import PrepareConfig, run_prepare
 args = json.loads(sys.argv[1])
 cap_mb = args.pop("cap_mb")
@@ -57,9 +58,7 @@ def _prepare(out: Path, manifest: Path, media: Path, tokenizer: Path, cap_mb: in
         "seq_length": SEQ_LENGTH, "cap_mb": cap_mb, **kw,
     }  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
-    )
+    proc = run_python(CHILD, [json.dumps(args)], env, timeout=600)
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "{}"
     result = json.loads(last)
     assert "over_cap_mb" not in result, f"peak RSS passed {cap_mb} MB (stopped)"

@@ -43,9 +43,12 @@ def _fs():
 
 
 @pytest.fixture(scope="module")
-def s3(demo_corpus):
-    """The store, holding the demo corpus's manifest and media: the only thing the nodes share."""
-    manifest, media = demo_corpus
+def s3(tmp_path_factory):
+    """The store, holding a demo corpus's manifest and media: the only thing the nodes share. 30 samples (and
+    the broken ones, under the reject limit): two measure parts, three rows, in runs that read every file over HTTP."""
+    from omnipack.demo.corpus import build_demo_corpus
+
+    manifest, media = build_demo_corpus(tmp_path_factory.mktemp("store"), num_samples=30)
     with S3Server() as server:
         server.bucket(BUCKET)
         fs = _fs()
@@ -63,6 +66,7 @@ def _store_bytes(url: str) -> dict[str, bytes]:
 
 def _config(url: str, tokenizer: Path, **kw):
     corpus = (f"s3://{BUCKET}/in/manifest.jsonl", f"s3://{BUCKET}/in/media")
+    kw = {"shard_max_rows": 1, **kw}  # a shard per row (the store's corpus packs into 3): both write ranks write
     return demo_config(url, tokenizer, corpus, **kw)  # type: ignore[arg-type]
 
 
