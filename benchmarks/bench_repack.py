@@ -100,11 +100,19 @@ def serve() -> None:
     sys.stdout = sys.stderr  # the runs' own messages stay off the reply channel
     for line in sys.stdin:
         r = json.loads(line)
-        media = Path(r["media"])
+        media, store = Path(r["media"]), r["store"]
+        if r.get("new"):  # a second packing into a new folder: measured again, payloads from the shared store
+            res = _prepare(Path(r["out"]), Path(r["tok"]), Path(r["manifest"]), media, r["seq_length"], sample_store=store)
+            reply.write(json.dumps(res) + "\n")
+            reply.flush()
+            continue
         hidden = media.with_name("media-away")
         media.rename(hidden)  # the repack must not read a photo
         try:
-            res = _prepare(Path(r["out"]), Path(r["tok"]), Path(r["manifest"]), media, r["seq_length"], from_stage="pack")
+            res = _prepare(
+                Path(r["out"]), Path(r["tok"]), Path(r["manifest"]), media, r["seq_length"], from_stage="pack",
+                sample_store=store,
+            )  # fmt: skip
         finally:
             hidden.rename(media)
         reply.write(json.dumps(res) + "\n")
@@ -119,8 +127,14 @@ class Repacker:
         cmd = [sys.executable, __file__, "--serve", "--tree", tree]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def __call__(self, out: Path, tok: Path, manifest: Path, media: Path, seq_length: int) -> tuple[float, float]:
-        req = {"out": str(out), "tok": str(tok), "manifest": str(manifest), "media": str(media), "seq_length": seq_length}
+    def __call__(
+        self, out: Path, tok: Path, manifest: Path, media: Path, seq_length: int, new: bool = False
+    ) -> tuple[float, float]:
+        """A repack of ``out`` in place, or with ``new`` a second packing into the new folder ``out``."""
+        req = {
+            "out": str(out), "tok": str(tok), "manifest": str(manifest), "media": str(media),
+            "seq_length": seq_length, "store": str(out.parent / "store"), "new": new,
+        }  # fmt: skip
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
@@ -142,7 +156,7 @@ def cold_repack(tree: str, out: Path, tok: Path, manifest: Path, media: Path, se
     cmd = [
         sys.executable, "-m", "omnipack", "prepare", "--manifest", str(manifest), "--media-root", str(media),
         "--tokenizer", str(tok), "-o", str(out), "--profile", "qwen2_5_vl", "--seq-length", str(seq_length),
-        "--from-stage", "pack", "--no-progress", "--max-reject-fraction", "1",  # as run_prepare: no exit code 3
+        "--from-stage", "pack", "--sample-store", str(out.parent / "store"), "--no-progress", "--max-reject-fraction", "1",  # as run_prepare: no exit code 3
     ]  # fmt: skip
     hidden = media.with_name("media-away")
     media.rename(hidden)
@@ -171,6 +185,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true", help="also a fresh prepare at the repack's length, compared")
     ap.add_argument("--baseline", help="a checkout of another revision: its repacks take turns with this one's")
     ap.add_argument("--cold", type=int, default=0, help="also this many repacks per revision as new CLI processes")
+    ap.add_argument("--side", action="store_true", help="also a second packing into a new folder sharing the store")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tree", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -188,11 +203,12 @@ def main() -> None:
         manifest, media = build_photos(root / "src", samples)
         print(f"corpus: {samples} samples, {len(list(media.iterdir()))} photos ({time.perf_counter() - t:.1f} s)")
         out = root / "ds"
-        first = _prepare(out, tok, manifest, media, args.seq_length)
+        first = _prepare(out, tok, manifest, media, args.seq_length, sample_store=str(root / "store"))
         lengths = [args.repack_seq_length, args.repack_seq_length // 2]  # each repack changes the length
         revisions = [Repacker(_TREE, "this")] + ([Repacker(args.baseline, "baseline")] if args.baseline else [])
         order = [revisions[(k + k // 2) % len(revisions)] for k in range(args.repeats * len(revisions))]  # A B B A
         times: dict[str, list[tuple[float, float]]] = {r.name: [] for r in revisions}
+        sides: dict[str, list[tuple[float, float]]] = {r.name: [] for r in revisions}  # into a new folder
         cps: list[tuple[float, float]] = []
         cps_over: list[tuple[float, float]] = []  # cp over the previous copy (its files truncated)
         try:
@@ -208,6 +224,11 @@ def main() -> None:
                 t, c = time.perf_counter(), _cpu(resource.RUSAGE_CHILDREN)
                 subprocess.run(["cp", "-rT", str(out / "shards"), str(root / "copy")], check=True)
                 cps_over.append((time.perf_counter() - t, _cpu(resource.RUSAGE_CHILDREN) - c))
+                if args.side:
+                    side = root / "side"
+                    shutil.rmtree(side, ignore_errors=True)
+                    sides[r.name].append(r(side, tok, manifest, media, lengths[(k + 1) % 2], new=True))
+                    shutil.rmtree(side)  # the disk holds one more copy at a time
         finally:
             for r in revisions:
                 r.close()
@@ -217,7 +238,7 @@ def main() -> None:
             name = list(trees)[(k + k // 2) % len(trees)]
             cold[name].append(cold_repack(trees[name], out, tok, manifest, media, lengths[(k + len(order) + 1) % 2]))
         size = sum(p.stat().st_size for p in (out / "shards").rglob("*") if p.is_file())
-        store = sum(p.stat().st_size for p in (out / "stages" / "samples").rglob("*") if p.is_file())
+        store = sum(p.stat().st_size for p in (root / "store").rglob("*") if p.is_file())
 
         def median(runs: list[tuple[float, float]]) -> tuple[float, float]:
             return statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
@@ -227,6 +248,10 @@ def main() -> None:
         for r in revisions:
             label = "" if not args.baseline else f" ({r.name})"
             rows.append((f"repack{label} (W={' / '.join(map(str, lengths))} in turn), median of {len(times[r.name])}", median(times[r.name])))
+        for r in revisions:
+            if sides[r.name]:
+                label = "" if not args.baseline else f" ({r.name})"
+                rows.append((f"second packing{label} into a new folder, shared store (measure again), median of {len(sides[r.name])}", median(sides[r.name])))
         for name, runs in cold.items():
             if runs:
                 label = "" if not args.baseline else f" ({name})"
@@ -241,6 +266,8 @@ def main() -> None:
         print(f"\nshards: {size / 2**20:.1f} MiB; sample store: {store / 2**20:.1f} MiB; load average before / after: {load0} / {os.getloadavg()[0]:.1f}")
         for r in revisions:
             print(f"repacks ({r.name}): " + ", ".join(f"{w:.2f} s ({c:.2f} CPU)" for w, c in times[r.name]))
+            if sides[r.name]:
+                print(f"new-folder packings ({r.name}): " + ", ".join(f"{w:.2f} s ({c:.2f} CPU)" for w, c in sides[r.name]))
         for name, runs in cold.items():
             if runs:
                 print(f"cold repacks ({name}): " + ", ".join(f"{w:.2f} s ({c:.2f} CPU)" for w, c in runs))

@@ -183,6 +183,26 @@ def test_a_shared_store_keys_payloads_by_profile_options(tmp_path, demo_tokenize
     assert len([p for p in store.iterdir() if p.is_dir()]) == 2  # one folder per payload shape
 
 
+def test_a_second_packing_into_another_folder_copies_the_shared_store_and_matches_a_fresh_prepare(
+    tmp_path, demo_tokenizer, corpus, decodes
+):
+    """Packings side by side (other seq length, parallel layout, seed) into their own folders, one
+    ``--sample-store``: the second decodes nothing and writes the bytes of a fresh prepare with its settings."""
+    store = tmp_path / "store"
+    fresh = tmp_path / "fresh"
+    _prepare(fresh, demo_tokenizer, corpus, seq_length=2048, cp=2, seed=3, sample_store="off")
+    _prepare(tmp_path / "first", demo_tokenizer, corpus, seq_length=4096, sample_store=str(store))
+    decodes.clear()
+    second = tmp_path / "second"
+    _prepare(second, demo_tokenizer, corpus, seq_length=2048, cp=2, seed=3, sample_store=str(store))
+    assert decodes == []
+    assert not (second / "stages" / "samples").exists()  # its payloads stay in the shared store only
+    want, got = dataset_bytes(fresh), dataset_bytes(second)
+    assert any(k.endswith(".tar") for k in want)
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k]] == []
+
+
 def test_each_run_opens_its_own_store_and_a_worker_gets_it_unopened(tmp_path, demo_tokenizer, corpus):
     """The store lives on the run's spec, not in the process: a second run in this process over an overwritten
     output (its store folder removed and made again) keeps its payloads in the new folder, and a spec pickled
