@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnipack.packing.patterns import best_patterns
+from omnipack.packing.patterns import best_patterns, run_highs
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,10 @@ def _pattern_lp(
     values_s, cap_s = values // g, int(capacity) // g
     m = len(values)
     h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    # One thread, as the packer's own LPs: HiGHS sizes one scheduler per process at its first solve, and a
+    # model asking for another size fails at once ("Not Set"; run_highs falls back to the scheduler there is).
+    for name, value in (("output_flag", False), ("threads", 1)):
+        h.setOptionValue(name, value)
     inf = highspy.kHighsInf
     for d in counts.tolist():
         h.addRow(float(d), inf, 0, np.array([], dtype=np.int32), np.array([], dtype=np.float64))
@@ -120,8 +123,15 @@ def _pattern_lp(
     if upper is None:
         upper = int(counts.sum())
     deadline = time.perf_counter() + lp_seconds
+    farley, converged = 0, False
     while True:
-        h.run()
+        h.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.01))  # one solve can take minutes
+        run_highs(h, highspy)
+        status = h.getModelStatus()
+        if status == highspy.HighsModelStatus.kTimeLimit:
+            break  # the clock: Farley's bound from the last optimal LP (0 before one: the caller's simple bound)
+        if status != highspy.HighsModelStatus.kOptimal:  # a failure, not a weak bound
+            raise RuntimeError(f"pattern LP: HiGHS ended with {h.modelStatusToString(status)}")
         lp = h.getInfo().objective_function_value
         duals = np.maximum(np.asarray(h.getSolution().row_dual, dtype=np.float64)[:m], 0.0)
         value, (pattern,), _ = best_patterns(values_s, counts, cap_s, duals)

@@ -27,7 +27,11 @@ SWAP_MAX_ROWS = 600  # rows in the swap search's pool (its rounds walk every poo
 PAIR_SCAN_MAX = 4096  # samples up to which the large-item pairing scan runs (a refill per threshold: seconds)
 PAIR_THRESHOLDS = 16  # thresholds tried by the pairing scan (spread evenly over the lengths above W/3)
 PAIR_MIN_SHARE = 0.2  # the scan runs when at least this share of items is above W/3 (rows of 2-4 items)
-LP_MAX_SAMPLES = 20_000  # samples up to which a plan still above the bound gets the LP-guided step
+# Samples up to which a plan still above the bound gets the LP-guided step. The step works on length classes
+# (its LP, knapsacks and rounding are bounded by LpLimits' counts), so the sample count only adds linear
+# numpy work: 1M crops in rows of 2-4 take ~4 s and 3.3% fewer rows than the greedy plan (benchmarks/README.md).
+# A count, not a clock, so plans stay deterministic; plans at the bound (the 4M text set) never reach it.
+LP_MAX_SAMPLES = 1_000_000
 LP_MAX_CLASSES = 2_000  # distinct lengths up to which it runs (one LP row and knapsack class each)
 # Samples up to which a constrained plan above the vector bound gets the vector pattern LP (an LP row per
 # distinct item vector, which on media sets is every item; 2-10 s at 200-300 samples, see benchmarks/README.md).
