@@ -29,7 +29,7 @@ PAIR_THRESHOLDS = 16  # thresholds tried by the pairing scan (spread evenly over
 PAIR_MIN_SHARE = 0.2  # the scan runs when at least this share of items is above W/3 (rows of 2-4 items)
 # Samples up to which a plan still above the bound gets the LP-guided step. The step works on length classes
 # (its LP, knapsacks and rounding are bounded by LpLimits' counts), so the sample count only adds linear
-# numpy work: 1M crops in rows of 2-4 take ~4 s and 3.3% fewer rows than the greedy plan (benchmarks/README.md).
+# numpy work: 1M crops in rows of 2-4 take 3-4 s and 3.3% fewer rows than the greedy plan (benchmarks/README.md).
 # A count, not a clock, so plans stay deterministic; plans at the bound (the 4M text set) never reach it.
 LP_MAX_SAMPLES = 1_000_000
 LP_MAX_CLASSES = 2_000  # distinct lengths up to which it runs (one LP row and knapsack class each)
@@ -357,10 +357,9 @@ def _lp_guided(
     if num_rows <= bound or len(slot_rows) > LP_MAX_SAMPLES or len(values) > LP_MAX_CLASSES:
         return None
     # One knapsack pricing holds a row of capacity + 1 cells per power-of-two chunk of each class's count;
-    # the work limit is checked between pricings, so a single one larger than the whole budget is skipped
-    # (many classes at a long W: seconds and GBs for one call).
+    # one larger than LpLimits allows is not started (many classes at a long W: seconds and GBs for one call).
     chunks = sum(min(int(c), capacity // int(v)).bit_length() for v, c in zip(values, counts, strict=True))
-    if chunks * (capacity + 1) > LpLimits().max_knapsack_work:
+    if chunks * (capacity + 1) > LpLimits().max_pricing_cells:
         return None
     return lp_pattern_pack(
         values,

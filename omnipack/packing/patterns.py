@@ -44,9 +44,16 @@ class LpLimits:
     """Work limits of one LP-guided solve (counts, so the outcome does not depend on the machine), for
     the first LP and, afresh, for all the LPs of the rounding together."""
 
-    max_columns: int = 2000  # patterns added by the column generation
-    max_knapsack_work: int = 150_000_000  # knapsack table cells updated, summed over the pricing rounds
-    max_lp_solves: int = 400  # master LP solves (each followed by one knapsack)
+    # Sized on 200 random mixtures of 10k-100k samples (benchmarks/README.md, "Large mixtures"): with ten
+    # times less work, mixes of 1000+ length classes at W=16384 stopped with the LP barely started (its
+    # first pricings alone spent the budget) and plans 2-4% over the LP bound; now they meet it, in up to
+    # ~18 s a plan (~0.3 s per 1e8 cells).
+    max_columns: int = 8000  # patterns added by the column generation
+    max_knapsack_work: int = 1_500_000_000  # knapsack table cells updated, summed over the pricing rounds
+    # One pricing's table (capacity + 1 cells per power-of-two chunk of each class's count): its time and
+    # memory. The work limit is checked between pricings, so a larger one is not started at all.
+    max_pricing_cells: int = 150_000_000
+    max_lp_solves: int = 2000  # master LP solves (each followed by one knapsack)
     max_rounds: int = 1000  # rounding steps, each followed by a new LP for the demand left
     min_columns: int = MIN_COLUMNS  # patterns generated before a known bound may end the LP
 
