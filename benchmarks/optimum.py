@@ -123,19 +123,19 @@ def _pattern_lp(
     if upper is None:
         upper = int(counts.sum())
     deadline = time.perf_counter() + lp_seconds
-    farley, converged = 0, False
+    farley, converged = -(-int(values_s @ counts) // cap_s), False  # L1 until an LP is solved
     while True:
         h.setOptionValue("time_limit", max(deadline - time.perf_counter(), 0.01))  # one solve can take minutes
         run_highs(h, highspy)
         status = h.getModelStatus()
         if status == highspy.HighsModelStatus.kTimeLimit:
-            break  # the clock: Farley's bound from the last optimal LP (0 before one: the caller's simple bound)
+            break  # the clock: Farley's bound from the last optimal LP (L1 before one)
         if status != highspy.HighsModelStatus.kOptimal:  # a failure, not a weak bound
             raise RuntimeError(f"pattern LP: HiGHS ended with {h.modelStatusToString(status)}")
         lp = h.getInfo().objective_function_value
         duals = np.maximum(np.asarray(h.getSolution().row_dual, dtype=np.float64)[:m], 0.0)
         value, (pattern,), _ = best_patterns(values_s, counts, cap_s, duals)
-        farley = math.ceil(lp / max(value, 1.0) - 1e-6)
+        farley = max(farley, math.ceil(lp / max(value, 1.0) - 1e-6))  # each a valid bound: the best so far
         converged = value <= 1 + 1e-9 or farley >= math.ceil(lp - 1e-6)
         if converged or farley >= upper or time.perf_counter() > deadline:
             break
