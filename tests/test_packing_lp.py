@@ -82,8 +82,8 @@ def test_lp_step_runs_on_large_plans(monkeypatch):
 
 
 def _wide_mix(seed: int, n: int) -> np.ndarray:
-    """W=16384: 63% items of 5.2k-6.2k tokens, 31% lognormal around 2.7k, 6% short (mixture 71's shape): over
-    1000 length classes, rows of 3-4 items."""
+    """W=16384: 63% items of 5.2k-6.2k tokens, 31% lognormal around 2.7k, 6% short (mixture 71's shape): 852
+    length classes at 6000 items, rows of 3-4 items."""
     rng = np.random.default_rng(seed)
     u = rng.random(n)
     long = rng.uniform(5200, 6210, n)
@@ -92,7 +92,7 @@ def _wide_mix(seed: int, n: int) -> np.ndarray:
 
 
 def test_lp_step_has_the_work_to_solve_many_length_classes(monkeypatch):
-    """Over 1000 length classes at W=16384: each knapsack pricing updates millions of cells, so the earlier
+    """Hundreds of length classes at W=16384: each knapsack pricing updates millions of cells, so the earlier
     budget (1.5e8 cells, 400 LP solves, 2000 columns) stopped the LP after its first pricings and the plan
     stayed 5.6% over the simple bound; with LpLimits' budget it is 1.8% over (the LP bound of such mixes is
     above the simple one: benchmarks/README.md, "Large mixtures")."""
