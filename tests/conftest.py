@@ -65,6 +65,15 @@ def hf_prepared(tmp_path_factory: pytest.TempPathFactory, hf_model_dir: Path):
     return prepare_hf_corpus(tmp_path_factory.mktemp("hf_e2e"), hf_model_dir)
 
 
+@pytest.fixture(scope="module")
+def proc(model_dir: Path):
+    """The model folder's own processor, as users load it (``AutoProcessor``), for the modules that define a
+    ``model_dir`` fixture: the oracle their tests compare against."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(model_dir))
+
+
 def prepare_hf_corpus(root: Path, model_dir: Path, *extra: str, seq_length: int = 1024):
     """(media, samples, dataset): test_profile_hf.py's image corpus under ``root`` prepared with
     ``--model model_dir`` (no ``--profile``: the checkpoint's, or the ``hf`` fallback) and ``extra`` flags."""

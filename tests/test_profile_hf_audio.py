@@ -99,13 +99,6 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def proc(model_dir):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(model_dir))
-
-
-@pytest.fixture(scope="module")
 def prepared(tmp_path_factory, model_dir):
     root = tmp_path_factory.mktemp("hf_audio")
     manifest, media, samples = _corpus(root / "src")

@@ -98,13 +98,6 @@ def assert_each_sample_is_the_processors(out: Path, samples: dict, alone, join, 
     return seen
 
 
-@pytest.fixture(scope="module")
-def proc(model_dir):  # noqa: F811
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(model_dir))
-
-
 def test_the_item_axes_are_read_off_the_processor(prepared, family):  # noqa: F811
     meta = json.loads((prepared[2] / ".nv-meta" / "omnipack.json").read_text())
     assert meta["profile"]["settings"]["media_arrays"] == {"image": ITEM_AXES[family]}

@@ -83,13 +83,6 @@ def prepared(tmp_path_factory, model_dir):
     return media, samples, out
 
 
-@pytest.fixture(scope="module")
-def proc(model_dir):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(model_dir))
-
-
 def processor_alone(proc, media: Path, messages: list[dict]) -> dict[str, np.ndarray]:
     """The processor's outputs for one sample alone, its videos given as transformers' decord reader loads the
     files (every frame and the file's metadata; the processor samples them)."""

@@ -166,13 +166,6 @@ def prepared(tmp_path_factory, model_dir):
     return prepare_hf_corpus(tmp_path_factory.mktemp("hf_vision"), model_dir, seq_length=2048)
 
 
-@pytest.fixture(scope="module")
-def proc(model_dir):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(model_dir))
-
-
 def image_paths(messages: list[dict]) -> list[str]:
     return [p["image"] for m in messages for p in m["content"] if p["type"] == "image"]
 

@@ -35,13 +35,6 @@ def model_dir(tmp_path_factory) -> Path:
     return build_internvl_model_dir(tmp_path_factory.mktemp("internvl") / "model")
 
 
-@pytest.fixture(scope="module")
-def proc(model_dir):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(model_dir))
-
-
 def processor_alone(proc, media: Path, messages: list[dict]) -> dict[str, np.ndarray]:
     """The processor's outputs for one sample alone (numpy, in its dtypes)."""
     text = proc.apply_chat_template(messages, tokenize=False)
