@@ -451,6 +451,9 @@ def ray_overhead(n: int, pairs: int) -> None:
     print(
         f"\ntext corpus ({n:,} samples), Ray x2 over local x2, {pairs} alternating pairs, each run a fresh "
         f"process; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}; "
+        # without byte-code caches every Python process of the run compiles its imports again: Ray's ~8
+        # (GCS client, dashboard head, agents, workers) against the local pool's 2, so Ray's start doubles
+        f"byte-code caches: {'OFF (PYTHONDONTWRITEBYTECODE is set)' if os.environ.get('PYTHONDONTWRITEBYTECODE') else 'on'}; "
         f"same bytes: {'yes' if same else 'NO'}\n"
     )
     print("| phase | local s (median) | ray s (median) | ray/local (median of pairs) | min | max |")
