@@ -25,7 +25,7 @@ from omnipack.dataset.meta import CRUDE_CONFIG, NV_META, read_omnipack_meta, wri
 from omnipack.loader.media import decode_payload
 from omnipack.loader.task_encoder import OmnipackTaskEncoder
 from tests.test_pipeline import read_rows_from_tars
-from tests.tools_dataset import build_av_dataset
+from tests.tools_dataset import build_av_dataset, stop_loader_workers
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -44,6 +44,8 @@ def energon_here(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     from megatron.energon.cli.main import main as energon_main
 
     res = CliRunner().invoke(energon_main, list(args), input=stdin)
+    if res.exit_code != 0:
+        stop_loader_workers()
     return subprocess.CompletedProcess(["energon", *args], res.exit_code, res.stdout, res.stderr)
 
 

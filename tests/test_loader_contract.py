@@ -16,7 +16,7 @@ from megatron.energon.errors import FatalSampleError
 from omnipack.dataset.codec import load_npy, npy_bytes
 from omnipack.dataset.contract import IGNORE_INDEX
 from omnipack.loader.task_encoder import OmnipackTaskEncoder, RowContractError
-from tests.tools_dataset import build_small_dataset, copy_dataset, rewrite_shard
+from tests.tools_dataset import build_small_dataset, copy_dataset, rewrite_shard, stop_loader_workers
 
 SHARD = "shards/shard-000000.tar"
 
@@ -43,7 +43,11 @@ def _load_all(root: Path, workers: int = 0, **options) -> int:
     te = OmnipackTaskEncoder.from_dataset(root, **options)
     wc = WorkerConfig(rank=0, world_size=1, num_workers=workers)
     ds = get_val_dataset(str(root), split_part="train", worker_config=wc, batch_size=1, task_encoder=te)
-    return sum(1 for _ in get_loader(ds))
+    try:
+        return sum(1 for _ in get_loader(ds))
+    except BaseException:
+        stop_loader_workers()
+        raise
 
 
 def _damage(root: Path, fn: Callable[[dict[str, np.ndarray], dict], str]) -> tuple[str, str]:
