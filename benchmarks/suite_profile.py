@@ -10,12 +10,18 @@ its own file). As a script it prints the table of one such folder, slowest files
 
     PYTHONPATH=$PWD SUITE_PROFILE_OUT=/tmp/prof python -m pytest -q -n 2 -p benchmarks.suite_profile
     python benchmarks/suite_profile.py /tmp/prof [--tests 30] [--by wall|cpu]
+
+With ``SUITE_PROFILE_GC=1`` the plugin also times a ``gc.collect()`` after every test (a "gc" phase) and the
+script lists the tests whose collection took over ``--gc-over`` seconds: what such a test leaves in reference
+cycles (a loader iterator whose workers then stop at PyTorch's 5 s join timeout) costs the next test.
+Run it without ``PYTHONDONTWRITEBYTECODE``: every process the tests start would compile its imports again.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import resource
@@ -26,6 +32,7 @@ from pathlib import Path
 import pytest
 
 OUT_ENV = "SUITE_PROFILE_OUT"
+GC_ENV = "SUITE_PROFILE_GC"  # set: a timed gc.collect() after every test ("gc" phase)
 
 
 def _cpu() -> tuple[float, float]:
@@ -60,6 +67,13 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     yield from _record(item, "teardown")
+    if os.environ.get(GC_ENV):
+        # A collection right after the test: what it left in reference cycles is finalized here, charged to it
+        # (a PyTorch loader iterator collected this way stops each worker at a 5 s join timeout).
+        collect = _record(item, "gc")
+        next(collect)
+        gc.collect()
+        next(collect, None)
 
 
 def _sums(folder: Path) -> tuple[dict[str, collections.Counter], dict[str, collections.Counter]]:
@@ -83,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("folder", type=Path)
     p.add_argument("--tests", type=int, default=0, help="also list this many slowest tests")
     p.add_argument("--by", choices=["wall", "cpu"], default="cpu")
+    p.add_argument("--gc-over", type=float, default=1.0, help=f"list the tests whose {GC_ENV} collection took longer")
     a = p.parse_args(argv)
     files, tests = _sums(a.folder)
     print("| file | tests | wall s | setup wall s | CPU s | CPU s of waited-for children |")
@@ -96,6 +111,12 @@ def main(argv: list[str] | None = None) -> None:
         print("\n| test | wall s | setup wall s | CPU s |\n|---|---:|---:|---:|")
         for name, s in sorted(tests.items(), key=lambda kv: -kv[1][a.by])[: a.tests]:
             print(f"| {name} | {s['wall']:.1f} | {s['setup_wall']:.1f} | {s['cpu']:.1f} |")
+    slow_gc = sorted(((s["gc_wall"], name) for name, s in tests.items() if s["gc_wall"] > a.gc_over), reverse=True)
+    if slow_gc:
+        print(f"\nCollections over {a.gc_over:g} s after a test ({GC_ENV}=1): something the test left is stopped by the")
+        print("garbage collector (the next test would pay it)\n\n| test | gc s |\n|---|---:|")
+        for wall, name in slow_gc:
+            print(f"| {name} | {wall:.1f} |")
 
 
 if __name__ == "__main__":
