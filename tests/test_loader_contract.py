@@ -46,7 +46,8 @@ def _load_all(root: Path, workers: int = 0, **options) -> int:
     try:
         return sum(1 for _ in get_loader(ds))
     except BaseException:
-        stop_loader_workers()
+        if workers:
+            stop_loader_workers()
         raise
 
 

@@ -169,5 +169,6 @@ def stop_loader_workers() -> None:
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
     for obj in gc.get_objects():
-        if isinstance(obj, _MultiProcessingDataLoaderIter):
+        # type(), not isinstance(): the heap holds dead weak proxies (Energon's), which isinstance() dereferences
+        if issubclass(type(obj), _MultiProcessingDataLoaderIter):
             obj._shutdown_workers()
