@@ -85,9 +85,11 @@ def _sums(folder: Path) -> tuple[dict[str, collections.Counter], dict[str, colle
             r = json.loads(line)
             for sums in (files[r["id"].split("::")[0]], tests[r["id"]]):
                 for k in ("wall", "self", "children"):
-                    sums[k] += r[k]
                     sums[f"{r['phase']}_{k}"] += r[k]
-                sums["cpu"] += r["self"] + r["children"]
+                    if r["phase"] != "gc":  # the probe's collections are not the test's time
+                        sums[k] += r[k]
+                if r["phase"] != "gc":
+                    sums["cpu"] += r["self"] + r["children"]
                 sums["tests"] += r["phase"] == "call"
     return files, tests
 
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         print("\n| test | wall s | setup wall s | CPU s |\n|---|---:|---:|---:|")
         for name, s in sorted(tests.items(), key=lambda kv: -kv[1][a.by])[: a.tests]:
             print(f"| {name} | {s['wall']:.1f} | {s['setup_wall']:.1f} | {s['cpu']:.1f} |")
+    if total["gc_wall"]:
+        print(f"\n{GC_ENV}=1: {total['gc_wall']:.1f} s in the collections after the tests (not in the table)")
     slow_gc = sorted(((s["gc_wall"], name) for name, s in tests.items() if s["gc_wall"] > a.gc_over), reverse=True)
     if slow_gc:
         print(f"\nCollections over {a.gc_over:g} s after a test ({GC_ENV}=1): something the test left is stopped by the")
