@@ -1,20 +1,10 @@
 from __future__ import annotations
 
-import gc
 import os
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """What is imported by now (torch, transformers, Energon, every test module) lives for the whole run:
-    frozen out of the garbage collector's scans, the collections Python starts and those Energon runs at
-    each loader pass (``gc.collect()``) walk only what the tests made since."""
-    gc.collect()
-    gc.freeze()
-
 
 # Property tests explore a fixed, reproducible set of examples: CI must not pass or fail by luck.
 # (HYPOTHESIS_PROFILE=explore widens the search locally.)
