@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import gc
 import json
 import os
@@ -41,6 +42,7 @@ def _cpu() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
+@contextlib.contextmanager
 def _record(item: pytest.Item, phase: str) -> Iterator[None]:
     start, (own0, children0) = time.perf_counter(), _cpu()
     yield
@@ -56,24 +58,25 @@ def _record(item: pytest.Item, phase: str) -> Iterator[None]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
-    yield from _record(item, "setup")
+    with _record(item, "setup"):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    yield from _record(item, "call")
+    with _record(item, "call"):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-    yield from _record(item, "teardown")
+    with _record(item, "teardown"):
+        yield
     if os.environ.get(GC_ENV):
         # A collection right after the test: what it left in reference cycles is finalized here, charged to it
         # (a PyTorch loader iterator collected this way stops each worker at a 5 s join timeout).
-        collect = _record(item, "gc")
-        next(collect)
-        gc.collect()
-        next(collect, None)
+        with _record(item, "gc"):
+            gc.collect()
 
 
 def _sums(folder: Path) -> tuple[dict[str, collections.Counter], dict[str, collections.Counter]]:

@@ -8,7 +8,7 @@ from .balance import balance_costs
 from .bounds import best_bound, constrained_lower_bounds, lower_bounds
 from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
-from .patterns import LpLimits, lp_pattern_pack
+from .patterns import LpLimits, lp_pattern_pack, pricing_cells
 from .plan import PackPlan, build_plan
 from .refill import refill_classes
 from .swap import swap_search
@@ -356,10 +356,8 @@ def _lp_guided(
     refill or FFD, whichever needs fewer rows. None above the bound's limits or at the bound."""
     if num_rows <= bound or len(slot_rows) > LP_MAX_SAMPLES or len(values) > LP_MAX_CLASSES:
         return None
-    # One knapsack pricing holds a row of capacity + 1 cells per power-of-two chunk of each class's count;
-    # one larger than LpLimits allows is not started (many classes at a long W: seconds and GBs for one call).
-    chunks = sum(min(int(c), capacity // int(v)).bit_length() for v, c in zip(values, counts, strict=True))
-    if chunks * (capacity + 1) > LpLimits().max_pricing_cells:
+    # A pricing larger than LpLimits allows is not started (many classes at a long W: seconds and GBs for one call).
+    if pricing_cells(values, counts, capacity) > LpLimits().max_pricing_cells:
         return None
     return lp_pattern_pack(
         values,

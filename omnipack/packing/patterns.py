@@ -58,6 +58,13 @@ class LpLimits:
     min_columns: int = MIN_COLUMNS  # patterns generated before a known bound may end the LP
 
 
+def pricing_cells(values: np.ndarray, counts: np.ndarray, capacity: int) -> int:
+    """The most table cells one ``best_patterns`` call can update (every class priced): capacity + 1 per
+    power-of-two chunk of each class's count, the count cut to what fits a row."""
+    chunks = sum(min(int(c), capacity // int(v)).bit_length() for v, c in zip(values, counts, strict=True))
+    return chunks * (capacity + 1)
+
+
 def best_patterns(
     values: np.ndarray, counts: np.ndarray, capacity: int, prices: np.ndarray, limit: int = 1
 ) -> tuple[float, list[np.ndarray], int]:

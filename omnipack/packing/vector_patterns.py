@@ -34,8 +34,8 @@ from .patterns import (
     run_highs,
 )
 
-PRICING_MAX_NODES = 100
-GREEDY_SEEDS = 8  # greedy fills per pricing that start from one of the dearest classes  # branch-and-bound nodes per pricing MIP (its dual bound stays a valid value)
+PRICING_MAX_NODES = 100  # branch-and-bound nodes per pricing MIP (its dual bound stays a valid value)
+GREEDY_SEEDS = 8  # greedy fills per pricing that start from one of the dearest classes
 # LP solves dominate (each with a greedy pricing, the MIP when the greedy finds nothing); a known bound
 # may end the LP after fewer columns than in 1-D (the vector LPs are small: one row per item here).
 VECTOR_LIMITS = LpLimits(
