@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from omnipack.packing import engine, lower_bounds, pack, patterns
@@ -92,11 +92,11 @@ def _wide_mix(seed: int, n: int) -> np.ndarray:
 
 
 def test_lp_step_has_the_work_to_solve_many_length_classes(monkeypatch):
-    """Hundreds of length classes at W=16384: each knapsack pricing updates millions of cells. Without the
-    exchange columns the earlier budget (1.5e8 cells, 400 LP solves, 2000 columns) stopped the LP after its
-    first pricings and the plan stayed 5.6% over the simple bound; with LpLimits' budget, or with the
-    exchange columns even within the earlier one, it is 1.8% over (the LP bound of such mixes is above the
-    simple one: benchmarks/README.md, "Large mixtures")."""
+    """Hundreds of length classes at W=16384: each exact knapsack pricing updates millions of cells. With
+    exact pricing alone and no exchange columns, the earlier budget (1.5e8 cells, 400 LP solves, 2000
+    columns) stopped the LP after its first pricings and the plan stayed 5.6% over the simple bound; with
+    LpLimits' budget, or with greedy pricing and the exchange columns even within the earlier one, it is
+    1.8% over (the LP bound of such mixes is above the simple one: benchmarks/README.md, "Large mixtures")."""
     pytest.importorskip("highspy")
     lengths = _wide_mix(0, 6000)
     bound = max(lower_bounds(lengths, 16384).values())
@@ -108,7 +108,25 @@ def test_lp_step_has_the_work_to_solve_many_length_classes(monkeypatch):
     monkeypatch.setattr(patterns, "LpLimits", lambda: earlier)
     assert pack(lengths, 16384).num_rows <= 1.02 * bound
     monkeypatch.setattr(patterns, "length_exchanges", lambda values: np.zeros((0, 2), np.int64))
+    monkeypatch.setattr(patterns, "greedy_patterns", lambda *args: (0.0, [], 0))
     assert pack(lengths, 16384).num_rows > 1.05 * bound
+
+
+@SETTINGS
+@given(st.integers(8, 300), st.lists(st.integers(1, 300), min_size=1, max_size=60), st.integers(0, 2**32 - 1))
+def test_greedy_pricing_bounds_the_best_pattern_and_its_patterns_fit(capacity, raw, seed):
+    """The greedy pricing's value is at least the exact knapsack's best (Farley's bound stays valid), and its
+    patterns fit the width, respect the counts and are worth more than one row."""
+    _, values, counts = capped_classes(capacity, raw)
+    # prices near a row's share (a full row worth ~1): improving patterns exist, and greedy often misses the best
+    prices = np.random.default_rng(seed).uniform(0.7, 1.5, len(values)) * values / capacity
+    exact, _, _ = patterns.best_patterns(values, counts, capacity, prices)
+    value, greedy, _ = patterns.greedy_patterns(values, counts, capacity, prices, 4)
+    assume(greedy)
+    assert value >= exact - 1e-9 and greedy
+    for pattern in greedy:
+        assert pattern @ values <= capacity and (pattern <= counts).all() and (pattern >= 0).all()
+        assert prices @ pattern > 1
 
 
 def _solved_lp(values: np.ndarray, counts: np.ndarray, capacity: int, exchanges: np.ndarray | None):
@@ -273,16 +291,36 @@ def test_vector_pricing_finds_the_best_pattern(raw):
 
 
 def test_a_pricing_larger_than_its_limit_is_not_started(monkeypatch):
-    """2000 length classes of 10 items at W=131072: one knapsack pricing would update ~1e9 cells (seconds and
-    ~0.5 GB of tables), more than one pricing may (``LpLimits.max_pricing_cells``; the work limit is checked
-    between pricings); the step is skipped before it starts. A smaller W with the same classes still runs it."""
+    """2000 length classes of 10 items at W=131072: one exact knapsack pricing would update ~1e9 cells
+    (seconds and ~0.5 GB of tables), more than one pricing may (``LpLimits.max_pricing_cells``). When the greedy
+    fills find no improving pattern, such a pricing returns none (the column generation stops there, with
+    Farley's bound from the fractional knapsack's value) instead of running; at a smaller W it runs."""
     calls = []
-    monkeypatch.setattr(engine, "lp_pattern_pack", lambda *a, **k: calls.append(a[2]))
+    exact = patterns.best_patterns
+    monkeypatch.setattr(patterns, "best_patterns", lambda *a, **k: calls.append(a[2]) or exact(*a, **k))
     values = np.arange(2000, 4000, dtype=np.int64) * 16
     counts = np.full(2000, 10, dtype=np.int64)
-    slots, rows = ffd_classes(values, counts, 131072)
-    assert engine._lp_guided(slots, rows + 1, values, counts, 131072, rows) is None
-    small = np.arange(1, 101, dtype=np.int64) * 16
-    slots, rows = ffd_classes(small, counts[:100], 4096)
-    engine._lp_guided(slots, rows + 1, small, counts[:100], 4096, rows)
-    assert calls == [4096]
+    prices = values / 131072 * 0.9  # a full row is worth 0.9 at most: nothing improves
+    pricing = patterns.KnapsackPricing(values, 131072)
+    value, found, _ = pricing.price(counts, prices)
+    assert found == [] and value >= 0.9 - 1e-9 and calls == []
+    small = patterns.KnapsackPricing(values[:100] // 16, 4096 // 16)
+    value, found, _ = small.price(counts[:100], prices[:100] * 131072 / 4096)
+    assert calls == [256] and value <= 0.9 + 1e-9 and found == []
+
+
+def test_many_length_classes_get_the_lp_step_only_well_above_the_bound(monkeypatch):
+    """Above LP_MANY_CLASSES lengths the step costs tens of seconds at W=32768: it runs on plans more than
+    LP_MANY_CLASSES_GAP over the bound, not on plans a row or two over it; with fewer lengths it runs on any plan
+    above the bound; above LP_MAX_CLASSES never."""
+    calls = []
+    monkeypatch.setattr(engine, "lp_pattern_pack", lambda *a, **k: calls.append(len(a[0])))
+    monkeypatch.setattr(engine, "LP_MANY_CLASSES", 50)
+    monkeypatch.setattr(engine, "LP_MAX_CLASSES", 80)
+    counts = np.full(100, 10, dtype=np.int64)
+    slots = np.zeros(1000, dtype=np.int64)
+    for classes in (40, 60, 100):
+        values = np.arange(1, classes + 1, dtype=np.int64) * 16
+        for rows in (2001, 2003):  # 0.05% and 0.15% over a bound of 2000
+            engine._lp_guided(slots, rows, values, counts[:classes], 4096, 2000)
+    assert calls == [40, 40, 60]

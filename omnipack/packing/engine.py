@@ -8,7 +8,7 @@ from .balance import balance_costs
 from .bounds import best_bound, constrained_lower_bounds, lower_bounds
 from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
-from .patterns import LpLimits, lp_pattern_pack, pricing_cells
+from .patterns import lp_pattern_pack
 from .plan import PackPlan, build_plan
 from .refill import refill_classes
 from .swap import swap_search
@@ -32,7 +32,12 @@ PAIR_MIN_SHARE = 0.2  # the scan runs when at least this share of items is above
 # numpy work: 1M crops in rows of 2-4 take 3-4 s and 3.3% fewer rows than the greedy plan (benchmarks/README.md).
 # A count, not a clock, so plans stay deterministic; plans at the bound (the 4M text set) never reach it.
 LP_MAX_SAMPLES = 1_000_000
-LP_MAX_CLASSES = 2_000  # distinct lengths up to which it runs (one LP row and knapsack class each)
+# Distinct lengths up to which it runs (one LP row each; the greedy pricing walks them, an exact pricing
+# larger than LpLimits.max_pricing_cells is not run). Above LP_MANY_CLASSES a plan takes 10-35 s at W=32768
+# (benchmarks/README.md), so there it runs only on plans more than LP_MANY_CLASSES_GAP over the bound.
+LP_MAX_CLASSES = 3_000
+LP_MANY_CLASSES = 2_000
+LP_MANY_CLASSES_GAP = 0.001
 # Samples up to which a constrained plan above the vector bound gets the vector pattern LP (an LP row per
 # distinct item vector, which on media sets is every item; 2-10 s at 200-300 samples, see benchmarks/README.md).
 CONSTRAINED_LP_MAX_SAMPLES = 300
@@ -307,7 +312,8 @@ def _improve(
     4. Still above the bound: the swap search on a pool of rows (``_swap_pool``).
     5. Still more than REFILL_TARGET over it (up to PAIR_SCAN_MAX samples): the large-item pairing scan
        (``_pair_large_then_refill``), for mixes of rows of 2-4 items.
-    6. Still above the bound (up to LP_MAX_SAMPLES samples, LP_MAX_CLASSES lengths): the pattern LP,
+    6. Still above the bound (up to LP_MAX_SAMPLES samples, LP_MAX_CLASSES lengths; above LP_MANY_CLASSES
+       lengths only more than LP_MANY_CLASSES_GAP over it): the pattern LP,
        rounded (``patterns.lp_pattern_pack``, with ``highspy``); it stops early on proving the plan optimal.
     Each refill gives up past REFILL_MAX_WORK (about a second; a work count, so still deterministic).
     The plan with the fewest rows wins; ties keep the earlier one.
@@ -356,8 +362,7 @@ def _lp_guided(
     refill or FFD, whichever needs fewer rows. None above the bound's limits or at the bound."""
     if num_rows <= bound or len(slot_rows) > LP_MAX_SAMPLES or len(values) > LP_MAX_CLASSES:
         return None
-    # A pricing larger than LpLimits allows is not started (many classes at a long W: seconds and GBs for one call).
-    if pricing_cells(values, counts, capacity) > LpLimits().max_pricing_cells:
+    if len(values) > LP_MANY_CLASSES and num_rows <= bound * (1 + LP_MANY_CLASSES_GAP):
         return None
     return lp_pattern_pack(
         values,

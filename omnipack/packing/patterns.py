@@ -2,8 +2,10 @@
 
 A row's *pattern* says how many items of each length class it holds. The LP ``min sum x_p`` subject to
 ``sum_p a_p x_p >= counts`` (rows of pattern p: x_p) is solved by column generation: the master LP (HiGHS)
-gives a price per class, a bounded knapsack over the row width finds the pattern worth most at those
-prices, and it joins the master while it is worth more than one row. ``ceil(LP)`` is a lower bound on
+gives a price per class, greedy fills (or, when none beats a row, the exact bounded knapsack over the row
+width) find patterns worth more than one row at those prices, and they join the master. Exchange columns
+(a shorter item may take a longer one's slot) keep the prices ordered by length, which cuts the LP solves
+several-fold on mixes of hundreds of lengths. ``ceil(LP)`` is a lower bound on
 the rows of any packing, and on practical instances it is the optimum; the LP's patterns are what the
 greedy packers miss on mixes of 2-4 items per row (the largest items share rows with each other at some
 waste, the others form large + medium + small triples, small items kept for the rows that need them).
@@ -45,9 +47,9 @@ class LpLimits:
     the first LP and, afresh, for all the LPs of the rounding together."""
 
     # Sized on 200 random mixtures of 10k-100k samples (benchmarks/README.md, "Large mixtures"): with ten
-    # times less work, mixes of 1000+ length classes at W=16384 stopped with the LP barely started (its
-    # first pricings alone spent the budget) and plans 2-4% over the LP bound; now they meet it, in up to
-    # ~18 s a plan (~0.3 s per 1e8 cells).
+    # times less work and exact pricing only, mixes of 1000+ length classes at W=16384 stopped with the LP
+    # barely started (its first pricings alone spent the budget) and plans 2-4% over the LP bound. Greedy
+    # pricing and the exchange columns now solve most such LPs well inside it (~0.3 s per 1e8 cells).
     max_columns: int = 8000  # patterns added by the column generation
     max_knapsack_work: int = 1_500_000_000  # knapsack table cells updated, summed over the pricing rounds
     # One pricing's table (capacity + 1 cells per power-of-two chunk of each class's count): its time and
@@ -61,8 +63,8 @@ class LpLimits:
 def pricing_cells(values: np.ndarray, counts: np.ndarray, capacity: int) -> int:
     """The most table cells one ``best_patterns`` call can update (every class priced): capacity + 1 per
     power-of-two chunk of each class's count, the count cut to what fits a row."""
-    chunks = sum(min(int(c), capacity // int(v)).bit_length() for v, c in zip(values, counts, strict=True))
-    return chunks * (capacity + 1)
+    chunks = sum(min(int(c), int(capacity) // int(v)).bit_length() for v, c in zip(values, counts, strict=True))
+    return chunks * (int(capacity) + 1)
 
 
 def best_patterns(
@@ -190,6 +192,7 @@ class _Master:
             self.model.addCol(0.0, 0.0, highspy.kHighsInf, 2, index, np.array([-1.0, 1.0]))
         self.columns: list[np.ndarray] = []
         self.index: dict[bytes, int] = {}
+        self.holding: dict[int, list[int]] = {}  # class -> the columns that hold it, in column order
 
     def add(self, pattern: np.ndarray) -> int:
         """The column of ``pattern``, added if new."""
@@ -200,6 +203,8 @@ class _Master:
                 1.0, 0.0, self.highspy.kHighsInf, len(idx), idx, pattern[idx].astype(np.float64)
             )
             self.index[key] = len(self.columns)
+            for j in idx.tolist():
+                self.holding.setdefault(j, []).append(len(self.columns))
             self.columns.append(pattern)
         return self.index[key]
 
@@ -228,10 +233,11 @@ class _Master:
         x, flows = values[first:].copy(), values[:first]
         for (big, small), flow in zip(self.exchanges.tolist(), flows.tolist(), strict=True):
             while flow > LP_EPS:
-                holders = [p for p in np.flatnonzero(x > LP_EPS).tolist() if self.columns[p][big] > 0]
-                if not holders:
+                holders = np.asarray(self.holding.get(big, ()), dtype=np.int64)
+                holders = holders[x[holders] > LP_EPS]
+                if not len(holders):
                     break  # the LP's tolerance: a flow of ~1e-7 rows past what the patterns hold
-                p = holders[0]
+                p = int(holders[0])
                 moved = min(float(x[p]), flow)
                 pattern = self.columns[p].copy()
                 pattern[big] -= 1
@@ -279,16 +285,59 @@ class Pricing(Protocol):
 
 @dataclass(frozen=True)
 class KnapsackPricing:
-    """1-D pricing: the exact bounded knapsack over length classes (``best_patterns``)."""
+    """1-D pricing: greedy fills first (``greedy_patterns``), the exact bounded knapsack over length classes
+    (``best_patterns``) when none is worth more than one row, unless its table would exceed ``max_cells``:
+    then no pattern, and the column generation stops with Farley's bound."""
 
     values: np.ndarray  # class lengths, divided by their common divisor with the width
     capacity: int
+    max_cells: int = LpLimits.max_pricing_cells
 
     def floor(self, demand: np.ndarray) -> int:
         return -(-int(demand @ self.values) // self.capacity)
 
     def price(self, demand: np.ndarray, prices: np.ndarray) -> tuple[float, list[np.ndarray], int]:
+        bound, found, work = greedy_patterns(self.values, demand, self.capacity, prices, PATTERNS_PER_PRICING)
+        if found:
+            return bound, found, work
+        live = prices > LP_EPS
+        if pricing_cells(self.values[live], demand[live], self.capacity) > self.max_cells:
+            return bound, [], work
         return best_patterns(self.values, demand, self.capacity, prices, PATTERNS_PER_PRICING)
+
+
+def greedy_patterns(
+    values: np.ndarray, counts: np.ndarray, capacity: int, prices: np.ndarray, starts: int
+) -> tuple[float, list[np.ndarray], int]:
+    """Improving patterns (worth more than one row) from greedy fills: classes by price per unit of length,
+    from each of the ``starts`` densest classes on; with the fractional knapsack's value, an upper bound on
+    the best pattern's (so Farley's bound stays valid), and the work as one table cell per class visited.
+    Far cheaper than the exact knapsack, and while the LP is far from solved nearly always improving."""
+    live = np.flatnonzero((prices > LP_EPS) & (counts > 0))
+    if not len(live):
+        return 0.0, [], 0
+    order = live[np.lexsort((live, -prices[live] / values[live]))]
+    size = values[order]
+    take_max = np.minimum(counts[order], capacity // size)
+    fill = np.cumsum(size * take_max)
+    whole = int(np.searchsorted(fill, capacity, side="right"))
+    bound = float(prices[order[:whole]] @ take_max[:whole])
+    if whole < len(order):
+        room = capacity - (int(fill[whole - 1]) if whole else 0)
+        bound += float(prices[order[whole]]) * room / float(size[whole])
+    found: dict[bytes, np.ndarray] = {}
+    sizes, limits = size.tolist(), take_max.tolist()
+    for start in range(min(starts, len(order))):
+        pattern = np.zeros(len(values), dtype=np.int64)
+        room = capacity
+        for k in range(start, len(order)):
+            take = min(limits[k], room // sizes[k])
+            if take:
+                pattern[order[k]] = take
+                room -= take * sizes[k]
+        if prices @ pattern > 1 + 1e-6:
+            found.setdefault(pattern.tobytes(), pattern)
+    return bound, list(found.values()), len(order) * min(starts, len(order))
 
 
 def _generate_columns(
@@ -477,8 +526,9 @@ def lp_pattern_pack(
     """
     start_slots, start_rows = start
     scale = math.gcd(int(capacity), *values.tolist())
+    limits = limits or LpLimits()
     out = round_pattern_lp(
-        KnapsackPricing(values // scale, int(capacity) // scale),
+        KnapsackPricing(values // scale, int(capacity) // scale, limits.max_pricing_cells),
         counts,
         plan_patterns(start_slots, start_rows, counts)[0],
         start_rows,
