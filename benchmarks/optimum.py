@@ -1,7 +1,8 @@
 """Exact bin-packing optima for small instances, with HiGHS (``highspy``): benchmarks and tests only.
 
 Gilmore-Gomory: the LP over row patterns (how many items of each length a row holds) is solved by column
-generation, pricing new patterns with the packer's exact bounded knapsack (``patterns.best_patterns``).
+generation, pricing new patterns as the packer does (``patterns.KnapsackPricing``: greedy fills, then the exact
+bounded knapsack, here at any size).
 The packer runs the same LP itself on small plans above the bound (``patterns.lp_pattern_pack``); this
 module keeps a clock limit and the MIP, which give a reference independent of that packer's rounding. ``ceil(LP)`` is a lower bound on the rows of any packing, and on practical
 instances it equals the optimum (the integer round-up property fails only on rare, constructed
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnipack.packing.patterns import best_patterns, length_exchanges, run_highs
+from omnipack.packing.patterns import KnapsackPricing, length_exchanges, run_highs
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ def _pattern_lp(
         add(pattern)
     if upper is None:
         upper = int(counts.sum())
+    pricing = KnapsackPricing(values_s, cap_s, max_cells=2**62)
     deadline = time.perf_counter() + lp_seconds
     farley, converged = -(-int(values_s @ counts) // cap_s), False  # L1 until an LP is solved
     while True:
@@ -140,12 +142,15 @@ def _pattern_lp(
             raise RuntimeError(f"pattern LP: HiGHS ended with {h.modelStatusToString(status)}")
         lp = h.getInfo().objective_function_value
         duals = np.maximum(np.asarray(h.getSolution().row_dual, dtype=np.float64)[:m], 0.0)
-        value, (pattern,), _ = best_patterns(values_s, counts, cap_s, duals)
+        # the packer's pricing: greedy fills, the exact knapsack (any size here) when none beats a row; the
+        # value is exact or the fractional knapsack's, either an upper bound on the best pattern's
+        value, patterns, _ = pricing.price(counts, duals)
         farley = max(farley, math.ceil(lp / max(value, 1.0) - 1e-6))  # each a valid bound: the best so far
         converged = value <= 1 + 1e-9 or farley >= math.ceil(lp - 1e-6)
         if converged or farley >= upper or time.perf_counter() > deadline:
             break
-        add(pattern)
+        for pattern in patterns:
+            add(pattern)
     return h, max(farley, 0), converged, len(exchanges), columns
 
 
