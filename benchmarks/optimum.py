@@ -96,7 +96,7 @@ def lp_lower_bound(
 
 def _pattern_lp(
     lengths: np.ndarray, capacity: int, start: list[np.ndarray] | None, upper: int | None, lp_seconds: float
-) -> tuple[object, int, bool, list[np.ndarray]]:
+) -> tuple[object, int, bool, int, list[np.ndarray]]:
     """The column generation: (HiGHS model, bound, converged, exchange columns (the model's first), pattern
     columns)."""
     import highspy
