@@ -306,6 +306,19 @@ class KnapsackPricing:
         return best_patterns(self.values, demand, self.capacity, prices, PATTERNS_PER_PRICING)
 
 
+def fractional_fill(weights: np.ndarray, upper: np.ndarray, prices: np.ndarray, capacity: int) -> float:
+    """The value of filling ``capacity`` with up to ``upper`` items of each class in the order given, the first
+    one that does not fit in part: with classes by price per unit of weight, best first, the fractional
+    knapsack's value, an upper bound on any pattern's."""
+    fill = np.cumsum(weights * upper)
+    whole = int(np.searchsorted(fill, capacity, side="right"))
+    value = float(prices[:whole] @ upper[:whole])
+    if whole < len(weights):
+        room = capacity - (int(fill[whole - 1]) if whole else 0)
+        value += float(prices[whole]) * room / float(weights[whole])
+    return value
+
+
 def greedy_patterns(
     values: np.ndarray, counts: np.ndarray, capacity: int, prices: np.ndarray, starts: int
 ) -> tuple[float, list[np.ndarray], int]:
@@ -319,12 +332,7 @@ def greedy_patterns(
     order = live[np.lexsort((live, -prices[live] / values[live]))]
     size = values[order]
     take_max = np.minimum(counts[order], capacity // size)
-    fill = np.cumsum(size * take_max)
-    whole = int(np.searchsorted(fill, capacity, side="right"))
-    bound = float(prices[order[:whole]] @ take_max[:whole])
-    if whole < len(order):
-        room = capacity - (int(fill[whole - 1]) if whole else 0)
-        bound += float(prices[order[whole]]) * room / float(size[whole])
+    bound = fractional_fill(size, take_max, prices[order], capacity)
     found: dict[bytes, np.ndarray] = {}
     sizes, limits = size.tolist(), take_max.tolist()
     for start in range(min(starts, len(order))):

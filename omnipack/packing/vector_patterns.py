@@ -27,6 +27,7 @@ from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .patterns import (
     LP_EPS,
     LpLimits,
+    fractional_fill,
     patterns_to_slots,
     plan_patterns,
     residual_patterns,
@@ -127,13 +128,7 @@ class _VectorPricing:
             free = float(prices[(weight == 0) & (upper > 0)] @ upper[(weight == 0) & (upper > 0)])
             used = np.flatnonzero((weight > 0) & (upper > 0))
             order = used[np.argsort(-prices[used] / weight[used], kind="stable")]
-            fill = np.cumsum(weight[order] * upper[order])
-            whole = int(np.searchsorted(fill, cap, side="right"))
-            value = free + float(prices[order[:whole]] @ upper[order[:whole]])
-            if whole < len(order):
-                room = cap - (fill[whole - 1] if whole else 0)
-                value += prices[order[whole]] * room / weight[order[whole]]
-            best = min(best, value)
+            best = min(best, free + fractional_fill(weight[order], upper[order], prices[order], cap))
         return float(best)
 
     def _mip(self, upper: np.ndarray, prices: np.ndarray) -> tuple[float, list[np.ndarray], int]:
