@@ -48,7 +48,15 @@ from .stages.spec import (
     ShardLayout,
     WriteSettings,
 )
-from .stages.storage import make_dirs, output_path, remove_partials, remove_tree
+from .stages.storage import (
+    REPLACED_DIR,
+    BackgroundRemoval,
+    is_local,
+    make_dirs,
+    output_path,
+    remove_partials,
+    remove_tree,
+)
 from .stages.tokenizer_facts import TokenizerFacts, tokenizer_facts
 from .stages.unit import Stage
 from .stages.write import WRITE, sample_store
@@ -506,11 +514,16 @@ def _resume_line(
 
 
 def _stage_progress(
-    stage: Stage[Any], spec: RunSpec, plan: PlanRecord | None, units: list[int], executor: Any, enabled: bool
+    stage: Stage[Any],
+    spec: RunSpec,
+    plan: PlanRecord | None,
+    units: list[int],
+    done: dict[int, int],
+    executor: Any,
+    enabled: bool,
 ) -> StageProgress:
-    """A mapped stage's bar, with the units an earlier run finished counted done."""
+    """A mapped stage's bar, with the units an earlier run finished (``done``: their kept bytes) counted done."""
     totals = {u: stage.size(spec, plan, u) for u in units}
-    done = {u: r.kept_bytes for u in units if (r := stage.current(spec, plan, u)) is not None}
     work = stage.describe(spec, units, sum(totals.values()))
     say(f"{stage.name}: {work}, {executor.workers} worker(s)", enabled)
     if done:  # also without the bars: what a rerun reused belongs in a batch job's log
@@ -529,10 +542,18 @@ def run_mapped(
     enabled: bool = False,
     rank: int = 0,
     world_size: int = 1,
+    replaced: BackgroundRemoval | None = None,
 ) -> list[Any]:
-    """The stage's units ``rank::world_size`` on the executor (each run once); their records, in unit order."""
+    """The stage's units ``rank::world_size`` on the executor (each run once); their records, in unit order.
+    ``replaced``: where the earlier outputs of the units to be redone go (moved there before the units run)."""
     units = stage.units(spec, plan)[rank::world_size]
-    bar = _stage_progress(stage, spec, plan, units, executor, enabled)
+    done = {u: r.kept_bytes for u in units if (r := stage.current(spec, plan, u)) is not None}
+    bar = _stage_progress(stage, spec, plan, units, done, executor, enabled)
+    if replaced is not None:  # what the units to be redone replace: out of their way now, deleted meanwhile
+        for unit in units:
+            if unit not in done:
+                for path in stage.outputs(spec, plan, unit):
+                    replaced.move(path)
     with stage_work(stage.name):
         return _run_units(executor, stage.run, spec, units, bar)
 
@@ -637,12 +658,15 @@ def _run_stages(
         plan = PlanRecord.read(spec.plan_record)
         if plan is None:
             raise FileNotFoundError(f"no plan under {spec.stages}: run the pack stage first")
-        if stage in (None, "write"):
-            if (samples := sample_store(spec)) is not None:  # earlier writes' payloads, merged
-                samples.refresh_index()
-            shards = run_mapped(WRITE, spec, plan, executor, **share)
-            if stage:
-                return {"stage": stage, "shards": len(shards), "rows": sum(r.rows_written for r in shards)}
-        say("finalize: metadata and rejects", cfg.progress)
-        with stage_work("finalize"):
-            return finalize(spec, plan, reuse_measure=reuse).to_json()
+        # shards of an earlier plan are deleted while the new ones are written, not before each (seconds a GB)
+        removal = BackgroundRemoval(spec.stages / REPLACED_DIR) if is_local(spec.out) else None
+        with removal if removal is not None else contextlib.nullcontext():
+            if stage in (None, "write"):
+                if (samples := sample_store(spec)) is not None:  # earlier writes' payloads, merged
+                    samples.refresh_index()
+                shards = run_mapped(WRITE, spec, plan, executor, **share, replaced=removal)
+                if stage:
+                    return {"stage": stage, "shards": len(shards), "rows": sum(r.rows_written for r in shards)}
+            say("finalize: metadata and rejects", cfg.progress)
+            with stage_work("finalize"):
+                return finalize(spec, plan, reuse_measure=reuse, replaced=removal).to_json()

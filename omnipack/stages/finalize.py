@@ -35,7 +35,7 @@ from .measure import part_offsets, read_measured
 from .pack import part_records
 from .records import PartRecord, PlanRecord, ShardRecord, crash_point, file_xxh3
 from .spec import REJECTS_FILE, RunSpec
-from .storage import is_local, publish, read_parquet, remove_tree, staging_file
+from .storage import BackgroundRemoval, is_local, publish, read_parquet, remove_tree, staging_file
 from .write import read_shard_record, shard_done
 
 
@@ -233,14 +233,15 @@ def _ledger_gap(got: np.ndarray, first: int, end: int) -> str:
     )
 
 
-def _remove_strays(spec: RunSpec, shards: list[ShardInfo]) -> None:
+def _remove_strays(spec: RunSpec, shards: list[ShardInfo], replaced: BackgroundRemoval | None) -> None:
     """Shard files of an earlier plan (a resumed run whose settings changed) would read as part of the
-    dataset: only the recorded shards stay."""
+    dataset: only the recorded shards stay (the others go to ``replaced``, or are deleted here)."""
     keep = {s.path for s in shards}
     for tar in (spec.out / "shards").glob("*.tar"):
         if f"shards/{tar.name}" not in keep:
-            tar.unlink()
-            tar.with_name(f"{tar.name}.idx").unlink(missing_ok=True)
+            for path in (tar, tar.with_name(f"{tar.name}.idx")):
+                if replaced is None or not replaced.move(path):
+                    path.unlink(missing_ok=True)
 
 
 def processor_cache_summary(parts: list[PartRecord]) -> dict[str, dict[str, Any]]:
@@ -257,8 +258,11 @@ def processor_cache_summary(parts: list[PartRecord]) -> dict[str, dict[str, Any]
     return out
 
 
-def finalize(spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False) -> RunSummary:
-    """Write the dataset's metadata from the shard records; returns the run summary (``omnipack.json``)."""
+def finalize(
+    spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False, replaced: BackgroundRemoval | None = None
+) -> RunSummary:
+    """Write the dataset's metadata from the shard records; returns the run summary (``omnipack.json``).
+    ``replaced``: where shard files of an earlier plan go (deleted in the background), in a local output."""
     records = shard_records(spec, plan)
     parts = part_records(spec, check_keys=not reuse_measure)
     rejects_tmp, rejected, rejected_by_stage = write_rejects(spec, plan, records, parts)
@@ -275,7 +279,7 @@ def finalize(spec: RunSpec, plan: PlanRecord, *, reuse_measure: bool = False) ->
         raise NothingPacked(
             f"nothing could be packed: all {n_input} samples were rejected (see {spec.out / REJECTS_FILE})"
         )
-    _remove_strays(spec, shards)
+    _remove_strays(spec, shards, replaced)
     written = written_samples(spec, records)  # the plan read once for both tables
     ledger = write_ledger(spec, plan, records, parts, written)
     role_spans = write_role_spans(spec, written, parts)

@@ -71,6 +71,8 @@ class Stage(Generic[R]):
     item: str  # what ``size`` counts
     bar_item: str  # what the progress bar counts
     describe: Callable[[RunSpec, list[int], int], str]  # the units and their total size, in words
+    # the local files a unit replaces when it runs (a write unit's shard and index), or none
+    outputs: Callable[[RunSpec, PlanRecord | None, int], list[Path]] = lambda spec, plan, unit: []
 
     def current(self, spec: RunSpec, plan: PlanRecord | None, unit: int) -> R | None:
         """The unit's record when it was made with its current key; None when it is to be (re)done."""

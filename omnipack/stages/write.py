@@ -465,6 +465,15 @@ def _plan(plan: PlanRecord | None) -> PlanRecord:
     return plan
 
 
+def _shard_files(spec: RunSpec, plan: PlanRecord | None, number: int) -> list[Path]:
+    """Shard ``number``'s tar and index in a local output, the tar first (a present tar always has its index);
+    none on an object store, whose upload replaces an object in one PUT."""
+    if not is_local(spec.out):
+        return []
+    tar = spec.out / _plan(plan).shards[number].path
+    return [tar, tar.with_name(f"{tar.name}.idx")]
+
+
 WRITE: Stage[ShardRecord] = Stage(
     "write",
     units=lambda spec, plan: [s.number for s in _plan(plan).shards],
@@ -476,4 +485,5 @@ WRITE: Stage[ShardRecord] = Stage(
     item="rows",
     bar_item="rows",
     describe=lambda spec, units, total: f"{total:,} rows in {len(units)} shard(s)",
+    outputs=_shard_files,
 )

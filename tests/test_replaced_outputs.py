@@ -1,0 +1,114 @@
+"""Outputs a rerun replaces (a repack's earlier shards) are moved out of the way with a rename and deleted on a
+thread of their own while the new ones are written: deleting a file written seconds ago waits for the disk."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+import omnipack.stages.write as write_stage
+from omnipack.stages.storage import REPLACED_DIR, BackgroundRemoval
+from tests.test_sample_store import _prepare, corpus  # noqa: F401 - the fixture
+
+
+def test_moved_files_leave_at_once_and_are_deleted_by_close(tmp_path, monkeypatch):
+    files = [tmp_path / f"shard-{i}.tar" for i in range(3)]
+    for f in files:
+        f.write_bytes(b"x" * 1000)
+    folder = tmp_path / "stages" / REPLACED_DIR
+    gate = threading.Event()  # holds the deleting thread until the moves are checked
+    real_unlink = Path.unlink
+
+    def held_unlink(self: Path, *args, **kwargs) -> None:
+        gate.wait(10)
+        real_unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", held_unlink)
+    with BackgroundRemoval(folder) as removal:
+        assert [removal.move(f) for f in files] == [True] * 3
+        assert removal.move(tmp_path / "absent.tar") is False
+        assert not any(f.exists() for f in files)  # gone from their places before any is deleted
+        assert len(list(folder.iterdir())) == 3
+        gate.set()
+    assert not folder.exists()  # every file deleted, the folder with them
+
+
+def test_a_killed_runs_leftovers_are_deleted_by_the_next_run(tmp_path):
+    folder = tmp_path / REPLACED_DIR
+    (folder / "4321-0-shard-000000.tar").parent.mkdir(parents=True)
+    (folder / "4321-0-shard-000000.tar").write_bytes(b"left by a killed run")
+    (folder / "4321-1-sub").mkdir()
+    (folder / "4321-1-sub" / "x").write_bytes(b"y")
+    with BackgroundRemoval(folder):
+        pass
+    assert not folder.exists()
+
+
+def test_a_file_on_another_file_system_stays_for_its_replacement(tmp_path):
+    """A rename can not cross file systems: the file stays where it is (its replacement deletes it then)."""
+    if not Path("/dev/shm").is_dir() or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on a file system of its own")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as other:
+        shard = Path(other) / "shard-000000.tar"
+        shard.write_bytes(b"x")
+        with BackgroundRemoval(tmp_path / REPLACED_DIR) as removal:
+            assert removal.move(shard) is False
+        assert shard.read_bytes() == b"x"
+
+
+def test_a_repack_moves_the_shards_it_replaces_before_their_units_run(
+    tmp_path, demo_tokenizer, corpus, monkeypatch  # noqa: F811 - the fixture
+):
+    out = tmp_path / "ds"
+    _prepare(out, demo_tokenizer, corpus, seq_length=4096)
+    before = {p.name: p.stat().st_ino for p in (out / "shards").glob("*")}
+    assert any(name.endswith(".tar") for name in before)
+    at_start: list[tuple[str, bool, bool]] = []  # each unit: its shard, whether its tar / index are still there
+    real = write_stage._write_rows
+
+    def watching(spec, view, number, local_root, store):
+        tar = out / view.record.shards[number].path
+        at_start.append((tar.name, tar.exists(), tar.with_name(f"{tar.name}.idx").exists()))
+        return real(spec, view, number, local_root, store)
+
+    monkeypatch.setattr(write_stage, "_write_rows", watching)
+    _prepare(out, demo_tokenizer, corpus, seq_length=2048, cp=2, from_stage="pack")
+    assert {name for name, _, _ in at_start} & set(before)  # units that replace a shard of the first plan
+    assert [(name, tar, idx) for name, tar, idx in at_start if tar or idx] == []
+    assert not (out / "stages" / REPLACED_DIR).exists()  # all deleted by the end of the run
+    repacked = {p.name: p.stat().st_ino for p in (out / "shards").glob("*")}
+    at_start.clear()
+    # the same repack again: every unit is kept, and so are its files (not moved, not rewritten)
+    _prepare(out, demo_tokenizer, corpus, seq_length=2048, cp=2, from_stage="pack")
+    assert at_start == []
+    assert {p.name: p.stat().st_ino for p in (out / "shards").glob("*")} == repacked
+
+
+def test_shards_of_an_earlier_plan_beyond_the_new_ones_go_the_same_way(
+    tmp_path, demo_tokenizer, corpus, monkeypatch  # noqa: F811 - the fixture
+):
+    out = tmp_path / "ds"
+    _prepare(out, demo_tokenizer, corpus, seq_length=4096, shard_max_rows=1)
+    before = sorted(p.name for p in (out / "shards").glob("*.tar"))
+    assert len(before) > 1
+    moved: list[str] = []
+    real_move = BackgroundRemoval.move
+
+    def recording(self: BackgroundRemoval, path: Path) -> bool:
+        done = real_move(self, path)
+        if done:
+            moved.append(path.name)
+        return done
+
+    monkeypatch.setattr(BackgroundRemoval, "move", recording)
+    _prepare(out, demo_tokenizer, corpus, seq_length=4096, from_stage="pack")  # a shard of any size: fewer
+    after = sorted(p.name for p in (out / "shards").glob("*.tar"))
+    assert len(after) < len(before)
+    # the replaced shards before their units ran, the strays at finalize: every earlier file, none twice
+    assert sorted(moved) == sorted(name + ext for name in before for ext in ("", ".idx"))
+    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(name + ext for name in after for ext in ("", ".idx"))
+    assert not (out / "stages" / REPLACED_DIR).exists()
