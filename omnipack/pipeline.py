@@ -604,43 +604,72 @@ def run_prepare(
         for f in choice.files:
             reader.check_end(f)
     with OutputLock(out, _lock_name(stage, rank, world_size)):
-        state = _output_state(cfg, stage)
-        if state == "finished":
-            say(f"{out} already holds the finished dataset of this run: nothing to do")
-            return json.loads((out / NV_META / OMNIPACK_META).read_text())
-        if state == "overwrite":
-            remove_meta(out)  # first: a dataset in the making never looks whole
-            for sub in ("shards", STAGES_DIR):
-                remove_tree(out / sub)
-            (out / REJECTS_FILE).unlink(missing_ok=True)
-        _check_run_settings(cfg, state)
-        if stage is None and (removed := remove_partials(out)):  # a whole run's lock: no other writer
-            say(f"removed {removed} half-written file(s) (*.partial) of a killed run")
-        if state == "resume":
-            say(f"resuming the unfinished run in {out}", cfg.progress)
-        # made before the split: a Ray cluster and its actors start in the background meanwhile
-        executor = None
-        if stage in (None, "measure", "write"):
-            executor = make_executor(cfg.executor, cfg.workers, cfg.ray_address)
-        try:
-            say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
-            spec = build_spec(cfg)
-            say(f"omnipack prepare: {cfg.profile_choice.describe(spec.facts.profile['settings'])}")
-            reuse = cfg.from_stage == "pack"
-            if reuse and stage in (None, "pack"):
-                _check_measure_reusable(spec.measure_dir, spec.facts.measure_key)
-            if state == "repack":
+        # what the run replaces (an overwritten run, a repack's shards) is deleted on a thread of its own
+        removal = BackgroundRemoval(out / STAGES_DIR / REPLACED_DIR) if is_local(out) else None
+        with removal if removal is not None else contextlib.nullcontext():
+            state = _output_state(cfg, stage)
+            if state == "finished":
+                say(f"{out} already holds the finished dataset of this run: nothing to do")
+                return json.loads((out / NV_META / OMNIPACK_META).read_text())
+            if state == "overwrite":
                 remove_meta(out)  # first: a dataset in the making never looks whole
-        except BaseException:
-            if executor is not None:
-                executor.close(abort=True)
-            raise
-        return _run_stages(cfg, spec, stage, rank, world_size, reuse, executor)
+                _clear_outputs(out, removal)
+                (out / REJECTS_FILE).unlink(missing_ok=True)
+            _check_run_settings(cfg, state)
+            if stage is None and (removed := remove_partials(out)):  # a whole run's lock: no other writer
+                say(f"removed {removed} half-written file(s) (*.partial) of a killed run")
+            if state == "resume":
+                say(f"resuming the unfinished run in {out}", cfg.progress)
+            # made before the split: a Ray cluster and its actors start in the background meanwhile
+            executor = None
+            if stage in (None, "measure", "write"):
+                executor = make_executor(cfg.executor, cfg.workers, cfg.ray_address)
+            try:
+                say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
+                spec = build_spec(cfg)
+                say(f"omnipack prepare: {cfg.profile_choice.describe(spec.facts.profile['settings'])}")
+                reuse = cfg.from_stage == "pack"
+                if reuse and stage in (None, "pack"):
+                    _check_measure_reusable(spec.measure_dir, spec.facts.measure_key)
+                if state == "repack":
+                    remove_meta(out)  # first: a dataset in the making never looks whole
+            except BaseException:
+                if executor is not None:
+                    executor.close(abort=True)
+                raise
+            return _run_stages(cfg, spec, stage, rank, world_size, reuse, executor, removal)
+
+
+def _clear_outputs(out: Any, removal: BackgroundRemoval | None) -> None:
+    """An overwritten run's shards and records gone: in a folder moved aside for ``removal`` (a rename each,
+    so the new run starts at once, however many terabytes they hold), else (an object store) removed now."""
+    if removal is None:
+        for sub in ("shards", STAGES_DIR):
+            remove_tree(out / sub)
+        return
+    stages = out / STAGES_DIR
+    earlier = [out / "shards", *(p for p in (stages.iterdir() if stages.is_dir() else []) if p.name != REPLACED_DIR)]
+    for path in earlier:
+        if removal.move(path):
+            continue
+        if path.is_dir():  # on another file system than the removal's folder
+            remove_tree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _run_stages(
-    cfg: PrepareConfig, spec: RunSpec, stage: str | None, rank: int, world_size: int, reuse: bool, executor: Any
+    cfg: PrepareConfig,
+    spec: RunSpec,
+    stage: str | None,
+    rank: int,
+    world_size: int,
+    reuse: bool,
+    executor: Any,
+    removal: BackgroundRemoval | None,
 ) -> dict[str, Any]:
+    """The stages of a run (or the one stage ``stage``); ``removal``: where what they replace goes (a local
+    output), deleted in the background."""
     share = {"enabled": cfg.progress, "rank": rank, "world_size": world_size}
     with executor if executor is not None else contextlib.nullcontext():
         if stage in (None, "measure") and not reuse:
@@ -658,15 +687,13 @@ def _run_stages(
         plan = PlanRecord.read(spec.plan_record)
         if plan is None:
             raise FileNotFoundError(f"no plan under {spec.stages}: run the pack stage first")
-        # shards of an earlier plan are deleted while the new ones are written, not before each (seconds a GB)
-        removal = BackgroundRemoval(spec.stages / REPLACED_DIR) if is_local(spec.out) else None
-        with removal if removal is not None else contextlib.nullcontext():
-            if stage in (None, "write"):
-                if (samples := sample_store(spec)) is not None:  # earlier writes' payloads, merged
-                    samples.refresh_index()
-                shards = run_mapped(WRITE, spec, plan, executor, **share, replaced=removal)
-                if stage:
-                    return {"stage": stage, "shards": len(shards), "rows": sum(r.rows_written for r in shards)}
-            say("finalize: metadata and rejects", cfg.progress)
-            with stage_work("finalize"):
-                return finalize(spec, plan, reuse_measure=reuse, replaced=removal).to_json()
+        if stage in (None, "write"):
+            if (samples := sample_store(spec)) is not None:  # earlier writes' payloads, merged
+                samples.refresh_index()
+            # shards of an earlier plan are deleted while the new ones are written, not before each (seconds a GB)
+            shards = run_mapped(WRITE, spec, plan, executor, **share, replaced=removal)
+            if stage:
+                return {"stage": stage, "shards": len(shards), "rows": sum(r.rows_written for r in shards)}
+        say("finalize: metadata and rejects", cfg.progress)
+        with stage_work("finalize"):
+            return finalize(spec, plan, reuse_measure=reuse, replaced=removal).to_json()

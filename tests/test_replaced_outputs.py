@@ -112,3 +112,47 @@ def test_shards_of_an_earlier_plan_beyond_the_new_ones_go_the_same_way(
     assert sorted(moved) == sorted(name + ext for name in before for ext in ("", ".idx"))
     assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(name + ext for name in after for ext in ("", ".idx"))
     assert not (out / "stages" / REPLACED_DIR).exists()
+
+
+def test_an_overwrite_starts_while_the_earlier_run_is_deleted(
+    tmp_path, demo_tokenizer, corpus, monkeypatch  # noqa: F811 - the fixture
+):
+    """``--overwrite`` of a finished dataset moves its shards and records aside and goes on at once: the new
+    run splits its input while the earlier one's files are still being deleted, and leaves none of them."""
+    import shutil
+
+    import omnipack.pipeline as pipeline
+    from tests.test_sample_store import dataset_bytes
+
+    fresh = tmp_path / "fresh"
+    _prepare(fresh, demo_tokenizer, corpus, seq_length=2048, sample_store="off")
+    out = tmp_path / "ds"
+    _prepare(out, demo_tokenizer, corpus, seq_length=4096)
+    earlier = {p.name for p in (out / "stages").iterdir()}
+    assert {"measure", "write"} <= earlier
+    gate = threading.Event()  # holds the deletion of the moved folders until the new run has begun
+    real_rmtree = shutil.rmtree
+
+    def held_rmtree(path, *args, **kwargs):
+        if REPLACED_DIR in Path(path).parts:
+            gate.wait(10)
+        return real_rmtree(path, *args, **kwargs)
+
+    pending: list[set[str]] = []  # what waited for deletion when the new run began
+    real_build_spec = pipeline.build_spec
+
+    def watching(cfg):
+        replaced = out / "stages" / REPLACED_DIR
+        pending.append({p.name.split("-", 2)[2] for p in replaced.iterdir()} if replaced.is_dir() else set())
+        gate.set()
+        return real_build_spec(cfg)
+
+    monkeypatch.setattr(shutil, "rmtree", held_rmtree)
+    monkeypatch.setattr(pipeline, "build_spec", watching)
+    _prepare(out, demo_tokenizer, corpus, seq_length=2048, sample_store="off", overwrite=True)
+    assert len(pending) == 1 and {"shards", "measure", "write"} <= pending[0]
+    assert pending[0] <= earlier | {"shards"}
+    assert not (out / "stages" / REPLACED_DIR).exists()
+    want, got = dataset_bytes(fresh), dataset_bytes(out)
+    assert sorted(got) == sorted(want)
+    assert [k for k in want if got[k] != want[k]] == []

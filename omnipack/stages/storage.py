@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import fnmatch
 import os
 import queue
 import shutil
@@ -87,23 +88,30 @@ def staging_file(dest: AnyPath) -> Path:
 
 
 PARTIAL_SUFFIX = ".partial"  # a file being built: renamed into place when whole (see ``staging_file``)
+REPLACED_DIR = "replaced"  # under stages/: outputs a rerun replaces, removed in the background
 
 
 def remove_partials(root: AnyPath, pattern: str = "**/*") -> int:
     """Remove the half-built files (``PATTERN.partial``) killed processes left under a local folder; only
     where no other process builds them (under a whole run's lock; a unit's own files). Object stores have
-    none: files are built locally."""
+    none: files are built locally. ``**/`` walks every folder below but ``REPLACED_DIR``s, whose files a
+    thread may be deleting meanwhile (``BackgroundRemoval``)."""
     if not is_local(root) or not root.is_dir():
         return 0
+    if pattern.startswith("**/"):
+        name = f"{pattern[3:]}{PARTIAL_SUFFIX}"
+        found = []
+        for folder, subfolders, files in os.walk(root):  # folders that vanish meanwhile are skipped
+            subfolders[:] = [d for d in subfolders if d != REPLACED_DIR]
+            found += [Path(folder, f) for f in fnmatch.filter(files, name)]
+    else:
+        found = list(root.glob(f"{pattern}{PARTIAL_SUFFIX}"))
     removed = 0
-    for path in root.glob(f"{pattern}{PARTIAL_SUFFIX}"):
+    for path in found:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed += 1
     return removed
-
-
-REPLACED_DIR = "replaced"  # under stages/: outputs a rerun replaces, removed in the background
 
 
 class BackgroundRemoval:
