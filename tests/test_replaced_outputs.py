@@ -4,14 +4,17 @@ thread of their own while the new ones are written: deleting a file written seco
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import omnipack.stages.write as write_stage
-from omnipack.stages.storage import REPLACED_DIR, BackgroundRemoval
+from omnipack.stages.storage import REPLACED_DIR, BackgroundRemoval, _remove_folder, remove_partials
+from omnipack.tools.verify import run_verify
 from tests.test_sample_store import _prepare, corpus  # noqa: F401 - the fixture
 
 
@@ -35,6 +38,64 @@ def test_moved_files_leave_at_once_and_are_deleted_by_close(tmp_path, monkeypatc
         assert len(list(folder.iterdir())) == 3
         gate.set()
     assert not folder.exists()  # every file deleted, the folder with them
+
+
+def test_a_failing_run_does_not_wait_for_its_deletions(tmp_path, monkeypatch):
+    """An exception (a SIGTERM's included) leaves the rest to the thread and then to the next run: a preempted
+    run must not spend its grace period deleting terabytes with its lease held."""
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes(b"x")
+    gate = threading.Event()
+    real_unlink = Path.unlink
+
+    def held_unlink(self: Path, *args, **kwargs) -> None:
+        gate.wait(10)
+        real_unlink(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", held_unlink)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), BackgroundRemoval(tmp_path / REPLACED_DIR) as removal:
+        assert removal.move(shard)
+        raise KeyboardInterrupt
+    assert time.monotonic() - start < 5
+    gate.set()  # the thread deletes it once let go
+
+
+def test_a_symbolic_link_is_not_moved(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "shards").symlink_to(target)
+    with BackgroundRemoval(tmp_path / REPLACED_DIR) as removal:
+        assert removal.move(tmp_path / "shards") is False
+    assert (tmp_path / "shards").is_symlink() and target.is_dir()
+
+
+def test_a_folder_another_process_deletes_too_is_deleted_whole(tmp_path, monkeypatch):
+    folder = tmp_path / "1-0-shards"
+    folder.mkdir()
+    for i in range(5):
+        (folder / f"shard-{i:06d}.tar").write_bytes(b"x")
+    real_unlink = os.unlink
+
+    def racing(path, *args, **kwargs):  # another deleter takes every file first
+        for f in list(folder.iterdir()):
+            real_unlink(f)
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", racing)
+    _remove_folder(folder)
+    assert not folder.exists()
+
+
+def test_half_built_files_are_looked_for_around_the_folder_being_deleted(tmp_path):
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "shard-000000.tar.partial").write_bytes(b"x")
+    moved = tmp_path / "stages" / REPLACED_DIR / "1-0-shards"
+    moved.mkdir(parents=True)
+    (moved / "shard-000001.tar.partial").write_bytes(b"x")
+    assert remove_partials(tmp_path) == 1
+    assert not (tmp_path / "shards" / "shard-000000.tar.partial").exists()
+    assert (moved / "shard-000001.tar.partial").exists()  # the removal thread's, not this walk's
 
 
 def test_a_killed_runs_leftovers_are_deleted_by_the_next_run(tmp_path):
@@ -119,8 +180,6 @@ def test_an_overwrite_starts_while_the_earlier_run_is_deleted(
 ):
     """``--overwrite`` of a finished dataset moves its shards and records aside and goes on at once: the new
     run splits its input while the earlier one's files are still being deleted, and leaves none of them."""
-    import shutil
-
     import omnipack.pipeline as pipeline
     from tests.test_sample_store import dataset_bytes
 
@@ -135,7 +194,7 @@ def test_an_overwrite_starts_while_the_earlier_run_is_deleted(
 
     def held_rmtree(path, *args, **kwargs):
         if REPLACED_DIR in Path(path).parts:
-            gate.wait(10)
+            gate.wait(120)  # a generous wait: on a loaded machine the run may take long to get going
         return real_rmtree(path, *args, **kwargs)
 
     pending: list[set[str]] = []  # what waited for deletion when the new run began
@@ -156,3 +215,17 @@ def test_an_overwrite_starts_while_the_earlier_run_is_deleted(
     want, got = dataset_bytes(fresh), dataset_bytes(out)
     assert sorted(got) == sorted(want)
     assert [k for k in want if got[k] != want[k]] == []
+
+
+def test_verify_passes_a_dataset_whose_replaced_shards_are_still_being_deleted(
+    tmp_path, demo_tokenizer, corpus  # noqa: F811 - the fixture
+):
+    """What ``stages/replaced`` holds (a killed run's leftovers, or shards a run deletes as verify reads) is
+    no part of the dataset: not a stray tar to verify."""
+    out = tmp_path / "ds"
+    _prepare(out, demo_tokenizer, corpus, seq_length=4096)
+    moved = out / "stages" / REPLACED_DIR / "1-0-shards"
+    shutil.copytree(out / "shards", moved)
+    assert list(moved.glob("*.tar"))
+    failed = {r.name: r.failures for r in run_verify(out, progress=False) if r.status == "fail"}
+    assert not failed, failed

@@ -19,8 +19,10 @@ import fnmatch
 import os
 import queue
 import shutil
+import sys
 import tempfile
 import threading
+import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -129,6 +131,7 @@ class BackgroundRemoval:
         self._queue: queue.SimpleQueue[Path | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._moved = 0
+        self._token = uuid.uuid4().hex
 
     def __enter__(self) -> BackgroundRemoval:
         if self.folder.is_dir():  # a killed run's leftovers
@@ -136,15 +139,19 @@ class BackgroundRemoval:
                 self._remove(path)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # a failing or interrupted run (SIGTERM: a preemption's grace period) does not wait for terabytes of
+        # deletion with its lease held: the daemon thread stops with the process, the next run goes on
+        self.close(wait=exc_type is None)
 
     def move(self, path: Path) -> bool:
-        """Move ``path`` out of the way and delete it in the background; False when there is no such file or it
-        cannot be moved (another file system: its replacement then deletes it as before)."""
-        if not path.exists():
+        """Move ``path`` out of the way and delete it in the background; False when there is no such file, it
+        is a symbolic link (the folder it points to stays, as a replacement keeps it) or it cannot be moved
+        (another file system: its replacement then deletes it as before)."""
+        if path.is_symlink() or not path.exists():
             return False
-        dest = self.folder / f"{os.getpid()}-{self._moved}-{path.name}"
+        # unique across the processes and hosts that share the output (staged ranks; equal pids in containers)
+        dest = self.folder / f"{self._token}-{self._moved}-{path.name}"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             os.rename(path, dest)
@@ -164,7 +171,7 @@ class BackgroundRemoval:
         while (path := self._queue.get()) is not None:
             try:
                 if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
+                    _remove_folder(path)
                 else:
                     path.unlink()
             except FileNotFoundError:  # another run's removal of its leftovers took it
@@ -172,10 +179,14 @@ class BackgroundRemoval:
             except OSError as e:
                 self.failures.append(f"{path}: {e}")
 
-    def close(self) -> None:
-        """Wait until every moved file is deleted."""
+    def close(self, wait: bool = True) -> None:
+        """Wait until every moved file is deleted (with ``wait=False``, leave the rest to the thread while the
+        process lives, then to the next run)."""
         if self._thread is not None:
             self._queue.put(None)
+            if not wait:
+                self._thread = None
+                return
             self._thread.join()
             self._thread = None
         if self.failures:
@@ -187,6 +198,20 @@ class BackgroundRemoval:
             self.failures = []
         with contextlib.suppress(OSError):
             self.folder.rmdir()  # empty: nothing left to delete
+
+
+def _remove_folder(path: Path) -> None:
+    """``shutil.rmtree``, going on past entries that another process deletes at the same time."""
+
+    def gone_already(function: Any, name: str, error: Any) -> None:
+        failure = error if isinstance(error, BaseException) else error[1]
+        if not isinstance(failure, FileNotFoundError):
+            raise failure
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=gone_already)
+    else:
+        shutil.rmtree(path, onerror=gone_already)
 
 
 def publish(local: Path, dest: AnyPath) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,7 @@ from ..dataset.contract import (
     row_invariant_errors,
     sample_digests,
 )
+from ..dataset.meta import NV_META
 from ..dataset.payload_header import Header, HeaderError, payload_header, shaped_like
 from ..dataset.reader import Dataset, ShardReader, default_workers, map_shards, open_dataset, read_index
 from ..dataset.role_spans import first_outside, read_role_spans, true_runs
@@ -56,6 +58,7 @@ from ..pipeline import check_rank
 from ..profiles import get_profile
 from ..profiles.base import MediaPlan, MediaSpan
 from ..profiles.hf_config import dataset_placeholder_ids
+from ..stages.storage import STAGES_DIR
 from .verify_source import SOURCE_CHECK, run_source_check
 
 # (name, what it proves), in report order.
@@ -547,10 +550,24 @@ def _dataset_checks(ds: Dataset, results: dict[str, CheckResult]) -> None:
             f"split.yaml and omnipack.json name different shards: only in split.yaml {sorted(split - recorded)}, "
             f"only in omnipack.json {sorted(recorded - split)}"
         )
-    on_disk = {str(p.relative_to(ds.root)) for p in ds.root.rglob("*.tar") if ".nv-meta" not in p.parts}
-    stray = sorted(on_disk - recorded - info)
+    stray = sorted(_tars_on_disk(ds.root) - recorded - info)
     if stray:
         sf.failures.append(f"tar files not named by any metadata: {stray}")
+
+
+def _tars_on_disk(root: Any) -> set[str]:
+    """Every ``.tar`` under a dataset's root, relative to it, but in its metadata folders and in the run's
+    scratch folder ``stages/`` (no dataset file lives there; a run may be deleting replaced shards in it
+    meanwhile, ``stages.storage.BackgroundRemoval``)."""
+    if not isinstance(root, Path):  # an object store: a listing, no folders that vanish
+        found = (p.relative_to(root) for p in root.rglob("*.tar"))
+        return {str(p) for p in found if NV_META not in p.parts and p.parts[0] != STAGES_DIR}
+    tars = set()
+    for folder, subfolders, files in os.walk(root):  # folders deleted meanwhile are skipped
+        here = Path(folder).relative_to(root)
+        subfolders[:] = [d for d in subfolders if d != NV_META and (d != STAGES_DIR or here.parts)]
+        tars |= {str(here / f) for f in files if f.endswith(".tar")}
+    return tars
 
 
 def _ledger(ds: Dataset, res: CheckResult) -> Any:
