@@ -24,6 +24,7 @@ import tempfile
 import threading
 import uuid
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,11 +102,7 @@ def remove_partials(root: AnyPath, pattern: str = "**/*") -> int:
     if not is_local(root) or not root.is_dir():
         return 0
     if pattern.startswith("**/"):
-        name = f"{pattern[3:]}{PARTIAL_SUFFIX}"
-        found = []
-        for folder, subfolders, files in os.walk(root):  # folders that vanish meanwhile are skipped
-            subfolders[:] = [d for d in subfolders if d != REPLACED_DIR]
-            found += [Path(folder, f) for f in fnmatch.filter(files, name)]
+        found = local_files(root, f"{pattern[3:]}{PARTIAL_SUFFIX}", lambda folder: folder.name == REPLACED_DIR)
     else:
         found = list(root.glob(f"{pattern}{PARTIAL_SUFFIX}"))
     removed = 0
@@ -114,6 +111,18 @@ def remove_partials(root: AnyPath, pattern: str = "**/*") -> int:
             path.unlink()
             removed += 1
     return removed
+
+
+def local_files(root: Path, name: str, leave_out: Callable[[Path], bool]) -> list[Path]:
+    """The files under the local folder ``root`` whose names match ``name`` (``fnmatch``), at any depth, but
+    in the folders ``leave_out`` (given each folder's path relative to ``root``) names; a folder deleted
+    while it is walked (``BackgroundRemoval``'s) is skipped, not an error."""
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        here = Path(folder).relative_to(root)
+        subfolders[:] = [d for d in subfolders if not leave_out(here / d)]
+        found += [Path(folder, f) for f in fnmatch.filter(files, name)]
+    return found
 
 
 class BackgroundRemoval:

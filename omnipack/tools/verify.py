@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -58,7 +57,7 @@ from ..pipeline import check_rank
 from ..profiles import get_profile
 from ..profiles.base import MediaPlan, MediaSpan
 from ..profiles.hf_config import dataset_placeholder_ids
-from ..stages.storage import STAGES_DIR
+from ..stages.storage import STAGES_DIR, local_files
 from .verify_source import SOURCE_CHECK, run_source_check
 
 # (name, what it proves), in report order.
@@ -562,12 +561,8 @@ def _tars_on_disk(root: Any) -> set[str]:
     if not isinstance(root, Path):  # an object store: a listing, no folders that vanish
         found = (p.relative_to(root) for p in root.rglob("*.tar"))
         return {str(p) for p in found if NV_META not in p.parts and p.parts[0] != STAGES_DIR}
-    tars = set()
-    for folder, subfolders, files in os.walk(root):  # folders deleted meanwhile are skipped
-        here = Path(folder).relative_to(root)
-        subfolders[:] = [d for d in subfolders if d != NV_META and (d != STAGES_DIR or here.parts)]
-        tars |= {str(here / f) for f in files if f.endswith(".tar")}
-    return tars
+    found = local_files(root, "*.tar", lambda folder: folder.name == NV_META or folder == Path(STAGES_DIR))
+    return {str(p.relative_to(root)) for p in found}
 
 
 def _ledger(ds: Dataset, res: CheckResult) -> Any:
