@@ -373,3 +373,38 @@ def test_an_object_store_url_as_sample_store_is_refused_before_any_work(
         _prepare(tmp_path / "out", demo_tokenizer, corpus, sample_store="s3://bucket/samples")
     assert not (tmp_path / "out").exists()
     assert list(cwd.iterdir()) == []
+
+
+def _resident_bytes(address: int) -> int:
+    """The resident bytes of this process's mapping that starts at ``address`` (``/proc/self/smaps``)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    start = f"{address:x}-"
+    for i, line in enumerate(lines):
+        if line.startswith(start):
+            for field in lines[i + 1 :]:
+                if field.startswith("Rss:"):
+                    return int(field.split()[1]) * 1024
+    raise AssertionError(f"no mapping at {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux's /proc")
+def test_populate_maps_the_pages_of_the_payload_and_no_others(tmp_path):
+    """A stored payload's pages are mapped in one call before the shard's hash reads them, through libc's
+    madvise (which releases the GIL, unlike ``mmap.madvise``), at the map's address: the payload's pages,
+    not the whole file."""
+    import mmap
+
+    from omnipack.stages.sample_store import _address, _libc_madvise, _populate
+
+    assert _libc_madvise() is not None
+    path = tmp_path / "segment.bin"
+    path.write_bytes(b"\x01" * (16 << 20))
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    address = _address(mapped)
+    assert _resident_bytes(address) == 0
+    start, length = (3 << 20) + 100, 2 << 20
+    _populate(mapped, address, start, length)
+    # the page cache may hold the file in folios of up to 2 MiB (ext4's large folios), mapped whole
+    assert length <= _resident_bytes(address) <= length + 2 * (2 << 20) < len(mapped)
+    mapped.close()

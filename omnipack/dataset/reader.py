@@ -11,10 +11,8 @@ import io
 import json
 import multiprocessing as mp
 import os
-import queue
 import sys
 import tarfile
-import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ import yaml
 from .codec import decode_row, load_npy
 from .contract import META_PART, PackedRowArrays, part_name
 from .meta import NV_META, OMNIPACK_META
-from .shards import new_hasher
+from .shards import HashThread
 
 INFO_JSON = ".info.json"
 SPLIT_YAML = "split.yaml"
@@ -134,29 +132,6 @@ class RawRow:
         return decode_row(self.parts)
 
 
-class _HashThread:
-    """A shard's checksum computed on a helper thread (hashlib and xxhash release the GIL on large chunks),
-    so hashing a shard overlaps reading and checking it instead of adding to it."""
-
-    def __init__(self, algorithm: str) -> None:
-        self.h = new_hasher(algorithm)
-        self.q: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while (chunk := self.q.get()) is not None:
-            self.h.update(chunk)
-
-    def update(self, chunk: bytes) -> None:
-        self.q.put(chunk)
-
-    def hexdigest(self) -> str:
-        self.q.put(None)
-        self.thread.join()
-        return self.h.hexdigest()
-
-
 TAR_BLOCK = 512
 
 
@@ -213,7 +188,7 @@ class ShardReader:
         self.error: str | None = None
         self.duplicate_keys: list[str] = []
 
-    def _members(self, f: Any, hasher: _HashThread | None) -> Iterator[tuple[tarfile.TarInfo, Any]]:
+    def _members(self, f: Any, hasher: HashThread | None) -> Iterator[tuple[tarfile.TarInfo, Any]]:
         if hasher is not None or self.parts is None:  # every byte is wanted: one sequential pass
             yield from _stream_members(f, hasher.update if hasher is not None else lambda _: None)
             return
@@ -222,7 +197,7 @@ class ShardReader:
                 yield member, tar
 
     def __iter__(self) -> Iterator[RawRow]:
-        hasher = _HashThread(self.checksum) if self.checksum else None
+        hasher = HashThread((self.checksum,)) if self.checksum else None
         with open(self.path, "rb", buffering=1 << 20) as f:
             seen: set[str] = set()
             cur: RawRow | None = None
@@ -248,7 +223,7 @@ class ShardReader:
                 if hasher is not None:
                     while chunk := f.read(1 << 22):  # the tail after the last member (end blocks, padding)
                         hasher.update(chunk)
-                    self.digest = hasher.hexdigest()
+                    self.digest = hasher.hexdigests()[self.checksum]
             if cur is not None:
                 yield cur
 

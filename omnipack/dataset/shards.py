@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import queue
 import re
 import tarfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +54,9 @@ def file_digests(
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     hashers = {a: new_hasher(a) for a in algorithms}
-    with (Path(path) if isinstance(path, str) else path).open("rb") as f:  # a path, or an object store's UPath
+    with (Path(path) if isinstance(path, str) else path).open(
+        "rb"
+    ) as f:  # a path, or an object store's UPath
         for chunk in iter(lambda: f.read(chunk_size), b""):
             for h in hashers.values():
                 h.update(chunk)
@@ -70,27 +74,91 @@ def file_sha256(path: Path) -> str:
     return file_digests(path)["sha256"]
 
 
+class HashThread:
+    """Digests of a byte stream computed on a helper thread, chunk by chunk in the order given (hashlib and
+    xxhash release the GIL on large chunks), so hashing a shard overlaps writing or reading it instead of
+    adding to it: in a repack the kernel's copy of one payload runs while the thread hashes the one before
+    (benchmarks/README.md, Repack, fifth pass). A chunk must not change until hashed (``bytes``, or a view
+    of a file that is never rewritten). At most ``max_pending`` bytes wait: ``update`` blocks past that
+    (a sha256 at ~0.5 GB/s must not hold a whole shard in memory while the writer runs ahead)."""
+
+    def __init__(self, algorithms: tuple[str, ...], max_pending: int = 64 << 20) -> None:
+        self._hashers = {a: new_hasher(a) for a in algorithms}
+        self._chunks: queue.SimpleQueue[bytes | memoryview | None] = queue.SimpleQueue()
+        # bytes given (written by the caller's thread only) and hashed (by the helper only): a lock is taken
+        # only when the caller must wait, not once per chunk
+        self._given = self._hashed = 0
+        self._max_pending = max_pending
+        self._room = threading.Condition()
+        self._waiting = False
+        self._error: BaseException | None = None
+        self._discard = False
+        self._thread = threading.Thread(target=self._run, name="omnipack-hash", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._chunks.get()) is not None:
+            size = len(chunk)
+            try:
+                if not self._discard and self._error is None:
+                    for h in self._hashers.values():
+                        h.update(chunk)
+            except BaseException as e:  # noqa: BLE001 - raised to the writer by hexdigests()
+                self._error = e
+            del chunk  # a view of a store segment must not outlive its hashing (the map is closed later)
+            self._hashed += size
+            if self._waiting:
+                with self._room:
+                    self._room.notify()
+
+    def update(self, chunk: bytes | memoryview) -> None:
+        if not chunk:
+            return
+        if self._given - self._hashed > self._max_pending:
+            with self._room:
+                self._waiting = True
+                while self._given - self._hashed > self._max_pending:
+                    self._room.wait(0.1)
+                self._waiting = False
+        self._given += len(chunk)
+        self._chunks.put(chunk)
+
+    def hexdigests(self) -> dict[str, str]:
+        """Every chunk given hashed (waits for the thread); the digests by algorithm."""
+        self.close()
+        if self._error is not None:
+            raise self._error
+        return {a: h.hexdigest() for a, h in self._hashers.items()}
+
+    def close(self, *, discard: bool = False) -> None:
+        """The thread stopped, after hashing what waits (or dropping it with ``discard``)."""
+        if self._thread.is_alive():
+            self._discard = self._discard or discard
+            self._chunks.put(None)
+            self._thread.join()
+
+
 class _HashingFile:
-    """A binary file that hashes what is written through it, so a shard's checksums cost no second read."""
+    """A binary file that hashes what is written through it (on a ``HashThread``), so a shard's checksums
+    cost no second read and no time of the writing thread."""
 
     def __init__(self, path: str, algorithms: tuple[str, ...]) -> None:
         self._f = open(path, "wb")  # noqa: SIM115 - closed by close()
-        self.hashers = {a: new_hasher(a) for a in algorithms}
+        self._hashes = HashThread(algorithms)
         self._sources: dict[str, int] = {}  # open files of FilePayloads, by path
 
     def write(self, data: bytes | FilePayload) -> None:
         if isinstance(data, FilePayload):
             # copied file to file in the kernel: a ``write`` of the same bytes from memory cost ~3x the
             # kernel time here (benchmarks/README.md, Repack)
-            for h in self.hashers.values():
-                h.update(data.data)
+            self._hashes.update(data.data)
             self._f.flush()  # the buffered bytes first: the copy appends at the file's position
             copy_into(data, self._f.fileno(), self._sources)
             if len(self._sources) > 64:  # a shard's payloads may come from thousands of files
                 self._close_sources()
             return
-        for h in self.hashers.values():
-            h.update(data)
+        # hashed later: the caller may reuse a mutable buffer once this returns
+        self._hashes.update(data if isinstance(data, bytes) else bytes(data))
         self._f.write(data)
 
     def _close_sources(self) -> None:
@@ -98,12 +166,14 @@ class _HashingFile:
             os.close(fd)
         self._sources.clear()
 
-    def close(self) -> None:
+    def close(self, *, discard: bool = False) -> None:
+        """The file closed; with ``discard`` its hashes are not finished (an aborted shard)."""
         self._close_sources()
         self._f.close()
+        self._hashes.close(discard=discard)
 
     def hexdigests(self) -> dict[str, str]:
-        return {a: h.hexdigest() for a, h in self.hashers.items()}
+        return self._hashes.hexdigests()
 
 
 def _tarfile_header(name: str, size: int) -> bytes:
@@ -140,6 +210,41 @@ def member_header(name: str, size: int) -> bytes:
     )
 
 
+JOIN_MAX = 256 << 10  # in-memory chunks below this are joined with their neighbours (``tar_members``)
+
+
+@dataclass(frozen=True)
+class TarMembers:
+    """A sample's members as the bytes that go into the tar, in order: each member's USTAR header, data and
+    NUL padding to a block (as tarfile's addfile writes them). Runs of small in-memory bytes are joined
+    into one chunk: a row's headers and token arrays are then one write, not ~30, and the writing thread
+    takes the GIL back once, not once per write (benchmarks/README.md, Repack, fifth pass). Payloads
+    (a ``FilePayload``, or bytes of at least ``JOIN_MAX``) stay chunks of their own: not copied again."""
+
+    chunks: tuple[bytes | FilePayload, ...]
+
+
+def tar_members(key: str, parts: Mapping[str, bytes | FilePayload]) -> TarMembers:
+    """``parts`` as the members ``{key}.{part}``, laid out for ``ShardWriter.write_members``."""
+    if not KEY_RE.match(key):
+        raise ValueError(f"sample key {key!r} must be non-empty and contain no '.' or '/'")
+    chunks: list[bytes | FilePayload] = []
+    run: list[bytes] = []  # small in-memory bytes not yet joined
+    for part, data in parts.items():
+        run.append(member_header(f"{key}.{part}", len(data)))
+        if isinstance(data, FilePayload) or len(data) >= JOIN_MAX:
+            chunks.append(b"".join(run))
+            chunks.append(data)
+            run = []
+        else:
+            run.append(data)
+        if pad := -len(data) % tarfile.BLOCKSIZE:
+            run.append(tarfile.NUL * pad)
+    if run:
+        chunks.append(b"".join(run))
+    return TarMembers(tuple(chunks))
+
+
 class ShardWriter:
     """Rolls samples into ``{prefix}-{n:06d}.tar`` shards of at most ``max_bytes`` / ``max_count``."""
 
@@ -172,8 +277,10 @@ class ShardWriter:
 
     def write(self, key: str, parts: Mapping[str, bytes | FilePayload]) -> None:
         """One sample: every part becomes the member ``{key}.{part}``, contiguous in the tar."""
-        if not KEY_RE.match(key):
-            raise ValueError(f"sample key {key!r} must be non-empty and contain no '.' or '/'")
+        self.write_members(tar_members(key, parts))
+
+    def write_members(self, members: TarMembers) -> None:
+        """One sample's members, laid out beforehand (``tar_members``: on another thread, say)."""
         if self._file is not None and (
             self._offset >= self.max_bytes or (self.max_count and len(self._offsets) >= self.max_count)
         ):
@@ -182,13 +289,8 @@ class ShardWriter:
             self._open()
         assert self._file is not None
         self._offsets.append(self._offset)
-        for part, data in parts.items():
-            # The member as tarfile's addfile writes it (USTAR header, data, NUL padding to a block), but
-            # the payload goes to the file in one write: no 16 KiB copy loop over megabytes of pixels.
-            self._write(member_header(f"{key}.{part}", len(data)))
-            self._write(data)
-            if pad := -len(data) % tarfile.BLOCKSIZE:
-                self._write(tarfile.NUL * pad)
+        for chunk in members.chunks:
+            self._write(chunk)
 
     def _write(self, data: bytes | FilePayload) -> None:
         assert self._file is not None
@@ -230,6 +332,6 @@ class ShardWriter:
     def abort(self) -> None:
         """Drop the shard in progress (its temporary file), keeping completed shards."""
         if self._file is not None:
-            self._file.close()
+            self._file.close(discard=True)
             Path(str(self.root / self._rel) + TMP_SUFFIX).unlink(missing_ok=True)
             self._file = None

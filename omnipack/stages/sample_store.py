@@ -30,6 +30,8 @@ Segments a stage writes become visible to the next run's index (``refresh_index`
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import json
 import mmap
 import os
@@ -71,13 +73,40 @@ SEGMENT_SCHEMA = pa.schema(
 MADV_POPULATE_READ = 22  # Linux >= 5.14: map a range's pages in one call (not one fault per few pages)
 
 
-def _populate(mapped: mmap.mmap, start: int, length: int) -> None:
+@functools.cache
+def _libc_madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise`` through ctypes, which releases the GIL for the call; None off Linux. ``mmap.madvise``
+    holds the GIL while the kernel maps the pages (~1.5 ms for a 3 MB payload), so the shard writer's thread,
+    back from each write, waited that long for the build-ahead thread's populate (benchmarks/README.md,
+    Repack, fifth pass)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+def _address(mapped: mmap.mmap) -> int:
+    """Where ``mapped`` lies in memory (a read-only map gives no ctypes buffer; numpy's view does)."""
+    return int(np.frombuffer(mapped, dtype=np.uint8).ctypes.data) if len(mapped) else 0
+
+
+def _populate(mapped: mmap.mmap, address: int, start: int, length: int) -> None:
     """Map a payload's pages before it is hashed: a fault per page cost about as much kernel time as
-    copying the bytes (``benchmarks/README.md``, Repack). Where the call is missing, the faults do it."""
-    if length and sys.platform.startswith("linux"):
-        first = start - start % mmap.PAGESIZE
-        with contextlib.suppress(OSError, ValueError):
-            mapped.madvise(MADV_POPULATE_READ, first, start + length - first)
+    copying the bytes (``benchmarks/README.md``, Repack). Where the call is missing, the faults do it.
+    ``address``: ``_address(mapped)``."""
+    if not length or not sys.platform.startswith("linux"):
+        return
+    first = start - start % mmap.PAGESIZE
+    if (madvise := _libc_madvise()) is not None:
+        madvise(address + first, start + length - first, MADV_POPULATE_READ)  # an old kernel's EINVAL: faults
+        return
+    with contextlib.suppress(OSError, ValueError):
+        mapped.madvise(MADV_POPULATE_READ, first, start + length - first)
 
 
 def shape_settings(spec: Any, own_media: bool) -> dict[str, Any]:
@@ -167,7 +196,7 @@ class SampleStore:
         # segment number -> its mapped bytes and whether its stamp is the committed one (its payloads then
         # trusted unhashed), least recently used first (a repack reads from every segment of a corpus: one
         # per write unit, thousands for a large one, more than a process may hold open)
-        self._files: OrderedDict[int, tuple[mmap.mmap, bool]] = OrderedDict()
+        self._files: OrderedDict[int, tuple[mmap.mmap, bool, int]] = OrderedDict()
 
     @classmethod
     def at(cls, root: Path, shape: dict[str, Any]) -> SampleStore:
@@ -263,21 +292,22 @@ class SampleStore:
             if int(ix.key1[i]) == key[1]:
                 seg, length, start, xxh3 = int(ix.segment[i]), int(ix.length[i]), int(ix.offset[i]), int(ix.xxh3[i])
                 try:
-                    mapped, trusted = self._segment(seg)
+                    mapped, trusted, address = self._segment(seg)
                 except (OSError, ValueError):  # removed, or emptied: decoded again
                     return None
                 data = memoryview(mapped)[start : start + length]
                 if len(data) != length:
                     return None
-                _populate(mapped, start, length)  # hashed next: here, or into the shard's checksum
+                _populate(mapped, address, start, length)  # hashed next: here, or into the shard's checksum
                 if not trusted and xxhash.xxh3_64_intdigest(data) != xxh3:
                     return None
                 return ix.exts[int(ix.ext[i])], FilePayload(data, self._segment_path(seg), start, xxh3)
         return None
 
-    def _segment(self, seg: int) -> tuple[mmap.mmap, bool]:
-        """Segment ``seg`` mapped, and whether the file mapped has the stamp its commit recorded (the last
-        ``MAX_OPEN_SEGMENTS`` kept; one dropped is unmapped once no payload view of it is left)."""
+    def _segment(self, seg: int) -> tuple[mmap.mmap, bool, int]:
+        """Segment ``seg`` mapped, whether the file mapped has the stamp its commit recorded, and the map's
+        address (the last ``MAX_OPEN_SEGMENTS`` kept; one dropped is unmapped once no payload view of it is
+        left)."""
         found = self._files.get(seg)
         if found is not None:
             self._files.move_to_end(seg)
@@ -286,7 +316,8 @@ class SampleStore:
             self._files.popitem(last=False)
         with open(self._segment_path(seg), "rb") as f:
             trusted = self._index.stamps[seg] == stat_stamp(os.fstat(f.fileno()))  # the file mapped
-            found = self._files[seg] = (mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), trusted)
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            found = self._files[seg] = (mapped, trusted, _address(mapped))
         return found
 
     def _segment_path(self, seg: int) -> str:

@@ -26,7 +26,7 @@ from .. import progress
 from ..alignment import pad_to_multiple
 from ..dataset.codec import encode_row, view_npy, view_npz
 from ..dataset.contract import IGNORE_INDEX, MediaItem, PackedRowArrays, media_digest, row_invariant_errors
-from ..dataset.shards import ShardWriter
+from ..dataset.shards import ShardWriter, TarMembers, tar_members
 from ..errors import Reject, SampleReject, sample_failed
 from ..media.probe import materialize
 from ..media.sources import media_root_key, resolve_source
@@ -149,7 +149,7 @@ def _media_items(seq: SequenceInput, i: int, start_pos: int) -> list[MediaItem]:
 @dataclass
 class RowResult:
     key: str
-    parts: dict[str, bytes] | None  # None when every sample of the row was rejected
+    members: TarMembers | None  # the row's tar members; None when every sample of the row was rejected
     rejects: list[Reject]
     num_samples: int
     real_tokens: int
@@ -228,7 +228,9 @@ def build_row(
     errors = row_invariant_errors(row, cfg.align)
     if errors:  # a bug, not bad input: refuse to write a wrong row
         raise AssertionError(f"row {key} breaks the contract: {errors}")
-    return RowResult(key, encode_row(row, payloads, digests), rejects, len(seqs), int(row.seqlens.sum()))
+    # laid out here, on the build-ahead thread: the writing thread only writes (``tar_members``)
+    members = tar_members(key, encode_row(row, payloads, digests))
+    return RowResult(key, members, rejects, len(seqs), int(row.seqlens.sum()))
 
 
 def _materialized(
@@ -440,8 +442,8 @@ def _write_rows(
         for res in rows:
             progress.advance("write", number, 1)
             record.rejects.extend(res.rejects)
-            if res.parts is not None:
-                writer.write(res.key, res.parts)
+            if res.members is not None:
+                writer.write_members(res.members)
                 record.rows_written += 1
                 record.samples_written += res.num_samples
                 record.real_tokens += res.real_tokens
