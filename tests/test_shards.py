@@ -173,6 +173,8 @@ def test_the_hash_thread_holds_at_most_its_pending_bytes_and_keeps_their_order(m
     third.join(5)
     assert not third.is_alive()
     assert hashes.hexdigests() == {"gated": (b"a" * 8 + b"b" * 8 + b"c" * 8).hex()}
+    with pytest.raises(RuntimeError, match="after the hash was closed"):  # not lost, nor a wait forever
+        hashes.update(b"d")
 
 
 def test_a_failed_hash_is_raised_to_the_writer_and_an_abort_drops_what_waits(monkeypatch, tmp_path: Path) -> None:

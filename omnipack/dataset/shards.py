@@ -92,7 +92,7 @@ class HashThread:
         self._room = threading.Condition()
         self._waiting = False
         self._error: BaseException | None = None
-        self._discard = False
+        self._discard = self._closed = False
         self._thread = threading.Thread(target=self._run, name="omnipack-hash", daemon=True)
         self._thread.start()
 
@@ -112,6 +112,8 @@ class HashThread:
                     self._room.notify()
 
     def update(self, chunk: bytes | memoryview) -> None:
+        if self._closed:
+            raise RuntimeError("bytes given after the hash was closed")
         if not chunk:
             return
         if self._given - self._hashed > self._max_pending:
@@ -132,8 +134,9 @@ class HashThread:
 
     def close(self, *, discard: bool = False) -> None:
         """The thread stopped, after hashing what waits (or dropping it with ``discard``)."""
-        if self._thread.is_alive():
-            self._discard = self._discard or discard
+        if not self._closed:
+            self._closed = True
+            self._discard = discard
             self._chunks.put(None)
             self._thread.join()
 
@@ -168,9 +171,11 @@ class _HashingFile:
 
     def close(self, *, discard: bool = False) -> None:
         """The file closed; with ``discard`` its hashes are not finished (an aborted shard)."""
-        self._close_sources()
-        self._f.close()
-        self._hashes.close(discard=discard)
+        try:
+            self._close_sources()
+            self._f.close()
+        finally:  # the thread stops even when the last flush fails (a full disk)
+            self._hashes.close(discard=discard)
 
     def hexdigests(self) -> dict[str, str]:
         return self._hashes.hexdigests()
