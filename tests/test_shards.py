@@ -132,17 +132,6 @@ def test_tar_members_join_small_bytes_and_leave_payloads_whole(tmp_path: Path) -
         assert tar.extractfile("00001.media.0.npy").read() == big
 
 
-def test_a_buffer_changed_after_its_write_is_hashed_as_written(tmp_path: Path) -> None:
-    """Hashing runs behind the writes: a mutable buffer the caller reuses at once (large, so not joined
-    into a copy) must still be hashed as the bytes the file got."""
-    buffer = bytearray(JOIN_MAX + 1)
-    writer = ShardWriter(tmp_path)
-    writer.write("00000", {"a.bin": buffer})
-    buffer[:] = b"x" * len(buffer)  # the caller's next row
-    (info,) = writer.close()
-    assert info.xxh3_128 == file_digests(tmp_path / info.path, ("xxh3_128",))["xxh3_128"]
-
-
 class _GatedHasher:
     """A hasher that waits for ``gate`` before each update (a hash far slower than the writes)."""
 
@@ -157,6 +146,21 @@ class _GatedHasher:
 
     def hexdigest(self) -> str:
         return self.seen.hex()
+
+
+def test_a_buffer_changed_after_its_write_is_hashed_as_written(monkeypatch, tmp_path: Path) -> None:
+    """Hashing runs behind the writes: a mutable buffer the caller reuses at once (large, so not joined
+    into a copy) must still be hashed as the bytes the file got (the hash is held back until it changed)."""
+    gate = threading.Event()
+    made: list[_GatedHasher] = []
+    monkeypatch.setattr(shards, "new_hasher", lambda algorithm: made.append(_GatedHasher(gate)) or made[-1])
+    buffer = bytearray(JOIN_MAX + 1)
+    writer = ShardWriter(tmp_path, checksums=("gated",))
+    writer.write("00000", {"a.bin": buffer})
+    buffer[:] = b"x" * len(buffer)  # the caller's next row
+    gate.set()
+    (info,) = writer.close()
+    assert made[0].seen == (tmp_path / info.path).read_bytes()
 
 
 def test_the_hash_thread_holds_at_most_its_pending_bytes_and_keeps_their_order(monkeypatch) -> None:
@@ -185,6 +189,10 @@ def test_a_failed_hash_is_raised_to_the_writer_and_an_abort_drops_what_waits(mon
     hashes.update(b"x")
     with pytest.raises(OSError, match="hasher failed"):
         hashes.hexdigests()
+    hashes = HashThread(("gated",), max_pending=0)
+    hashes.update(b"x")
+    with pytest.raises(OSError, match="hasher failed"):  # the next write waits for it, and fails at once
+        hashes.update(b"y")
     gate.clear()  # every hash now waits at the gate
     made: list[_GatedHasher] = []
     monkeypatch.setattr(shards, "new_hasher", lambda algorithm: made.append(_GatedHasher(gate)) or made[-1])
@@ -198,4 +206,8 @@ def test_a_failed_hash_is_raised_to_the_writer_and_an_abort_drops_what_waits(mon
     aborting.join(5)
     assert not aborting.is_alive()
     assert len(made[0].seen) == 512  # the first header only
+    with pytest.raises(RuntimeError, match="covers part of the data"):
+        writer_hashes = HashThread(("gated",))
+        writer_hashes.close(discard=True)
+        writer_hashes.hexdigests()
     assert not list((tmp_path / "shards").iterdir())

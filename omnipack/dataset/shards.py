@@ -54,9 +54,7 @@ def file_digests(
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     hashers = {a: new_hasher(a) for a in algorithms}
-    with (Path(path) if isinstance(path, str) else path).open(
-        "rb"
-    ) as f:  # a path, or an object store's UPath
+    with (Path(path) if isinstance(path, str) else path).open("rb") as f:  # a path, or an object store's UPath
         for chunk in iter(lambda: f.read(chunk_size), b""):
             for h in hashers.values():
                 h.update(chunk)
@@ -79,14 +77,15 @@ class HashThread:
     xxhash release the GIL on large chunks), so hashing a shard overlaps writing or reading it instead of
     adding to it: in a repack the kernel's copy of one payload runs while the thread hashes the one before
     (benchmarks/README.md, Repack, fifth pass). A chunk must not change until hashed (``bytes``, or a view
-    of a file that is never rewritten). At most ``max_pending`` bytes wait: ``update`` blocks past that
-    (a sha256 at ~0.5 GB/s must not hold a whole shard in memory while the writer runs ahead)."""
+    of a file that is never rewritten). ``update`` blocks while more than ``max_pending`` bytes wait (so at
+    most that plus one chunk are held: a sha256 at ~0.5 GB/s must not hold a whole shard in memory while
+    the writer runs ahead). One producer at a time: the stream's order is the order of ``update`` calls."""
 
     def __init__(self, algorithms: tuple[str, ...], max_pending: int = 64 << 20) -> None:
         self._hashers = {a: new_hasher(a) for a in algorithms}
-        self._chunks: queue.SimpleQueue[bytes | memoryview | None] = queue.SimpleQueue()
-        # bytes given (written by the caller's thread only) and hashed (by the helper only): a lock is taken
-        # only when the caller must wait, not once per chunk
+        self._chunks: queue.SimpleQueue[tuple[bytes | memoryview, int] | None] = queue.SimpleQueue()
+        # bytes given (written by the producer only) and hashed (by the helper only): a lock is taken only
+        # when the producer must wait, not once per chunk
         self._given = self._hashed = 0
         self._max_pending = max_pending
         self._room = threading.Condition()
@@ -97,36 +96,44 @@ class HashThread:
         self._thread.start()
 
     def _run(self) -> None:
-        while (chunk := self._chunks.get()) is not None:
-            size = len(chunk)
+        while (item := self._chunks.get()) is not None:
+            chunk, size = item
             try:
                 if not self._discard and self._error is None:
                     for h in self._hashers.values():
                         h.update(chunk)
-            except BaseException as e:  # noqa: BLE001 - raised to the writer by hexdigests()
+            except BaseException as e:  # noqa: BLE001 - raised to the producer by update() and hexdigests()
                 self._error = e
-            del chunk  # a view of a store segment must not outlive its hashing (the map is closed later)
-            self._hashed += size
-            if self._waiting:
-                with self._room:
-                    self._room.notify()
+            finally:
+                del chunk, item  # a view of a store segment must not outlive its hashing (its map goes later)
+                self._hashed += size  # the producer's wait ends even after a failure: it then raises
+                if self._waiting:
+                    with self._room:
+                        self._room.notify()
 
     def update(self, chunk: bytes | memoryview) -> None:
         if self._closed:
             raise RuntimeError("bytes given after the hash was closed")
-        if not chunk:
+        size = len(chunk)
+        if not size:
             return
         if self._given - self._hashed > self._max_pending:
             with self._room:
                 self._waiting = True
-                while self._given - self._hashed > self._max_pending:
+                while self._given - self._hashed > self._max_pending and self._thread.is_alive():
                     self._room.wait(0.1)
                 self._waiting = False
-        self._given += len(chunk)
-        self._chunks.put(chunk)
+        if self._error is not None:  # a failed hash fails the write now, not only at the end
+            raise self._error
+        if not self._thread.is_alive():
+            raise RuntimeError("the hash thread has stopped")
+        self._given += size
+        self._chunks.put((chunk, size))
 
     def hexdigests(self) -> dict[str, str]:
         """Every chunk given hashed (waits for the thread); the digests by algorithm."""
+        if self._discard:
+            raise RuntimeError("the hash was closed with its pending bytes dropped: it covers part of the data")
         self.close()
         if self._error is not None:
             raise self._error
