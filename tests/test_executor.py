@@ -18,6 +18,21 @@ def test_local_executor_runs_units_in_unit_order_inline_and_on_a_pool():
         assert list(pool.map(_unit, 2, units[:3])) == [0, 2, 4]  # the pool serves several stages
 
 
+def cpus_of_worker(spec, unit, context):
+    return context.cpus
+
+
+def test_a_worker_is_given_its_share_of_the_cpus():
+    """The threads a unit starts stay within its worker's share (``WorkerContext.cpus``): all of this
+    process's CPUs inline, an even split on a pool (at least one each)."""
+    from omnipack.executors.base import available_cpus
+
+    with LocalExecutor(1) as inline, LocalExecutor(2) as pool:
+        assert list(inline.map(cpus_of_worker, None, [0])) == [available_cpus()]
+        assert set(pool.map(cpus_of_worker, None, list(range(6)))) == {max(1, available_cpus() // 2)}
+    assert available_cpus() == len(os.sched_getaffinity(0))
+
+
 class CountedSpec:
     """A spec that counts how often this process unpickled one."""
 

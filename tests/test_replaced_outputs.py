@@ -131,10 +131,10 @@ def test_a_repack_moves_the_shards_it_replaces_before_their_units_run(
     at_start: list[tuple[str, bool, bool]] = []  # each unit: its shard, whether its tar / index are still there
     real = write_stage._write_rows
 
-    def watching(spec, view, number, local_root, store):
+    def watching(spec, view, number, local_root, *rest):
         tar = out / view.record.shards[number].path
         at_start.append((tar.name, tar.exists(), tar.with_name(f"{tar.name}.idx").exists()))
-        return real(spec, view, number, local_root, store)
+        return real(spec, view, number, local_root, *rest)
 
     monkeypatch.setattr(write_stage, "_write_rows", watching)
     _prepare(out, demo_tokenizer, corpus, seq_length=2048, cp=2, from_stage="pack")

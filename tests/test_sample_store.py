@@ -412,3 +412,34 @@ def test_populate_maps_the_pages_of_the_payload_and_no_others(tmp_path):
     # the page cache may hold the file in folios of up to 2 MiB (ext4's large folios), mapped whole
     assert length <= _resident_bytes(address) <= length + 2 * (2 << 20) < len(mapped)
     mapped.close()
+
+
+def test_rows_built_on_several_threads_give_the_same_shards_and_store(tmp_path, demo_tokenizer, corpus, monkeypatch):
+    """A worker with spare CPUs builds a unit's rows on several threads (``WorkerContext.cpus``): the shards
+    and the sample store's segments are those of one builder, byte for byte (the store keeps new payloads
+    in row order, whichever thread decoded them), and several threads did build."""
+    import threading
+
+    import omnipack.executors.local as local
+
+    builders: dict[int, set[str]] = {1: set(), 3: set()}
+    run = {"cpus": 1}
+    real = write_stage.build_row
+
+    def build_row(*args, **kwargs):
+        builders[run["cpus"]].add(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(write_stage, "build_row", build_row)
+    got = {}
+    for cpus in (1, 3):
+        run["cpus"] = cpus
+        monkeypatch.setattr(local, "available_cpus", lambda cpus=cpus: cpus)  # the inline worker's CPUs
+        out = tmp_path / f"cpus{cpus}"
+        _prepare(out, demo_tokenizer, corpus, seq_length=4096, shard_max_rows=3)
+        segments = sorted((out / "stages" / "samples").rglob("*.bin"))
+        assert segments
+        got[cpus] = dataset_bytes(out), [p.read_bytes() for p in segments]
+    assert got[3] == got[1]
+    pool_threads = {cpus: {name for name in names if name.startswith("omnipack-write")} for cpus, names in builders.items()}
+    assert len(pool_threads[1]) == 1 and len(pool_threads[3]) > 1, builders

@@ -1,9 +1,10 @@
-"""The write stage builds the next rows on a background thread: same rows, same order, errors surface at
-their row and stop further building."""
+"""The write stage builds the next rows on background threads (one, or its worker's share of the CPUs): same
+rows, same order, errors surface at their row and stop further building."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -37,3 +38,16 @@ def test_an_error_surfaces_at_its_row_and_later_rows_are_not_built() -> None:
             got.append(x)
     assert got == [0, 1, 2]
     assert max(built) <= 3 + 2  # at most `ahead` rows past the failing one were started
+
+
+def test_rows_come_back_in_order_from_several_threads() -> None:
+    threads: set[int] = set()
+
+    def build(r: int) -> int:
+        threads.add(threading.get_ident())
+        time.sleep(0.002 * (r % 5))  # rows finish out of order, and the GIL is free meanwhile
+        return r * r
+
+    rows = list(range(60))
+    assert list(_built_ahead(build, rows, threads=3)) == [r * r for r in rows]
+    assert 1 < len(threads) <= 3 and threading.get_ident() not in threads

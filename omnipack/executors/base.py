@@ -9,12 +9,21 @@ or machine. Output never depends on the executor: every unit writes its own file
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..stages.worker import WorkerContext
 
 UnitFn = Callable[[Any, Any, WorkerContext], Any]
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask: a Slurm or taskset allocation, not the machine's
+    count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 class Executor:

@@ -36,7 +36,7 @@ from typing import Any
 from ..progress import attach_queue
 from ..stages.storage import staging_dir
 from ..stages.worker import WorkerContext
-from .base import Executor, UnitFn
+from .base import Executor, UnitFn, available_cpus
 
 PARENT_POLL_S = 1.0  # how often a worker looks whether its parent is still there (where no signal says so)
 
@@ -146,16 +146,18 @@ def _inherit(environ: Mapping[str, str], cwd: str, path: list[str]) -> None:
     sys.path[:] = path
 
 
-def _worker_init(progress_queue: Any, run_pid: int, environ: Mapping[str, str], cwd: str, path: list[str]) -> None:
+def _worker_init(
+    progress_queue: Any, run_pid: int, environ: Mapping[str, str], cwd: str, path: list[str], cpus: int
+) -> None:
     """A pool worker takes the run's environment, leaves Ctrl-C to the run (which stops the pool and says
     how to resume: a worker handling it too would print its own traceback), reports its progress counts to
-    the run, ends when the run dies, and keeps its worker context for its lifetime."""
+    the run, ends when the run dies, and keeps its worker context (its share of the CPUs) for its lifetime."""
     global _POOL_WORKER
     exit_with_parent(run_pid)
     _inherit(environ, cwd, path)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     attach_queue(progress_queue)
-    _POOL_WORKER = WorkerContext()
+    _POOL_WORKER = WorkerContext(cpus)
 
 
 class LocalExecutor(Executor):
@@ -168,7 +170,8 @@ class LocalExecutor(Executor):
     def __init__(self, workers: int = 1) -> None:
         self.workers = max(1, int(workers))
         self._pool: Any = None
-        self._inline = WorkerContext()  # this process's, for units run inline (one worker, or one unit)
+        # this process's, for units run inline (one worker, or one unit): the CPUs are all its own
+        self._inline = WorkerContext(available_cpus())
         # made now, not with the pool: a stage's progress bar takes the queue before the first unit starts
         self.progress_queue = self._new_queue() if self.workers > 1 else None
 
@@ -190,7 +193,14 @@ class LocalExecutor(Executor):
                 self.workers,
                 mp_context=context,
                 initializer=_worker_init,
-                initargs=(self.progress_queue, os.getpid(), dict(os.environ), os.getcwd(), list(sys.path)),
+                initargs=(
+                    self.progress_queue,
+                    os.getpid(),
+                    dict(os.environ),
+                    os.getcwd(),
+                    list(sys.path),
+                    max(1, available_cpus() // self.workers),  # each worker's share
+                ),
             )
         # The spec (with every input part: megabytes for a large input) goes to each worker once, through a
         # file; a unit carries only its number. Pickled per unit it would cost O(units x parts). The file is

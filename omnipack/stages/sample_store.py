@@ -36,6 +36,7 @@ import json
 import mmap
 import os
 import sys
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -197,6 +198,7 @@ class SampleStore:
         # trusted unhashed), least recently used first (a repack reads from every segment of a corpus: one
         # per write unit, thousands for a large one, more than a process may hold open)
         self._files: OrderedDict[int, tuple[mmap.mmap, bool, int]] = OrderedDict()
+        self._files_lock = threading.Lock()  # the write stage's row builders look payloads up from threads
 
     @classmethod
     def at(cls, root: Path, shape: dict[str, Any]) -> SampleStore:
@@ -308,24 +310,26 @@ class SampleStore:
         """Segment ``seg`` mapped, whether the file mapped has the stamp its commit recorded, and the map's
         address (the last ``MAX_OPEN_SEGMENTS`` kept; one dropped is unmapped once no payload view of it is
         left)."""
-        found = self._files.get(seg)
-        if found is not None:
-            self._files.move_to_end(seg)
+        with self._files_lock:
+            found = self._files.get(seg)
+            if found is not None:
+                self._files.move_to_end(seg)
+                return found
+            if len(self._files) >= MAX_OPEN_SEGMENTS:
+                self._files.popitem(last=False)
+            with open(self._segment_path(seg), "rb") as f:
+                trusted = self._index.stamps[seg] == stat_stamp(os.fstat(f.fileno()))  # the file mapped
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                found = self._files[seg] = (mapped, trusted, _address(mapped))
             return found
-        if len(self._files) >= MAX_OPEN_SEGMENTS:
-            self._files.popitem(last=False)
-        with open(self._segment_path(seg), "rb") as f:
-            trusted = self._index.stamps[seg] == stat_stamp(os.fstat(f.fileno()))  # the file mapped
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            found = self._files[seg] = (mapped, trusted, _address(mapped))
-        return found
 
     def _segment_path(self, seg: int) -> str:
         return str(self.segments / f"{self._index.segments[seg]}.bin")
 
     def close_files(self) -> None:
         """Drop the segment maps (each unmapped once no payload view of it is left)."""
-        self._files.clear()
+        with self._files_lock:
+            self._files.clear()
 
     def writer(self, unit: str) -> SegmentWriter:
         return SegmentWriter(self.segments, f"{unit}-{uuid.uuid4().hex[:12]}")

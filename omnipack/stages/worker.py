@@ -18,10 +18,13 @@ T = TypeVar("T")
 
 class WorkerContext:
     """One worker's loaded objects, by kind and key (a digest of what the object depends on, so units of
-    different runs or settings on one worker never share one)."""
+    different runs or settings on one worker never share one), and ``cpus``: the CPUs the worker may keep
+    busy, its share of the machine (the threads a unit starts stay within it: the write stage's row
+    builders). 1 unless its executor says more."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: int = 1) -> None:
         self._kept: dict[str, dict[str, Any]] = {}
+        self.cpus = max(1, int(cpus))
 
     def kept(self, kind: str, key: str, make: Callable[[], T], *, latest_only: bool = False) -> T:
         """This worker's ``kind`` object for ``key``, made by ``make()`` the first time it is asked for.

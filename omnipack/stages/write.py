@@ -153,6 +153,9 @@ class RowResult:
     rejects: list[Reject]
     num_samples: int
     real_tokens: int
+    # payloads made for the sample store, ``UnitPayloads.put``'s arguments: kept by the caller in row order,
+    # so a store's segment is the same whichever thread built which row
+    new_payloads: list[tuple[str, dict[str, Any], str, bytes, str]] = field(default_factory=list)
 
 
 def sample_media(
@@ -161,12 +164,14 @@ def sample_media(
     store_media: MediaStore | None = None,
     first: int = 0,
     samples: UnitPayloads | None = None,
+    new_payloads: list[tuple[str, dict[str, Any], str, bytes, str]] | None = None,
 ) -> tuple[list[tuple[MediaPlan, tuple[int, int, int, int], str]], dict[str, bytes], dict[str, str]]:
     """A measured sample's media materialised as stored: (plan, span, part name) per item, the parts'
     bytes, named from ``media.{first}`` on (the items of the row before it), and the ``media_digest`` of
     those parts whose digest is known (kept in or checked by the sample store: the row's meta.json reuses
     it); ``SampleReject`` for media that can not be read. ``samples``: the sample store, whose payloads are
-    copied instead of decoded (and new ones kept)."""
+    copied instead of decoded; the new ones go to ``new_payloads`` (``UnitPayloads.put``'s arguments) for
+    the caller to keep, or straight into the store without it."""
     media, payloads, digests = [], {}, {}
     entries = json.loads(rec["media_json"])
     plans = [MediaPlan.from_json(m["plan"]) for m in entries]
@@ -187,7 +192,10 @@ def sample_media(
             ext, data = made_at[k]
             if samples is not None and "sample_joint" not in plan.info:
                 known = media_digest(data)
-                samples.put(m["ref"], m["plan"], ext, data, known)
+                if new_payloads is None:
+                    samples.put(m["ref"], m["plan"], ext, data, known)
+                else:
+                    new_payloads.append((m["ref"], m["plan"], ext, data, known))
         part = f"media.{first + len(payloads)}.{ext}"
         payloads[part] = data
         if known is not None:
@@ -203,16 +211,21 @@ def build_row(
     store_media: MediaStore | None = None,
     samples: UnitPayloads | None = None,
 ) -> RowResult:
-    """Materialise a row's media and assemble its arrays; pure function of its inputs. ``store_media``: a
-    profile's own arrays for a sample's decoded items (``ModelProfile.store_sample_media``), stored as npz.
-    ``samples``: the sample store, whose payloads are copied instead of decoded (and new ones kept)."""
+    """Materialise a row's media and assemble its arrays; pure function of its inputs (the sample store is
+    only read: the payloads it should keep come back in ``RowResult.new_payloads``), so rows can be built on
+    several threads at once. ``store_media``: a profile's own arrays for a sample's decoded items
+    (``ModelProfile.store_sample_media``), stored as npz. ``samples``: the sample store, whose payloads are
+    copied instead of decoded."""
     seqs: list[SequenceInput] = []
     payloads: dict[str, bytes] = {}
     digests: dict[str, str] = {}
     rejects: list[Reject] = []
+    new_payloads: list[tuple[str, dict[str, Any], str, bytes, str]] = []
     for rec in records:
         try:
-            media, sample_payloads, known = sample_media(rec, cfg, store_media, len(payloads), samples)
+            media, sample_payloads, known = sample_media(
+                rec, cfg, store_media, len(payloads), samples, new_payloads
+            )
         except SampleReject as e:
             rejects.append(Reject.of(rec["sample_index"], rec["sample_id"], rec["source"], "write", e))
             continue
@@ -223,14 +236,14 @@ def build_row(
         payloads.update(sample_payloads)
         digests.update(known)
     if not seqs:
-        return RowResult(key, None, rejects, 0, 0)
+        return RowResult(key, None, rejects, 0, 0, new_payloads)
     row = assemble_row(seqs, cfg.seq_length, cfg.align, cfg.pad_token_id)
     errors = row_invariant_errors(row, cfg.align)
     if errors:  # a bug, not bad input: refuse to write a wrong row
         raise AssertionError(f"row {key} breaks the contract: {errors}")
     # laid out here, on the build-ahead thread: the writing thread only writes (``tar_members``)
     members = tar_members(key, encode_row(row, payloads, digests))
-    return RowResult(key, members, rejects, len(seqs), int(row.seqlens.sum()))
+    return RowResult(key, members, rejects, len(seqs), int(row.seqlens.sum()), new_payloads)
 
 
 def _materialized(
@@ -339,15 +352,23 @@ def shard_done(spec: RunSpec, record: ShardRecord | None, *, check_bytes: bool =
     )
 
 
-def _built_ahead(build: Callable[[int], RowResult], rows: list[int], ahead: int = 2) -> Iterator[RowResult]:
-    """``build(r)`` of each row in order, computed up to ``ahead`` rows ahead on one background thread, so
-    decoding and resizing the next rows' media (Pillow and the video / audio decoders release the GIL)
-    overlaps the tar writing and hashing of this one. One thread calls ``build``, in row order, so the
-    rows and their bytes are those of a plain loop."""
+BUILD_THREADS_MAX = 4  # row builders per write unit, within its worker's CPUs (``WorkerContext.cpus``)
+
+
+def _built_ahead(
+    build: Callable[[int], RowResult], rows: list[int], threads: int = 1, ahead: int | None = None
+) -> Iterator[RowResult]:
+    """``build(r)`` of each row in order, computed up to ``ahead`` rows ahead (2 per thread by default) on
+    ``threads`` background threads, so decoding and resizing the next rows' media (Pillow and the video /
+    audio decoders release the GIL) overlaps the tar writing of this one, and on a worker with spare CPUs
+    other rows' decoding too: a first prepare with one worker took 3.8 s instead of 6.4 s on 2 CPUs
+    (benchmarks/README.md, Prepare). ``build`` is a pure function of its row, and the rows come back in row
+    order, so the rows and their bytes are those of a plain loop."""
+    ahead = 2 * threads if ahead is None else ahead
     if len(rows) < 2:
         yield from map(build, rows)
         return
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnipack-write") as pool:
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="omnipack-write") as pool:
         pending: deque[Future[RowResult]] = deque()
         try:
             for r in rows:
@@ -371,19 +392,22 @@ def write_shard(spec: RunSpec, number: int, context: WorkerContext) -> ShardReco
         shard_key(spec, view.record.key, view.record.shards[number]),
         ShardRecord.from_json,
         lambda record: shard_done(spec, record, check_bytes=True),
-        lambda: _write(spec, view, number, _media_store(spec, context)),
+        lambda: _write(spec, view, number, _media_store(spec, context), context.cpus),
     )[0]
 
 
-def _write(spec: RunSpec, view: _PlanView, number: int, store: MediaStore | None) -> ShardRecord:
-    """Shard ``number`` written and published with its index; its record (keyed by ``run_once``)."""
+def _write(
+    spec: RunSpec, view: _PlanView, number: int, store: MediaStore | None, cpus: int = 1
+) -> ShardRecord:
+    """Shard ``number`` written and published with its index; its record (keyed by ``run_once``). ``cpus``:
+    the worker's share of the CPUs, which its row builders stay within."""
     path = shard_record_path(spec, number)
     remove_partials(spec.write_dir, f"{path.name}.*")  # this unit's record, half-written by a killed run
     # in a folder the shard is written in place (under a temporary name); for an object store it is
     # built in a local staging folder and uploaded whole
     shard = view.record.shards[number]
     local_root = spec.out if is_local(spec.out) else staging_file(spec.out / shard.path).parent / "root"
-    record = _write_rows(spec, view, number, local_root, store)
+    record = _write_rows(spec, view, number, local_root, store, cpus)
     if record.shard is None:
         return record
     name = record.shard.path
@@ -412,10 +436,11 @@ def shard_samples(
 
 
 def _write_rows(
-    spec: RunSpec, view: _PlanView, number: int, local_root: Path, store: MediaStore | None
+    spec: RunSpec, view: _PlanView, number: int, local_root: Path, store: MediaStore | None, cpus: int = 1
 ) -> ShardRecord:
     """Shard ``number``'s rows built and written into a tar under ``local_root`` (``store``: the profile's
-    ``store_media``, or None); its record's counts."""
+    ``store_media``, or None); its record's counts. Rows are built on up to ``cpus`` threads (one for a
+    profile that stores arrays of its own: its processor objects are not known to be thread-safe)."""
     shard = view.record.shards[number]
     writer = ShardWriter(
         local_root,
@@ -437,11 +462,15 @@ def _write_rows(
         records = [gathered.record(i) for i in range(first[k], first[k + 1])]
         return build_row(f"{int(shard_rows[k]):09d}", records, spec.write, store, samples)
 
-    rows = _built_ahead(build, list(range(len(shard_rows))))
+    threads = 1 if store is not None else min(BUILD_THREADS_MAX, cpus)
+    rows = _built_ahead(build, list(range(len(shard_rows))), threads)
     try:
         for res in rows:
             progress.advance("write", number, 1)
             record.rejects.extend(res.rejects)
+            if samples is not None:
+                for payload in res.new_payloads:  # in row order: the same segment whichever thread built it
+                    samples.put(*payload)
             if res.members is not None:
                 writer.write_members(res.members)
                 record.rows_written += 1
