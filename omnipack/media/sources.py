@@ -34,6 +34,7 @@ import posixpath
 import re
 import tarfile
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -357,12 +358,17 @@ def _read_range(src: MediaSource, offset: int, size: int) -> bytes:
 
 
 _tar_indices: OrderedDict[tuple[str, str], dict[str, tuple[int, int]]] = OrderedDict()
+_tar_indices_lock = threading.Lock()  # the write stage's row builders read media on several threads
 
 
 def _tar_member(shard: MediaSource, member: str) -> tuple[int, int]:
-    """(data offset, size) of ``member`` in the tar ``shard``; the shard's headers are scanned once per process."""
+    """(data offset, size) of ``member`` in the tar ``shard``; the shard's headers are scanned once per process
+    (twice at worst, by two threads at once: the same index)."""
     key = (shard.kind, shard.location)
-    index = _tar_indices.get(key)
+    with _tar_indices_lock:
+        index = _tar_indices.get(key)
+        if index is not None:
+            _tar_indices.move_to_end(key)
     if index is None:
 
         def scan() -> dict[str, tuple[int, int]]:
@@ -373,11 +379,10 @@ def _tar_member(shard: MediaSource, member: str) -> tuple[int, int]:
             index = with_retries(shard.ref, scan, deadline=Deadline(shard.remote)) if shard.kind == "url" else scan()
         except tarfile.TarError as e:
             raise MediaError(f"unreadable tar shard {shard.ref}: {e}") from None
-        _tar_indices[key] = index
-        while len(_tar_indices) > _TAR_INDEX_CACHE:
-            _tar_indices.popitem(last=False)
-    else:
-        _tar_indices.move_to_end(key)
+        with _tar_indices_lock:
+            _tar_indices[key] = index
+            while len(_tar_indices) > _TAR_INDEX_CACHE:
+                _tar_indices.popitem(last=False)
     if member not in index:
         raise MediaError(f"no member {member!r} in tar shard {shard.ref}")
     return index[member]
