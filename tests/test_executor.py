@@ -30,7 +30,38 @@ def test_a_worker_is_given_its_share_of_the_cpus():
     with LocalExecutor(1) as inline, LocalExecutor(2) as pool:
         assert list(inline.map(cpus_of_worker, None, [0])) == [available_cpus()]
         assert set(pool.map(cpus_of_worker, None, list(range(6)))) == {max(1, available_cpus() // 2)}
-    assert available_cpus() == len(os.sched_getaffinity(0))
+
+
+def test_available_cpus_keep_within_the_affinity_mask_and_the_containers_quota(monkeypatch, tmp_path):
+    import builtins
+
+    from omnipack.executors import base
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    files: dict[str, str] = {}
+    real_open = builtins.open
+
+    def fake_open(path, *args, **kwargs):
+        if str(path).startswith("/sys/fs/cgroup/"):
+            if str(path) not in files:
+                raise FileNotFoundError(path)
+            target = tmp_path / str(path).replace("/", "_")
+            target.write_text(files[str(path)])
+            return real_open(target, *args, **kwargs)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    assert base.available_cpus() == 16  # no cgroup files: the mask
+    files["/sys/fs/cgroup/cpu.max"] = "max 100000\n"
+    assert base.available_cpus() == 16  # no quota
+    files["/sys/fs/cgroup/cpu.max"] = "250000 100000\n"
+    assert base.available_cpus() == 3  # 2.5 CPUs' worth of time: 3 threads
+    files["/sys/fs/cgroup/cpu.max"] = "3200000 100000\n"
+    assert base.available_cpus() == 16  # a quota above the mask
+    del files["/sys/fs/cgroup/cpu.max"]
+    files["/sys/fs/cgroup/cpu/cpu.cfs_quota_us"] = "400000"
+    files["/sys/fs/cgroup/cpu/cpu.cfs_period_us"] = "100000"
+    assert base.available_cpus() == 4  # cgroup v1
 
 
 class CountedSpec:

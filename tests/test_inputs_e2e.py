@@ -81,6 +81,38 @@ def test_parquet_folder_with_embedded_jpeg_bytes(tmp_path, demo_tokenizer):
     assert all((root / s).read_bytes() == (tmp_path / "ds2" / s).read_bytes() for s in shards)
 
 
+def test_embedded_parquet_media_read_by_several_row_builders_give_one_builders_bytes(
+    tmp_path, demo_tokenizer, monkeypatch
+):
+    """The write stage's row builders read embedded media back on several threads: the row-group slices and
+    cursors they share (``inputs.parquet``) are read one thread at a time, so a corpus larger than the slice
+    cache (scaled down here) gives the bytes and rejects of one builder, with no sample lost to a race."""
+    import omnipack.executors.local as local
+    from omnipack.inputs import parquet as parquet_input
+
+    data = tmp_path / "data"
+    data.mkdir()
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema(
+        [
+            ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("images", pa.list_(image_type)),
+        ]
+    )
+    records = [_lf_record(i, [{"bytes": jpeg_bytes(i, 56, 84), "path": None}]) for i in range(160)]
+    pq.write_table(pa.Table.from_pylist(records, schema), data / "train-00000.parquet", row_group_size=160)
+    monkeypatch.setattr(parquet_input, "SLICE_BYTES", 16 << 10)  # many slices, evicted as rows go
+    monkeypatch.setattr(parquet_input, "ROW_GROUP_CACHE_BYTES", 128 << 10)
+    got = {}
+    for cpus in (1, 4):
+        monkeypatch.setattr(local, "available_cpus", lambda cpus=cpus: cpus)  # the inline worker's builders
+        root = tmp_path / f"cpus{cpus}"
+        summary = prepare(root, demo_tokenizer, [data], None, sample_store="off")
+        assert summary["counts"]["packed"] == 160, summary["counts"]
+        got[cpus] = dataset_bytes(root)
+    assert got[4] == got[1]
+
+
 def test_datasets_save_to_disk_with_image_features(tmp_path, demo_tokenizer):
     datasets = pytest.importorskip("datasets")
     records = [_lf_record(i, [{"bytes": jpeg_bytes(10 + i), "path": None}]) for i in range(4)]

@@ -19,11 +19,30 @@ UnitFn = Callable[[Any, Any, WorkerContext], Any]
 
 
 def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask: a Slurm or taskset allocation, not the machine's
-    count)."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
+    """The CPUs this process may keep busy: its affinity mask (a Slurm or taskset allocation, not the
+    machine's count), within its container's CPU quota (cgroup v2 ``cpu.max``, or v1's CFS quota), as
+    Ray counts a node's CPUs."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cpus, quota) if quota else cpus)
+
+
+def _cgroup_cpu_quota() -> int | None:
+    """The container's CPU quota rounded up to whole CPUs; None where there is none (or no cgroup files)."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+            quota, period = f.read().split()[:2]
+        if quota == "max":
+            return None
+        return -(-int(quota) // int(period))
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f, open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as g:
+            quota_us, period_us = int(f.read()), int(g.read())
+        return -(-quota_us // period_us) if quota_us > 0 and period_us > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 class Executor:

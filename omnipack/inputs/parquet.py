@@ -6,6 +6,7 @@ error naming the file and the byte offset: its records can not be counted, so th
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -187,6 +188,8 @@ SLICE_BYTES = 16 << 20
 _CURSORS = 4
 _slices: OrderedDict[tuple[str, int, str, int], Any] = OrderedDict()  # (file, rg, column, first row) -> column
 _cursors: OrderedDict[tuple[str, int, str], list[Any]] = OrderedDict()  # -> [next first row, batch iterator]
+# one reader of the slices and cursors at a time: the write stage's row builders read media on several threads
+_slices_lock = threading.Lock()
 
 
 def _cache(key: tuple[str, int, str, int], column: Any) -> None:
@@ -229,8 +232,9 @@ def column_value(file: Path, index: int, column: str) -> Any:
     rg = bisect_right(starts, index) - 1
     if not 0 <= rg < len(starts) - 1:
         raise IndexError(f"record {index} is past the end of {file} ({starts[-1]} records)")
-    first, values = _slice_holding(pf, str(file), rg, column, index - starts[rg])
-    return values[index - starts[rg] - first].as_py()
+    with _slices_lock:
+        first, values = _slice_holding(pf, str(file), rg, column, index - starts[rg])
+    return values[index - starts[rg] - first].as_py()  # an Arrow array: immutable, read outside the lock
 
 
 register_reader(ParquetReader())

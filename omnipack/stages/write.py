@@ -358,13 +358,13 @@ BUILD_THREADS_MAX = 4  # row builders per write unit, within its worker's CPUs (
 def _built_ahead(
     build: Callable[[int], RowResult], rows: list[int], threads: int = 1, ahead: int | None = None
 ) -> Iterator[RowResult]:
-    """``build(r)`` of each row in order, computed up to ``ahead`` rows ahead (2 per thread by default) on
-    ``threads`` background threads, so decoding and resizing the next rows' media (Pillow and the video /
-    audio decoders release the GIL) overlaps the tar writing of this one, and on a worker with spare CPUs
-    other rows' decoding too: a first prepare with one worker took 3.8 s instead of 6.4 s on 2 CPUs
-    (benchmarks/README.md, Prepare). ``build`` is a pure function of its row, and the rows come back in row
-    order, so the rows and their bytes are those of a plain loop."""
-    ahead = 2 * threads if ahead is None else ahead
+    """``build(r)`` of each row in order, computed up to ``ahead`` rows ahead (``threads + 1`` by default:
+    each thread busy and one row ready, so few rows are held however large) on ``threads`` background
+    threads, so decoding and resizing the next rows' media (Pillow and the video / audio decoders release
+    the GIL) overlaps the tar writing of this one, and on a worker with spare CPUs other rows' decoding too
+    (benchmarks/README.md, "Write threads benchmark"). ``build`` is a pure function of its row, and the rows
+    come back in row order, so the rows and their bytes are those of a plain loop."""
+    ahead = threads + 1 if ahead is None else ahead
     if len(rows) < 2:
         yield from map(build, rows)
         return
