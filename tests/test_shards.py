@@ -137,8 +137,10 @@ class _GatedHasher:
 
     def __init__(self, gate: threading.Event, fail: bool = False) -> None:
         self.gate, self.fail, self.seen = gate, fail, b""
+        self.entered = threading.Event()  # an update has started (and waits at the gate)
 
     def update(self, data: bytes) -> None:
+        self.entered.set()
         self.gate.wait()
         if self.fail:
             raise OSError("hasher failed")
@@ -199,6 +201,7 @@ def test_a_failed_hash_is_raised_to_the_writer_and_an_abort_drops_what_waits(mon
     writer = ShardWriter(tmp_path)
     row = {"a.bin": b"y" * JOIN_MAX, "b.bin": b"z" * JOIN_MAX}  # chunks: header, a, pad + header, b, pad
     writer.write("00000", row)
+    assert made[0].entered.wait(5)  # the helper holds the first chunk (the rest wait in its queue)
     aborting = threading.Thread(target=writer.abort)
     aborting.start()
     aborting.join(0.3)
