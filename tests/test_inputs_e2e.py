@@ -39,6 +39,17 @@ def _lf_record(i: int, images: list) -> dict:
     }
 
 
+def _image_records_schema() -> pa.Schema:
+    """LLaMA-Factory records with Hugging Face ``Image`` features (``{"bytes", "path"}``) in a list."""
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    return pa.schema(
+        [
+            ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("images", pa.list_(image_type)),
+        ]
+    )
+
+
 def _check_accounting(root, summary, expected: dict[str, tuple[int, int, int]]) -> None:
     by_file = {f["file"]: (f["input"], f["packed"], f["rejected"]) for f in summary["counts"]["by_input"]}
     assert by_file == expected
@@ -50,13 +61,7 @@ def _check_accounting(root, summary, expected: dict[str, tuple[int, int, int]]) 
 def test_parquet_folder_with_embedded_jpeg_bytes(tmp_path, demo_tokenizer):
     data = tmp_path / "data"
     data.mkdir()
-    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    schema = pa.schema(
-        [
-            ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-            ("images", pa.list_(image_type)),
-        ]
-    )
+    schema = _image_records_schema()
     first = [_lf_record(i, [{"bytes": jpeg_bytes(i), "path": f"p{i}.jpg"}]) for i in range(3)]
     second = [_lf_record(i, [{"bytes": jpeg_bytes(i), "path": None}] * 2) for i in range(3, 5)]
     second.append(_lf_record(5, [{"bytes": b"not a jpeg", "path": None}]))
@@ -92,13 +97,7 @@ def test_embedded_parquet_media_read_by_several_row_builders_give_one_builders_b
 
     data = tmp_path / "data"
     data.mkdir()
-    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    schema = pa.schema(
-        [
-            ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-            ("images", pa.list_(image_type)),
-        ]
-    )
+    schema = _image_records_schema()
     records = [_lf_record(i, [{"bytes": jpeg_bytes(i, 56, 84), "path": None}]) for i in range(160)]
     pq.write_table(pa.Table.from_pylist(records, schema), data / "train-00000.parquet", row_group_size=160)
     monkeypatch.setattr(parquet_input, "SLICE_BYTES", 16 << 10)  # many slices, evicted as rows go
