@@ -33,35 +33,23 @@ def test_a_worker_is_given_its_share_of_the_cpus():
 
 
 def test_available_cpus_keep_within_the_affinity_mask_and_the_containers_quota(monkeypatch, tmp_path):
-    import builtins
-
-    from omnipack.executors import base
+    from omnipack.executors.base import available_cpus
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    files: dict[str, str] = {}
-    real_open = builtins.open
-
-    def fake_open(path, *args, **kwargs):
-        if str(path).startswith("/sys/fs/cgroup/"):
-            if str(path) not in files:
-                raise FileNotFoundError(path)
-            target = tmp_path / str(path).replace("/", "_")
-            target.write_text(files[str(path)])
-            return real_open(target, *args, **kwargs)
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", fake_open)
-    assert base.available_cpus() == 16  # no cgroup files: the mask
-    files["/sys/fs/cgroup/cpu.max"] = "max 100000\n"
-    assert base.available_cpus() == 16  # no quota
-    files["/sys/fs/cgroup/cpu.max"] = "250000 100000\n"
-    assert base.available_cpus() == 3  # 2.5 CPUs' worth of time: 3 threads
-    files["/sys/fs/cgroup/cpu.max"] = "3200000 100000\n"
-    assert base.available_cpus() == 16  # a quota above the mask
-    del files["/sys/fs/cgroup/cpu.max"]
-    files["/sys/fs/cgroup/cpu/cpu.cfs_quota_us"] = "400000"
-    files["/sys/fs/cgroup/cpu/cpu.cfs_period_us"] = "100000"
-    assert base.available_cpus() == 4  # cgroup v1
+    assert available_cpus(tmp_path) == 16  # no cgroup files: the mask
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert available_cpus(tmp_path) == 16  # no quota
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    assert available_cpus(tmp_path) == 3  # 2.5 CPUs' worth of time: 3 threads
+    (tmp_path / "cpu.max").write_text("3200000 100000\n")
+    assert available_cpus(tmp_path) == 16  # a quota above the mask
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert available_cpus(tmp_path) == 4  # cgroup v1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert available_cpus(tmp_path) == 16  # v1 without a quota
 
 
 class CountedSpec:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ..stages.worker import WorkerContext
@@ -18,28 +19,28 @@ from ..stages.worker import WorkerContext
 UnitFn = Callable[[Any, Any, WorkerContext], Any]
 
 
-def available_cpus() -> int:
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def available_cpus(cgroup_root: Path = CGROUP_ROOT) -> int:
     """The CPUs this process may keep busy: its affinity mask (a Slurm or taskset allocation, not the
     machine's count), within its container's CPU quota (cgroup v2 ``cpu.max``, or v1's CFS quota), as
     Ray counts a node's CPUs."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    quota = _cgroup_cpu_quota()
+    quota = _cgroup_cpu_quota(cgroup_root)
     return max(1, min(cpus, quota) if quota else cpus)
 
 
-def _cgroup_cpu_quota() -> int | None:
+def _cgroup_cpu_quota(root: Path) -> int | None:
     """The container's CPU quota rounded up to whole CPUs; None where there is none (or no cgroup files)."""
     try:
-        with open("/sys/fs/cgroup/cpu.max") as f:  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
-            quota, period = f.read().split()[:2]
-        if quota == "max":
-            return None
-        return -(-int(quota) // int(period))
+        quota, period = (root / "cpu.max").read_text().split()[:2]  # v2: "QUOTA PERIOD" or "max PERIOD"
+        return None if quota == "max" else -(-int(quota) // int(period))
     except (OSError, ValueError):
         pass
     try:
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f, open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as g:
-            quota_us, period_us = int(f.read()), int(g.read())
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())  # v1; -1: none
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
         return -(-quota_us // period_us) if quota_us > 0 and period_us > 0 else None
     except (OSError, ValueError):
         return None

@@ -24,7 +24,7 @@ from typing import Any
 # imports when it starts, while the driver still splits the input, not in its first unit.
 from ..stages import measure as _measure  # noqa: F401
 from ..stages.worker import WorkerContext
-from .base import Executor, UnitFn
+from .base import Executor, UnitFn, available_cpus
 
 try:
     import ray
@@ -67,14 +67,14 @@ class _UnitWorker:
 
 
 def _machine_cpus() -> int:
-    """The CPUs Ray gives a local cluster by default (cgroup limits counted); os.cpu_count() should Ray's
-    internal helper move."""
+    """The CPUs Ray gives a local cluster by default (cgroup limits counted); ``available_cpus`` (the same
+    limits) should Ray's internal helper move."""
     try:
         from ray._private.utils import get_num_cpus
 
         return max(1, int(get_num_cpus()))
     except (ImportError, AttributeError):
-        return os.cpu_count() or 1
+        return available_cpus()
 
 
 def _end_autoscaler_monitor() -> None:

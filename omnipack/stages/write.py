@@ -170,8 +170,8 @@ def sample_media(
     bytes, named from ``media.{first}`` on (the items of the row before it), and the ``media_digest`` of
     those parts whose digest is known (kept in or checked by the sample store: the row's meta.json reuses
     it); ``SampleReject`` for media that can not be read. ``samples``: the sample store, whose payloads are
-    copied instead of decoded; the new ones go to ``new_payloads`` (``UnitPayloads.put``'s arguments) for
-    the caller to keep, or straight into the store without it."""
+    copied instead of decoded; the new ones go to ``new_payloads`` (``UnitPayloads.put``'s arguments), for
+    the caller to keep in row order."""
     media, payloads, digests = [], {}, {}
     entries = json.loads(rec["media_json"])
     plans = [MediaPlan.from_json(m["plan"]) for m in entries]
@@ -192,9 +192,7 @@ def sample_media(
             ext, data = made_at[k]
             if samples is not None and "sample_joint" not in plan.info:
                 known = media_digest(data)
-                if new_payloads is None:
-                    samples.put(m["ref"], m["plan"], ext, data, known)
-                else:
+                if new_payloads is not None:
                     new_payloads.append((m["ref"], m["plan"], ext, data, known))
         part = f"media.{first + len(payloads)}.{ext}"
         payloads[part] = data
