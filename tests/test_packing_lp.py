@@ -183,6 +183,53 @@ def test_lp_step_gives_the_same_plan_on_every_run():
     assert np.array_equal(first.members, second.members)
 
 
+def _photos_with_captions(seed: int, n: int = 300) -> np.ndarray:
+    """W=4096: 80% single photos at four fixed sizes (plus a short prompt), 20% lognormal captions."""
+    rng = np.random.default_rng(seed)
+    is_photo = rng.random(n) < 0.8
+    photos = rng.choice([1100, 1400, 1700, 2300], n) + rng.integers(10, 80, n)
+    return padded(np.where(is_photo, photos, rng.lognormal(np.log(300), 0.8, n)), 4096)
+
+
+def test_a_plan_the_lp_bound_proves_optimal_skips_the_later_steps(monkeypatch):
+    """Seed 57: the slack-row refill leaves 112 rows against a simple bound of 111, and the pattern LP's bound
+    is 112. The early bound (a small LP budget) proves that plan optimal, so the swap search, the pairing
+    scan and the LP step (which could not remove a row; ~0.04 s here against ~0.007 s) never run; the plan
+    is the one they would have left."""
+    pytest.importorskip("highspy")
+    lengths = _photos_with_captions(57)
+    assert max(lower_bounds(lengths, 4096).values()) == 111
+    monkeypatch.setattr(engine, "EARLY_LP_MAX_SAMPLES", 0)
+    ran: list[str] = []
+    for step in ("_swap_pool", "_pair_large_then_refill", "_lp_guided"):
+        inner = getattr(engine, step)
+        monkeypatch.setattr(engine, step, lambda *a, _inner=inner, _step=step: ran.append(_step) or _inner(*a))
+    without = pack(lengths, 4096)
+    assert without.num_rows == 112 and "_swap_pool" in ran  # the later steps ran, and found no row fewer
+    monkeypatch.setattr(engine, "EARLY_LP_MAX_SAMPLES", 4096)
+    ran.clear()
+    plan = pack(lengths, 4096)
+    assert ran == [] and plan.num_rows == 112 and plan.algorithm == without.algorithm
+    assert np.array_equal(plan.row_of, without.row_of) and np.array_equal(plan.members, without.members)
+
+
+def test_the_lp_rows_bound_is_the_lps_and_never_below_the_bound_given(monkeypatch):
+    """``lp_rows_bound`` on the crops set: ceil(358.27) = 359 with the step's limits; on the early budget it
+    stops before it is solved and still gives a valid bound (at least the simple one, at most the LP's);
+    without HiGHS, the bound it was given."""
+    pytest.importorskip("highspy")
+    lengths = _crops(0)
+    values, counts = np.unique(lengths, return_counts=True)
+    values, counts = values[::-1].copy(), counts[::-1].copy()
+    start = ffd_classes(values, counts, 4096)
+    simple = max(lower_bounds(lengths, 4096).values())
+    assert patterns.lp_rows_bound(values, counts, 4096, start, simple) == 359
+    early = patterns.lp_rows_bound(values, counts, 4096, start, simple, engine.EARLY_LP_LIMITS)
+    assert simple <= early <= 359
+    monkeypatch.setitem(sys.modules, "highspy", None)
+    assert patterns.lp_rows_bound(values, counts, 4096, start, simple) == simple
+
+
 def _highs_scheduler_of(threads: int) -> None:
     """This process's HiGHS thread scheduler, made anew with ``threads`` threads by a first solve."""
     import highspy

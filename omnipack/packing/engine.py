@@ -8,7 +8,7 @@ from .balance import balance_costs
 from .bounds import best_bound, constrained_lower_bounds, lower_bounds
 from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .greedy import bfd_classes, ffd_classes
-from .patterns import lp_pattern_pack
+from .patterns import LpLimits, lp_pattern_pack, lp_rows_bound
 from .plan import PackPlan, build_plan
 from .refill import refill_classes
 from .swap import swap_search
@@ -41,6 +41,11 @@ LP_MANY_CLASSES_GAP = 0.001
 # Samples up to which a constrained plan above the vector bound gets the vector pattern LP (an LP row per
 # distinct item vector, which on media sets is every item; 2-10 s at 200-300 samples, see benchmarks/README.md).
 CONSTRAINED_LP_MAX_SAMPLES = 300
+# Plans up to this many samples still above the bound after the slack-row refill first ask the pattern LP for
+# its bound, on a small budget (~0.02-0.1 s): a plan it proves optimal skips the later steps, which cannot
+# remove a row from it and cost 0.1-0.2 s on such plans (the W=4096 repack of benchmarks/README.md).
+EARLY_LP_MAX_SAMPLES = 4096
+EARLY_LP_LIMITS = LpLimits(max_columns=500, max_knapsack_work=12_000_000, max_pricing_cells=12_000_000, max_lp_solves=20)
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:
@@ -330,6 +335,10 @@ def _improve(
         refilled, refilled_rows = _refill_slack_rows(slot_rows, num_rows, values, counts, capacity)
         if refilled_rows < num_rows:
             slot_rows, num_rows, used = refilled, refilled_rows, used.split("(")[0] + "+refill"
+    if num_rows > bound and len(lengths) <= EARLY_LP_MAX_SAMPLES:
+        start = (slot_rows, num_rows)
+        if lp_rows_bound(values, counts, capacity, start, bound, EARLY_LP_LIMITS) >= num_rows:
+            return slot_rows, num_rows, used  # optimal: no later step can find fewer rows
     if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= FULL_REFILL_MAX:
         candidates = [
             (_mix_and_repack(slot_rows, num_rows, values, counts, capacity), used.split("(")[0] + "+mix")

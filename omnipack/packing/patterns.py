@@ -514,6 +514,36 @@ def length_exchanges(values: np.ndarray) -> np.ndarray:
     return np.stack([order[:-1], order[1:]], axis=1)
 
 
+def lp_rows_bound(
+    values: np.ndarray,
+    counts: np.ndarray,
+    capacity: int,
+    start: tuple[np.ndarray, int],
+    lower_bound: int = 0,
+    limits: LpLimits | None = None,
+) -> int:
+    """A lower bound on the rows of any packing of ``counts`` items of lengths ``values``: the pattern LP's
+    (``ceil(LP)`` once solved, else Farley's bound, never below ``lower_bound``), its column generation
+    started from ``start``'s patterns (``(slot_rows, num_rows)``) and ended once the bound reaches its
+    rows or ``limits`` are spent; ``lower_bound`` where ``highspy`` is missing or HiGHS fails."""
+    try:
+        import highspy
+    except ImportError:
+        return lower_bound
+    start_slots, start_rows = start
+    scale = math.gcd(int(capacity), *values.tolist())
+    limits = limits or LpLimits()
+    pricing = KnapsackPricing(values // scale, int(capacity) // scale, limits.max_pricing_cells)
+    master = _Master(highspy, counts, length_exchanges(values))
+    for pattern in plan_patterns(start_slots, start_rows, counts)[0]:
+        master.add(pattern)
+    try:
+        lower, _ = _generate_columns(master, pricing, counts, start_rows, _Work(limits), floor=lower_bound)
+    except LpNotSolved:
+        return lower_bound
+    return max(lower, lower_bound)
+
+
 def lp_pattern_pack(
     values: np.ndarray,
     counts: np.ndarray,
