@@ -13,6 +13,10 @@ W in 4096/8192/16384/32768, seeded by its index) is packed twice:
   into "bound not tight" (the LP bound is above the simple one) and "packer's loss" (``pack`` above the LP
   bound; loss against the optimum when the MIP proves it).
 
+``--early-lp-ab`` packs each mixture at 200-4,096 samples with and without the early LP bound
+(``engine.EARLY_LP_MAX_SAMPLES``; the two in turn, one process): the plans must be identical, and the table
+gives the time either way, where the bound proved a plan optimal and what it cost where it did not.
+
 ``--speed`` adds the plan-speed comparison with lightbinpack (bench_packing's, on 4M text samples).
 ``--constrained`` packs small image-text and omni sets under their media budgets (bench_packing's) without
 ("before") and with ("after") the vector pattern LP step (``engine.CONSTRAINED_LP_MAX_SAMPLES``) and, where
@@ -245,6 +249,58 @@ def summarize_constrained(results: list[dict]) -> list[dict]:
     return rows
 
 
+def early_lp_ab(mixtures: int) -> None:
+    """``pack`` with and without the early LP bound on each mixture at 200-4,096 samples (see the module)."""
+    early_max = engine.EARLY_LP_MAX_SAMPLES
+    totals = {"without": 0.0, "with": 0.0}
+    identical, ran, proved, wasted = 0, 0, 0, 0.0
+    bound_of = engine.lp_rows_bound
+    calls: list[tuple[int, int, float]] = []  # (plan rows, early bound, seconds) of this mixture's early bound
+
+    def timed_bound(values, counts, capacity, start, lower_bound, limits):  # noqa: ANN001, ANN202
+        t = time.perf_counter()
+        out = bound_of(values, counts, capacity, start, lower_bound, limits)
+        calls.append((start[1], out, time.perf_counter() - t))
+        return out
+
+    engine.lp_rows_bound = timed_bound
+    try:
+        for index in range(mixtures):
+            width, modes, rng = mixture(index)
+            n = int(np.exp(rng.uniform(np.log(200), np.log(4096))))
+            lengths = sample_mixture(rng, modes, n, width)
+            plans, seconds = {}, {}
+            for way in ("without", "with") if index % 2 == 0 else ("with", "without"):
+                engine.EARLY_LP_MAX_SAMPLES = early_max if way == "with" else 0
+                calls.clear()
+                t = time.perf_counter()
+                plans[way] = pack(lengths, width, shuffle=False)
+                seconds[way] = time.perf_counter() - t
+                totals[way] += seconds[way]
+                if way == "with" and calls:
+                    ran += 1
+                    rows, bound, spent = calls[0]
+                    proved += bound >= rows
+                    wasted += spent if bound < rows else 0.0
+            a, b = plans["without"], plans["with"]
+            identical += a.num_rows == b.num_rows and np.array_equal(a.row_of, b.row_of)
+            if seconds["without"] - seconds["with"] > 0.01 or seconds["with"] - seconds["without"] > 0.05:
+                print(
+                    f"# {index} W={width} n={n}: {b.num_rows} rows, {seconds['without']:.3f} s without, "
+                    f"{seconds['with']:.3f} s with",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        engine.EARLY_LP_MAX_SAMPLES = early_max
+        engine.lp_rows_bound = bound_of
+    print_table([{
+        "mixtures": mixtures, "identical plans": identical, "early bound ran": ran, "proved optimal": proved,
+        "s spent where not proved": round(wasted, 3), "s without": round(totals["without"], 2),
+        "s with": round(totals["with"], 2),
+    }])  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="10k-1M samples, optima at 2000 items")
@@ -264,7 +320,10 @@ def main() -> None:
     parser.add_argument("--constrained-n", type=int, default=200)
     parser.add_argument("--constrained-seeds", type=int, default=4)
     parser.add_argument("--mip-seconds", type=float, default=60.0, help="0: no MIP verdict")
+    parser.add_argument("--early-lp-ab", action="store_true", help="only pack with and without the early LP bound")
     args = parser.parse_args()
+    if args.early_lp_ab:
+        return early_lp_ab(args.mixtures)
     if args.constrained:
         print(
             f"\nConstrained sets at {args.constrained_n} samples vs the vector bound (MIP {args.mip_seconds:.0f} s)\n"
