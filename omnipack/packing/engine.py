@@ -298,6 +298,31 @@ def _constrained_bound(lengths: np.ndarray, capacity: int, constraints: PackCons
     ]
 
 
+def _refill_whole_set(
+    slot_rows: np.ndarray, num_rows: int, used: str, values: np.ndarray, counts: np.ndarray, capacity: int
+) -> tuple[np.ndarray, int, str]:
+    """``_improve``'s step 3: the best of the plan so far, its mixed re-pack, the whole set refilled and that
+    plan's mixed re-pack (ties keep the earlier)."""
+    candidates = [(_mix_and_repack(slot_rows, num_rows, values, counts, capacity), used.split("(")[0] + "+mix")]
+    whole = refill_classes(values, counts, capacity, max_work=REFILL_MAX_WORK)
+    if whole is not None:
+        candidates += [(whole, "refill"), (_mix_and_repack(*whole, values, counts, capacity), "refill+mix")]
+    for (new_slots, new_rows), name in candidates:
+        if new_rows < num_rows:
+            slot_rows, num_rows, used = new_slots, new_rows, name
+    return slot_rows, num_rows, used
+
+
+def _lp_proves_optimal(
+    slot_rows: np.ndarray, num_rows: int, n: int, values: np.ndarray, counts: np.ndarray, capacity: int, bound: int
+) -> bool:
+    """Whether the pattern LP's bound on ``EARLY_LP_LIMITS`` reaches the plan's rows (plans of at most
+    ``EARLY_LP_MAX_SAMPLES`` samples above ``bound``)."""
+    if num_rows <= bound or n > EARLY_LP_MAX_SAMPLES:
+        return False
+    return lp_rows_bound(values, counts, capacity, (slot_rows, num_rows), bound, EARLY_LP_LIMITS) >= num_rows
+
+
 def _improve(
     slot_rows: np.ndarray,
     num_rows: int,
@@ -310,7 +335,9 @@ def _improve(
 
     1. FFD's row count is computed at class level (milliseconds) and its plan kept only if it has fewer
        rows, so the result never has more rows than FFD.
-    2. The rows that are not exactly full are re-packed with the subset-sum refill.
+    2. The rows that are not exactly full are re-packed with the subset-sum refill. Still above the bound
+       (up to EARLY_LP_MAX_SAMPLES samples), the pattern LP's bound on a small budget: a plan it proves
+       optimal is returned as it is (the later steps keep a plan only with fewer rows).
     3. If still more than REFILL_TARGET over the bound (and up to FULL_REFILL_MAX samples): the whole
        set is refilled (one subset-sum per distinct row pattern), and both that plan and the plan so far
        get the mixed re-pack (``_mix_and_repack``: slack rows plus spread full rows, FFD and refill).
@@ -335,23 +362,10 @@ def _improve(
         refilled, refilled_rows = _refill_slack_rows(slot_rows, num_rows, values, counts, capacity)
         if refilled_rows < num_rows:
             slot_rows, num_rows, used = refilled, refilled_rows, used.split("(")[0] + "+refill"
-    if num_rows > bound and len(lengths) <= EARLY_LP_MAX_SAMPLES:
-        start = (slot_rows, num_rows)
-        if lp_rows_bound(values, counts, capacity, start, bound, EARLY_LP_LIMITS) >= num_rows:
-            return slot_rows, num_rows, used  # optimal: no later step can find fewer rows
+    if _lp_proves_optimal(slot_rows, num_rows, len(lengths), values, counts, capacity, bound):
+        return slot_rows, num_rows, used  # no later step can find fewer rows
     if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= FULL_REFILL_MAX:
-        candidates = [
-            (_mix_and_repack(slot_rows, num_rows, values, counts, capacity), used.split("(")[0] + "+mix")
-        ]
-        whole = refill_classes(values, counts, capacity, max_work=REFILL_MAX_WORK)
-        if whole is not None:
-            candidates += [
-                (whole, "refill"),
-                (_mix_and_repack(*whole, values, counts, capacity), "refill+mix"),
-            ]
-        for (new_slots, new_rows), name in candidates:
-            if new_rows < num_rows:
-                slot_rows, num_rows, used = new_slots, new_rows, name
+        slot_rows, num_rows, used = _refill_whole_set(slot_rows, num_rows, used, values, counts, capacity)
     if num_rows > bound * (1 + REFILL_TARGET) or num_rows > bound and num_rows < SWAP_MAX_ROWS:
         new_slots, new_rows = _swap_pool(slot_rows, num_rows, values, counts, capacity)
         if new_rows < num_rows:
