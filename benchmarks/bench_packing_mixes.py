@@ -283,7 +283,7 @@ def early_lp_ab(mixtures: int) -> None:
                     proved += bound >= rows
                     wasted += spent if bound < rows else 0.0
             a, b = plans["without"], plans["with"]
-            identical += a.num_rows == b.num_rows and np.array_equal(a.row_of, b.row_of)
+            identical += (a.num_rows, a.algorithm) == (b.num_rows, b.algorithm) and np.array_equal(a.row_of, b.row_of)
             if seconds["without"] - seconds["with"] > 0.01 or seconds["with"] - seconds["without"] > 0.05:
                 print(
                     f"# {index} W={width} n={n}: {b.num_rows} rows, {seconds['without']:.3f} s without, "

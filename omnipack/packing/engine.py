@@ -45,7 +45,8 @@ CONSTRAINED_LP_MAX_SAMPLES = 300
 # its bound, on a small budget (~0.02-0.1 s): a plan it proves optimal skips the later steps, which cannot
 # remove a row from it and cost 0.1-0.2 s on such plans (the W=4096 repack of benchmarks/README.md).
 EARLY_LP_MAX_SAMPLES = 4096
-EARLY_LP_LIMITS = LpLimits(max_columns=500, max_knapsack_work=12_000_000, max_pricing_cells=12_000_000, max_lp_solves=20)
+# 20 LP solves add at most 20 * PATTERNS_PER_PRICING columns: the knapsack cells and the solves are what bind.
+EARLY_LP_LIMITS = LpLimits(max_knapsack_work=12_000_000, max_pricing_cells=12_000_000, max_lp_solves=20)
 
 
 def validate_lengths(lengths: np.ndarray, capacity: int) -> np.ndarray:

@@ -355,6 +355,7 @@ def _generate_columns(
     upper: int,
     work: _Work,
     floor: int = 0,
+    value_slack: float = 0.0,
 ) -> tuple[int, np.ndarray]:
     """Column generation until the LP is solved, its bound reaches ``upper``, its value rounds up to
     ``floor`` (a known lower bound: more columns could not lower it further; only after
@@ -363,6 +364,8 @@ def _generate_columns(
 
     Returns a lower bound on the rows for ``demand`` (ceil of the LP when solved, else the best of
     Farley's bound ``LP / best pattern value`` and ``floor``) and the last LP's column values.
+    ``value_slack`` is added to the best pattern's value in both (the LP solved being Farley's bound at
+    value 1): what the pricing may have missed (``lp_rows_bound``).
     """
     floor = max(floor, pricing.floor(demand))
     while True:
@@ -370,11 +373,12 @@ def _generate_columns(
         value, patterns, cost = pricing.price(demand, prices)
         work.knapsack += cost
         work.rounds += 1
-        lp_rows = math.ceil(objective - 1e-6)
+        lp_rows = math.ceil(objective / (1 + value_slack) - 1e-6)
         if value <= 1 + 1e-9:
             return lp_rows, master.pattern_rows(values)
         lower = max(
-            math.ceil(objective / value - 1e-6), floor if work.columns >= work.limits.min_columns else 0
+            math.ceil(objective / (value + value_slack) - 1e-6),
+            floor if work.columns >= work.limits.min_columns else 0,
         )
         if lower >= min(upper, lp_rows) or work.spent or not patterns:
             return lower, master.pattern_rows(values)
@@ -525,7 +529,11 @@ def lp_rows_bound(
     """A lower bound on the rows of any packing of ``counts`` items of lengths ``values``: the pattern LP's
     (``ceil(LP)`` once solved, else Farley's bound, never below ``lower_bound``), its column generation
     started from ``start``'s patterns (``(slot_rows, num_rows)``) and ended once the bound reaches its
-    rows or ``limits`` are spent; ``lower_bound`` where ``highspy`` is missing or HiGHS fails."""
+    rows or ``limits`` are spent; ``lower_bound`` where ``highspy`` is missing or HiGHS fails.
+
+    A plan whose rows it reaches is taken as optimal without a search for a better one, so the bound errs
+    low: the pricing skips classes priced at most ``LP_EPS``, which a row holds at most ``capacity //
+    min(values)`` of, and their worth is added to every pattern's value."""
     try:
         import highspy
     except ImportError:
@@ -538,7 +546,8 @@ def lp_rows_bound(
     for pattern in plan_patterns(start_slots, start_rows, counts)[0]:
         master.add(pattern)
     try:
-        lower, _ = _generate_columns(master, pricing, counts, start_rows, _Work(limits), floor=lower_bound)
+        slack = LP_EPS * (int(capacity) // int(values.min()))
+        lower, _ = _generate_columns(master, pricing, counts, start_rows, _Work(limits), lower_bound, slack)
     except LpNotSolved:
         return lower_bound
     return max(lower, lower_bound)
