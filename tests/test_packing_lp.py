@@ -230,6 +230,27 @@ def test_the_lp_rows_bound_is_the_lps_and_never_below_the_bound_given(monkeypatc
     assert patterns.lp_rows_bound(values, counts, 4096, start, simple) == simple
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_dual_smoothing_solves_the_same_lp_in_fewer_solves(monkeypatch, seed):
+    """Pricing at a mix of the LP's prices and those of the best Farley bound so far (Wentges smoothing, on
+    LPs of SMOOTHING_MIN_CLASSES lengths and more; lowered here to this 500-odd-length mix) solves the same LP
+    to the same value in fewer LP solves; the bound it returns is the LP's."""
+    lengths = _wide_mix(seed, 2000)
+    values, counts = np.unique(lengths, return_counts=True)
+    values, counts = values[::-1].copy(), counts[::-1].copy()
+    scale = np.gcd.reduce([16384, *values.tolist()])
+    values, capacity = values // scale, 16384 // scale
+    exchanges = patterns.length_exchanges(values)
+    monkeypatch.setattr(patterns, "SMOOTHING_MIN_CLASSES", len(values) + 1)
+    assert patterns.KnapsackPricing(values, capacity).smoothing == 0
+    _, plain, _, plain_solves, _ = _solved_lp(values, counts, capacity, exchanges)
+    monkeypatch.setattr(patterns, "SMOOTHING_MIN_CLASSES", len(values))
+    assert patterns.KnapsackPricing(values, capacity).smoothing == patterns.SMOOTHING > 0
+    _, smoothed, rows, solves, _ = _solved_lp(values, counts, capacity, exchanges)
+    assert smoothed == pytest.approx(plain, abs=1e-6) and rows.sum() == pytest.approx(plain, abs=1e-6)
+    assert solves < plain_solves
+
+
 def _highs_scheduler_of(threads: int) -> None:
     """This process's HiGHS thread scheduler, made anew with ``threads`` threads by a first solve."""
     import highspy

@@ -5,7 +5,8 @@ A row's *pattern* says how many items of each length class it holds. The LP ``mi
 gives a price per class, greedy fills (or, when none beats a row, the exact bounded knapsack over the row
 width) find patterns worth more than one row at those prices, and they join the master. Exchange columns
 (a shorter item may take a longer one's slot) keep the prices ordered by length, which cuts the LP solves
-several-fold on mixes of hundreds of lengths. ``ceil(LP)`` is a lower bound on
+several-fold on mixes of hundreds of lengths; on thousands of lengths the pricing also runs at prices
+smoothed towards those of the best bound so far (Wentges), which damps their swings between solves. ``ceil(LP)`` is a lower bound on
 the rows of any packing, and on practical instances it is the optimum; the LP's patterns are what the
 greedy packers miss on mixes of 2-4 items per row (the largest items share rows with each other at some
 waste, the others form large + medium + small triples, small items kept for the rows that need them).
