@@ -145,9 +145,9 @@ def _solved_lp(values: np.ndarray, counts: np.ndarray, capacity: int, exchanges:
         return to_rows(values)
 
     master.pattern_rows = spy
-    _, rows = patterns._generate_columns(master, pricing, counts, int(counts.sum()), work)
+    solved["bound"], rows = patterns._generate_columns(master, pricing, counts, int(counts.sum()), work)
     first = len(master.exchanges)
-    return master, solved["values"][first:].sum(), rows, work.rounds, solved["values"][:first]
+    return master, solved["values"][first:].sum(), rows, work.rounds, solved["values"][:first], solved["bound"]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -161,9 +161,9 @@ def test_exchange_columns_keep_the_lp_bound_in_fewer_solves_and_leave_whole_patt
     capacity = 16384
     scale = np.gcd.reduce([capacity, *values.tolist()])
     values, capacity = values // scale, capacity // scale
-    _, plain, plain_rows, plain_solves, _ = _solved_lp(values, counts, capacity, None)
+    _, plain, plain_rows, plain_solves, _, _ = _solved_lp(values, counts, capacity, None)
     exchanges = patterns.length_exchanges(values)
-    master, value, rows, solves, flows = _solved_lp(values, counts, capacity, exchanges)
+    master, value, rows, solves, flows, _ = _solved_lp(values, counts, capacity, exchanges)
     # the column generation stops once Farley's bound meets ceil(LP): the same bound, LP values within its gap
     assert math.ceil(value - 1e-6) == math.ceil(plain - 1e-6) and plain_rows.sum() == pytest.approx(plain, abs=1e-6)
     assert solves < plain_solves
@@ -243,11 +243,12 @@ def test_dual_smoothing_solves_the_same_lp_in_fewer_solves(monkeypatch, seed):
     exchanges = patterns.length_exchanges(values)
     monkeypatch.setattr(patterns, "SMOOTHING_MIN_CLASSES", len(values) + 1)
     assert patterns.KnapsackPricing(values, capacity).smoothing == 0
-    _, plain, _, plain_solves, _ = _solved_lp(values, counts, capacity, exchanges)
+    _, plain, _, plain_solves, _, plain_bound = _solved_lp(values, counts, capacity, exchanges)
     monkeypatch.setattr(patterns, "SMOOTHING_MIN_CLASSES", len(values))
     assert patterns.KnapsackPricing(values, capacity).smoothing == patterns.SMOOTHING > 0
-    _, smoothed, rows, solves, _ = _solved_lp(values, counts, capacity, exchanges)
+    _, smoothed, rows, solves, _, bound = _solved_lp(values, counts, capacity, exchanges)
     assert smoothed == pytest.approx(plain, abs=1e-6) and rows.sum() == pytest.approx(plain, abs=1e-6)
+    assert bound == plain_bound == math.ceil(plain - 1e-6)
     assert solves < plain_solves
 
 

@@ -63,7 +63,7 @@ class LpLimits:
     # One pricing's table (capacity + 1 cells per power-of-two chunk of each class's count): its time and
     # memory. The work limit is checked between pricings, so a larger one is not started at all.
     max_pricing_cells: int = 150_000_000
-    max_lp_solves: int = 2000  # master LP solves (each followed by one knapsack)
+    max_lp_solves: int = 2000  # master LP solves (each followed by one pricing, two when smoothing mis-prices)
     max_rounds: int = 1000  # rounding steps, each followed by a new LP for the demand left
     min_columns: int = MIN_COLUMNS  # patterns generated before a known bound may end the LP
 
@@ -376,7 +376,9 @@ def _generate_columns(
     finds no improving pattern, or the work is spent.
 
     Returns a lower bound on the rows for ``demand`` (ceil of the LP when solved, else the best of
-    Farley's bound ``LP / best pattern value`` and ``floor``) and the last LP's column values.
+    Farley's bound ``LP / best pattern value`` and ``floor``; with ``pricing.smoothing``, the best Farley
+    bound ``prices @ demand / best pattern value`` over the LP's and the smoothed prices of every round) and
+    the last LP's column values.
     ``value_slack`` is added to the best pattern's value in both (the LP solved being Farley's bound at
     value 1): what the pricing may have missed (``lp_rows_bound``).
     """
