@@ -257,7 +257,9 @@ def early_lp_ab(mixtures: int) -> None:
     bound_of = engine.lp_rows_bound
     calls: list[tuple[int, int, float]] = []  # (plan rows, early bound, seconds) of this mixture's early bound
 
-    def timed_bound(values, counts, capacity, start, lower_bound, limits):  # noqa: ANN001, ANN202
+    def timed_bound(
+        values: np.ndarray, counts: np.ndarray, capacity: int, start: tuple, lower_bound: int, limits: object
+    ) -> int:
         t = time.perf_counter()
         out = bound_of(values, counts, capacity, start, lower_bound, limits)
         calls.append((start[1], out, time.perf_counter() - t))

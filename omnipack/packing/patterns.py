@@ -547,6 +547,13 @@ def length_exchanges(values: np.ndarray) -> np.ndarray:
     return np.stack([order[:-1], order[1:]], axis=1)
 
 
+def length_pricing(values: np.ndarray, capacity: int, limits: LpLimits) -> KnapsackPricing:
+    """The 1-D pricing of length classes ``values`` in rows of ``capacity``, both divided by their common
+    divisor (a smaller knapsack table, the same patterns)."""
+    scale = math.gcd(int(capacity), *values.tolist())
+    return KnapsackPricing(values // scale, int(capacity) // scale, limits.max_pricing_cells)
+
+
 def lp_rows_bound(
     values: np.ndarray,
     counts: np.ndarray,
@@ -568,9 +575,8 @@ def lp_rows_bound(
     except ImportError:
         return lower_bound
     start_slots, start_rows = start
-    scale = math.gcd(int(capacity), *values.tolist())
     limits = limits or LpLimits()
-    pricing = KnapsackPricing(values // scale, int(capacity) // scale, limits.max_pricing_cells)
+    pricing = length_pricing(values, capacity, limits)
     master = _Master(highspy, counts, length_exchanges(values))
     for pattern in plan_patterns(start_slots, start_rows, counts)[0]:
         master.add(pattern)
@@ -601,10 +607,9 @@ def lp_pattern_pack(
     e.g. max(L1, L2, DFF)) ends the column generation once the LP rounds up to it.
     """
     start_slots, start_rows = start
-    scale = math.gcd(int(capacity), *values.tolist())
     limits = limits or LpLimits()
     out = round_pattern_lp(
-        KnapsackPricing(values // scale, int(capacity) // scale, limits.max_pricing_cells),
+        length_pricing(values, capacity, limits),
         counts,
         plan_patterns(start_slots, start_rows, counts)[0],
         start_rows,

@@ -146,6 +146,10 @@ def _media_items(seq: SequenceInput, i: int, start_pos: int) -> list[MediaItem]:
     return items
 
 
+# a payload made for the sample store: ``UnitPayloads.put``'s arguments (ref, plan, ext, bytes, digest)
+NewPayload = tuple[str, dict[str, Any], str, bytes, str]
+
+
 @dataclass
 class RowResult:
     key: str
@@ -153,9 +157,9 @@ class RowResult:
     rejects: list[Reject]
     num_samples: int
     real_tokens: int
-    # payloads made for the sample store, ``UnitPayloads.put``'s arguments: kept by the caller in row order,
-    # so a store's segment is the same whichever thread built which row
-    new_payloads: list[tuple[str, dict[str, Any], str, bytes, str]] = field(default_factory=list)
+    # payloads made for the sample store: kept by the caller in row order, so a store's segment is the same
+    # whichever thread built which row
+    new_payloads: list[NewPayload] = field(default_factory=list)
 
 
 def sample_media(
@@ -164,7 +168,7 @@ def sample_media(
     store_media: MediaStore | None = None,
     first: int = 0,
     samples: UnitPayloads | None = None,
-    new_payloads: list[tuple[str, dict[str, Any], str, bytes, str]] | None = None,
+    new_payloads: list[NewPayload] | None = None,
 ) -> tuple[list[tuple[MediaPlan, tuple[int, int, int, int], str]], dict[str, bytes], dict[str, str]]:
     """A measured sample's media materialised as stored: (plan, span, part name) per item, the parts'
     bytes, named from ``media.{first}`` on (the items of the row before it), and the ``media_digest`` of
@@ -218,7 +222,7 @@ def build_row(
     payloads: dict[str, bytes] = {}
     digests: dict[str, str] = {}
     rejects: list[Reject] = []
-    new_payloads: list[tuple[str, dict[str, Any], str, bytes, str]] = []
+    new_payloads: list[NewPayload] = []
     for rec in records:
         try:
             media, sample_payloads, known = sample_media(
