@@ -18,8 +18,9 @@ W in 4096/8192/16384/32768, seeded by its index) is packed twice:
 gives the time either way, where the bound proved a plan optimal and what it cost where it did not.
 
 ``--speed`` adds the plan-speed comparison with lightbinpack (bench_packing's, on 4M text samples).
-``--constrained`` packs small image-text and omni sets under their media budgets (bench_packing's) without
-("before") and with ("after") the vector pattern LP step (``engine.CONSTRAINED_LP_MAX_SAMPLES``) and, where
+``--constrained`` packs image-text and omni sets under their media budgets (bench_packing's) without
+("before") and with ("after") the steps for constrained plans above the vector bound (the swap search,
+``engine.VECTOR_SWAP_POOL_ROWS``; the vector pattern LP, ``engine.CONSTRAINED_LP_MAX_SAMPLES``) and, where
 ``pack`` is still above the vector bound, asks an assignment MIP (``optimum.vector_packing_feasible``) whether
 the bound's row count is reachable: "bound tight" (the packer's loss) or "bound not tight".
 """
@@ -169,21 +170,23 @@ def print_table(rows: list[dict]) -> None:
     bench_packing.print_table(rows, _cell)
 
 
-def _timed_rows(lengths: np.ndarray, width: int, constraints, lp_max_samples: int) -> tuple[int, float]:
-    """Rows and plan seconds of ``pack`` with the vector pattern LP step up to ``lp_max_samples``."""
-    saved = engine.CONSTRAINED_LP_MAX_SAMPLES
-    engine.CONSTRAINED_LP_MAX_SAMPLES = lp_max_samples
+def _timed_rows(lengths: np.ndarray, width: int, constraints, steps: bool) -> tuple[int, float]:
+    """Rows and plan seconds of ``pack``, with (``steps``) or without the steps that run on constrained plans
+    above the vector bound: the swap search and the vector pattern LP."""
+    saved = engine.CONSTRAINED_LP_MAX_SAMPLES, engine.VECTOR_SWAP_POOL_ROWS
+    if not steps:
+        engine.CONSTRAINED_LP_MAX_SAMPLES, engine.VECTOR_SWAP_POOL_ROWS = 0, 0
     try:
         start = time.perf_counter()
         rows = pack(lengths, width, constraints=constraints).num_rows
         return rows, time.perf_counter() - start
     finally:
-        engine.CONSTRAINED_LP_MAX_SAMPLES = saved
+        engine.CONSTRAINED_LP_MAX_SAMPLES, engine.VECTOR_SWAP_POOL_ROWS = saved
 
 
 def constrained_small(n: int, seeds: int, seconds: float) -> list[dict]:
-    """Small media sets under bench_packing's budgets: pack without ("before") and with ("after") the vector
-    pattern LP step, against the vector bound, and the MIP's verdict where "after" is above it."""
+    """Media sets under bench_packing's budgets: pack without ("before") and with ("after") the swap search
+    and the vector pattern LP step, against the vector bound, and the MIP's verdict where "after" is above it."""
     from bench_packing import image_text, media_constraints, omni_mix, padded
 
     out = []
@@ -195,8 +198,8 @@ def constrained_small(n: int, seeds: int, seconds: float) -> list[dict]:
             amounts, budgets = constraints.amounts_matrix(n)
             cap = constraints.max_samples_per_row
             bound = constrained_lower_bounds(lengths, width, amounts, budgets, cap)["best"]
-            before, before_s = _timed_rows(lengths, width, constraints, 0)
-            rows, after_s = _timed_rows(lengths, width, constraints, engine.CONSTRAINED_LP_MAX_SAMPLES)
+            before, before_s = _timed_rows(lengths, width, constraints, steps=False)
+            rows, after_s = _timed_rows(lengths, width, constraints, steps=True)
             verdict = "pack at bound"
             if rows > bound and seconds > 0:
                 dims = np.column_stack([lengths, amounts, np.ones(n, dtype=np.int64)])
@@ -332,7 +335,7 @@ def main() -> None:
         )
         results = constrained_small(args.constrained_n, args.constrained_seeds, args.mip_seconds)
         print_table(results)
-        print("\nrows / vector bound without (before) and with (after) the vector pattern LP step\n")
+        print("\nrows / vector bound without (before) and with (after) the swap search and the vector pattern LP\n")
         print_table(summarize_constrained(results))
         return
     high = 1_000_000 if args.full else 100_000

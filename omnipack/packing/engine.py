@@ -14,6 +14,7 @@ from .refill import refill_classes
 from .swap import swap_search
 from .vector_fill import balanced_fill, fits_balanced_fill
 from .vector_patterns import constrained_lp_pack
+from .vector_swap import pooled_vector_swap
 
 ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
@@ -41,6 +42,10 @@ LP_MANY_CLASSES_GAP = 0.001
 # Samples up to which a constrained plan above the vector bound gets the vector pattern LP (an LP row per
 # distinct item vector, which on media sets is every item; 2-10 s at 200-300 samples, see benchmarks/README.md).
 CONSTRAINED_LP_MAX_SAMPLES = 300
+# Rows up to which a constrained plan above the vector bound gets the swap search whole; a larger plan gets it
+# on this many of its least filled rows (``vector_swap.pooled_vector_swap``; its work is a count, ~2-5 s).
+# 0 turns the step off.
+VECTOR_SWAP_POOL_ROWS = 2500
 # Plans up to this many samples still above the bound after the slack-row refill first ask the pattern LP for
 # its bound, on a small budget (~0.02-0.1 s): a plan it proves optimal skips the later steps, which cannot
 # remove a row from it and cost 0.1-0.2 s on such plans (the W=4096 repack of benchmarks/README.md).
@@ -260,20 +265,40 @@ def _assign_constrained(
     lengths: np.ndarray, capacity: int, constraints: PackConstraints, improve: bool
 ) -> tuple[np.ndarray, int, str]:
     """The constrained fast best fit; with ``improve``, the steps that may cut rows (the other item order,
-    the balanced fill, the exact BFD, on small plans above the vector bound the vector pattern LP); the
-    plan with the fewest rows wins, ties keep the earlier one."""
+    the balanced fill, the exact BFD, the swap search on plans above the vector bound, on small plans still
+    above it the vector pattern LP); the plan with the fewest rows wins, ties keep the earlier one."""
     row_of, num_rows = constrained_pack(lengths, capacity, constraints)
     name = "bfd+constraints"
-    if not improve or len(lengths) > SECOND_ORDER_MAX:
+    if not improve:
         return row_of, num_rows, name
+    bound = _constrained_bound(lengths, capacity, constraints)
+    if num_rows > bound and len(lengths) <= SECOND_ORDER_MAX:
+        row_of, num_rows, name = _other_constrained_packers(lengths, capacity, constraints, (row_of, num_rows, name))
+    if num_rows > bound and VECTOR_SWAP_POOL_ROWS:
+        # The greedy packers leave rows short in the scarcest budget: exchanges between rows (every budget kept).
+        dims, caps = _constrained_dims(lengths, capacity, constraints)
+        swapped = pooled_vector_swap(dims, caps, row_of, num_rows, bound, VECTOR_SWAP_POOL_ROWS)
+        if swapped[1] < num_rows:
+            row_of, num_rows, name = swapped[0], swapped[1], name + "+swap"
+    if len(lengths) <= CONSTRAINED_LP_MAX_SAMPLES and num_rows > bound:
+        # Still above the vector bound on a small plan: the vector pattern LP, rounded.
+        guided = constrained_lp_pack(lengths, capacity, constraints, (row_of, num_rows), lower_bound=bound)
+        if guided is not None:
+            row_of, num_rows, name = guided[0], guided[1], "lp-patterns+constraints"
+    return row_of, num_rows, name
+
+
+def _other_constrained_packers(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, plan: tuple[np.ndarray, int, str]
+) -> tuple[np.ndarray, int, str]:
+    """The plan with the fewest rows of ``plan`` and the other constrained packers: the other item order, the
+    balanced fill where the amounts take few vectors, the exact BFD on small plans."""
+    row_of, num_rows, name = plan
     # Neither item order wins everywhere (weighted shares: omni mixes; plain sums: image-text).
     plain_row_of, plain_rows = constrained_pack(lengths, capacity, constraints, weigh_by_demand=False)
     if plain_rows < num_rows:
         row_of, num_rows = plain_row_of, plain_rows
-    small = len(lengths) <= CONSTRAINED_LP_MAX_SAMPLES
-    level = fits_balanced_fill(constraints, len(lengths))
-    bound = _constrained_bound(lengths, capacity, constraints) if level or small else 0
-    if level and num_rows > bound:
+    if fits_balanced_fill(constraints, len(lengths)):
         # Budgets that bind together: a row-by-row fill that keeps every dimension level.
         filled = balanced_fill(lengths, capacity, constraints)
         if filled is not None and filled[1] < num_rows:
@@ -284,12 +309,16 @@ def _assign_constrained(
         exact_row_of, exact_rows = constrained_bfd(lengths, capacity, constraints)
         if exact_rows < num_rows:
             row_of, num_rows, name = exact_row_of, exact_rows, "bfd+constraints(exact)"
-    if small and num_rows > bound:
-        # Still above the vector bound on a small plan: the vector pattern LP, rounded.
-        guided = constrained_lp_pack(lengths, capacity, constraints, (row_of, num_rows), lower_bound=bound)
-        if guided is not None:
-            row_of, num_rows, name = guided[0], guided[1], "lp-patterns+constraints"
     return row_of, num_rows, name
+
+
+def _constrained_dims(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> tuple[np.ndarray, np.ndarray]:
+    """Every item's sizes (tokens, each budget's amount, 1 for the sample cap) and the row's caps."""
+    n = len(lengths)
+    amounts, budgets = constraints.amounts_matrix(n)
+    cap = constraints.max_samples_per_row or n
+    dims = np.column_stack([np.asarray(lengths, dtype=np.int64), amounts, np.ones(n, dtype=np.int64)])
+    return dims, np.concatenate([[int(capacity)], budgets, [int(cap)]]).astype(np.int64)
 
 
 def _constrained_bound(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> int:

@@ -1,0 +1,106 @@
+"""The swap local search under several budgets (``packing.vector_swap``): media sets whose patch budget binds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from omnipack.packing import engine, pack
+from omnipack.packing.bounds import constrained_lower_bounds
+from omnipack.packing.vector_swap import dimension_weights, pooled_vector_swap, vector_swap_search
+
+from .test_packing import assert_constraints_hold, media_mix
+from .test_packing_bounds_refill import SETTINGS
+
+WIDTH = 16384
+
+
+def _bound(lengths: np.ndarray, constraints) -> int:
+    amounts, budgets = constraints.amounts_matrix(len(lengths))
+    return constrained_lower_bounds(lengths, WIDTH, amounts, budgets, constraints.max_samples_per_row)["best"]
+
+
+def _dims(lengths: np.ndarray, constraints) -> tuple[np.ndarray, np.ndarray]:
+    return engine._constrained_dims(lengths, WIDTH, constraints)
+
+
+def _assert_plan(row_of: np.ndarray, rows: int, dims: np.ndarray, caps: np.ndarray) -> None:
+    """Rows numbered densely, none empty, every budget held in every row."""
+    assert sorted(np.unique(row_of).tolist()) == list(range(rows))
+    loads = np.zeros((rows, dims.shape[1]), dtype=np.int64)
+    np.add.at(loads, row_of, dims)
+    assert (loads <= caps).all()
+
+
+@pytest.fixture
+def greedy_only(monkeypatch):
+    """``pack`` without the swap search and the vector pattern LP: the greedy constrained packers' plan."""
+    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 0)
+    monkeypatch.setattr(engine, "CONSTRAINED_LP_MAX_SAMPLES", 0)
+
+
+def test_the_swap_search_reaches_the_vector_bound_where_the_greedy_packers_stop_above_it(monkeypatch):
+    """1,000 and 3,000 samples of the media mix: the greedy packers end 3-16 rows over the vector bound (no
+    packing has fewer rows), the search at it, with every budget held; the same plan on a second run."""
+    for seed, n in ((1, 1000), (3, 1000), (0, 3000)):
+        lengths, constraints = media_mix(seed, n, WIDTH)
+        bound = _bound(lengths, constraints)
+        with monkeypatch.context() as off:
+            off.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 0)
+            greedy = pack(lengths, WIDTH, constraints=constraints).num_rows
+        plan = pack(lengths, WIDTH, constraints=constraints, seed=3)
+        assert greedy >= bound + 3 and plan.num_rows == bound, (seed, n, greedy, plan.num_rows, bound)
+        assert plan.algorithm.endswith("+swap")
+        assert_constraints_hold(plan, constraints)
+        assert sorted(plan.members.tolist()) == list(range(n))
+        again = pack(lengths, WIDTH, constraints=constraints, seed=3)
+        assert np.array_equal(plan.row_of, again.row_of) and np.array_equal(plan.members, again.members)
+
+
+def test_a_pool_of_the_rows_cuts_rows_and_keeps_the_others_as_they_were(greedy_only):
+    """A plan larger than the pool: only pool rows change (the least filled half, the other half spread over
+    the rest); every other row keeps exactly its samples."""
+    lengths, constraints = media_mix(0, 3000, WIDTH)
+    dims, caps = _dims(lengths, constraints)
+    start = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
+    row_of, rows = pooled_vector_swap(dims, caps, start.row_of, start.num_rows, _bound(lengths, constraints), 80)
+    assert rows < start.num_rows
+    _assert_plan(row_of, rows, dims, caps)
+    before = {tuple(start.row(r).tolist()) for r in range(start.num_rows)}
+    after = {tuple(np.flatnonzero(row_of == r).tolist()) for r in range(rows)}
+    assert len(before & after) >= start.num_rows - 80  # the rows outside the pool, untouched
+
+
+def test_a_plan_at_its_target_is_returned_as_it_is():
+    lengths, constraints = media_mix(1, 200, WIDTH)
+    dims, caps = _dims(lengths, constraints)
+    start = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
+    row_of, rows = vector_swap_search(dims, caps, start.row_of, start.num_rows, start.num_rows)
+    assert rows == start.num_rows and row_of is start.row_of
+
+
+def test_the_scarcest_budget_weighs_and_budgets_that_bind_together_weigh_alike():
+    caps = np.array([100, 100, 100])
+    dims = np.array([[87, 100, 99], [0, 0, 0]])  # shares 0.87, 1.0 and 0.99 of a row
+    per_row = dimension_weights(dims, caps) * caps
+    assert per_row[1] == 1.0 and per_row[0] < 1e-3 and 0.5 < per_row[2] < 1.0
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(st.integers(1, 40), st.integers(0, 30), st.integers(0, 3)), min_size=1, max_size=60),
+    st.integers(2, 8),
+)
+def test_the_search_places_every_item_once_within_every_budget(raw, cap):
+    dims = np.array([(t, p, a, 1) for t, p, a in raw], dtype=np.int64)
+    caps = np.array([40, 30, 3, cap], dtype=np.int64)
+    start = np.arange(len(dims), dtype=np.int64)  # a row per item
+    target = int(np.ceil(dims.sum(axis=0) / caps).max())
+    row_of, rows = vector_swap_search(dims, caps, start, len(dims), target)
+    assert target <= rows <= len(dims)
+    _assert_plan(row_of, rows, dims, caps)
+    pooled_row_of, pooled_rows = pooled_vector_swap(dims, caps, start, len(dims), target, 6)
+    assert pooled_rows <= len(dims)
+    _assert_plan(pooled_row_of, pooled_rows, dims, caps)
