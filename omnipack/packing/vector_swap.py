@@ -25,7 +25,10 @@ import numpy as np
 SCARCITY_POWER = 64
 MAX_ROW_ITEMS = 16  # rows with more items only take free items (no swaps)
 MAX_PAIRED_FREE = 60  # free items up to which pairs of them are offered as well
-MAX_WORK = 60_000_000  # candidate exchanges checked per search (~2-3 s); a count, so deterministic
+# Work: candidate exchanges checked, plus ROW_VISIT_WORK per row visited (its numpy calls cost as much as
+# checking ~5,000 exchanges). A count, so the plan is deterministic; MAX_WORK is ~2-3 s.
+MAX_WORK = 150_000_000
+ROW_VISIT_WORK = 5_000
 FREE_ROWS = 4  # rows freed at the start of each round
 MAX_ROUNDS = 120
 
@@ -42,11 +45,14 @@ def vector_swap_search(
     row_of: np.ndarray,
     num_rows: int,
     target: int,
-    max_rounds: int = MAX_ROUNDS,
-    max_work: int = MAX_WORK,
+    max_rounds: int | None = None,
+    max_work: int | None = None,
 ) -> tuple[np.ndarray, int]:
     """Improve a packing of items ``dims`` (int [n, K]: tokens, each budget's amount, 1 per sample) into rows
-    of ``caps`` (int [K]); ``row_of[i]`` is item i's row. Returns (row_of, rows), never more rows."""
+    of ``caps`` (int [K]); ``row_of[i]`` is item i's row. Returns (row_of, rows), never more rows. The round
+    and work limits default to MAX_ROUNDS and MAX_WORK."""
+    max_rounds = MAX_ROUNDS if max_rounds is None else max_rounds
+    max_work = MAX_WORK if max_work is None else max_work
     weights = dimension_weights(dims, caps)
     value = dims @ weights
     rows: list[list[int]] = [[] for _ in range(num_rows)]
@@ -87,7 +93,7 @@ def _exchange_pass(
         sets, sums, sum_values = offers
         members = rows[r]
         outs, out_sums = _removals(dims[members])
-        work += len(outs) * len(sets)
+        work += len(outs) * len(sets) + ROW_VISIT_WORK
         fits = np.all(sums[None, :, :] - out_sums[:, None, :] <= caps - loads[r], axis=2)
         gain = np.where(fits, sum_values[None, :] - (out_sums @ weights)[:, None], -1.0)
         o, s = divmod(int(np.argmax(gain)), len(sets))
@@ -102,17 +108,25 @@ def _exchange_pass(
     return work
 
 
+def _removal_sets(m: int) -> tuple[list[tuple[int, ...]], np.ndarray, np.ndarray]:
+    """For a row of m items: the position sets it may give up (none, one, or two of its items in rows of at
+    most MAX_ROW_ITEMS), and the pairs' positions as arrays."""
+    if m > MAX_ROW_ITEMS:
+        return [()], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    a, b = np.triu_indices(m, 1)
+    return [(), *((x,) for x in range(m)), *zip(a.tolist(), b.tolist(), strict=True)], a, b
+
+
+_REMOVAL_SETS = [_removal_sets(m) for m in range(MAX_ROW_ITEMS + 1)]  # built once: a walk visits ~10^5 rows
+
+
 def _removals(row_dims: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray]:
-    """What a row may give up (positions of its items: none, one, or two in rows of at most MAX_ROW_ITEMS)
-    and their summed sizes."""
-    m = len(row_dims)
-    outs: list[tuple[int, ...]] = [()]
-    sums = [np.zeros((1, row_dims.shape[1]), dtype=np.int64)]
-    if m <= MAX_ROW_ITEMS:
-        a, b = np.triu_indices(m, 1)
-        outs += [(x,) for x in range(m)] + list(zip(a.tolist(), b.tolist(), strict=True))
-        sums += [row_dims, row_dims[a] + row_dims[b]]
-    return outs, np.concatenate(sums)
+    """What a row may give up (``_removal_sets``) and their summed sizes."""
+    m, k = row_dims.shape
+    if m > MAX_ROW_ITEMS:
+        return [()], np.zeros((1, k), dtype=np.int64)
+    outs, a, b = _REMOVAL_SETS[m]
+    return outs, np.concatenate([np.zeros((1, k), dtype=np.int64), row_dims, row_dims[a] + row_dims[b]])
 
 
 def _offers(dims: np.ndarray, free: list[int]) -> tuple[list[tuple[int, ...]], np.ndarray]:
