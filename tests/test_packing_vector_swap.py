@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from omnipack.packing import engine, pack
 from omnipack.packing.bounds import constrained_lower_bounds
-from omnipack.packing.vector_swap import dimension_weights, pooled_vector_swap, vector_swap_search
+from omnipack.packing.constraints import PackConstraints
+from omnipack.packing.vector_swap import (
+    _rows_to_free,
+    dimension_weights,
+    pooled_vector_swap,
+    vector_swap_search,
+)
 
 from .test_packing import assert_constraints_hold, media_mix
 from .test_packing_bounds_refill import SETTINGS
@@ -73,12 +79,28 @@ def test_a_pool_of_the_rows_cuts_rows_and_keeps_the_others_as_they_were(greedy_o
     assert len(before & after) >= start.num_rows - 80  # the rows outside the pool, untouched
 
 
-def test_a_plan_at_its_target_is_returned_as_it_is():
-    lengths, constraints = media_mix(1, 200, WIDTH)
-    dims, caps = _dims(lengths, constraints)
-    start = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
-    row_of, rows = vector_swap_search(dims, caps, start.row_of, start.num_rows, start.num_rows)
-    assert rows == start.num_rows and row_of is start.row_of
+def test_freed_rows_are_the_least_filled_and_one_other_that_changes_every_round():
+    fills = np.array([0.9, 0.2, 0.95, 0.1, 0.5, 0.8, 0.3, 0.99])
+    rounds = [_rows_to_free(fills, r) for r in range(5)]
+    assert all(freed[:3] == [3, 1, 6] for freed in rounds)  # the three least filled, in order
+    others = {freed[3] for freed in rounds}
+    assert len(others) == 5 and others == {0, 2, 4, 5, 7}  # the fourth walks through all the others
+    assert _rows_to_free(np.array([0.5, 0.1, 0.9]), 0) == [1, 0]  # a few rows: all but the fullest
+
+
+def test_a_budget_nothing_uses_and_a_sample_cap_alone_pack_above_the_bound():
+    """A budget of 0 (every amount 0: ``validate`` allows it) is a dimension nothing uses: the bound and the
+    search leave it out (they divided by it) and end at the bound, as without it. A sample cap with no budget:
+    the balanced fill, which levels budgets' shares, is not tried (it failed on the empty shares)."""
+    lengths, constraints = media_mix(1, 1000, WIDTH)
+    unused = {**constraints.resources, "unused": (np.zeros(len(lengths), dtype=np.int64), 0)}
+    with_unused = pack(lengths, WIDTH, constraints=PackConstraints(64, unused), seed=1)
+    plain = pack(lengths, WIDTH, constraints=constraints, seed=1)
+    assert with_unused.num_rows == plain.num_rows == _bound(lengths, constraints)
+    assert_constraints_hold(with_unused, PackConstraints(64, unused))
+    capped = np.random.default_rng(65).integers(1, 1025, 108)
+    plan = pack(capped, 1024, constraints=PackConstraints(max_samples_per_row=4))
+    assert plan.samples_per_row().max() <= 4 and np.bincount(plan.row_of, weights=capped).max() <= 1024
 
 
 def test_the_scarcest_budget_weighs_and_budgets_that_bind_together_weigh_alike():
@@ -93,14 +115,31 @@ def test_the_scarcest_budget_weighs_and_budgets_that_bind_together_weigh_alike()
     st.lists(st.tuples(st.integers(1, 40), st.integers(0, 30), st.integers(0, 3)), min_size=1, max_size=60),
     st.integers(2, 8),
 )
-def test_the_search_places_every_item_once_within_every_budget(raw, cap):
+def test_the_search_places_every_item_once_within_every_budget_and_never_adds_rows(raw, cap):
     dims = np.array([(t, p, a, 1) for t, p, a in raw], dtype=np.int64)
     caps = np.array([40, 30, 3, cap], dtype=np.int64)
-    start = np.arange(len(dims), dtype=np.int64)  # a row per item
     target = int(np.ceil(dims.sum(axis=0) / caps).max())
-    row_of, rows = vector_swap_search(dims, caps, start, len(dims), target)
+    one_each = np.arange(len(dims), dtype=np.int64)  # a row per item
+    row_of, rows = vector_swap_search(dims, caps, one_each, len(dims), target)
     assert target <= rows <= len(dims)
     _assert_plan(row_of, rows, dims, caps)
-    pooled_row_of, pooled_rows = pooled_vector_swap(dims, caps, start, len(dims), target, 6)
-    assert pooled_rows <= len(dims)
-    _assert_plan(pooled_row_of, pooled_rows, dims, caps)
+    start = _first_fit_plan(dims, caps)  # a plan the rounds may not beat: the best one is returned
+    start_rows = int(start.max()) + 1
+    for row_of, rows in (
+        vector_swap_search(dims, caps, start, start_rows, target),
+        pooled_vector_swap(dims, caps, start, start_rows, target, 6),
+    ):
+        assert target <= rows <= start_rows
+        _assert_plan(row_of, rows, dims, caps)
+
+
+def _first_fit_plan(dims: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    loads: list[np.ndarray] = []
+    row_of = np.empty(len(dims), dtype=np.int32)
+    for i, d in enumerate(dims):
+        r = next((r for r, load in enumerate(loads) if (load + d <= caps).all()), len(loads))
+        if r == len(loads):
+            loads.append(np.zeros_like(d))
+        loads[r] += d
+        row_of[i] = r
+    return row_of

@@ -43,7 +43,7 @@ LP_MANY_CLASSES_GAP = 0.001
 # distinct item vector, which on media sets is every item; 2-10 s at 200-300 samples, see benchmarks/README.md).
 CONSTRAINED_LP_MAX_SAMPLES = 300
 # Rows up to which a constrained plan above the vector bound gets the swap search whole; a larger plan gets it
-# on this many of its least filled rows (``vector_swap.pooled_vector_swap``; its work is a count, ~2-5 s).
+# on a pool of this many of its rows (``vector_swap.pooled_vector_swap``; its work is a count, ~1-3 s).
 # 0 turns the step off.
 VECTOR_SWAP_POOL_ROWS = 2500
 # Plans up to this many samples still above the bound after the slack-row refill first ask the pattern LP for
@@ -273,9 +273,10 @@ def _assign_constrained(
         return row_of, num_rows, name
     bound = _constrained_bound(lengths, capacity, constraints)
     if num_rows > bound and len(lengths) <= SECOND_ORDER_MAX:
-        row_of, num_rows, name = _other_constrained_packers(lengths, capacity, constraints, (row_of, num_rows, name))
+        plan = _other_constrained_packers(lengths, capacity, constraints, (row_of, num_rows, name), bound)
+        row_of, num_rows, name = plan
     if num_rows > bound and VECTOR_SWAP_POOL_ROWS:
-        # The greedy packers leave rows short in the scarcest budget: exchanges between rows (every budget kept).
+        # The greedy packers leave rows short in the scarcest budget: exchanges between rows, budgets kept.
         dims, caps = _constrained_dims(lengths, capacity, constraints)
         swapped = pooled_vector_swap(dims, caps, row_of, num_rows, bound, VECTOR_SWAP_POOL_ROWS)
         if swapped[1] < num_rows:
@@ -289,21 +290,26 @@ def _assign_constrained(
 
 
 def _other_constrained_packers(
-    lengths: np.ndarray, capacity: int, constraints: PackConstraints, plan: tuple[np.ndarray, int, str]
+    lengths: np.ndarray,
+    capacity: int,
+    constraints: PackConstraints,
+    plan: tuple[np.ndarray, int, str],
+    bound: int,
 ) -> tuple[np.ndarray, int, str]:
     """The plan with the fewest rows of ``plan`` and the other constrained packers: the other item order, the
-    balanced fill where the amounts take few vectors, the exact BFD on small plans."""
+    balanced fill where the amounts take few vectors, the exact BFD on small plans (each only while the best
+    so far is above ``bound``)."""
     row_of, num_rows, name = plan
     # Neither item order wins everywhere (weighted shares: omni mixes; plain sums: image-text).
     plain_row_of, plain_rows = constrained_pack(lengths, capacity, constraints, weigh_by_demand=False)
     if plain_rows < num_rows:
         row_of, num_rows = plain_row_of, plain_rows
-    if fits_balanced_fill(constraints, len(lengths)):
+    if num_rows > bound and fits_balanced_fill(constraints, len(lengths)):
         # Budgets that bind together: a row-by-row fill that keeps every dimension level.
         filled = balanced_fill(lengths, capacity, constraints)
         if filled is not None and filled[1] < num_rows:
             row_of, num_rows, name = filled[0], filled[1], "balanced-fill+constraints"
-    if len(lengths) <= EXACT_CONSTRAINED_MAX:
+    if num_rows > bound and len(lengths) <= EXACT_CONSTRAINED_MAX:
         # The fast packer only looks at the front row of each space bucket and can open needless rows
         # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
         exact_row_of, exact_rows = constrained_bfd(lengths, capacity, constraints)
@@ -312,17 +318,27 @@ def _other_constrained_packers(
     return row_of, num_rows, name
 
 
-def _constrained_dims(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> tuple[np.ndarray, np.ndarray]:
+def _live_amounts(constraints: PackConstraints, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The resource amounts [n, K] and budgets [K] without budgets of 0 (``validate`` lets one through when
+    every amount is 0: a dimension nothing uses, which the bounds and the swap search would divide by)."""
+    amounts, budgets = constraints.amounts_matrix(n)
+    live = budgets > 0
+    return (amounts, budgets) if live.all() else (amounts[:, live], budgets[live])
+
+
+def _constrained_dims(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints
+) -> tuple[np.ndarray, np.ndarray]:
     """Every item's sizes (tokens, each budget's amount, 1 for the sample cap) and the row's caps."""
     n = len(lengths)
-    amounts, budgets = constraints.amounts_matrix(n)
+    amounts, budgets = _live_amounts(constraints, n)
     cap = constraints.max_samples_per_row or n
     dims = np.column_stack([np.asarray(lengths, dtype=np.int64), amounts, np.ones(n, dtype=np.int64)])
     return dims, np.concatenate([[int(capacity)], budgets, [int(cap)]]).astype(np.int64)
 
 
 def _constrained_bound(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> int:
-    amounts, budgets = constraints.amounts_matrix(len(lengths))
+    amounts, budgets = _live_amounts(constraints, len(lengths))
     return constrained_lower_bounds(lengths, capacity, amounts, budgets, constraints.max_samples_per_row)[
         "best"
     ]
@@ -448,10 +464,12 @@ def pack(
     (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
     each block of N consecutive samples separately (bounded memory; rows never span blocks).
     ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
-    constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says; above
-    the vector bound (up to SECOND_ORDER_MAX samples) the row-by-row ``balanced_fill`` is tried as well
-    when the resource amounts take few distinct values (media counts), and up to CONSTRAINED_LP_MAX_SAMPLES
-    samples the vector pattern LP (``vector_patterns``, with ``highspy``); the plan with fewer rows wins.
+    constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says. Above
+    the vector bound: up to SECOND_ORDER_MAX samples the other item order, the row-by-row ``balanced_fill``
+    when the resource amounts take few distinct values (media counts) and the exact BFD on small plans; at
+    any size the swap search (``vector_swap``, on a pool of VECTOR_SWAP_POOL_ROWS rows of a larger plan);
+    up to CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``).
+    The plan with fewer rows wins.
     ``balance`` evens out per-row attention cost (sum of squared
     lengths) with at most +0.1% rows.
     Rows are shuffled with ``seed`` unless ``shuffle=False``; results are deterministic.

@@ -34,15 +34,17 @@ BALANCE_TOLERANCE = 0.02  # spreads of the remaining shares below this count as 
 
 
 def fits_balanced_fill(constraints: PackConstraints, num_samples: int) -> bool:
-    """Whether the resource amounts take at most MAX_AMOUNT_VECTORS distinct vectors (cheap pre-check)."""
+    """Whether there are resource budgets (a sample cap alone has no shares to level) and their amounts take
+    at most MAX_AMOUNT_VECTORS distinct vectors (cheap pre-check)."""
     amounts, _ = constraints.amounts_matrix(num_samples)
-    return len(np.unique(amounts, axis=0)) <= MAX_AMOUNT_VECTORS
+    return bool(constraints.resources) and len(np.unique(amounts, axis=0)) <= MAX_AMOUNT_VECTORS
 
 
 def balanced_fill(
     lengths: np.ndarray, capacity: int, constraints: PackConstraints
 ) -> tuple[np.ndarray, int] | None:
-    """Return ``(row_of, num_rows)``, or None when the amounts take more than MAX_AMOUNT_VECTORS vectors.
+    """Return ``(row_of, num_rows)``, or None when the amounts take more than MAX_AMOUNT_VECTORS vectors or
+    there is no resource budget (``fits_balanced_fill``).
 
     Deterministic: ties go to the lower group (amount vectors in ascending order), the shorter candidate
     length, and among equal items to the lower sample index. Every budget and the sample cap hold exactly.
@@ -51,7 +53,7 @@ def balanced_fill(
     amounts, budgets = constraints.amounts_matrix(n)
     vectors, group_of = np.unique(amounts, axis=0, return_inverse=True)
     group_of = group_of.reshape(-1)
-    if len(vectors) > MAX_AMOUNT_VECTORS:
+    if len(vectors) > MAX_AMOUNT_VECTORS or not constraints.resources:
         return None
     max_samples = constraints.max_samples_per_row or n + 1
     budget_list = [int(b) for b in budgets]

@@ -3,9 +3,10 @@
 The search of ``swap.py`` (Levine and Ducatelle), with every budget checked: it frees the least filled
 rows, walks every other row and exchanges up to two of its items for up to two free items whenever that
 fills the row more while every budget of the row still holds (so the free items get smaller), then places
-the free items first fit, largest first, into the rows' room and new rows. A round keeps the plan when it
-has no more rows; the search stops at the target, on its work budget, or when a round ends
-``free_rows`` rows above the best plan.
+the free items first fit, largest first, into the rows' room and new rows. The plan with the fewest rows
+over the rounds is returned; the search stops at the target, after MAX_ROUNDS rounds, or once its work
+passes MAX_WORK (checked between rounds). Each round starts from the last one's plan, which may be a row
+or so above the best: that lets it leave a local optimum.
 
 "Filled" is measured by the scarcest budget. A dimension's weight is its total demand over its budget (its
 share), raised to the power SCARCITY_POWER relative to the largest share: the budget that binds decides, the
@@ -85,8 +86,8 @@ def _rows_to_free(fills: np.ndarray, round_: int) -> list[int]:
     samples (bench_packing's mixes) the plans end 103 rows over their vector bounds in all, against 110 with
     the least filled rows alone."""
     order = np.lexsort((np.arange(len(fills)), fills))
-    if len(order) <= FREE_ROWS:
-        return order.tolist()
+    if len(order) <= FREE_ROWS:  # a few rows: free all but the fullest, which the exchanges then walk
+        return order[:-1].tolist()
     others = len(order) - (FREE_ROWS - 1)
     return [*order[: FREE_ROWS - 1].tolist(), int(order[FREE_ROWS - 1 + (round_ * ROTATION_STRIDE) % others])]
 
