@@ -143,3 +143,18 @@ def _first_fit_plan(dims: np.ndarray, caps: np.ndarray) -> np.ndarray:
         loads[r] += d
         row_of[i] = r
     return row_of
+
+
+def test_a_plan_larger_than_the_pool_gets_pools_one_after_another(monkeypatch):
+    """Above VECTOR_SWAP_POOL_ROWS rows each pass searches the rows least filled after the last one: more
+    passes, fewer rows (the same plan on every run)."""
+    lengths, constraints = media_mix(0, 3000, WIDTH)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
+    rows = {}
+    for passes in (1, 2, 6):
+        monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", passes)
+        plan = pack(lengths, WIDTH, constraints=constraints)
+        assert_constraints_hold(plan, constraints)
+        rows[passes] = plan.num_rows
+    assert rows[6] < rows[2] < rows[1], rows
+    assert rows[6] >= _bound(lengths, constraints)
