@@ -1,7 +1,7 @@
 """Swap local search for rows under several budgets (vector bin packing).
 
-The search of ``swap.py`` (Levine and Ducatelle), with every budget checked: it frees the least filled
-rows, walks every other row and exchanges up to two of its items for up to two free items whenever that
+The search of ``swap.py`` (Levine and Ducatelle), with every budget checked: it frees a few rows (the least
+filled, and one more that changes every round), walks every other row and exchanges up to two of its items for up to two free items whenever that
 fills the row more while every budget of the row still holds (so the free items get smaller), then places
 the free items first fit, largest first, into the rows' room and new rows. The plan with the fewest rows
 over the rounds is returned; the search stops at the target, after MAX_ROUNDS rounds, or once its work
@@ -16,7 +16,8 @@ the tokens have ~13% to spare: plans of 2,000 samples 1-4 rows over the vector b
 (benchmarks/README.md), where a weighting that counts the token fill too (powers 2-4) leaves them 1-2 over.
 
 Works row by row in Python with numpy per row, so it runs on small plans whole and on large plans over a pool
-of their least filled rows (``pooled_vector_swap``). Limits are counts, so the plan is deterministic.
+of their rows (``pooled_vector_swap``; the engine runs pools one after another). Limits are counts, so the
+plan is deterministic.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ SCARCITY_POWER = 64
 MAX_ROW_ITEMS = 16  # rows with more items only take free items (no swaps)
 MAX_PAIRED_FREE = 60  # free items up to which pairs of them are offered as well
 # Work: candidate exchanges checked, plus ROW_VISIT_WORK per row visited (its numpy calls cost as much as
-# checking ~5,000 exchanges). A count, so the plan is deterministic; MAX_WORK is ~2-3 s.
+# checking ~5,000 exchanges). A count, so the plan is deterministic; MAX_WORK is ~1-3 s.
 MAX_WORK = 150_000_000
 ROW_VISIT_WORK = 5_000
 FREE_ROWS = 4  # rows freed at the start of each round
@@ -187,8 +188,7 @@ def pooled_vector_swap(
     bound, or its rows less the plan's excess over ``target``. Returns (row_of, rows), never more rows."""
     if num_rows <= pool_rows:
         return vector_swap_search(dims, caps, row_of, num_rows, target)
-    loads = np.zeros((num_rows, dims.shape[1]), dtype=np.int64)
-    np.add.at(loads, row_of, dims)
+    loads = np.stack([np.bincount(row_of, weights=d, minlength=num_rows) for d in dims.T], axis=1)
     by_fill = np.lexsort((np.arange(num_rows), loads @ dimension_weights(dims, caps)))
     rest = by_fill[pool_rows // 2 :]
     spread = rest[np.linspace(0, len(rest) - 1, pool_rows - pool_rows // 2).round().astype(np.int64)]
