@@ -88,16 +88,20 @@ def test_freed_rows_are_the_least_filled_and_one_other_that_changes_every_round(
     assert _rows_to_free(np.array([0.5, 0.1, 0.9]), 0) == [1, 0]  # a few rows: all but the fullest
 
 
-def test_a_budget_nothing_uses_and_a_sample_cap_alone_pack_above_the_bound():
-    """A budget of 0 (every amount 0: ``validate`` allows it) is a dimension nothing uses: the bound and the
-    search leave it out (they divided by it) and end at the bound, as without it. A sample cap with no budget:
-    the balanced fill, which levels budgets' shares, is not tried (it failed on the empty shares)."""
-    lengths, constraints = media_mix(1, 1000, WIDTH)
-    unused = {**constraints.resources, "unused": (np.zeros(len(lengths), dtype=np.int64), 0)}
-    with_unused = pack(lengths, WIDTH, constraints=PackConstraints(64, unused), seed=1)
-    plain = pack(lengths, WIDTH, constraints=constraints, seed=1)
-    assert with_unused.num_rows == plain.num_rows == _bound(lengths, constraints)
-    assert_constraints_hold(with_unused, PackConstraints(64, unused))
+def test_a_budget_nothing_uses_and_a_sample_cap_alone_pack_above_the_bound(monkeypatch):
+    """A budget of 0 (every amount 0: ``validate`` allows it) is a dimension nothing uses: ``pack`` leaves it
+    out (the bounds, the swap search and the vector pattern LP divided by it) and gives the plan without it.
+    A sample cap with no budget: the balanced fill, which levels budgets' shares, is not tried (it failed on
+    the empty shares)."""
+    for seed, n, pool_rows in ((1, 1000, 2500), (0, 150, 0)):  # the swap search; the LP step (swap off)
+        monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", pool_rows)
+        lengths, constraints = media_mix(seed, n, WIDTH)
+        unused = {**constraints.resources, "unused": (np.zeros(n, dtype=np.int64), 0)}
+        with_unused = pack(lengths, WIDTH, constraints=PackConstraints(64, unused), seed=1)
+        plain = pack(lengths, WIDTH, constraints=constraints, seed=1)
+        assert np.array_equal(with_unused.row_of, plain.row_of) and with_unused.algorithm == plain.algorithm
+        assert with_unused.algorithm.endswith("+swap" if pool_rows else "lp-patterns+constraints")
+        assert_constraints_hold(with_unused, PackConstraints(64, unused))
     capped = np.random.default_rng(65).integers(1, 1025, 108)
     plan = pack(capped, 1024, constraints=PackConstraints(max_samples_per_row=4))
     assert plan.samples_per_row().max() <= 4 and np.bincount(plan.row_of, weights=capped).max() <= 1024

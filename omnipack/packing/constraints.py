@@ -32,6 +32,12 @@ class PackConstraints:
     def is_empty(self) -> bool:
         return self.max_samples_per_row is None and not self.resources
 
+    def without_unused_budgets(self) -> PackConstraints:
+        """These constraints without budgets of 0: ``validate`` lets one through only when every amount is 0,
+        a dimension nothing uses, and the bounds and the row-cutting steps divide by budgets."""
+        used = {name: (a, b) for name, (a, b) in self.resources.items() if b > 0}
+        return self if len(used) == len(self.resources) else PackConstraints(self.max_samples_per_row, used)
+
     def validate(self, num_samples: int) -> None:
         """Raise ValueError for malformed constraints or a sample that alone breaks a budget."""
         if self.max_samples_per_row is not None and self.max_samples_per_row < 1:

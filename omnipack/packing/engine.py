@@ -341,27 +341,19 @@ def _other_constrained_packers(
     return row_of, num_rows, name
 
 
-def _live_amounts(constraints: PackConstraints, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The resource amounts [n, K] and budgets [K] without budgets of 0 (``validate`` lets one through when
-    every amount is 0: a dimension nothing uses, which the bounds and the swap search would divide by)."""
-    amounts, budgets = constraints.amounts_matrix(n)
-    live = budgets > 0
-    return (amounts, budgets) if live.all() else (amounts[:, live], budgets[live])
-
-
 def _constrained_dims(
     lengths: np.ndarray, capacity: int, constraints: PackConstraints
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every item's sizes (tokens, each budget's amount, 1 for the sample cap) and the row's caps."""
     n = len(lengths)
-    amounts, budgets = _live_amounts(constraints, n)
+    amounts, budgets = constraints.amounts_matrix(n)
     cap = constraints.max_samples_per_row or n
     dims = np.column_stack([np.asarray(lengths, dtype=np.int64), amounts, np.ones(n, dtype=np.int64)])
     return dims, np.concatenate([[int(capacity)], budgets, [int(cap)]]).astype(np.int64)
 
 
 def _constrained_bound(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> int:
-    amounts, budgets = _live_amounts(constraints, len(lengths))
+    amounts, budgets = constraints.amounts_matrix(len(lengths))
     return constrained_lower_bounds(lengths, capacity, amounts, budgets, constraints.max_samples_per_row)[
         "best"
     ]
@@ -504,6 +496,7 @@ def pack(
         raise ValueError(f"window must be >= 1, got {window}")
     if constraints is not None:
         constraints.validate(len(lengths))
+        constraints = constraints.without_unused_budgets()
         if constraints.is_empty:
             constraints = None
     n = len(lengths)
