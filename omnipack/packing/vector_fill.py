@@ -49,11 +49,13 @@ def balanced_fill(
     Deterministic: ties go to the lower group (amount vectors in ascending order), the shorter candidate
     length, and among equal items to the lower sample index. Every budget and the sample cap hold exactly.
     """
+    if not constraints.resources:
+        return None
     n = len(lengths)
     amounts, budgets = constraints.amounts_matrix(n)
     vectors, group_of = np.unique(amounts, axis=0, return_inverse=True)
     group_of = group_of.reshape(-1)
-    if len(vectors) > MAX_AMOUNT_VECTORS or not constraints.resources:
+    if len(vectors) > MAX_AMOUNT_VECTORS:
         return None
     max_samples = constraints.max_samples_per_row or n + 1
     budget_list = [int(b) for b in budgets]

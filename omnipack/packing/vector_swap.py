@@ -63,16 +63,16 @@ def vector_swap_search(
         rows[int(row_of[i])].append(i)
     best_rows, best_row_of = num_rows, row_of
     work = 0
+    loads = np.array([dims[r].sum(axis=0) for r in rows], dtype=np.int64)  # kept up to date by every move
     for round_ in range(max_rounds):
         if work > max_work or len(rows) <= target:
             break
-        loads = np.array([dims[r].sum(axis=0) for r in rows], dtype=np.int64)
         freed = _rows_to_free(loads @ weights, round_)
         free = [i for r in freed for i in rows[r]]
-        kept = [k for k in range(len(rows)) if k not in set(freed)]
+        kept = sorted(set(range(len(rows))).difference(freed))
         rows, loads = [rows[k] for k in kept], loads[kept]
         work += _exchange_pass(rows, loads, free, dims, caps, weights)
-        _first_fit(rows, loads, free, dims, caps, value)
+        loads = _first_fit(rows, loads, free, dims, caps, value)
         if len(rows) < best_rows:
             best_rows = len(rows)
             best_row_of = np.empty(len(dims), dtype=np.int64)
@@ -158,9 +158,9 @@ def _offers(dims: np.ndarray, free: list[int]) -> tuple[list[tuple[int, ...]], n
 
 def _first_fit(
     rows: list[list[int]], loads: np.ndarray, free: list[int], dims: np.ndarray, caps: np.ndarray, value: np.ndarray
-) -> None:
+) -> np.ndarray:
     """Place the free items, largest value first, into the first row with room in every budget; new rows for
-    the rest (``rows`` grows; ``loads`` is not kept up to date past this call)."""
+    the rest (``rows`` grows). Returns every row's load, the new rows' included."""
     added: list[np.ndarray] = []
     for i in sorted(free, key=lambda i: (-value[i], i)):
         fit = np.flatnonzero(np.all(loads + dims[i] <= caps, axis=1))
@@ -177,6 +177,7 @@ def _first_fit(
             rows.append([i])
             added.append(dims[i].copy())
     free.clear()
+    return np.concatenate([loads, np.array(added, dtype=np.int64).reshape(-1, loads.shape[1])])
 
 
 def pooled_vector_swap(
