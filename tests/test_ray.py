@@ -386,12 +386,24 @@ def test_a_cluster_of_its_own_gives_the_actors_the_import_path_and_ends_without_
       run at the driver's priority;
     - ``ray.shutdown`` gives each of the cluster's processes a second to exit on SIGTERM, one after another, and
       the autoscaler monitor never exits in it: the executor ends the monitor first (every run saved 1 s of a
-      ~8 s run), and after the close none of the cluster's processes is left."""
-    from ray._private import ray_constants
+      ~8 s run), and after the close none of the cluster's processes is left;
+    - ``ray.init`` looks the new node up only once its raylet has registered (Ray's own lookup sleeps a whole
+      second when it is early), and Ray's lookup is its own again after the start."""
+    from ray._private import ray_constants, services
 
+    import omnipack.executors.ray as ray_executor
     from omnipack.executors.ray import RayExecutor
 
     ray.shutdown()
+    get_node = services.get_node
+    node_registered = ray_executor._node_registered
+    registered: list[bool] = []
+
+    def observed_node_registered(*args):
+        registered.append(node_registered(*args))
+        return registered[-1]
+
+    monkeypatch.setattr(ray_executor, "_node_registered", observed_node_registered)
     # the import path the driver runs with (a checkout on PYTHONPATH, as a developer's), which actors inherit
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
     shutdown = ray.shutdown
@@ -412,8 +424,12 @@ def test_a_cluster_of_its_own_gives_the_actors_the_import_path_and_ends_without_
             assert ex.workers == 1 and ray.cluster_resources()["CPU"] == 1
             seen = {(path, "env_vars" in env) for path, env in ex.map(import_path_and_env, None, [0, 1, 2, 3])}
             niceness = set(ex.map(niceness_of, None, [0, 1]))
+            gcs, node_id = ray.get_runtime_context().gcs_address, ray.get_runtime_context().get_node_id()
+            # a node that never registers: the wait gives up at its timeout (Ray's own wait then takes over)
+            assert not node_registered(gcs, "ff" * 28, 0.1) and node_registered(gcs, node_id, 0.1)
     finally:
         shutdown()
+    assert registered == [True] and services.get_node is get_node
     assert seen == {(os.environ["PYTHONPATH"], False)}
     # the actors run at the driver's priority (Ray's default would be nice 15: starved by any other work)
     assert niceness == {os.nice(0)}
