@@ -55,9 +55,17 @@ def niceness_of(spec, unit, context):
     return os.nice(0)
 
 
-def slow_first(spec, unit, context):
-    if unit == 0:
-        time.sleep(3)
+def last_to_finish(marker_dir, unit, context):
+    """Unit 0 finishes only after every other unit has (each leaves a file in ``marker_dir``: the units run in
+    actors, other processes); a failure, not a hang, if they never do."""
+    folder = Path(marker_dir)
+    if unit != 0:
+        (folder / f"done-{unit}").touch()
+        return unit
+    deadline = time.monotonic() + 60
+    while len(list(folder.glob("done-*"))) < 4:
+        assert time.monotonic() < deadline, "the other units did not finish while unit 0 ran"
+        time.sleep(0.02)
     return unit
 
 
@@ -191,8 +199,9 @@ def test_a_unit_that_kills_every_worker_it_runs_on_fails_the_run_by_name(local_r
         list(ex.map(unit_1_kills_its_worker, None, list(range(4))))
 
 
-def test_a_stage_counts_units_as_they_finish_and_keeps_their_order(local_ray):
-    """Unit 0 is slow: the bar counts units 1-4 while it runs (not after it), records stay in unit order."""
+def test_a_stage_counts_units_as_they_finish_and_keeps_their_order(local_ray, tmp_path):
+    """Unit 0 ends last (it waits for units 1-4): the bar counts units 1-4 while it runs (not after it), records
+    stay in unit order."""
     from omnipack.executors.ray import RayExecutor
     from omnipack.pipeline import _run_units
     from omnipack.progress import StageProgress
@@ -204,9 +213,11 @@ def test_a_stage_counts_units_as_they_finish_and_keeps_their_order(local_ray):
         finished: list[int] = []
         finish = bar.finish
         bar.finish = lambda unit: (finished.append(unit), finish(unit))
-        assert _run_units(ex, slow_first, None, units, bar) == units
+        first, second = tmp_path / "first", tmp_path / "second"
+        first.mkdir(), second.mkdir()
+        assert _run_units(ex, last_to_finish, str(first), units, bar) == units
         assert sorted(finished) == units and finished[-1] == 0 and bar.count == 5
-        assert list(ex.map(slow_first, None, units)) == units
+        assert list(ex.map(last_to_finish, str(second), units)) == units
 
 
 def test_more_workers_than_cpus_are_capped_with_a_warning(
@@ -227,11 +238,20 @@ def test_a_worker_the_cluster_cannot_place_holds_no_unit(local_ray, monkeypatch,
     import omnipack.executors.ray as ray_executor
 
     monkeypatch.setattr(ray_executor, "STALL_S", 1.0)
+    warn, warned = ray_executor._warn, threading.Event()
+
+    def observed_warn(message: str) -> None:
+        warn(message)
+        if message.startswith("no worker placed"):
+            warned.set()
+
+    monkeypatch.setattr(ray_executor, "_warn", observed_warn)
     holders = [CpuHolder.remote() for _ in range(2)]
     ray.get([h.ping.remote() for h in holders])
     try:
         with ray_executor.RayExecutor(workers=2) as ex:
-            killer = threading.Timer(3.0, ray.kill, args=(holders[0],))
+            # a CPU comes free once the run has said that it waits for one
+            killer = threading.Thread(target=lambda: warned.wait(60) and ray.kill(holders[0]), daemon=True)
             killer.start()
             pids = finishes_within(180, lambda: list(ex.map(pid_of, None, list(range(6)))))
             killer.join()
@@ -352,11 +372,11 @@ def test_a_run_starts_its_cluster_while_the_driver_splits_the_input(
 
     ray.shutdown()  # the module's one-node Ray (if it ran): this run starts its own cluster
     ray_init = ray.init
-    init_called = threading.Event()
+    init_called, split_started = threading.Event(), threading.Event()
 
-    def slow_init(*args, **kwargs):  # a cluster slower to start than the split
+    def slow_init(*args, **kwargs):  # a cluster slower to start than the split: it starts once the split has
         init_called.set()
-        time.sleep(3)
+        split_started.wait(60)
         return ray_init(*args, **kwargs)
 
     build_spec = pipeline.build_spec
@@ -364,6 +384,7 @@ def test_a_run_starts_its_cluster_while_the_driver_splits_the_input(
 
     def split(cfg):
         starting_at_split.append(init_called.wait(10) and not ray.is_initialized())
+        split_started.set()
         return build_spec(cfg)
 
     monkeypatch.setattr(ray, "init", slow_init)
