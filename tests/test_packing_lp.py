@@ -300,8 +300,11 @@ def test_without_highspy_the_greedy_plan_stays(monkeypatch):
 
 
 @pytest.fixture
-def no_vector_swap(monkeypatch):
+def lp_step_alone(monkeypatch):
+    """The steps before the vector pattern LP that reach the bound on these sets first, off: the swap search
+    and the greedy start by the scarcest budget."""
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 0)
+    monkeypatch.setattr(engine, "scarcest_first_pack", lambda *args: None)
 
 
 def _assert_within_every_budget(plan, lengths: np.ndarray, constraints, capacity: int) -> None:
@@ -310,7 +313,7 @@ def _assert_within_every_budget(plan, lengths: np.ndarray, constraints, capacity
     assert sorted(plan.members.tolist()) == list(range(len(lengths)))
 
 
-def test_vector_lp_step_reaches_the_vector_bound_where_the_greedy_packers_stop_above_it(monkeypatch, no_vector_swap):
+def test_vector_lp_step_reaches_the_vector_bound_where_the_greedy_packers_stop_above_it(monkeypatch, lp_step_alone):
     pytest.importorskip("highspy")
     lengths, constraints = media_mix(7, 60, 16384)
     amounts, budgets = constraints.amounts_matrix(len(lengths))
@@ -325,7 +328,7 @@ def test_vector_lp_step_reaches_the_vector_bound_where_the_greedy_packers_stop_a
 
 
 @pytest.mark.parametrize(("seed", "n"), [(1, 100), (2, 150)])
-def test_vector_lp_step_gives_the_same_plan_on_every_run_within_every_budget(seed, n, no_vector_swap):
+def test_vector_lp_step_gives_the_same_plan_on_every_run_within_every_budget(seed, n, lp_step_alone):
     pytest.importorskip("highspy")
     lengths, constraints = media_mix(seed, n, 16384)
     first = pack(lengths, 16384, constraints=constraints, seed=5)
@@ -335,7 +338,7 @@ def test_vector_lp_step_gives_the_same_plan_on_every_run_within_every_budget(see
     _assert_within_every_budget(first, lengths, constraints, 16384)
 
 
-def test_vector_lp_step_without_highspy_keeps_the_greedy_plan(monkeypatch, no_vector_swap):
+def test_vector_lp_step_without_highspy_keeps_the_greedy_plan(monkeypatch, lp_step_alone):
     lengths, constraints = media_mix(7, 60, 16384)
     start = constrained_bfd(lengths, 16384, constraints)
     monkeypatch.setitem(sys.modules, "highspy", None)

@@ -1,0 +1,88 @@
+"""The greedy start that buckets rows by the scarcest budget (``constraints.scarcest_first_pack``), and where
+the engine takes it: only with fewer rows than the token-space start."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from omnipack.packing import engine, pack
+from omnipack.packing.constraints import (
+    PackConstraints,
+    constrained_pack,
+    scarcest_budget,
+    scarcest_first_pack,
+)
+
+from .test_packing import assert_constraints_hold, media_mix
+
+WIDTH = 16384
+
+
+def omni_mix(seed: int, n: int) -> tuple[np.ndarray, PackConstraints]:
+    """The packing benchmark's omni mix: lognormal text (median 150); 60% with 0-4 images of 64-1280 tokens,
+    25% a video of 1k-6k tokens, 15% 2-30 s of audio at 25 frames/s; 4 vision patches per vision token.
+    The patch budget binds, the tokens' demand is ~87% of it (``media_mix``: ~91%)."""
+    rng = np.random.default_rng(seed)
+    text = np.round(rng.lognormal(np.log(150), 0.8, n)).astype(np.int64) + 1
+    images = rng.integers(0, 5, n)
+    image_tokens = np.zeros(n, dtype=np.int64)
+    for k in range(1, 5):
+        has = images >= k
+        image_tokens[has] += rng.integers(64, 1281, int(has.sum()))
+    kind = rng.choice(3, n, p=[0.6, 0.25, 0.15])
+    video = np.where(kind == 1, rng.integers(1000, 6001, n), 0)
+    frames = np.where(kind == 2, rng.integers(50, 751, n), 0)
+    vision = np.where(kind == 0, image_tokens, video)
+    real = np.minimum(text + vision + frames, WIDTH)
+    lengths = np.minimum(-(-real // 8) * 8, WIDTH)
+    resources = {
+        "media": (np.where(kind == 0, images, 1), 16),
+        "patches": (vision * 4, 3 * WIDTH),
+        "audio": (frames, 2000),
+    }
+    return lengths, PackConstraints(max_samples_per_row=64, resources=resources)
+
+
+def assert_plan_holds(row_of: np.ndarray, rows: int, lengths: np.ndarray, constraints: PackConstraints) -> None:
+    """Every item in one of ``rows`` rows, every row within the tokens, each budget and the sample cap."""
+    assert row_of.shape == lengths.shape and row_of.min() >= 0 and row_of.max() == rows - 1
+    assert np.bincount(row_of, weights=lengths).max() <= WIDTH
+    assert np.bincount(row_of).max() <= constraints.max_samples_per_row
+    for amounts, budget in constraints.resources.values():
+        assert np.bincount(row_of, weights=amounts).max() <= budget
+
+
+def test_the_scarcest_budget_is_the_one_demanded_most_and_none_where_the_tokens_lead():
+    lengths, constraints = omni_mix(0, 2000)
+    assert scarcest_budget(lengths, WIDTH, constraints) == "patches"
+    roomy = PackConstraints(64, {k: (a, b * 4) for k, (a, b) in constraints.resources.items()})
+    assert scarcest_budget(lengths, WIDTH, roomy) is None and scarcest_first_pack(lengths, WIDTH, roomy) is None
+    assert scarcest_budget(lengths, WIDTH, PackConstraints(max_samples_per_row=8)) is None
+
+
+def test_the_start_by_the_scarcest_budget_holds_every_budget_and_cuts_rows_where_that_budget_binds():
+    for seed in range(3):
+        lengths, constraints = omni_mix(seed, 5000)
+        row_of, rows = scarcest_first_pack(lengths, WIDTH, constraints)
+        assert_plan_holds(row_of, rows, lengths, constraints)
+        assert rows < constrained_pack(lengths, WIDTH, constraints)[1], seed
+
+
+def test_a_large_plan_keeps_the_start_with_fewer_rows(monkeypatch):
+    """Above SECOND_ORDER_MAX samples the engine tries the start by the scarcest budget beside the token-space
+    one and keeps the one with fewer rows: the scarcest budget's on the omni mix, the tokens' on a mix where
+    the tokens bind nearly as hard (there the other start has more rows)."""
+    monkeypatch.setattr(engine, "SECOND_ORDER_MAX", 1000)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 0)  # the starts alone
+    lengths, constraints = omni_mix(0, 5000)
+    plan = pack(lengths, WIDTH, constraints=constraints)
+    assert plan.algorithm == engine.SCARCEST_FIRST
+    assert plan.num_rows == scarcest_first_pack(lengths, WIDTH, constraints)[1]
+    assert_constraints_hold(plan, constraints)
+
+    lengths, constraints = media_mix(2, 2000, WIDTH)
+    token_rows = constrained_pack(lengths, WIDTH, constraints)[1]
+    assert scarcest_first_pack(lengths, WIDTH, constraints)[1] > token_rows
+    plan = pack(lengths, WIDTH, constraints=constraints)
+    assert (plan.algorithm, plan.num_rows) == ("bfd+constraints", token_rows)
+    assert_constraints_hold(plan, constraints)
