@@ -118,7 +118,7 @@ def measure(name, algo, row_of, num_rows, seconds, real, lengths, width, cv_base
     }
 
 
-def bench_set(name, data, width, *, peers=True, window=None, constraints=None, reference=False, balance=True):
+def bench_one_set(name, data, width, *, peers=True, window=None, constraints=None, reference=False, balance=True):
     real = data["real"]
     lengths = padded(real, width)
     results = []
@@ -290,7 +290,14 @@ def _sweep_row(name: str, ours_name: str, base_name: str, ours: list, base: list
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sets, no 10M run, 1M speed set")
+    parser.add_argument(
+        "--only", metavar="TEXT", help="only the sets whose name contains TEXT (every set is still drawn, so the "
+        "chosen ones are the full run's); no sweeps, no speed table"
+    )  # fmt: skip
     args = parser.parse_args()
+
+    def bench_set(name: str, *rest, **kwargs) -> list:
+        return bench_one_set(name, *rest, **kwargs) if not args.only or args.only in name else []
     n = 20_000 if args.quick else 50_000
     window = n // 5
     rng = np.random.default_rng(20240601)
@@ -337,6 +344,8 @@ def main() -> None:
             "text 10M W=4096", text_sft(rng, 10 * big, 4096), 4096, peers=False, window=1_000_000
         )
     print_table(results)
+    if args.only:
+        return
     seeds = range(3) if args.quick else range(6)
     sizes = (20_000,) if args.quick else (20_000, 50_000)
     print(

@@ -4,6 +4,7 @@ the engine takes it: only with fewer rows than the token-space start."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from omnipack.packing import engine, pack
 from omnipack.packing.constraints import (
@@ -44,10 +45,13 @@ def omni_mix(seed: int, n: int) -> tuple[np.ndarray, PackConstraints]:
 
 
 def assert_plan_holds(row_of: np.ndarray, rows: int, lengths: np.ndarray, constraints: PackConstraints) -> None:
-    """Every item in one of ``rows`` rows, every row within the tokens, each budget and the sample cap."""
-    assert row_of.shape == lengths.shape and row_of.min() >= 0 and row_of.max() == rows - 1
+    """Every item in one of ``rows`` rows, none empty, every row within the tokens, each budget and the
+    sample cap."""
+    assert row_of.shape == lengths.shape
+    counts = np.bincount(row_of, minlength=rows)
+    assert len(counts) == rows and counts.min() >= 1
+    assert counts.max() <= (constraints.max_samples_per_row or len(lengths))
     assert np.bincount(row_of, weights=lengths).max() <= WIDTH
-    assert np.bincount(row_of).max() <= constraints.max_samples_per_row
     for amounts, budget in constraints.resources.values():
         assert np.bincount(row_of, weights=amounts).max() <= budget
 
@@ -68,21 +72,39 @@ def test_the_start_by_the_scarcest_budget_holds_every_budget_and_cuts_rows_where
         assert rows < constrained_pack(lengths, WIDTH, constraints)[1], seed
 
 
-def test_a_large_plan_keeps_the_start_with_fewer_rows(monkeypatch):
-    """Above SECOND_ORDER_MAX samples the engine tries the start by the scarcest budget beside the token-space
-    one and keeps the one with fewer rows: the scarcest budget's on the omni mix, the tokens' on a mix where
-    the tokens bind nearly as hard (there the other start has more rows)."""
+@pytest.mark.parametrize("start_sample", [50_000, 10_000])
+def test_a_large_plan_keeps_the_start_with_fewer_rows(monkeypatch, start_sample):
+    """Above SECOND_ORDER_MAX samples the engine runs one greedy start, the one with fewer rows on an evenly
+    strided subsample (here the whole set, or every 2nd sample): the scarcest budget's on the omni mix, the
+    tokens' on a mix where the tokens bind nearly as hard (there the other start has more rows)."""
     monkeypatch.setattr(engine, "SECOND_ORDER_MAX", 1000)
+    monkeypatch.setattr(engine, "START_SAMPLE", start_sample)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 0)  # the starts alone
-    lengths, constraints = omni_mix(0, 5000)
+    lengths, constraints = omni_mix(0, 20_000)
     plan = pack(lengths, WIDTH, constraints=constraints)
     assert plan.algorithm == engine.SCARCEST_FIRST
     assert plan.num_rows == scarcest_first_pack(lengths, WIDTH, constraints)[1]
     assert_constraints_hold(plan, constraints)
 
-    lengths, constraints = media_mix(2, 2000, WIDTH)
+    lengths, constraints = media_mix(0, 20_000, WIDTH)
     token_rows = constrained_pack(lengths, WIDTH, constraints)[1]
     assert scarcest_first_pack(lengths, WIDTH, constraints)[1] > token_rows
     plan = pack(lengths, WIDTH, constraints=constraints)
     assert (plan.algorithm, plan.num_rows) == ("bfd+constraints", token_rows)
     assert_constraints_hold(plan, constraints)
+
+
+def test_every_budget_holds_whatever_the_budgets_are_named_and_on_edge_inputs():
+    """The tokens join the other budgets under a name of their own: a budget named "tokens" (or so) is still
+    checked. Samples that need none of the scarcest budget, no sample cap, a single sample."""
+    lengths = np.array([2, 2, 1, 1] * 50, dtype=np.int64)
+    patches = np.array([2, 0, 1, 1] * 50)
+    for clash in ("tokens", "tokens_"):
+        constraints = PackConstraints(None, {"patches": (patches, 2), clash: (np.array([1, 1, 0, 0] * 50), 1)})
+        assert scarcest_budget(lengths, WIDTH, constraints) == "patches"
+        assert_plan_holds(*scarcest_first_pack(lengths, WIDTH, constraints), lengths, constraints)
+        plan = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
+        assert_plan_holds(plan.row_of, plan.num_rows, lengths, constraints)
+    one = PackConstraints(3, {"patches": (np.array([5]), 5)})
+    row_of, rows = scarcest_first_pack(np.array([8]), WIDTH, one)
+    assert (row_of.tolist(), rows) == ([0], 1)

@@ -55,12 +55,15 @@ def niceness_of(spec, unit, context):
     return os.nice(0)
 
 
-def last_to_finish(marker_dir, unit, context):
-    """Unit 0 finishes only after every other unit has (each leaves a file in ``marker_dir``: the units run in
-    actors, other processes); a failure, not a hang, if they never do."""
-    folder = Path(marker_dir)
+def last_to_finish(spec, unit, context):
+    """Unit 0 returns only once ``spec = (folder, units_mark)``'s folder holds a file for each of units 1-4
+    (the units run in actors, other processes): one each of those units leaves as it ends where
+    ``units_mark``, else one the driver leaves as it counts the unit. A failure, not a hang, if they never
+    come."""
+    folder, units_mark = Path(spec[0]), spec[1]
     if unit != 0:
-        (folder / f"done-{unit}").touch()
+        if units_mark:
+            (folder / f"done-{unit}").touch()
         return unit
     deadline = time.monotonic() + 60
     while len(list(folder.glob("done-*"))) < 4:
@@ -190,6 +193,35 @@ def test_a_unit_whose_worker_dies_runs_again_on_another_worker(local_ray, tmp_pa
     assert "died running unit 2; it runs again on another worker" in capfd.readouterr().err
 
 
+def test_the_node_wait_leaves_the_start_to_ray_where_its_internals_moved(monkeypatch):
+    """No cluster: a GCS client that cannot be made ends the wait at once (Ray's own lookup then waits), and a
+    lookup called in another way than Ray 2.60's goes to Ray's function unchanged, unwaited."""
+    from ray._private import services
+
+    import omnipack.executors.ray as ray_executor
+
+    def moved(*args, **kwargs):
+        raise RuntimeError("moved")
+
+    monkeypatch.setattr(ray._raylet, "GcsClient", moved)
+    start = time.monotonic()
+    assert not ray_executor._node_registered("127.0.0.1:1", "ab", 5.0) and time.monotonic() - start < 1
+    calls: list = []
+    polled: list = []
+
+    def rays_own(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "node"
+
+    monkeypatch.setattr(services, "get_node", rays_own)
+    monkeypatch.setattr(ray_executor, "_node_registered", lambda *args: polled.append(args) or True)
+    with ray_executor._prompt_node_start():
+        assert services.get_node("addr", "ab", timeout_s=1) == "node"
+        assert services.get_node("addr", "ab") == "node"
+    assert calls == [(("addr", "ab"), {"timeout_s": 1}), (("addr", "ab"), {})]
+    assert polled == [("addr", "ab", ray_executor.REGISTRATION_WAIT_S)] and services.get_node is rays_own
+
+
 def test_a_unit_that_kills_every_worker_it_runs_on_fails_the_run_by_name(local_ray):
     """A unit that kills its worker each time (say, a sample that runs it out of memory) is tried 3 times,
     then the run fails naming it: it does not kill worker after worker for ever."""
@@ -212,12 +244,18 @@ def test_a_stage_counts_units_as_they_finish_and_keeps_their_order(local_ray, tm
         bar = StageProgress("measure", {u: 1 for u in units}, "samples", enabled=False)
         finished: list[int] = []
         finish = bar.finish
-        bar.finish = lambda unit: (finished.append(unit), finish(unit))
         first, second = tmp_path / "first", tmp_path / "second"
         first.mkdir(), second.mkdir()
-        assert _run_units(ex, last_to_finish, str(first), units, bar) == units
+
+        def counted(unit: int) -> None:  # unit 0 ends only after the bar has counted the others
+            finished.append(unit)
+            finish(unit)
+            (first / f"done-{unit}").touch()
+
+        bar.finish = counted
+        assert _run_units(ex, last_to_finish, (str(first), False), units, bar) == units
         assert sorted(finished) == units and finished[-1] == 0 and bar.count == 5
-        assert list(ex.map(last_to_finish, str(second), units)) == units
+        assert list(ex.map(last_to_finish, (str(second), True), units)) == units
 
 
 def test_more_workers_than_cpus_are_capped_with_a_warning(

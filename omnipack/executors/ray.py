@@ -36,7 +36,7 @@ except ImportError as e:  # pragma: no cover - depends on the optional extra
 UNIT_TRIES = 3  # a unit whose worker died this many times fails the run (it may be what kills them)
 STALL_S = 60.0  # no worker placed for this long while units wait: say so (and keep waiting)
 REGISTRATION_POLL_S = 0.02  # how often a starting cluster's node is looked up while its raylet registers
-REGISTRATION_WAIT_S = 30.0  # after this, Ray's own wait takes over (and its error, if the raylet never comes)
+REGISTRATION_WAIT_S = 10.0  # after this, Ray's own wait takes over (and its error, if the raylet never comes)
 
 
 def _warn(message: str) -> None:
@@ -106,7 +106,7 @@ def _node_registered(gcs_address: str, node_id: str, timeout: float) -> bool:
     try:
         client = ray._raylet.GcsClient(address=gcs_address)
         while True:
-            if any(key.hex() == node_id for key in client.get_all_node_info(timeout=5)):
+            if any(key.hex().lower() == node_id.lower() for key in client.get_all_node_info(timeout=5)):
                 return True
             if time.monotonic() >= end:
                 return False
@@ -131,9 +131,10 @@ def _prompt_node_start() -> Iterator[None]:
         yield
         return
 
-    def get_registered_node(gcs_address: str, node_id: str) -> Any:
-        _node_registered(gcs_address, node_id, REGISTRATION_WAIT_S)
-        return get_node(gcs_address, node_id)
+    def get_registered_node(*args: Any, **kwargs: Any) -> Any:
+        if len(args) == 2 and not kwargs and all(isinstance(a, str) for a in args):  # (gcs_address, node_id)
+            _node_registered(args[0], args[1], REGISTRATION_WAIT_S)
+        return get_node(*args, **kwargs)  # any other call (Ray's changed): as Ray made it
 
     services.get_node = get_registered_node
     try:

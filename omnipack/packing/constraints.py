@@ -269,9 +269,6 @@ def constrained_pack(
     return row_of, len(buckets.space)
 
 
-TOKENS_AS_BUDGET = "\0tokens"  # the token space as one budget among the others (``scarcest_first_pack``)
-
-
 def scarcest_budget(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> str | None:
     """The resource whose total demand share (its amounts' sum over its budget: its own row bound) is the
     largest, where it exceeds the tokens' (the lengths' sum over ``capacity``); else None."""
@@ -284,24 +281,27 @@ def scarcest_budget(lengths: np.ndarray, capacity: int, constraints: PackConstra
 
 
 def scarcest_first_pack(
-    lengths: np.ndarray, capacity: int, constraints: PackConstraints
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, budget_name: str | None = None
 ) -> tuple[np.ndarray, int] | None:
-    """``constrained_pack`` with the scarcest budget (``scarcest_budget``) in the token space's place: rows
-    bucketed by what is left of that budget, the tokens checked as one budget among the others. None where
-    no budget is scarcer than the tokens.
+    """``constrained_pack`` with the scarcest budget (``scarcest_budget``, or ``budget_name``) in the token
+    space's place: rows bucketed by what is left of that budget, the tokens checked as one budget among the
+    others. None where no budget is scarcer than the tokens.
 
     The token-space best fit fills rows by tokens; where a media budget binds harder (vision patches on the
     omni mix: 99% of its bound against the tokens' 86%) that leaves rows short of the budget that decides
     the row count. On the omni mix this start is 0.99% over the vector bound against 1.21% (200k samples)
     and 1.26% against 1.42% (1M); where the tokens bind nearly as hard it can take a few rows more, so the
-    engine keeps whichever start has fewer rows. Every limit is still checked exactly.
+    engine weighs the two starts. Every limit is still checked exactly.
     """
-    name = scarcest_budget(lengths, capacity, constraints)
+    name = scarcest_budget(lengths, capacity, constraints) if budget_name is None else budget_name
     if name is None:
         return None
     amounts, budget = constraints.resources[name]
     resources = {k: v for k, v in constraints.resources.items() if k != name}
-    resources[TOKENS_AS_BUDGET] = (np.asarray(lengths, dtype=np.int64), int(capacity))
+    tokens = "tokens"
+    while tokens in resources:  # a name of no other budget: one would replace that budget
+        tokens += "_"
+    resources[tokens] = (np.asarray(lengths, dtype=np.int64), int(capacity))
     swapped = PackConstraints(constraints.max_samples_per_row, resources)
     return constrained_pack(np.asarray(amounts, dtype=np.int64), int(budget), swapped)
 

@@ -6,7 +6,13 @@ import numpy as np
 
 from .balance import balance_costs
 from .bounds import best_bound, constrained_lower_bounds, lower_bounds
-from .constraints import PackConstraints, constrained_bfd, constrained_pack, scarcest_first_pack
+from .constraints import (
+    PackConstraints,
+    constrained_bfd,
+    constrained_pack,
+    scarcest_budget,
+    scarcest_first_pack,
+)
 from .greedy import bfd_classes, ffd_classes
 from .patterns import LpLimits, lp_pattern_pack, lp_rows_bound
 from .plan import PackPlan, build_plan
@@ -20,8 +26,9 @@ ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
 SECOND_ORDER_MAX = 250_000  # samples up to which the constrained packer also tries its other item order
 # The greedy start that buckets rows by the scarcest budget, not the tokens (``scarcest_first_pack``): on
-# larger plans the only other start tried.
+# larger plans chosen, or not, on a subsample of START_SAMPLE samples.
 SCARCEST_FIRST = "bfd+constraints(scarcest first)"
+START_SAMPLE = 50_000
 REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the whole set (when small)
 FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
 REFILL_MAX_WORK = 8_000_000  # subset-sum work (bitset words shifted) per refill: ~0.5-1.5 s
@@ -272,18 +279,20 @@ def _assign_constrained(
     """The constrained fast best fit; with ``improve``, the steps that may cut rows (the other item order,
     the start by the scarcest budget, the balanced fill, the exact BFD, the swap search on plans above the
     vector bound, on small plans still above it the vector pattern LP); the plan with the fewest rows wins,
-    ties keep the earlier one. Above SECOND_ORDER_MAX samples the only other greedy start is the scarcest
-    budget's."""
-    row_of, num_rows = constrained_pack(lengths, capacity, constraints)
-    name = "bfd+constraints"
+    ties keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
+    subsample (``_large_plan_start``)."""
     if not improve:
-        return row_of, num_rows, name
-    bound = _constrained_bound(lengths, capacity, constraints)
-    if num_rows > bound and len(lengths) <= SECOND_ORDER_MAX:
-        plan = _other_constrained_packers(lengths, capacity, constraints, (row_of, num_rows, name), bound)
-        row_of, num_rows, name = plan
-    elif num_rows > bound:  # a large plan: of the other greedy starts (each a full pass) only this one
-        row_of, num_rows, name = _scarcest_first_if_fewer(lengths, capacity, constraints, (row_of, num_rows, name))
+        return *constrained_pack(lengths, capacity, constraints), "bfd+constraints"
+    if len(lengths) > SECOND_ORDER_MAX:
+        row_of, num_rows, name = _large_plan_start(lengths, capacity, constraints)
+        bound = _constrained_bound(lengths, capacity, constraints)
+    else:
+        row_of, num_rows = constrained_pack(lengths, capacity, constraints)
+        name = "bfd+constraints"
+        bound = _constrained_bound(lengths, capacity, constraints)
+        if num_rows > bound:
+            plan = _other_constrained_packers(lengths, capacity, constraints, (row_of, num_rows, name), bound)
+            row_of, num_rows, name = plan
     if num_rows > bound and VECTOR_SWAP_POOL_ROWS:
         # The greedy packers leave rows short in the scarcest budget: exchanges between rows, budgets kept.
         swapped = _vector_swap_passes(lengths, capacity, constraints, row_of, num_rows, bound)
@@ -319,6 +328,25 @@ def _vector_swap_passes(
     return row_of, num_rows
 
 
+def _large_plan_start(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints
+) -> tuple[np.ndarray, int, str]:
+    """The one greedy start of a plan above SECOND_ORDER_MAX samples (each start is a full pass: ~10 s at 1M
+    samples): the scarcest budget's where it has fewer rows than the token space's on an evenly strided
+    subsample of START_SAMPLE samples (~1 s for both), else the token space's. A subsample's rows are a few
+    per mille off the whole set's: where the two starts are that close, either may be chosen."""
+    name = scarcest_budget(lengths, capacity, constraints)
+    if name is not None:
+        every = slice(None, None, max(1, len(lengths) // START_SAMPLE))
+        sample = (lengths[every], capacity, _take_constraints(constraints, every))
+        scarce = scarcest_first_pack(*sample, budget_name=name)
+        if scarce is not None and scarce[1] < constrained_pack(*sample)[1]:
+            full = scarcest_first_pack(lengths, capacity, constraints, budget_name=name)
+            if full is not None:
+                return full[0], full[1], SCARCEST_FIRST
+    return *constrained_pack(lengths, capacity, constraints), "bfd+constraints"
+
+
 def _scarcest_first_if_fewer(
     lengths: np.ndarray, capacity: int, constraints: PackConstraints, plan: tuple[np.ndarray, int, str]
 ) -> tuple[np.ndarray, int, str]:
@@ -339,8 +367,8 @@ def _other_constrained_packers(
     bound: int,
 ) -> tuple[np.ndarray, int, str]:
     """The plan with the fewest rows of ``plan`` and the other constrained packers: the other item order, the
-    balanced fill where the amounts take few vectors, the exact BFD on small plans (each only while the best
-    so far is above ``bound``)."""
+    best fit by the scarcest budget, the balanced fill where the amounts take few vectors, the exact BFD on
+    small plans (each only while the best so far is above ``bound``)."""
     row_of, num_rows, name = plan
     # Neither item order wins everywhere (weighted shares: omni mixes; plain sums: image-text).
     plain_row_of, plain_rows = constrained_pack(lengths, capacity, constraints, weigh_by_demand=False)
@@ -500,14 +528,14 @@ def pack(
     (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
     each block of N consecutive samples separately (bounded memory; rows never span blocks).
     ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
-    constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says. Above
-    the vector bound: up to SECOND_ORDER_MAX samples the other item order, the row-by-row ``balanced_fill``
-    when the resource amounts take few distinct values (media counts) and the exact BFD on small plans; at
-    any size the swap search (``vector_swap``, on a pool of VECTOR_SWAP_POOL_ROWS rows of a larger plan);
+    constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says (above
+    SECOND_ORDER_MAX samples, where a budget out-demands the tokens, the best fit by that budget's room if a
+    subsample packs into fewer rows so). Above the vector bound: up to SECOND_ORDER_MAX samples the other item
+    order, the best fit by the scarcest budget, the row-by-row ``balanced_fill`` when the resource amounts
+    take few distinct values (media counts) and the exact BFD on small plans; at any size the swap search (``vector_swap``, on a pool of VECTOR_SWAP_POOL_ROWS rows of a larger plan);
     up to CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``).
-    The plan with fewer rows wins.
-    ``balance`` evens out per-row attention cost (sum of squared
-    lengths) with at most +0.1% rows.
+    The plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared lengths)
+    with at most +0.1% rows.
     Rows are shuffled with ``seed`` unless ``shuffle=False``; results are deterministic.
     """
     lengths = validate_lengths(lengths, capacity)
@@ -561,5 +589,10 @@ def _balance(
 
 
 def _slice_constraints(constraints: PackConstraints, start: int, stop: int) -> PackConstraints:
-    resources = {name: (np.asarray(a)[start:stop], b) for name, (a, b) in constraints.resources.items()}
+    return _take_constraints(constraints, slice(start, stop))
+
+
+def _take_constraints(constraints: PackConstraints, index: slice | np.ndarray) -> PackConstraints:
+    """The constraints of the samples ``index`` picks (a slice or indices), in that order."""
+    resources = {name: (np.asarray(a)[index], b) for name, (a, b) in constraints.resources.items()}
     return PackConstraints(constraints.max_samples_per_row, resources)
