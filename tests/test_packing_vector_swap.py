@@ -154,6 +154,7 @@ def test_a_plan_larger_than_the_pool_gets_pools_one_after_another(monkeypatch):
     passes, fewer rows (the same plan on every run)."""
     lengths, constraints = media_mix(0, 3000, WIDTH)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
+    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_PASSES", 0)
     rows = {}
     for passes in (1, 2, 6):
         monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", passes)
@@ -162,3 +163,19 @@ def test_a_plan_larger_than_the_pool_gets_pools_one_after_another(monkeypatch):
         rows[passes] = plan.num_rows
     assert rows[6] < rows[2] < rows[1], rows
     assert rows[6] >= _bound(lengths, constraints)
+
+
+def test_smaller_pools_follow_the_large_ones_while_they_cut_rows(monkeypatch):
+    """After the large pools' passes, pools of VECTOR_SWAP_SMALL_POOL_ROWS rows go on cutting rows (each
+    reaches its own bound within its work limit); every budget holds, never below the bound."""
+    lengths, constraints = media_mix(0, 3000, WIDTH)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
+    monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", 20)
+    rows = {}
+    for passes in (0, 6):
+        monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_PASSES", passes)
+        plan = pack(lengths, WIDTH, constraints=constraints)
+        assert_constraints_hold(plan, constraints)
+        rows[passes] = plan.num_rows
+    assert _bound(lengths, constraints) <= rows[6] < rows[0], rows

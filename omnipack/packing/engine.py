@@ -58,6 +58,13 @@ CONSTRAINED_LP_MAX_SAMPLES = 300
 # rows: on 50k-sample media plans each pass still cuts rows (omni: 6,928 to 6,897, 6,879, 6,866, ...).
 VECTOR_SWAP_POOL_ROWS = 2500
 VECTOR_SWAP_PASSES = 6
+# Then, while a plan larger than one pool is still above the bound, up to VECTOR_SWAP_SMALL_PASSES pools of
+# VECTOR_SWAP_SMALL_POOL_ROWS rows: a small pool reaches its own bound within its work limit, so more rows
+# go per second (omni 1M: ~70 rows a pass of 500 rows, ~32 a pass of 2,500); the large pools come first, as
+# their wider exchanges close the last rows of mid-sized plans (omni 50k: at the bound, against 1 row over
+# with small pools alone).
+VECTOR_SWAP_SMALL_POOL_ROWS = 500
+VECTOR_SWAP_SMALL_PASSES = 34
 # Plans up to this many samples still above the bound after the slack-row refill first ask the pattern LP for
 # its bound, on a small budget (~0.02-0.1 s): a plan it proves optimal skips the later steps, which cannot
 # remove a row from it and cost 0.1-0.2 s on such plans (the W=4096 repack of benchmarks/README.md).
@@ -316,14 +323,19 @@ def _vector_swap_passes(
 ) -> tuple[np.ndarray, int]:
     """The swap search (``vector_swap.pooled_vector_swap``): once on a plan of at most VECTOR_SWAP_POOL_ROWS
     rows (the whole plan), on a larger plan one pool after another while a pass cuts rows, at most
-    VECTOR_SWAP_PASSES (each pool takes the rows least filled after the last pass)."""
+    VECTOR_SWAP_PASSES, then pools of VECTOR_SWAP_SMALL_POOL_ROWS rows the same way, at most
+    VECTOR_SWAP_SMALL_PASSES (each pool takes the rows least filled after the last pass)."""
     dims, caps = _constrained_dims(lengths, capacity, constraints)
-    for _ in range(VECTOR_SWAP_PASSES):
-        new_row_of, new_rows = pooled_vector_swap(dims, caps, row_of, num_rows, bound, VECTOR_SWAP_POOL_ROWS)
-        if new_rows >= num_rows:
-            break
-        row_of, num_rows = new_row_of, new_rows
-        if num_rows <= bound or num_rows <= VECTOR_SWAP_POOL_ROWS:
+    phases = ((VECTOR_SWAP_POOL_ROWS, VECTOR_SWAP_PASSES), (VECTOR_SWAP_SMALL_POOL_ROWS, VECTOR_SWAP_SMALL_PASSES))
+    for pool_rows, passes in phases:
+        for _ in range(passes if num_rows > bound else 0):
+            new_row_of, new_rows = pooled_vector_swap(dims, caps, row_of, num_rows, bound, pool_rows)
+            if new_rows >= num_rows:
+                break
+            row_of, num_rows = new_row_of, new_rows
+            if num_rows <= bound or num_rows <= VECTOR_SWAP_POOL_ROWS:
+                break
+        if num_rows <= VECTOR_SWAP_POOL_ROWS:  # searched whole: the small pools are for larger plans
             break
     return row_of, num_rows
 
