@@ -45,15 +45,20 @@ def test_mixed_repack_closes_the_bimodal_gap_at_4096(monkeypatch):
         assert fills.max() <= 4096 and np.array_equal(np.sort(plan.members), np.arange(len(lengths)))
 
 
-def image_text_media(seed: int, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """The benchmark's image-text mix: text median 150 plus 0-4 images of 64-1280 tokens; padded to 8."""
-    rng = np.random.default_rng(seed)
+def image_text_draws(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The benchmark's image-text draws: (text tokens, median 150; images, 0-4; their tokens, 64-1280 each)."""
     text = np.round(rng.lognormal(np.log(150), 0.8, n)).astype(np.int64) + 1
     num_images = rng.integers(0, 5, n)
     image_tokens = np.zeros(n, dtype=np.int64)
     for k in range(1, 5):
         has = num_images >= k
         image_tokens[has] += rng.integers(64, 1281, int(has.sum()))
+    return text, num_images, image_tokens
+
+
+def image_text_media(seed: int, n: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The benchmark's image-text mix: text median 150 plus 0-4 images of 64-1280 tokens; padded to 8."""
+    text, num_images, image_tokens = image_text_draws(np.random.default_rng(seed), n)
     return np.minimum((text + image_tokens + 7) // 8 * 8, width), num_images
 
 

@@ -15,6 +15,7 @@ from omnipack.packing.constraints import (
 )
 
 from .test_packing import assert_constraints_hold, media_mix
+from .test_packing_mix_balanced import image_text_draws
 
 WIDTH = 16384
 
@@ -24,12 +25,7 @@ def omni_mix(seed: int, n: int) -> tuple[np.ndarray, PackConstraints]:
     25% a video of 1k-6k tokens, 15% 2-30 s of audio at 25 frames/s; 4 vision patches per vision token.
     The patch budget binds, the tokens' demand is ~87% of it (``media_mix``: ~91%)."""
     rng = np.random.default_rng(seed)
-    text = np.round(rng.lognormal(np.log(150), 0.8, n)).astype(np.int64) + 1
-    images = rng.integers(0, 5, n)
-    image_tokens = np.zeros(n, dtype=np.int64)
-    for k in range(1, 5):
-        has = images >= k
-        image_tokens[has] += rng.integers(64, 1281, int(has.sum()))
+    text, images, image_tokens = image_text_draws(rng, n)
     kind = rng.choice(3, n, p=[0.6, 0.25, 0.15])
     video = np.where(kind == 1, rng.integers(1000, 6001, n), 0)
     frames = np.where(kind == 2, rng.integers(50, 751, n), 0)
