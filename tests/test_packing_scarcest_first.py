@@ -95,7 +95,7 @@ def test_every_budget_holds_whatever_the_budgets_are_named_and_on_edge_inputs():
     checked. Samples that need none of the scarcest budget, no sample cap, a single sample."""
     lengths = np.array([2, 2, 1, 1] * 50, dtype=np.int64)
     patches = np.array([2, 0, 1, 1] * 50)
-    for clash in ("tokens", "tokens_"):
+    for clash in ("tokens", "tokens_", "\0tokens"):
         constraints = PackConstraints(None, {"patches": (patches, 2), clash: (np.array([1, 1, 0, 0] * 50), 1)})
         assert scarcest_budget(lengths, WIDTH, constraints) == "patches"
         assert_plan_holds(*scarcest_first_pack(lengths, WIDTH, constraints), lengths, constraints)

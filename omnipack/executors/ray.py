@@ -36,7 +36,9 @@ except ImportError as e:  # pragma: no cover - depends on the optional extra
 UNIT_TRIES = 3  # a unit whose worker died this many times fails the run (it may be what kills them)
 STALL_S = 60.0  # no worker placed for this long while units wait: say so (and keep waiting)
 REGISTRATION_POLL_S = 0.02  # how often a starting cluster's node is looked up while its raylet registers
-REGISTRATION_WAIT_S = 10.0  # after this, Ray's own wait takes over (and its error, if the raylet never comes)
+# After this, Ray's own lookup runs; it asks again at once on a miss, each time after this wait: a raylet that
+# never registers fails the start after Ray's 30 s, plus up to one such wait.
+REGISTRATION_WAIT_S = 10.0
 
 
 def _warn(message: str) -> None:

@@ -285,7 +285,7 @@ def scarcest_first_pack(
 ) -> tuple[np.ndarray, int] | None:
     """``constrained_pack`` with the scarcest budget (``scarcest_budget``, or ``budget_name``) in the token
     space's place: rows bucketed by what is left of that budget, the tokens checked as one budget among the
-    others. None where no budget is scarcer than the tokens.
+    others. Without ``budget_name``, None where no budget is scarcer than the tokens.
 
     The token-space best fit fills rows by tokens; where a media budget binds harder (vision patches on the
     omni mix: 99% of its bound against the tokens' 86%) that leaves rows short of the budget that decides

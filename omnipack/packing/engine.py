@@ -60,9 +60,9 @@ VECTOR_SWAP_POOL_ROWS = 2500
 VECTOR_SWAP_PASSES = 6
 # Then, while a plan larger than one pool is still above the bound, up to VECTOR_SWAP_SMALL_PASSES pools of
 # VECTOR_SWAP_SMALL_POOL_ROWS rows: a small pool reaches its own bound within its work limit, so more rows
-# go per second (omni 1M: ~70 rows a pass of 500 rows, ~32 a pass of 2,500); the large pools come first, as
-# their wider exchanges close the last rows of mid-sized plans (omni 50k: at the bound, against 1 row over
-# with small pools alone).
+# go per second (omni 200k: ~70 rows a pass of 500 rows, ~32 a pass of 2,500); the large pools come first, as
+# their wider exchanges close the last rows of mid-sized plans (two omni 50k plans: at the bound and 1 row
+# over, against 1 and 2 over with small pools alone).
 VECTOR_SWAP_SMALL_POOL_ROWS = 500
 VECTOR_SWAP_SMALL_PASSES = 34
 # Plans up to this many samples still above the bound after the slack-row refill first ask the pattern LP for
@@ -324,7 +324,8 @@ def _vector_swap_passes(
     """The swap search (``vector_swap.pooled_vector_swap``): once on a plan of at most VECTOR_SWAP_POOL_ROWS
     rows (the whole plan), on a larger plan one pool after another while a pass cuts rows, at most
     VECTOR_SWAP_PASSES, then pools of VECTOR_SWAP_SMALL_POOL_ROWS rows the same way, at most
-    VECTOR_SWAP_SMALL_PASSES (each pool takes the rows least filled after the last pass)."""
+    VECTOR_SWAP_SMALL_PASSES (each pool takes the rows least filled after the last pass). The passes stop
+    at the bound, and once the plan has at most VECTOR_SWAP_POOL_ROWS rows."""
     dims, caps = _constrained_dims(lengths, capacity, constraints)
     phases = ((VECTOR_SWAP_POOL_ROWS, VECTOR_SWAP_PASSES), (VECTOR_SWAP_SMALL_POOL_ROWS, VECTOR_SWAP_SMALL_PASSES))
     for pool_rows, passes in phases:
@@ -335,7 +336,7 @@ def _vector_swap_passes(
             row_of, num_rows = new_row_of, new_rows
             if num_rows <= bound or num_rows <= VECTOR_SWAP_POOL_ROWS:
                 break
-        if num_rows <= VECTOR_SWAP_POOL_ROWS:  # searched whole: the small pools are for larger plans
+        if num_rows <= VECTOR_SWAP_POOL_ROWS:  # searched whole or by the large pools: small ones are for more
             break
     return row_of, num_rows
 
@@ -537,18 +538,18 @@ def pack(
 
     ``algorithm`` is "bfd" (best-fit decreasing; if it misses the lower bound, ``_improve`` tries FFD and
     the subset-sum refill and keeps the plan with the fewest rows, never more than FFD's) or "ffd"
-    (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs
-    each block of N consecutive samples separately (bounded memory; rows never span blocks).
+    (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs each block of N
+    consecutive samples separately (bounded memory; rows never span blocks).
     ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
     constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says (above
     SECOND_ORDER_MAX samples, where a budget out-demands the tokens, the best fit by that budget's room if a
     subsample packs into fewer rows so). Above the vector bound: up to SECOND_ORDER_MAX samples the other item
     order, the best fit by the scarcest budget, the row-by-row ``balanced_fill`` when the resource amounts
-    take few distinct values (media counts) and the exact BFD on small plans; at any size the swap search (``vector_swap``, on a pool of VECTOR_SWAP_POOL_ROWS rows of a larger plan);
+    take few distinct values (media counts) and the exact BFD on small plans; at any size the swap search
+    (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then smaller ones);
     up to CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``).
     The plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared lengths)
-    with at most +0.1% rows.
-    Rows are shuffled with ``seed`` unless ``shuffle=False``; results are deterministic.
+    with at most +0.1% rows. Rows are shuffled with ``seed`` unless ``shuffle=False``; deterministic.
     """
     lengths = validate_lengths(lengths, capacity)
     if algorithm not in ALGORITHMS:
