@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from functools import cache
 
 import numpy as np
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnipack.packing import PackConstraints, lower_bounds, pack
-from omnipack.packing.bounds import constrained_lower_bounds, dff_bound
+from omnipack.packing.bounds import _largest_ratio_below, constrained_lower_bounds, coupled_bound, dff_bound
 from omnipack.packing.engine import _classes, _refill_slack_rows
 from omnipack.packing.greedy import bfd_classes
 from omnipack.packing.plan import group_by_row
@@ -119,6 +120,32 @@ def test_conflict_bound_couples_two_budgets():
     assert bounds["tokens"] == 4 and bounds["resource0"] == 6
     assert bounds["conflict"] == bounds["best"] == 7
     assert optimum_rows(np.stack([lengths, media], 1), np.array([10, 4])) == 8
+
+
+def test_coupled_bound_counts_the_patches_long_texts_keep_out():
+    # Six image samples (3 tokens, 3 patches) and two text samples (5 tokens, no patches), rows of 10 tokens
+    # and 6 patches. Tokens allow 3 rows (28 / 10), patches 3 (18 / 6), and no item is over half of a
+    # budget. But a row holding a text sample has 5 tokens left, so at most one image (3 of its 6 patches):
+    # each text sample keeps 3 patches out of its row, (18 + 2 * 3) / 6 = 4 rows, the optimum.
+    lengths = np.array([3] * 6 + [5] * 2)
+    patches = np.array([3] * 6 + [0] * 2)
+    bounds = constrained_lower_bounds(lengths, 10, patches[:, None], np.array([6]))
+    assert bounds["tokens"] == bounds["resource0"] == 3 and bounds["conflict"] < 4
+    assert bounds["coupled"] == bounds["best"] == 4
+    assert optimum_rows(np.stack([lengths, patches], 1), np.array([10, 6])) == 4
+    constraints = PackConstraints(resources={"patches": (patches, 6)})
+    assert pack(lengths, 10, constraints=constraints).num_rows == 4
+
+
+def test_coupled_bound_rounds_the_ratio_down():
+    # Tokens per patch just below 1/3 for one item: the ratio as a small fraction is rounded down, never up
+    # (rounded up, that item's n_i = a_i - alpha b_i would be < 0 and the size it adds not valid).
+    a = np.array([100_000_001, 1])
+    b = np.array([300_000_004, 3])
+    ratio = _largest_ratio_below(a, b)
+    assert ratio is not None and ratio <= Fraction(100_000_001, 300_000_004)
+    assert np.all(ratio.denominator * a >= ratio.numerator * b)
+    assert coupled_bound(np.array([5, 5]), 10, np.array([0, 0]), 6) == 0  # no item has the budget's amount
 
 
 def check_class_slots(slot_rows, num_rows, values, counts, capacity):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 
 DFF_MAX_K = 100  # u^(k) for k = 1..DFF_MAX_K: k rounds items near W/(k+1) up, beyond ~100 it adds nothing
 DFF_WORK = 2_000_000  # bound on k times distinct lengths in the u^(k) family
 MAX_THRESHOLDS = 1024  # eps thresholds tried per DFF family (spread evenly when there are more)
+COUPLING_MAX_DENOMINATOR = 1024  # the coupled bound's ratio a/b as a fraction p/q with q up to this
 
 
 def lower_bounds(lengths: np.ndarray, capacity: int) -> dict[str, int]:
@@ -115,6 +118,7 @@ def constrained_lower_bounds(
     that cannot join any of them (it overflows dimension d or e with every one of them, a 2-D dominance
     test over the large items sorted by d) needs a row without them, so
     ``rows >= |J_d| + max_f ceil(sum_{i in K} a_if / B_f)`` over those items K, maximised over (d, e).
+    ``coupled`` (``coupled_bound``) counts the budget an item's other amounts keep a row from using.
     ``amounts`` is int [n, K], ``budgets`` int [K]; returns every bound and their max as ``best``.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -134,6 +138,15 @@ def constrained_lower_bounds(
     out["conflict"] = max(
         (_conflict_bound(dims, caps, d, e) for d in range(len(dims)) for e in range(len(dims))), default=0
     )
+    out["coupled"] = max(
+        (
+            coupled_bound(dims[a], caps[a], dims[b], caps[b])
+            for a in range(len(dims))
+            for b in range(len(dims))
+            if a != b
+        ),
+        default=0,
+    )
     out["best"] = max(out.values())
     return out
 
@@ -152,3 +165,47 @@ def _conflict_bound(dims: list[np.ndarray], caps: list[int], d: int, e: int) -> 
     alone = np.flatnonzero(rest)[~joins]
     extra = max(-(-int(col[alone].sum()) // cap) for col, cap in zip(dims, caps, strict=True))
     return num_large + extra
+
+
+def _largest_ratio_below(a: np.ndarray, b: np.ndarray) -> Fraction | None:
+    """The largest p/q (q <= COUPLING_MAX_DENOMINATOR, or an item's own a_i/b_i) with q a_i >= p b_i for
+    every item; None where that is 0, no item has an amount in b, or amounts reach 2**31."""
+    with_b = b > 0
+    if not with_b.any() or max(int(a.max()), int(b.max())) >= 1 << 31:  # products stay within int64
+        return None
+    j = int(np.argmin(a[with_b] / b[with_b]))
+    exact = Fraction(int(a[with_b][j]), int(b[with_b][j]))
+    ratio = Fraction(
+        exact.numerator * COUPLING_MAX_DENOMINATOR // exact.denominator, COUPLING_MAX_DENOMINATOR
+    )
+    while ratio > 0 and np.any(ratio.denominator * a < ratio.numerator * b):  # a float argmin off by a tie
+        low = ratio.denominator * a < ratio.numerator * b
+        j = int(np.argmin(np.where(low, a / np.maximum(b, 1), np.inf)))
+        ratio = min(ratio, Fraction(int(a[j]), int(b[j])))
+    return ratio if ratio > 0 else None
+
+
+def coupled_bound(a: np.ndarray, cap_a: int, b: np.ndarray, cap_b: int) -> int:
+    """Rows needed for budget b when every item's amount in a is at least ``alpha`` times its amount in b.
+
+    With ``n_i = a_i - alpha b_i >= 0`` (what an item takes of a beyond its share tied to b, e.g. an image
+    sample's text tokens, with a = tokens and b = vision patches at alpha = tokens per patch), a row holds
+    ``b_row <= min(B, (A - n_row) / alpha) = B - max(0, n_row - c) / alpha`` with ``c = A - alpha B``. As
+    ``max(0, x - c)`` is superadditive over nonnegative x, ``b_i + max(0, n_i - c) / alpha`` is a valid
+    size for each item in a row of capacity B, and
+    ``rows >= ceil(sum_i (b_i + max(0, n_i - c) / alpha) / B)``: the patches that rows holding long texts
+    cannot take. Alpha is the largest ratio every item allows (as p/q, so all of it is integer arithmetic);
+    0 where there is none or ``c < 0`` (budget b can then never fill a row: the bound of a alone is as good).
+    """
+    a = np.asarray(a, dtype=np.int64)
+    b = np.asarray(b, dtype=np.int64)
+    ratio = _largest_ratio_below(a, b)
+    if ratio is None:
+        return 0
+    p, q = ratio.numerator, ratio.denominator
+    c = q * int(cap_a) - p * int(cap_b)
+    if c < 0 or 2.0 * q * float(a.sum()) >= 2.0**62:  # (p b_i <= q a_i: the sum below stays within int64)
+        return 0
+    # Scaled by q: sum_i (p b_i + max(0, q a_i - p b_i - c)) <= rows * p B.
+    total = p * int(b.sum()) + int(np.maximum(0, q * a - p * b - c).sum())
+    return -(-total // (p * int(cap_b)))
