@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from omnipack.packing import engine, pack
 from omnipack.packing.bounds import constrained_lower_bounds
-from omnipack.packing.constraints import PackConstraints
+from omnipack.packing.constraints import PackConstraints, constrained_pack
 from omnipack.packing.vector_swap import (
     _rows_to_free,
     dimension_weights,
@@ -71,7 +71,9 @@ def test_a_pool_of_the_rows_cuts_rows_and_keeps_the_others_as_they_were(greedy_o
     lengths, constraints = media_mix(0, 3000, WIDTH)
     dims, caps = _dims(lengths, constraints)
     start = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
-    row_of, rows = pooled_vector_swap(dims, caps, start.row_of, start.num_rows, _bound(lengths, constraints), 80)
+    row_of, rows = pooled_vector_swap(
+        dims, caps, start.row_of, start.num_rows, _bound(lengths, constraints), 80
+    )
     assert rows < start.num_rows
     _assert_plan(row_of, rows, dims, caps)
     before = {tuple(start.row(r).tolist()) for r in range(start.num_rows)}
@@ -132,6 +134,7 @@ def test_the_search_places_every_item_once_within_every_budget_and_never_adds_ro
     for row_of, rows in (
         vector_swap_search(dims, caps, start, start_rows, target),
         pooled_vector_swap(dims, caps, start, start_rows, target, 6),
+        pooled_vector_swap(dims, caps, start, start_rows, target, 6, spread_offset=7, max_work=50_000),
     ):
         assert target <= rows <= start_rows
         _assert_plan(row_of, rows, dims, caps)
@@ -179,3 +182,59 @@ def test_smaller_pools_follow_the_large_ones_while_they_cut_rows(monkeypatch):
         assert_constraints_hold(plan, constraints)
         rows[passes] = plan.num_rows
     assert _bound(lengths, constraints) <= rows[6] < rows[0], rows
+
+
+def test_pools_shift_their_spread_so_that_each_offset_searches_other_rows():
+    """The spread half of a pool moves with ``spread_offset`` (the least filled half stays): offsets give
+    pools of other rows, each plan still within every budget and never larger."""
+    lengths, constraints = media_mix(0, 3000, WIDTH)
+    dims, caps = _dims(lengths, constraints)
+    start, start_rows = constrained_pack(lengths, WIDTH, constraints)  # the greedy start, above the bound
+    searched = []
+    real_search = vector_swap_search
+
+    def recording_search(pool_dims, *args, **kwargs):
+        searched.append(pool_dims.sum(axis=0).tolist())
+        return real_search(pool_dims, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("omnipack.packing.vector_swap.vector_swap_search", recording_search)
+        for offset in (0, 1, 7919):
+            row_of, rows = pooled_vector_swap(dims, caps, start, start_rows, 0, 60, spread_offset=offset)
+            assert rows <= start_rows
+    assert len({tuple(total) for total in searched}) == 3  # three different pools of rows
+
+
+def test_small_pools_double_their_work_after_a_pass_that_cuts_nothing(monkeypatch):
+    """Small pools start at their size's share of the search's work limit, double it after a pass that cut
+    nothing, stop after VECTOR_SWAP_SMALL_IDLE such passes at the full limit (or once the limits given out
+    reach the budget), and shift their spread by SPREAD_STRIDE a pass."""
+    lengths, constraints = media_mix(0, 3000, WIDTH)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
+    monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", 20)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_MAX_WORK", 400_000)
+    calls = []
+    real_pooled = engine.pooled_vector_swap
+
+    def recording_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_offset=0, max_work=None):
+        out = real_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_offset, max_work)
+        calls.append((pool_rows, spread_offset, max_work, out[1] < num_rows))
+        return out
+
+    monkeypatch.setattr(engine, "pooled_vector_swap", recording_pooled)
+    plan = pack(lengths, WIDTH, constraints=constraints)
+    assert_constraints_hold(plan, constraints)
+    small = [c for c in calls if c[0] == 20]
+    assert [c[1] for c in small] == [k * engine.SPREAD_STRIDE for k in range(len(small))]
+    work = 400_000 * 20 // 40
+    idle = 0
+    for _, _, given_work, cut in small:
+        assert given_work == work
+        idle = 0 if cut else idle + (work == 400_000)
+        work = work if cut else min(2 * work, 400_000)
+    assert sum(c[2] for c in small) <= engine.VECTOR_SWAP_SMALL_BUDGET * 400_000
+    stopped_idle = idle == engine.VECTOR_SWAP_SMALL_IDLE
+    stopped_budget = sum(c[2] for c in small) + work > engine.VECTOR_SWAP_SMALL_BUDGET * 400_000
+    assert stopped_idle or stopped_budget or plan.num_rows <= _bound(lengths, constraints)
+    assert any(cut for *_, cut in small) and any(not cut for *_, cut in small)

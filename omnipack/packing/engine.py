@@ -20,6 +20,7 @@ from .refill import refill_classes
 from .swap import swap_search
 from .vector_fill import balanced_fill, fits_balanced_fill
 from .vector_patterns import constrained_lp_pack
+from .vector_swap import MAX_WORK as VECTOR_SWAP_MAX_WORK
 from .vector_swap import pooled_vector_swap
 
 ALGORITHMS = ("bfd", "ffd")
@@ -58,13 +59,21 @@ CONSTRAINED_LP_MAX_SAMPLES = 300
 # rows: on 50k-sample media plans each pass still cuts rows (omni: 6,928 to 6,897, 6,879, 6,866, ...).
 VECTOR_SWAP_POOL_ROWS = 2500
 VECTOR_SWAP_PASSES = 6
-# Then, while a plan larger than one pool is still above the bound, up to VECTOR_SWAP_SMALL_PASSES pools of
-# VECTOR_SWAP_SMALL_POOL_ROWS rows: a small pool reaches its own bound within its work limit, so more rows
-# go per second (omni 200k: ~70 rows a pass of 500 rows, ~32 a pass of 2,500); the large pools come first, as
-# their wider exchanges close the last rows of mid-sized plans (two omni 50k plans: at the bound and 1 row
-# over, against 1 and 2 over with small pools alone).
+# Then, while a plan larger than one pool is still above the bound, pools of VECTOR_SWAP_SMALL_POOL_ROWS rows:
+# a small pool reaches its own bound within its work limit, so more rows go per second (omni 200k: ~70 rows a
+# pass of 500 rows, ~32 a pass of 2,500); the large pools come first, as their wider exchanges close the last
+# rows of mid-sized plans (two omni 50k plans: at the bound and 1 row over, against 1 and 2 over with small
+# pools alone). A small pool's work limit starts at the search's scaled to its size (~0.6 s a pass) and
+# doubles, up to the whole, after a pass that cut nothing; its spread half shifts every pass, so the next pass
+# searches other rows. They stop after VECTOR_SWAP_SMALL_IDLE passes in a row at the whole limit that cut
+# nothing, once the limits given out would pass VECTOR_SWAP_SMALL_BUDGET whole searches, or after
+# VECTOR_SWAP_SMALL_PASSES. On the 1M-sample sets (benchmarks/README.md) omni spends the budget on ~170 cheap
+# passes, to 0.06% over the bound; image-text's stall after ~60, doubled ones go on to 0.07%; ~2.1 min each.
 VECTOR_SWAP_SMALL_POOL_ROWS = 500
-VECTOR_SWAP_SMALL_PASSES = 34
+VECTOR_SWAP_SMALL_PASSES = 400
+VECTOR_SWAP_SMALL_BUDGET = 34  # whole searches' work (vector_swap.MAX_WORK): ~34 x 3 s at 1M samples
+VECTOR_SWAP_SMALL_IDLE = 3
+SPREAD_STRIDE = 7919  # a prime: the spread's shift per pass (in rows, wrapping around)
 # Plans up to this many samples still above the bound after the slack-row refill first ask the pattern LP for
 # its bound, on a small budget (~0.02-0.1 s): a plan it proves optimal skips the later steps, which cannot
 # remove a row from it and cost 0.1-0.2 s on such plans (the W=4096 repack of benchmarks/README.md).
@@ -323,21 +332,42 @@ def _vector_swap_passes(
 ) -> tuple[np.ndarray, int]:
     """The swap search (``vector_swap.pooled_vector_swap``): once on a plan of at most VECTOR_SWAP_POOL_ROWS
     rows (the whole plan), on a larger plan one pool after another while a pass cuts rows, at most
-    VECTOR_SWAP_PASSES, then pools of VECTOR_SWAP_SMALL_POOL_ROWS rows the same way, at most
-    VECTOR_SWAP_SMALL_PASSES (each pool takes the rows least filled after the last pass). The passes stop
-    at the bound, and once the plan has at most VECTOR_SWAP_POOL_ROWS rows."""
+    VECTOR_SWAP_PASSES, then pools of VECTOR_SWAP_SMALL_POOL_ROWS rows, their spread shifted every pass and
+    their work limit doubled after a pass that cut nothing, within VECTOR_SWAP_SMALL_BUDGET (see the
+    constants). Each pool takes the rows least filled after the last pass. The passes stop at the bound, and
+    once the plan has at most VECTOR_SWAP_POOL_ROWS rows."""
     dims, caps = _constrained_dims(lengths, capacity, constraints)
-    phases = ((VECTOR_SWAP_POOL_ROWS, VECTOR_SWAP_PASSES), (VECTOR_SWAP_SMALL_POOL_ROWS, VECTOR_SWAP_SMALL_PASSES))
-    for pool_rows, passes in phases:
-        for _ in range(passes if num_rows > bound else 0):
-            new_row_of, new_rows = pooled_vector_swap(dims, caps, row_of, num_rows, bound, pool_rows)
-            if new_rows >= num_rows:
-                break
-            row_of, num_rows = new_row_of, new_rows
-            if num_rows <= bound or num_rows <= VECTOR_SWAP_POOL_ROWS:
-                break
-        if num_rows <= VECTOR_SWAP_POOL_ROWS:  # searched whole or by the large pools: small ones are for more
+    for _ in range(VECTOR_SWAP_PASSES if num_rows > bound else 0):
+        new_row_of, new_rows = pooled_vector_swap(dims, caps, row_of, num_rows, bound, VECTOR_SWAP_POOL_ROWS)
+        if new_rows >= num_rows:
             break
+        row_of, num_rows = new_row_of, new_rows
+        if num_rows <= bound or num_rows <= VECTOR_SWAP_POOL_ROWS:
+            break
+    if num_rows <= VECTOR_SWAP_POOL_ROWS:  # searched whole or by the large pools: small ones are for more
+        return row_of, num_rows
+    # Work limits: a pool's size share of the search's first; doubled (up to the whole) after a pass that cut
+    # nothing, the sum of the limits given out at most VECTOR_SWAP_SMALL_BUDGET searches' worth.
+    work = VECTOR_SWAP_MAX_WORK * VECTOR_SWAP_SMALL_POOL_ROWS // max(VECTOR_SWAP_POOL_ROWS, 1)
+    budget = VECTOR_SWAP_SMALL_BUDGET * VECTOR_SWAP_MAX_WORK
+    idle = 0
+    for pass_ in range(VECTOR_SWAP_SMALL_PASSES):
+        if (
+            num_rows <= bound
+            or num_rows <= VECTOR_SWAP_POOL_ROWS
+            or idle >= VECTOR_SWAP_SMALL_IDLE
+            or work > budget
+        ):
+            break
+        budget -= work
+        new_row_of, new_rows = pooled_vector_swap(
+            dims, caps, row_of, num_rows, bound, VECTOR_SWAP_SMALL_POOL_ROWS, pass_ * SPREAD_STRIDE, work
+        )
+        if new_rows < num_rows:
+            row_of, num_rows, idle = new_row_of, new_rows, 0
+        else:
+            idle += work >= VECTOR_SWAP_MAX_WORK
+            work = min(2 * work, VECTOR_SWAP_MAX_WORK)
     return row_of, num_rows
 
 
@@ -388,7 +418,9 @@ def _other_constrained_packers(
     if plain_rows < num_rows:
         row_of, num_rows = plain_row_of, plain_rows
     if num_rows > bound:
-        row_of, num_rows, name = _scarcest_first_if_fewer(lengths, capacity, constraints, (row_of, num_rows, name))
+        row_of, num_rows, name = _scarcest_first_if_fewer(
+            lengths, capacity, constraints, (row_of, num_rows, name)
+        )
     if num_rows > bound and fits_balanced_fill(constraints, len(lengths)):
         # Budgets that bind together: a row-by-row fill that keeps every dimension level.
         filled = balanced_fill(lengths, capacity, constraints)
@@ -426,7 +458,9 @@ def _refill_whole_set(
 ) -> tuple[np.ndarray, int, str]:
     """``_improve``'s step 3: the best of the plan so far, its mixed re-pack, the whole set refilled and that
     plan's mixed re-pack (ties keep the earlier)."""
-    candidates = [(_mix_and_repack(slot_rows, num_rows, values, counts, capacity), used.split("(")[0] + "+mix")]
+    candidates = [
+        (_mix_and_repack(slot_rows, num_rows, values, counts, capacity), used.split("(")[0] + "+mix")
+    ]
     whole = refill_classes(values, counts, capacity, max_work=REFILL_MAX_WORK)
     if whole is not None:
         candidates += [(whole, "refill"), (_mix_and_repack(*whole, values, counts, capacity), "refill+mix")]
@@ -437,7 +471,13 @@ def _refill_whole_set(
 
 
 def _lp_proves_optimal(
-    slot_rows: np.ndarray, num_rows: int, n: int, values: np.ndarray, counts: np.ndarray, capacity: int, bound: int
+    slot_rows: np.ndarray,
+    num_rows: int,
+    n: int,
+    values: np.ndarray,
+    counts: np.ndarray,
+    capacity: int,
+    bound: int,
 ) -> bool:
     """Whether the pattern LP's bound on ``EARLY_LP_LIMITS`` reaches the plan's rows (plans of at most
     ``EARLY_LP_MAX_SAMPLES`` samples above ``bound``)."""

@@ -94,7 +94,12 @@ def _rows_to_free(fills: np.ndarray, round_: int) -> list[int]:
 
 
 def _exchange_pass(
-    rows: list[list[int]], loads: np.ndarray, free: list[int], dims: np.ndarray, caps: np.ndarray, weights: np.ndarray
+    rows: list[list[int]],
+    loads: np.ndarray,
+    free: list[int],
+    dims: np.ndarray,
+    caps: np.ndarray,
+    weights: np.ndarray,
 ) -> int:
     """One walk over the rows, each taking the exchange that fills it most (in place); returns the work."""
     work = 0
@@ -157,7 +162,12 @@ def _offers(dims: np.ndarray, free: list[int]) -> tuple[list[tuple[int, ...]], n
 
 
 def _first_fit(
-    rows: list[list[int]], loads: np.ndarray, free: list[int], dims: np.ndarray, caps: np.ndarray, value: np.ndarray
+    rows: list[list[int]],
+    loads: np.ndarray,
+    free: list[int],
+    dims: np.ndarray,
+    caps: np.ndarray,
+    value: np.ndarray,
 ) -> np.ndarray:
     """Place the free items, largest value first, into the first row with room in every budget; new rows for
     the rest (``rows`` grows). Returns every row's load, the new rows' included."""
@@ -181,18 +191,28 @@ def _first_fit(
 
 
 def pooled_vector_swap(
-    dims: np.ndarray, caps: np.ndarray, row_of: np.ndarray, num_rows: int, target: int, pool_rows: int
+    dims: np.ndarray,
+    caps: np.ndarray,
+    row_of: np.ndarray,
+    num_rows: int,
+    target: int,
+    pool_rows: int,
+    spread_offset: int = 0,
+    max_work: int | None = None,
 ) -> tuple[np.ndarray, int]:
     """``vector_swap_search`` on a pool of a plan's rows (all of a plan of at most ``pool_rows``): its least
     filled half, and the other half spread evenly over the rest, which the exchanges need (rows short of the
-    scarcest budget are often full in another). The other rows are kept; the pool's target is its demand's
-    bound, or its rows less the plan's excess over ``target``. Returns (row_of, rows), never more rows."""
+    scarcest budget are often full in another); ``spread_offset`` shifts that spread (by rank in fill, with
+    wrap-around), so that passes over an unchanged plan still search other rows. The other rows are kept;
+    the pool's target is its demand's bound, or its rows less the plan's excess over ``target``; ``max_work``
+    is the search's (MAX_WORK when None). Returns (row_of, rows), never more rows."""
     if num_rows <= pool_rows:
-        return vector_swap_search(dims, caps, row_of, num_rows, target)
+        return vector_swap_search(dims, caps, row_of, num_rows, target, max_work=max_work)
     loads = np.stack([np.bincount(row_of, weights=d, minlength=num_rows) for d in dims.T], axis=1)
     by_fill = np.lexsort((np.arange(num_rows), loads @ dimension_weights(dims, caps)))
     rest = by_fill[pool_rows // 2 :]
-    spread = rest[np.linspace(0, len(rest) - 1, pool_rows - pool_rows // 2).round().astype(np.int64)]
+    spread_at = np.linspace(0, len(rest) - 1, pool_rows - pool_rows // 2).round().astype(np.int64)
+    spread = rest[(spread_at + spread_offset) % len(rest)]
     in_pool = np.zeros(num_rows, dtype=bool)
     in_pool[by_fill[: pool_rows // 2]] = True
     in_pool[spread] = True
@@ -202,7 +222,9 @@ def pooled_vector_swap(
     pool_index[pool] = np.arange(len(pool))
     pool_dims = dims[items]
     pool_target = max(len(pool) - (num_rows - target), int(np.ceil(pool_dims.sum(axis=0) / caps).max()))
-    sub_row_of, sub_rows = vector_swap_search(pool_dims, caps, pool_index[row_of[items]], len(pool), pool_target)
+    sub_row_of, sub_rows = vector_swap_search(
+        pool_dims, caps, pool_index[row_of[items]], len(pool), pool_target, max_work=max_work
+    )
     if sub_rows >= len(pool):
         return row_of, num_rows
     kept = np.flatnonzero(~in_pool)
