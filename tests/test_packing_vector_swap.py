@@ -157,7 +157,7 @@ def test_a_plan_larger_than_the_pool_gets_pools_one_after_another(monkeypatch):
     passes, fewer rows (the same plan on every run)."""
     lengths, constraints = media_mix(0, 3000, WIDTH)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
-    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_PASSES", 0)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_BUDGET", 0)
     rows = {}
     for passes in (1, 2, 6):
         monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", passes)
@@ -176,12 +176,12 @@ def test_smaller_pools_follow_the_large_ones_while_they_cut_rows(monkeypatch):
     monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
     monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", 20)
     rows = {}
-    for passes in (0, 6):
-        monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_PASSES", passes)
+    for budget in (0, 3):  # whole searches' work: 3 is 6 passes at the pools' first limit
+        monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_BUDGET", budget)
         plan = pack(lengths, WIDTH, constraints=constraints)
         assert_constraints_hold(plan, constraints)
-        rows[passes] = plan.num_rows
-    assert _bound(lengths, constraints) <= rows[6] < rows[0], rows
+        rows[budget] = plan.num_rows
+    assert _bound(lengths, constraints) <= rows[3] < rows[0], rows
 
 
 def test_pools_shift_their_spread_so_that_each_offset_searches_other_rows():

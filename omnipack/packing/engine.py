@@ -66,11 +66,10 @@ VECTOR_SWAP_PASSES = 6
 # pools alone). A small pool's work limit starts at the search's scaled to its size (~0.6 s a pass) and
 # doubles, up to the whole, after a pass that cut nothing; its spread half shifts every pass, so the next pass
 # searches other rows. They stop after VECTOR_SWAP_SMALL_IDLE passes in a row at the whole limit that cut
-# nothing, once the limits given out would pass VECTOR_SWAP_SMALL_BUDGET whole searches, or after
-# VECTOR_SWAP_SMALL_PASSES. On the 1M-sample sets (benchmarks/README.md) omni spends the budget on ~170 cheap
-# passes, to 0.06% over the bound; image-text's stall after ~60, doubled ones go on to 0.07%; ~2.1 min each.
+# nothing, or once the limits given out would pass VECTOR_SWAP_SMALL_BUDGET whole searches (0: no small
+# pools). On the 1M-sample sets (benchmarks/README.md) omni spends the budget on ~170 cheap passes, to 0.06%
+# over the bound; image-text's stall after ~60, doubled ones go on to 0.07%; ~2.1 min each.
 VECTOR_SWAP_SMALL_POOL_ROWS = 500
-VECTOR_SWAP_SMALL_PASSES = 400
 VECTOR_SWAP_SMALL_BUDGET = 34  # whole searches' work (vector_swap.MAX_WORK): ~34 x 3 s at 1M samples
 VECTOR_SWAP_SMALL_IDLE = 3
 SPREAD_STRIDE = 7919  # a prime: the spread's shift per pass (in rows, wrapping around)
@@ -350,19 +349,15 @@ def _vector_swap_passes(
     # nothing, the sum of the limits given out at most VECTOR_SWAP_SMALL_BUDGET searches' worth.
     work = VECTOR_SWAP_MAX_WORK * VECTOR_SWAP_SMALL_POOL_ROWS // max(VECTOR_SWAP_POOL_ROWS, 1)
     budget = VECTOR_SWAP_SMALL_BUDGET * VECTOR_SWAP_MAX_WORK
-    idle = 0
-    for pass_ in range(VECTOR_SWAP_SMALL_PASSES):
-        if (
-            num_rows <= bound
-            or num_rows <= VECTOR_SWAP_POOL_ROWS
-            or idle >= VECTOR_SWAP_SMALL_IDLE
-            or work > budget
-        ):
-            break
+    idle = pass_ = 0
+    while (
+        num_rows > max(bound, VECTOR_SWAP_POOL_ROWS) and idle < VECTOR_SWAP_SMALL_IDLE and 0 < work <= budget
+    ):
         budget -= work
         new_row_of, new_rows = pooled_vector_swap(
             dims, caps, row_of, num_rows, bound, VECTOR_SWAP_SMALL_POOL_ROWS, pass_ * SPREAD_STRIDE, work
         )
+        pass_ += 1
         if new_rows < num_rows:
             row_of, num_rows, idle = new_row_of, new_rows, 0
         else:
