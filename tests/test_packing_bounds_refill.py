@@ -146,6 +146,16 @@ def test_coupled_bound_rounds_the_ratio_down():
     assert ratio is not None and ratio <= Fraction(100_000_001, 300_000_004)
     assert np.all(ratio.denominator * a >= ratio.numerator * b)
     assert coupled_bound(np.array([5, 5]), 10, np.array([0, 0]), 6) == 0  # no item has the budget's amount
+    assert _largest_ratio_below(np.array([1, 3]), np.array([5120, 4000])) == Fraction(1, 5120)  # images a row
+
+
+def test_coupled_bound_with_a_budget_far_above_any_item():
+    # A sample cap of 2**60 ("no cap"): c = q * 2**60 - ... leaves int64; every item's excess is 0 there.
+    lengths = np.array([3] * 6 + [5] * 2)
+    patches = np.array([3] * 6 + [0] * 2)
+    assert coupled_bound(np.ones(8, dtype=np.int64), 2**60, patches, 6) == 3
+    constraints = PackConstraints(max_samples_per_row=2**60, resources={"patches": (patches, 6)})
+    assert pack(lengths, 10, constraints=constraints).num_rows == 4
 
 
 def check_class_slots(slot_rows, num_rows, values, counts, capacity):

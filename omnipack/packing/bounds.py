@@ -9,7 +9,7 @@ import numpy as np
 DFF_MAX_K = 100  # u^(k) for k = 1..DFF_MAX_K: k rounds items near W/(k+1) up, beyond ~100 it adds nothing
 DFF_WORK = 2_000_000  # bound on k times distinct lengths in the u^(k) family
 MAX_THRESHOLDS = 1024  # eps thresholds tried per DFF family (spread evenly when there are more)
-COUPLING_MAX_DENOMINATOR = 1024  # the coupled bound's ratio a/b as a fraction p/q with q up to this
+COUPLING_PRECISION = 1024  # the coupled bound's ratio a/b is rounded down to 1 part in this
 
 
 def lower_bounds(lengths: np.ndarray, capacity: int) -> dict[str, int]:
@@ -168,21 +168,22 @@ def _conflict_bound(dims: list[np.ndarray], caps: list[int], d: int, e: int) -> 
 
 
 def _largest_ratio_below(a: np.ndarray, b: np.ndarray) -> Fraction | None:
-    """The largest p/q (q <= COUPLING_MAX_DENOMINATOR, or an item's own a_i/b_i) with q a_i >= p b_i for
-    every item; None where that is 0, no item has an amount in b, or amounts reach 2**31."""
+    """A ratio p/q with q a_i >= p b_i for every item: the smallest a_i / b_i, rounded down by less than 1 part
+    in COUPLING_PRECISION; None where no item has an amount in b, that ratio is 0, or the products would
+    leave int64."""
     with_b = b > 0
-    if not with_b.any() or max(int(a.max()), int(b.max())) >= 1 << 31:  # products stay within int64
+    if not with_b.any() or max(int(a.max()), int(b.max())) >= 1 << 31:
         return None
     j = int(np.argmin(a[with_b] / b[with_b]))
     exact = Fraction(int(a[with_b][j]), int(b[with_b][j]))
-    ratio = Fraction(
-        exact.numerator * COUPLING_MAX_DENOMINATOR // exact.denominator, COUPLING_MAX_DENOMINATOR
-    )
-    while ratio > 0 and np.any(ratio.denominator * a < ratio.numerator * b):  # a float argmin off by a tie
-        low = ratio.denominator * a < ratio.numerator * b
-        j = int(np.argmin(np.where(low, a / np.maximum(b, 1), np.inf)))
-        ratio = min(ratio, Fraction(int(a[j]), int(b[j])))
-    return ratio if ratio > 0 else None
+    if exact == 0:
+        return None
+    denominator = COUPLING_PRECISION * -(-exact.denominator // exact.numerator)  # >= PRECISION / ratio
+    ratio = Fraction(exact.numerator * denominator // exact.denominator, denominator)
+    p, q = ratio.numerator, ratio.denominator
+    if max(q * int(a.max()), p * int(b.max())) >= 1 << 62 or np.any(q * a < p * b):
+        return None  # (the float argmin cannot miss the smallest ratio by more than the rounding: a guard)
+    return ratio
 
 
 def coupled_bound(a: np.ndarray, cap_a: int, b: np.ndarray, cap_b: int) -> int:
@@ -194,8 +195,9 @@ def coupled_bound(a: np.ndarray, cap_a: int, b: np.ndarray, cap_b: int) -> int:
     ``max(0, x - c)`` is superadditive over nonnegative x, ``b_i + max(0, n_i - c) / alpha`` is a valid
     size for each item in a row of capacity B, and
     ``rows >= ceil(sum_i (b_i + max(0, n_i - c) / alpha) / B)``: the patches that rows holding long texts
-    cannot take. Alpha is the largest ratio every item allows (as p/q, so all of it is integer arithmetic);
-    0 where there is none or ``c < 0`` (budget b can then never fill a row: the bound of a alone is as good).
+    cannot take. Alpha is the smallest a_i / b_i, rounded down to p/q (``_largest_ratio_below``: all of it is
+    integer arithmetic); 0 where there is none or ``c < 0`` (budget b can then never fill a row: the bound of
+    a alone is as good).
     """
     a = np.asarray(a, dtype=np.int64)
     b = np.asarray(b, dtype=np.int64)
@@ -206,6 +208,7 @@ def coupled_bound(a: np.ndarray, cap_a: int, b: np.ndarray, cap_b: int) -> int:
     c = q * int(cap_a) - p * int(cap_b)
     if c < 0 or 2.0 * q * float(a.sum()) >= 2.0**62:  # (p b_i <= q a_i: the sum below stays within int64)
         return 0
-    # Scaled by q: sum_i (p b_i + max(0, q a_i - p b_i - c)) <= rows * p B.
-    total = p * int(b.sum()) + int(np.maximum(0, q * a - p * b - c).sum())
-    return -(-total // (p * int(cap_b)))
+    # Scaled by q: sum_i (p b_i + max(0, q a_i - p b_i - c)) <= rows * p B. A c of q max(a) or more (a
+    # budget far above any item, e.g. no sample cap) leaves every max at 0 (and may not fit in int64).
+    excess = int(np.maximum(0, q * a - p * b - c).sum()) if c < q * int(a.max()) else 0
+    return -(-(p * int(b.sum()) + excess) // (p * int(cap_b)))
