@@ -134,7 +134,7 @@ def test_the_search_places_every_item_once_within_every_budget_and_never_adds_ro
     for row_of, rows in (
         vector_swap_search(dims, caps, start, start_rows, target),
         pooled_vector_swap(dims, caps, start, start_rows, target, 6),
-        pooled_vector_swap(dims, caps, start, start_rows, target, 6, spread_offset=7, max_work=50_000),
+        pooled_vector_swap(dims, caps, start, start_rows, target, 6, spread_shift=0.7, max_work=50_000),
     ):
         assert target <= rows <= start_rows
         _assert_plan(row_of, rows, dims, caps)
@@ -184,8 +184,8 @@ def test_smaller_pools_follow_the_large_ones_while_they_cut_rows(monkeypatch):
     assert _bound(lengths, constraints) <= rows[3] < rows[0], rows
 
 
-def test_pools_shift_their_spread_so_that_each_offset_searches_other_rows():
-    """The spread half of a pool moves with ``spread_offset`` (the least filled half stays): offsets give
+def test_pools_shift_their_spread_so_that_each_shift_searches_other_rows():
+    """The spread half of a pool moves with ``spread_shift`` (the least filled half stays): shifts give
     pools of other rows, each plan still within every budget and never larger."""
     lengths, constraints = media_mix(0, 3000, WIDTH)
     dims, caps = _dims(lengths, constraints)
@@ -199,8 +199,8 @@ def test_pools_shift_their_spread_so_that_each_offset_searches_other_rows():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("omnipack.packing.vector_swap.vector_swap_search", recording_search)
-        for offset in (0, 1, 7919):
-            row_of, rows = pooled_vector_swap(dims, caps, start, start_rows, 0, 60, spread_offset=offset)
+        for shift in (0.0, 0.25, 0.5):
+            row_of, rows = pooled_vector_swap(dims, caps, start, start_rows, 0, 60, spread_shift=shift)
             assert rows <= start_rows
     assert len({tuple(total) for total in searched}) == 3  # three different pools of rows
 
@@ -208,7 +208,7 @@ def test_pools_shift_their_spread_so_that_each_offset_searches_other_rows():
 def test_small_pools_double_their_work_after_a_pass_that_cuts_nothing(monkeypatch):
     """Small pools start at their size's share of the search's work limit, double it after a pass that cut
     nothing, stop after VECTOR_SWAP_SMALL_IDLE such passes at the full limit (or once the limits given out
-    reach the budget), and shift their spread by SPREAD_STRIDE a pass."""
+    reach the budget), and shift their spread by SPREAD_STEP gaps a pass."""
     lengths, constraints = media_mix(0, 3000, WIDTH)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
     monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
@@ -217,16 +217,16 @@ def test_small_pools_double_their_work_after_a_pass_that_cuts_nothing(monkeypatc
     calls = []
     real_pooled = engine.pooled_vector_swap
 
-    def recording_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_offset=0, max_work=None):
-        out = real_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_offset, max_work)
-        calls.append((pool_rows, spread_offset, max_work, out[1] < num_rows))
+    def recording_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_shift=0.0, max_work=None):
+        out = real_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_shift, max_work)
+        calls.append((pool_rows, spread_shift, max_work, out[1] < num_rows))
         return out
 
     monkeypatch.setattr(engine, "pooled_vector_swap", recording_pooled)
     plan = pack(lengths, WIDTH, constraints=constraints)
     assert_constraints_hold(plan, constraints)
     small = [c for c in calls if c[0] == 20]
-    assert [c[1] for c in small] == [k * engine.SPREAD_STRIDE for k in range(len(small))]
+    assert [c[1] for c in small] == [k * engine.SPREAD_STEP % 1.0 for k in range(len(small))]
     work = 400_000 * 20 // 40
     idle = 0
     for _, _, given_work, cut in small:

@@ -67,12 +67,14 @@ VECTOR_SWAP_PASSES = 6
 # doubles, up to the whole, after a pass that cut nothing; its spread half shifts every pass, so the next pass
 # searches other rows. They stop after VECTOR_SWAP_SMALL_IDLE passes in a row at the whole limit that cut
 # nothing, or once the limits given out would pass VECTOR_SWAP_SMALL_BUDGET whole searches (0: no small
-# pools). On the 1M-sample sets (benchmarks/README.md) omni spends the budget on ~170 cheap passes, to 0.06%
-# over the bound; image-text's stall after ~60, doubled ones go on to 0.07%; ~2.1 min each.
+# pools). On the 1M-sample sets (benchmarks/README.md) omni spends the budget on ~170 cheap passes, to 0.07%
+# over the bound; image-text's stall after ~60, doubled ones go on to 0.07%; ~2.2-2.3 min a plan.
 VECTOR_SWAP_SMALL_POOL_ROWS = 500
 VECTOR_SWAP_SMALL_BUDGET = 34  # whole searches' work (vector_swap.MAX_WORK): ~34 x 3 s at 1M samples
 VECTOR_SWAP_SMALL_IDLE = 3
-SPREAD_STRIDE = 7919  # a prime: the spread's shift per pass (in rows, wrapping around)
+# The spread's shift per pass, in gaps between its rows: the golden ratio, whose multiples mod 1 never repeat
+# and spread evenly over the gap.
+SPREAD_STEP = 0.6180339887498949
 # Plans up to this many samples still above the bound after the slack-row refill first ask the pattern LP for
 # its bound, on a small budget (~0.02-0.1 s): a plan it proves optimal skips the later steps, which cannot
 # remove a row from it and cost 0.1-0.2 s on such plans (the W=4096 repack of benchmarks/README.md).
@@ -355,7 +357,7 @@ def _vector_swap_passes(
     ):
         budget -= work
         new_row_of, new_rows = pooled_vector_swap(
-            dims, caps, row_of, num_rows, bound, VECTOR_SWAP_SMALL_POOL_ROWS, pass_ * SPREAD_STRIDE, work
+            dims, caps, row_of, num_rows, bound, VECTOR_SWAP_SMALL_POOL_ROWS, pass_ * SPREAD_STEP % 1.0, work
         )
         pass_ += 1
         if new_rows < num_rows:

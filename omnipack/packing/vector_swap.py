@@ -197,22 +197,23 @@ def pooled_vector_swap(
     num_rows: int,
     target: int,
     pool_rows: int,
-    spread_offset: int = 0,
+    spread_shift: float = 0.0,
     max_work: int | None = None,
 ) -> tuple[np.ndarray, int]:
     """``vector_swap_search`` on a pool of a plan's rows (all of a plan of at most ``pool_rows``): its least
     filled half, and the other half spread evenly over the rest, which the exchanges need (rows short of the
-    scarcest budget are often full in another); ``spread_offset`` shifts that spread (by rank in fill, with
-    wrap-around), so that passes over an unchanged plan still search other rows. The other rows are kept;
-    the pool's target is its demand's bound, or its rows less the plan's excess over ``target``; ``max_work``
-    is the search's (MAX_WORK when None). Returns (row_of, rows), never more rows."""
+    scarcest budget are often full in another); ``spread_shift`` (in [0, 1)) moves that spread by that part
+    of the gap between its rows, so that passes over an unchanged plan search other rows. The other rows
+    are kept; the pool's target is its demand's bound, or its rows less the plan's excess over ``target``;
+    ``max_work`` is the search's (MAX_WORK when None). Returns (row_of, rows), never more rows."""
     if num_rows <= pool_rows:
         return vector_swap_search(dims, caps, row_of, num_rows, target, max_work=max_work)
     loads = np.stack([np.bincount(row_of, weights=d, minlength=num_rows) for d in dims.T], axis=1)
     by_fill = np.lexsort((np.arange(num_rows), loads @ dimension_weights(dims, caps)))
     rest = by_fill[pool_rows // 2 :]
-    spread_at = np.linspace(0, len(rest) - 1, pool_rows - pool_rows // 2).round().astype(np.int64)
-    spread = rest[(spread_at + spread_offset) % len(rest)]
+    spread_at = np.linspace(0, len(rest) - 1, pool_rows - pool_rows // 2)
+    gap = spread_at[1] if len(spread_at) > 1 else len(rest)
+    spread = rest[(spread_at.round().astype(np.int64) + round(spread_shift * gap)) % len(rest)]
     in_pool = np.zeros(num_rows, dtype=bool)
     in_pool[by_fill[: pool_rows // 2]] = True
     in_pool[spread] = True
