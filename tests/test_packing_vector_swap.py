@@ -71,9 +71,7 @@ def test_a_pool_of_the_rows_cuts_rows_and_keeps_the_others_as_they_were(greedy_o
     lengths, constraints = media_mix(0, 3000, WIDTH)
     dims, caps = _dims(lengths, constraints)
     start = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
-    row_of, rows = pooled_vector_swap(
-        dims, caps, start.row_of, start.num_rows, _bound(lengths, constraints), 80
-    )
+    row_of, rows = pooled_vector_swap(dims, caps, start.row_of, start.num_rows, _bound(lengths, constraints), 80)
     assert rows < start.num_rows
     _assert_plan(row_of, rows, dims, caps)
     before = {tuple(start.row(r).tolist()) for r in range(start.num_rows)}
@@ -200,7 +198,7 @@ def test_pools_shift_their_spread_so_that_each_shift_searches_other_rows():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("omnipack.packing.vector_swap.vector_swap_search", recording_search)
         for shift in (0.0, 0.25, 0.5):
-            row_of, rows = pooled_vector_swap(dims, caps, start, start_rows, 0, 60, spread_shift=shift)
+            _, rows = pooled_vector_swap(dims, caps, start, start_rows, 0, 60, spread_shift=shift)
             assert rows <= start_rows
     assert len({tuple(total) for total in searched}) == 3  # three different pools of rows
 
