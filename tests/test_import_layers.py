@@ -102,10 +102,20 @@ def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
+_TREES: dict[str, ast.Module] = {}  # by source text: every test parses all of omnipack, mostly the same files
+
+
+def _parsed(path: Path) -> ast.Module:
+    source = path.read_text()
+    if source not in _TREES:
+        _TREES[source] = ast.parse(source, str(path))
+    return _TREES[source]
+
+
 def imports_of(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int, bool]]:
     """(imported module, line, inside a function) of every import in a module; ``from a import b`` names
     ``a.b`` when that is a module, else ``a``. Third-party imports come back too (with their full name)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _parsed(path)
     is_package = path.name == "__init__.py"
     for node, in_function in _walk(tree):
         if isinstance(node, ast.Import):
