@@ -172,7 +172,7 @@ def test_smaller_pools_follow_the_large_ones_while_they_cut_rows(monkeypatch):
     lengths, constraints = media_mix(0, 3000, WIDTH)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
     monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
-    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", 20)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", (20,))
     rows = {}
     for budget in (0, 3):  # whole searches' work: 3 is 6 passes at the pools' first limit
         monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_BUDGET", budget)
@@ -210,7 +210,7 @@ def test_small_pools_double_their_work_after_a_pass_that_cuts_nothing(monkeypatc
     lengths, constraints = media_mix(0, 3000, WIDTH)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
     monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
-    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", 20)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", (20,))
     monkeypatch.setattr(engine, "VECTOR_SWAP_MAX_WORK", 400_000)
     calls = []
     real_pooled = engine.pooled_vector_swap
@@ -236,3 +236,37 @@ def test_small_pools_double_their_work_after_a_pass_that_cuts_nothing(monkeypatc
     stopped_budget = sum(c[2] for c in small) + work > engine.VECTOR_SWAP_SMALL_BUDGET * 400_000
     assert stopped_idle or stopped_budget or plan.num_rows <= _bound(lengths, constraints)
     assert any(cut for *_, cut in small) and any(not cut for *_, cut in small)
+
+
+def test_each_small_pool_size_runs_after_the_last_with_a_budget_of_its_own(monkeypatch):
+    """Pools of each VECTOR_SWAP_SMALL_POOL_ROWS size in turn: the next size's passes start once the last
+    size's stop, at their own size's share of the work limit and within a budget of their own, and they
+    cut rows the larger pools left (never below the bound)."""
+    lengths, constraints = media_mix(0, 3000, WIDTH)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
+    monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_MAX_WORK", 400_000)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_BUDGET", 3)
+    calls = []
+    real_pooled = engine.pooled_vector_swap
+
+    def recording_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_shift=0.0, max_work=None):
+        out = real_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_shift, max_work)
+        calls.append((pool_rows, max_work, out[1] < num_rows))
+        return out
+
+    monkeypatch.setattr(engine, "pooled_vector_swap", recording_pooled)
+    rows = {}
+    for sizes in ((20,), (20, 10)):
+        monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", sizes)
+        calls.clear()
+        plan = pack(lengths, WIDTH, constraints=constraints)
+        assert_constraints_hold(plan, constraints)
+        rows[sizes] = plan.num_rows
+    order = [c[0] for c in calls if c[0] in (20, 10)]
+    assert order == sorted(order, reverse=True) and 10 in order, order  # all of 20's passes, then 10's
+    for size in (20, 10):
+        works = [c[1] for c in calls if c[0] == size]
+        assert works[0] == 400_000 * size // 40 and sum(works) <= 3 * 400_000, works
+    assert any(cut for size, _, cut in calls if size == 10)
+    assert _bound(lengths, constraints) <= rows[(20, 10)] < rows[(20,)], rows

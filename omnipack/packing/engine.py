@@ -59,7 +59,8 @@ CONSTRAINED_LP_MAX_SAMPLES = 300
 # rows: on 50k-sample media plans each pass still cuts rows (omni: 6,928 to 6,897, 6,879, 6,866, ...).
 VECTOR_SWAP_POOL_ROWS = 2500
 VECTOR_SWAP_PASSES = 6
-# Then, while a plan larger than one pool is still above the bound, pools of VECTOR_SWAP_SMALL_POOL_ROWS rows:
+# Then, while a plan larger than one pool is still above the bound, pools of VECTOR_SWAP_SMALL_POOL_ROWS rows
+# (each size in turn, the next once the last stops, with a budget of its own):
 # a small pool reaches its own bound within its work limit, so more rows go per second (omni 200k: ~70 rows a
 # pass of 500 rows, ~32 a pass of 2,500); the large pools come first, as their wider exchanges close the last
 # rows of mid-sized plans (two omni 50k plans: at the bound and 1 row over, against 1 and 2 over with small
@@ -68,8 +69,10 @@ VECTOR_SWAP_PASSES = 6
 # searches other rows. They stop after VECTOR_SWAP_SMALL_IDLE passes in a row at the whole limit that cut
 # nothing, or once the limits given out would pass VECTOR_SWAP_SMALL_BUDGET whole searches (0: no small
 # pools). On the 1M-sample sets (benchmarks/README.md) omni spends the budget on ~170 cheap passes, to 0.07%
-# over the bound; image-text's stall after ~60, doubled ones go on to 0.07%; ~2.2-2.3 min a plan.
-VECTOR_SWAP_SMALL_POOL_ROWS = 500
+# over the bound; image-text's stall after ~60, doubled ones go on to 0.07%; ~2.2-2.3 min a plan. Pools of 125
+# rows after those of 500 close rows the larger pools leave (omni 1M: 136,813 to 136,771 rows, +35 s;
+# image-text 50k: 10,978 to 10,973, +4 s); pools of 125 alone do worse at 1M (image-text 218,925 against 218,860).
+VECTOR_SWAP_SMALL_POOL_ROWS = (500, 125)
 VECTOR_SWAP_SMALL_BUDGET = 34  # whole searches' work (vector_swap.MAX_WORK): ~34 x 3 s at 1M samples
 VECTOR_SWAP_SMALL_IDLE = 3
 # The spread's shift per pass, in gaps between its rows: the golden ratio, whose multiples mod 1 never repeat
@@ -333,9 +336,9 @@ def _vector_swap_passes(
 ) -> tuple[np.ndarray, int]:
     """The swap search (``vector_swap.pooled_vector_swap``): once on a plan of at most VECTOR_SWAP_POOL_ROWS
     rows (the whole plan), on a larger plan one pool after another while a pass cuts rows, at most
-    VECTOR_SWAP_PASSES, then pools of VECTOR_SWAP_SMALL_POOL_ROWS rows, their spread shifted every pass and
-    their work limit doubled after a pass that cut nothing, within VECTOR_SWAP_SMALL_BUDGET (see the
-    constants). Each pool takes the rows least filled after the last pass. The passes stop at the bound, and
+    VECTOR_SWAP_PASSES, then pools of each VECTOR_SWAP_SMALL_POOL_ROWS size in turn, their spread shifted every
+    pass and their work limit doubled after a pass that cut nothing, within VECTOR_SWAP_SMALL_BUDGET each
+    (see the constants). Each pool takes the rows least filled after the last pass. The passes stop at the bound, and
     once the plan has at most VECTOR_SWAP_POOL_ROWS rows."""
     dims, caps = _constrained_dims(lengths, capacity, constraints)
     for _ in range(VECTOR_SWAP_PASSES if num_rows > bound else 0):
@@ -347,9 +350,18 @@ def _vector_swap_passes(
             break
     if num_rows <= VECTOR_SWAP_POOL_ROWS:  # searched whole or by the large pools: small ones are for more
         return row_of, num_rows
-    # Work limits: a pool's size share of the search's first; doubled (up to the whole) after a pass that cut
-    # nothing, the sum of the limits given out at most VECTOR_SWAP_SMALL_BUDGET searches' worth.
-    work = VECTOR_SWAP_MAX_WORK * VECTOR_SWAP_SMALL_POOL_ROWS // max(VECTOR_SWAP_POOL_ROWS, 1)
+    for pool_rows in VECTOR_SWAP_SMALL_POOL_ROWS:
+        row_of, num_rows = _small_pool_passes(dims, caps, row_of, num_rows, bound, pool_rows)
+    return row_of, num_rows
+
+
+def _small_pool_passes(
+    dims: list[np.ndarray], caps: list[int], row_of: np.ndarray, num_rows: int, bound: int, pool_rows: int
+) -> tuple[np.ndarray, int]:
+    """Passes over pools of ``pool_rows`` rows while the plan is above the bound and larger than a large pool.
+    Work limits: a pool's size share of the search's first; doubled (up to the whole) after a pass that cut
+    nothing, the sum of the limits given out at most VECTOR_SWAP_SMALL_BUDGET searches' worth."""
+    work = VECTOR_SWAP_MAX_WORK * pool_rows // max(VECTOR_SWAP_POOL_ROWS, 1)
     budget = VECTOR_SWAP_SMALL_BUDGET * VECTOR_SWAP_MAX_WORK
     idle = pass_ = 0
     while (
@@ -357,7 +369,7 @@ def _vector_swap_passes(
     ):
         budget -= work
         new_row_of, new_rows = pooled_vector_swap(
-            dims, caps, row_of, num_rows, bound, VECTOR_SWAP_SMALL_POOL_ROWS, pass_ * SPREAD_STEP % 1.0, work
+            dims, caps, row_of, num_rows, bound, pool_rows, pass_ * SPREAD_STEP % 1.0, work
         )
         pass_ += 1
         if new_rows < num_rows:
