@@ -13,7 +13,8 @@ its own file). As a script it prints the table of one such folder, slowest files
 
 With ``SUITE_PROFILE_GC=1`` the plugin also times a ``gc.collect()`` after every test (a "gc" phase) and the
 script lists the tests whose collection took over ``--gc-over`` seconds: what such a test leaves in reference
-cycles (a loader iterator whose workers then stop at PyTorch's 5 s join timeout) costs the next test.
+cycles (a loader iterator whose workers then stop at PyTorch's 5 s join timeout) costs the next test. (The
+tests' conftest freezes what is alive before each test's body, out of the collector's reach; not in this mode.)
 Run it without ``PYTHONDONTWRITEBYTECODE``: every process the tests start would compile its imports again.
 """
 

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import gc
-import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,19 +15,29 @@ settings.register_profile("explore", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-# The objects alive when a test starts are frozen (``gc.freeze()``: moved out of every collection). Energon's
-# loaders run a full ``gc.collect()`` when made, when read in this process and in each forked loader worker,
-# whose start also walks ``gc.get_objects()``: in a pytest worker holding torch, transformers and the
-# session's fixtures each of these costs ~0.3 s, ~80 s of the suite's CPU in all. Frozen, they see only what
-# the test made. A full collection every FULL_COLLECT_EVERY tests frees what earlier tests left in
-# reference cycles (Energon's in-process reads also unfreeze everything when they end).
+# What is alive when a test's body starts (its fixtures included) is frozen (``gc.freeze()``: moved out of every
+# collection and out of ``gc.get_objects()``). Energon's loaders run a full ``gc.collect()`` when ``get_loader``
+# makes one, when one is read in this process and in each forked loader worker, whose start also walks
+# ``gc.get_objects()``: in a pytest worker holding torch, transformers and the session's fixtures each of these
+# costs ~0.3 s, ~80 s of the suite's CPU in all. Frozen, they see only what the test made. Garbage that earlier
+# tests left in reference cycles is frozen too, until a full collection every FULL_COLLECT_EVERY tests (or an
+# in-process Energon read, which unfreezes everything when it ends). A collection at each module change instead
+# cost ~40 s of the two workers' wall (a full collection that frees garbage takes ~0.5 s). A loader iterator
+# left in a cycle is meanwhile out of reach of the walk by which Energon's forked workers shut down the
+# iterators they inherit; `SUITE_PROFILE_GC=1` (benchmarks/suite_profile.py), under which nothing is frozen,
+# finds such tests.
 FULL_COLLECT_EVERY = 50
-_test_calls = itertools.count(1)
+TESTS_SINCE_COLLECT = pytest.StashKey[int]()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item):
-    if next(_test_calls) % FULL_COLLECT_EVERY == 0:
+@pytest.hookimpl(hookwrapper=True, trylast=True)  # inside a profiler's wrapper: the collection is counted
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if os.environ.get("SUITE_PROFILE_GC"):
+        yield
+        return
+    count = item.session.stash.get(TESTS_SINCE_COLLECT, FULL_COLLECT_EVERY)  # the first test collects
+    item.session.stash[TESTS_SINCE_COLLECT] = 1 if count >= FULL_COLLECT_EVERY else count + 1
+    if count >= FULL_COLLECT_EVERY:
         gc.unfreeze()
         gc.collect()
     gc.freeze()

@@ -268,5 +268,6 @@ def test_each_small_pool_size_runs_after_the_last_with_a_budget_of_its_own(monke
     for size in (20, 10):
         works = [c[1] for c in calls if c[0] == size]
         assert works[0] == 400_000 * size // 40 and sum(works) <= 3 * 400_000, works
+    assert sum(c[1] for c in calls if c[0] in (20, 10)) > 3 * 400_000  # more than one budget: one each
     assert any(cut for size, _, cut in calls if size == 10)
     assert _bound(lengths, constraints) <= rows[(20, 10)] < rows[(20,)], rows

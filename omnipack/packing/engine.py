@@ -69,11 +69,11 @@ VECTOR_SWAP_PASSES = 6
 # searches other rows. They stop after VECTOR_SWAP_SMALL_IDLE passes in a row at the whole limit that cut
 # nothing, or once the limits given out would pass VECTOR_SWAP_SMALL_BUDGET whole searches (0: no small
 # pools). On the 1M-sample sets (benchmarks/README.md) omni spends the budget on ~170 cheap passes, to 0.07%
-# over the bound; image-text's stall after ~60, doubled ones go on to 0.07%; ~2.2-2.3 min a plan. Pools of 125
-# rows after those of 500 close rows the larger pools leave (omni 1M: 136,813 to 136,771 rows, +35 s;
-# image-text 50k: 10,978 to 10,973, +4 s); pools of 125 alone do worse at 1M (image-text 218,925 against 218,860).
+# over the bound; image-text's stall after ~60, doubled ones go on to 0.07%. Pools of 125 rows after those of
+# 500 close rows the larger pools leave (omni 1M: 136,813 to 136,771 rows, 2.3 to 3.0 min a plan; image-text
+# 50k: 10,978 to 10,973, +3 s); pools of 125 alone do worse at 1M (image-text 218,925 against 218,860).
 VECTOR_SWAP_SMALL_POOL_ROWS = (500, 125)
-VECTOR_SWAP_SMALL_BUDGET = 34  # whole searches' work (vector_swap.MAX_WORK): ~34 x 3 s at 1M samples
+VECTOR_SWAP_SMALL_BUDGET = 34  # whole searches' work (vector_swap.MAX_WORK) per size: ~34 x 3 s at 1M samples
 VECTOR_SWAP_SMALL_IDLE = 3
 # The spread's shift per pass, in gaps between its rows: the golden ratio, whose multiples mod 1 never repeat
 # and spread evenly over the gap.
@@ -336,10 +336,10 @@ def _vector_swap_passes(
 ) -> tuple[np.ndarray, int]:
     """The swap search (``vector_swap.pooled_vector_swap``): once on a plan of at most VECTOR_SWAP_POOL_ROWS
     rows (the whole plan), on a larger plan one pool after another while a pass cuts rows, at most
-    VECTOR_SWAP_PASSES, then pools of each VECTOR_SWAP_SMALL_POOL_ROWS size in turn, their spread shifted every
-    pass and their work limit doubled after a pass that cut nothing, within VECTOR_SWAP_SMALL_BUDGET each
-    (see the constants). Each pool takes the rows least filled after the last pass. The passes stop at the bound, and
-    once the plan has at most VECTOR_SWAP_POOL_ROWS rows."""
+    VECTOR_SWAP_PASSES, then pools of each VECTOR_SWAP_SMALL_POOL_ROWS size in turn, their spread shifted
+    every pass and their work limit doubled after a pass that cut nothing, within VECTOR_SWAP_SMALL_BUDGET
+    each (see the constants). Each pool takes the rows least filled after the last pass. The passes stop at
+    the bound, and once the plan has at most VECTOR_SWAP_POOL_ROWS rows."""
     dims, caps = _constrained_dims(lengths, capacity, constraints)
     for _ in range(VECTOR_SWAP_PASSES if num_rows > bound else 0):
         new_row_of, new_rows = pooled_vector_swap(dims, caps, row_of, num_rows, bound, VECTOR_SWAP_POOL_ROWS)
@@ -356,7 +356,7 @@ def _vector_swap_passes(
 
 
 def _small_pool_passes(
-    dims: list[np.ndarray], caps: list[int], row_of: np.ndarray, num_rows: int, bound: int, pool_rows: int
+    dims: np.ndarray, caps: np.ndarray, row_of: np.ndarray, num_rows: int, bound: int, pool_rows: int
 ) -> tuple[np.ndarray, int]:
     """Passes over pools of ``pool_rows`` rows while the plan is above the bound and larger than a large pool.
     Work limits: a pool's size share of the search's first; doubled (up to the whole) after a pass that cut
