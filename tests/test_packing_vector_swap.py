@@ -203,14 +203,11 @@ def test_pools_shift_their_spread_so_that_each_shift_searches_other_rows():
     assert len({tuple(total) for total in searched}) == 3  # three different pools of rows
 
 
-def test_small_pools_double_their_work_after_a_pass_that_cuts_nothing(monkeypatch):
-    """Small pools start at their size's share of the search's work limit, double it after a pass that cut
-    nothing, stop after VECTOR_SWAP_SMALL_IDLE such passes at the full limit (or once the limits given out
-    reach the budget), and shift their spread by SPREAD_STEP gaps a pass."""
-    lengths, constraints = media_mix(0, 3000, WIDTH)
-    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
+def _recorded_pools(monkeypatch) -> list[tuple[int, float, int | None, bool]]:
+    """Large pools of 40 rows (of ~425), one pass, a work limit of 400,000; every ``pooled_vector_swap`` call
+    the engine makes recorded as (pool rows, spread shift, work limit, cut rows)."""
+    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)
     monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
-    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", (20,))
     monkeypatch.setattr(engine, "VECTOR_SWAP_MAX_WORK", 400_000)
     calls = []
     real_pooled = engine.pooled_vector_swap
@@ -221,6 +218,16 @@ def test_small_pools_double_their_work_after_a_pass_that_cuts_nothing(monkeypatc
         return out
 
     monkeypatch.setattr(engine, "pooled_vector_swap", recording_pooled)
+    return calls
+
+
+def test_small_pools_double_their_work_after_a_pass_that_cuts_nothing(monkeypatch):
+    """Small pools start at their size's share of the search's work limit, double it after a pass that cut
+    nothing, stop after VECTOR_SWAP_SMALL_IDLE such passes at the full limit (or once the limits given out
+    reach the budget), and shift their spread by SPREAD_STEP gaps a pass."""
+    lengths, constraints = media_mix(0, 3000, WIDTH)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", (20,))
+    calls = _recorded_pools(monkeypatch)
     plan = pack(lengths, WIDTH, constraints=constraints)
     assert_constraints_hold(plan, constraints)
     small = [c for c in calls if c[0] == 20]
@@ -243,19 +250,8 @@ def test_each_small_pool_size_runs_after_the_last_with_a_budget_of_its_own(monke
     size's stop, at their own size's share of the work limit and within a budget of their own, and they
     cut rows the larger pools left (never below the bound)."""
     lengths, constraints = media_mix(0, 3000, WIDTH)
-    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
-    monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
-    monkeypatch.setattr(engine, "VECTOR_SWAP_MAX_WORK", 400_000)
     monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_BUDGET", 3)
-    calls = []
-    real_pooled = engine.pooled_vector_swap
-
-    def recording_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_shift=0.0, max_work=None):
-        out = real_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_shift, max_work)
-        calls.append((pool_rows, max_work, out[1] < num_rows))
-        return out
-
-    monkeypatch.setattr(engine, "pooled_vector_swap", recording_pooled)
+    calls = _recorded_pools(monkeypatch)
     rows = {}
     for sizes in ((20,), (20, 10)):
         monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", sizes)
@@ -266,8 +262,8 @@ def test_each_small_pool_size_runs_after_the_last_with_a_budget_of_its_own(monke
     order = [c[0] for c in calls if c[0] in (20, 10)]
     assert order == sorted(order, reverse=True) and 10 in order, order  # all of 20's passes, then 10's
     for size in (20, 10):
-        works = [c[1] for c in calls if c[0] == size]
+        works = [c[2] for c in calls if c[0] == size]
         assert works[0] == 400_000 * size // 40 and sum(works) <= 3 * 400_000, works
-    assert sum(c[1] for c in calls if c[0] in (20, 10)) > 3 * 400_000  # more than one budget: one each
-    assert any(cut for size, _, cut in calls if size == 10)
+    assert sum(c[2] for c in calls if c[0] in (20, 10)) > 3 * 400_000  # more than one budget: one each
+    assert any(cut for size, *_, cut in calls if size == 10)
     assert _bound(lengths, constraints) <= rows[(20, 10)] < rows[(20,)], rows
