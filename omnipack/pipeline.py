@@ -9,6 +9,7 @@ after a crash redoes only what is unfinished, and the output folder is held by o
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -33,7 +34,7 @@ from .profiles.checkpoint import choose_profile
 from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, WriteIncomplete, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock, OutputLocked
-from .stages.measure import MEASURE, PART_LINES, PARTS_FILE, load_parts, parts_key
+from .stages.measure import MEASURE, PART_LINES, PARTS_FILE, load_parts, offer_tokenizer, parts_key
 from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
 from .stages.pack_planner import PackConfig
@@ -211,8 +212,9 @@ def input_summary(cfg: PrepareConfig) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def build_spec(cfg: PrepareConfig) -> RunSpec:
-    """The run's plain-data spec: derived stage settings, run facts, and the input's parts."""
+def build_spec(cfg: PrepareConfig, executor: Any = None) -> RunSpec:
+    """The run's plain-data spec: derived stage settings, run facts, and the input's parts. ``executor``
+    (the run's) is offered the tokenizer loaded for the facts, for its workers' measure units."""
     align = cfg.layout.alignment
     check_seq_length(cfg.seq_length, align)
     out = output_path(cfg.output)
@@ -224,6 +226,7 @@ def build_spec(cfg: PrepareConfig) -> RunSpec:
     tok_facts = tokenizer_facts(
         tokenizer.folder, tokenizer.shipped.digest, profile, {"profile": cfg.profile, "options": options},
         out / STAGES_DIR, reuse=cfg.from_stage == "pack",
+        on_load=None if executor is None else functools.partial(offer_tokenizer, executor, tokenizer.shipped),
     )  # fmt: skip
     cost_model = _cost_model(cfg, profile)
     pad_id = tok_facts.pad_token_id
@@ -626,7 +629,7 @@ def run_prepare(
                 executor = make_executor(cfg.executor, cfg.workers, cfg.ray_address)
             try:
                 say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
-                spec = build_spec(cfg)
+                spec = build_spec(cfg, executor)
                 say(f"omnipack prepare: {cfg.profile_choice.describe(spec.facts.profile['settings'])}")
                 reuse = cfg.from_stage == "pack"
                 if reuse and stage in (None, "pack"):

@@ -319,6 +319,52 @@ def test_an_actor_gets_the_spec_once_and_keeps_its_context_for_every_unit(local_
     assert objects and all(len(o) == 1 for o in objects.values()), objects  # made once per actor
 
 
+def measured_on_actor(spec, unit, context):
+    """Measures part ``unit`` (the measure stage's unit function); the actor's pid, its measurer's tokenizer
+    fingerprint, and whether the actor imported ``AutoTokenizer``'s module (a tokenizer load of its own)."""
+    import sys
+
+    from omnipack.stages.measure import measure_part, worker_measurer
+
+    record = measure_part(spec, unit, context)
+    measurer = worker_measurer(context, spec.measure, spec.model, spec.model_options)  # the one measure_part made
+    auto = "transformers.models.auto.tokenization_auto" in sys.modules
+    return os.getpid(), measurer.chat.fingerprint(), auto, record.measured
+
+
+def test_actors_measure_with_the_tokenizer_the_driver_loaded(local_ray, tmp_path, demo_tokenizer, demo_corpus):
+    """The driver loads the tokenizer for the run's facts and sends it to the actors: they measure with it
+    (the same fingerprint) and never load one of their own (importing transformers' Auto classes and torch:
+    1.6 s of CPU an actor)."""
+    from omnipack.executors.ray import RayExecutor
+    from omnipack.pipeline import build_spec
+
+    with RayExecutor(workers=2) as ex:
+        spec = build_spec(demo_config(tmp_path / "out", demo_tokenizer, demo_corpus, part_lines=16), ex)
+        results = list(ex.map(measured_on_actor, spec, [p.number for p in spec.parts]))
+    assert len({pid for pid, *_ in results}) == 2  # both actors measured
+    assert {fingerprint for _, fingerprint, _, _ in results} == {spec.facts.tokenizer_fingerprint}
+    assert not any(auto for _, _, auto, _ in results)
+    assert sum(n for *_, n in results) > 0
+
+
+def test_an_offer_is_fetched_once_and_one_that_does_not_unpickle_leaves_the_load_to_the_unit():
+    import pickle
+
+    from omnipack.executors.ray import _unpickled
+    from omnipack.stages.worker import WorkerContext
+
+    context, fetches = WorkerContext(), []
+    context.offer("thing", "k", lambda: fetches.append(1) or _unpickled(pickle.dumps({"a": 1})))
+    assert context.offered("thing", "k") == {"a": 1} and context.offered("thing", "k") == {"a": 1}
+    assert fetches == [1]
+    assert context.offered("thing", "another key") is None
+    # a class this node cannot import (a tokenizer's remote code): None, and the unit loads its own
+    missing = pickle.dumps(WorkerContext()).replace(b"omnipack.stages.worker", b"omnipack.stages.no_such")
+    context.offer("thing", "remote code", lambda: _unpickled(missing))
+    assert context.offered("thing", "remote code") is None
+
+
 def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
     local_ray, tmp_path, reference, demo_tokenizer, demo_corpus
 ):
@@ -420,10 +466,10 @@ def test_a_run_starts_its_cluster_while_the_driver_splits_the_input(
     build_spec = pipeline.build_spec
     starting_at_split: list[bool] = []  # the cluster's start under way (begun, not done) when the split begins
 
-    def split(cfg):
+    def split(cfg, executor=None):
         starting_at_split.append(init_called.wait(10) and not ray.is_initialized())
         split_started.set()
-        return build_spec(cfg)
+        return build_spec(cfg, executor)
 
     monkeypatch.setattr(ray, "init", slow_init)
     monkeypatch.setattr(pipeline, "build_spec", split)

@@ -200,11 +200,11 @@ def test_an_overwrite_starts_while_the_earlier_run_is_deleted(
     pending: list[set[str]] = []  # what waited for deletion when the new run began
     real_build_spec = pipeline.build_spec
 
-    def watching(cfg):
+    def watching(cfg, executor=None):
         replaced = out / "stages" / REPLACED_DIR
         pending.append({p.name.split("-", 2)[2] for p in replaced.iterdir()} if replaced.is_dir() else set())
         gate.set()
-        return real_build_spec(cfg)
+        return real_build_spec(cfg, executor)
 
     monkeypatch.setattr(shutil, "rmtree", held_rmtree)
     monkeypatch.setattr(pipeline, "build_spec", watching)

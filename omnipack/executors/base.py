@@ -60,6 +60,12 @@ class Executor:
         so a stage's bar counts each unit when it is done, not when the units before it are)."""
         yield from zip(units, self.map(fn, spec, units), strict=True)
 
+    def offer(self, kind: str, key: str, value: Any) -> None:
+        """Offer the workers ``value``, an object this process loaded, as their ``kind`` object for ``key``
+        (``WorkerContext.offered``). An executor whose workers start in fresh processes sends it, where that
+        costs less than loading it again; this one sends nothing: its workers load their own (the local pool's
+        fork from a server that holds the imports, so there a load takes milliseconds)."""
+
     def close(self, *, abort: bool = False) -> None:
         """Release workers (the executor may be used for several stages first); ``abort`` (an error or
         Ctrl-C in the caller): stop the units still running instead of waiting for them."""

@@ -116,11 +116,12 @@ REJECTS_SCHEMA = pa.schema(  # a part's rejects: the fields of ``Reject``
 class Measurer:
     """Per-process measuring context: the profile and the tokenizer, loaded once."""
 
-    def __init__(self, config: MeasureConfig) -> None:
+    def __init__(self, config: MeasureConfig, tokenizer: Any = None) -> None:
+        """``tokenizer``: ``config.tokenizer``'s, already loaded (``ChatTokenizer``)."""
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the pool parallelises, not the tokenizer
         self.config = config
         self.profile = get_profile(config.profile, **config.profile_options)
-        self.chat = ChatTokenizer(config.tokenizer, self.profile, mrope=config.mrope)
+        self.chat = ChatTokenizer(config.tokenizer, self.profile, mrope=config.mrope, tokenizer=tokenizer)
         self.cost_model = None if config.cost is None else self.profile.cost_model(config.cost)
 
     def measure_many(
@@ -463,6 +464,16 @@ def local_measure_config(
     return replace(config, tokenizer=local_copy(shipped), profile_options=profile_options)
 
 
+TOKENIZER_OFFER = "tokenizer"  # the kind of a worker's offered tokenizer (``WorkerContext.offered``)
+
+
+def offer_tokenizer(executor: Any, shipped: ShippedModel, tokenizer: Any) -> None:
+    """Offer ``executor``'s workers ``tokenizer``, loaded here from ``shipped``'s files, for the measurers they
+    make from those files (``worker_measurer``): a worker in a fresh process (a Ray actor) then need not load
+    it again (importing torch)."""
+    executor.offer(TOKENIZER_OFFER, shipped.digest, tokenizer)
+
+
 def worker_measurer(
     context: WorkerContext,
     config: MeasureConfig,
@@ -474,7 +485,13 @@ def worker_measurer(
     parts it measures. Keyed by the settings, the shipped files' digests and the cache holding their copies,
     so by content, not by a folder that may have been edited."""
     key = digest({"config": asdict(config), "shipped": shipped, "options": options, "cache": str(cache_dir())})
-    return context.kept("measurer", key, lambda: Measurer(local_measure_config(config, shipped, options)))
+
+    def make() -> Measurer:
+        # the tokenizer the driver loaded from the same files, where the executor sent it (``offer_tokenizer``)
+        loaded = None if shipped is None else context.offered(TOKENIZER_OFFER, shipped.digest)
+        return Measurer(local_measure_config(config, shipped, options), loaded)
+
+    return context.kept("measurer", key, make)
 
 
 def measure_part(spec: RunSpec, number: int, context: WorkerContext) -> PartRecord:

@@ -6,13 +6,14 @@ costs more than the repack itself."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from ..profiles.hf_config import placeholder_token_ids
-from ..text.chat import ChatTokenizer
+from ..text.chat import ChatTokenizer, load_tokenizer
 from .records import digest, read_record, write_json_atomic
 
 FACTS_FILE = "tokenizer_facts.json"
@@ -26,16 +27,27 @@ class TokenizerFacts:
 
 
 def tokenizer_facts(
-    folder: Path, files_digest: str, profile: Any, profile_key: dict[str, Any], stages: Any, *, reuse: bool
+    folder: Path,
+    files_digest: str,
+    profile: Any,
+    profile_key: dict[str, Any],
+    stages: Any,
+    *,
+    reuse: bool,
+    on_load: Callable[[Any], None] | None = None,
 ) -> TokenizerFacts:
     """The facts of the tokenizer in ``folder`` (whose shipped files have ``files_digest``) under ``profile``:
     with ``reuse``, those an earlier run recorded for the same files, profile, options and transformers
-    version; else read from the loaded tokenizer (and recorded)."""
+    version; else read from the loaded tokenizer (and recorded). ``on_load`` is called with the tokenizer
+    as loaded (``load_tokenizer``), when it is."""
     key = digest({"tokenizer": files_digest, **profile_key, "transformers": _transformers_version()})
     path = stages / FACTS_FILE
     if reuse and (record := read_record(path, key)) is not None:
         return TokenizerFacts(record["fingerprint"], record["pad_token_id"], record["placeholder_token_ids"])
-    chat = ChatTokenizer(folder, profile)
+    loaded = load_tokenizer(folder)
+    if on_load is not None:
+        on_load(loaded)
+    chat = ChatTokenizer(folder, profile, tokenizer=loaded)
     pad = chat.tokenizer.pad_token_id
     facts = TokenizerFacts(
         chat.fingerprint(),

@@ -6,6 +6,8 @@ as long as the worker lives, and passes it to each unit function (``fn(spec, uni
 costly to load and the same for many units (the run's spec, the tokenizer's ``Measurer``, the plan's mapped
 token files, the profile's media store, an opened dataset) a unit takes from the context: loaded by the
 worker's first unit that needs it, reused by the rest, and gone with the worker (no module-level caches).
+An executor may also *offer* a worker an object its driver already loaded (``offer``, ``offered``): a
+worker in a fresh process then fetches it instead of loading it again (a tokenizer's load imports torch).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class WorkerContext:
 
     def __init__(self, cpus: int = 1) -> None:
         self._kept: dict[str, dict[str, Any]] = {}
+        self._offers: dict[tuple[str, str], Callable[[], Any]] = {}
         self.cpus = max(1, int(cpus))
 
     def kept(self, kind: str, key: str, make: Callable[[], T], *, latest_only: bool = False) -> T:
@@ -36,6 +39,17 @@ class WorkerContext:
                 held.clear()
             held[key] = make()
         return held[key]
+
+    def offer(self, kind: str, key: str, fetch: Callable[[], Any]) -> None:
+        """``fetch()`` gives this worker the ``kind`` object for ``key`` ready-made (one its executor's driver
+        loaded), for a unit that asks with ``offered``; it may return None (then the unit loads its own)."""
+        self._offers.setdefault((kind, key), fetch)
+
+    def offered(self, kind: str, key: str) -> Any | None:
+        """The ``kind`` object for ``key`` offered to this worker, fetched the first time it is asked for; None
+        when none was offered or it could not be fetched."""
+        fetch = self._offers.get((kind, key))
+        return None if fetch is None else self.kept(f"offered {kind}", key, fetch)
 
     def run(
         self, fn: Callable[[Any, Any, WorkerContext], T], spec_key: str, load_spec: Callable[[], Any], unit: Any

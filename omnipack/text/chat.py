@@ -36,23 +36,40 @@ from .render import (
 from .token_count import LONG_TEXT_CHARS, count_tokens_over
 from .token_starts import TokenByteStarts
 
-__all__ = ["ChatTokenizer", "EncodedSample", "SampleRejected", "template_messages", "uses_tools"]
+__all__ = [
+    "ChatTokenizer", "EncodedSample", "SampleRejected", "load_tokenizer", "template_messages", "uses_tools"
+]
 
 TOKENIZE_BATCH_CHARS = 1 << 22  # characters tokenized in one call
+
+
+def tokenizer_folder(tokenizer_dir: str | Path) -> Path:
+    """The folder a tokenizer name reads: itself, or a Hub id's snapshot in the local cache (never
+    downloaded)."""
+    try:
+        return Path(resolve_model_dir(tokenizer_dir))
+    except NotCached as e:
+        raise ValueError(f"tokenizer {str(tokenizer_dir)!r} {e}") from None
+
+
+def load_tokenizer(tokenizer_dir: str | Path) -> Any:
+    """The tokenizer of ``tokenizer_dir`` (a folder or a cached Hub id), loaded as the model's users load it
+    (``AutoTokenizer``, which picks the class; importing it imports torch)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_folder(tokenizer_dir)))
 
 
 class ChatTokenizer:
     """Turns a conversation plus its media plans into token ids and labels for one profile."""
 
-    def __init__(self, tokenizer_dir: str | Path, profile: ModelProfile, *, mrope: bool = False) -> None:
-        from transformers import AutoTokenizer
-
-        try:  # a Hub id from the local cache, never downloaded
-            tokenizer_dir = resolve_model_dir(tokenizer_dir)
-        except NotCached as e:
-            raise ValueError(f"tokenizer {str(tokenizer_dir)!r} {e}") from None
-        self.tokenizer_dir = Path(tokenizer_dir)  # the folder read (a Hub id's snapshot in the cache)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    def __init__(
+        self, tokenizer_dir: str | Path, profile: ModelProfile, *, mrope: bool = False, tokenizer: Any = None
+    ) -> None:
+        """``tokenizer``: the one ``load_tokenizer(tokenizer_dir)`` gives, already loaded (e.g. by the run's
+        driver, sent to this worker), so it is not loaded again."""
+        self.tokenizer_dir = tokenizer_dir = tokenizer_folder(tokenizer_dir)  # a Hub id's: its cached snapshot
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(tokenizer_dir)
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"tokenizer at {tokenizer_dir} carries no chat template")
         self.profile = profile
