@@ -17,6 +17,10 @@ W in 4096/8192/16384/32768, seeded by its index) is packed twice:
 (``engine.EARLY_LP_MAX_SAMPLES``; the two in turn, one process): the plans must be identical, and the table
 gives the time either way, where the bound proved a plan optimal and what it cost where it did not.
 
+``--prove-lp INDEX ...`` takes only those large instances, against the pattern LP solved to the end by the
+packer's own column generation with no work limit (minutes each): for the ones where the clock-capped LP of
+``--large-lp-seconds`` leaves only Farley's bound.
+
 ``--speed`` adds the plan-speed comparison with lightbinpack (bench_packing's, on 4M text samples).
 ``--constrained`` packs image-text and omni sets under their media budgets (bench_packing's) without
 ("before") and with ("after") the steps for constrained plans above the vector bound (the swap search,
@@ -49,10 +53,16 @@ def mixture(index: int) -> tuple[int, list[dict], np.random.Generator]:
     return width, random_mixture(rng, width), rng
 
 
-def run_large(index: int, low: int, high: int, lp_seconds: float = 0.0) -> dict:
+def draw_large(index: int, low: int, high: int) -> tuple[int, list[dict], np.ndarray]:
+    """Mixture ``index``'s large instance: its width, modes and lengths (n log-uniform in [low, high])."""
     width, modes, rng = mixture(index)
     n = int(np.exp(rng.uniform(np.log(low), np.log(high))))
-    lengths = sample_mixture(rng, modes, n, width)
+    return width, modes, sample_mixture(rng, modes, n, width)
+
+
+def run_large(index: int, low: int, high: int, lp_seconds: float = 0.0) -> dict:
+    width, modes, lengths = draw_large(index, low, high)
+    n = len(lengths)
     bound = max(lower_bounds(lengths, width).values())
     start = time.perf_counter()
     plan = pack(lengths, width, shuffle=False)
@@ -78,6 +88,30 @@ def run_large(index: int, low: int, high: int, lp_seconds: float = 0.0) -> dict:
         "algorithm": plan.algorithm,
         "mix": describe(modes),
     }
+
+
+def prove_large(index: int, low: int, high: int) -> dict:
+    """Mixture ``index``'s large instance against the pattern LP solved to the end: the packer's own column
+    generation (``patterns.lp_rows_bound``: exchange columns, dual smoothing on 1,024+ lengths, pricing by
+    the exact knapsack at any size) with no work limit, started from the plan's rows. For the instances
+    where the benchmark's clock-capped LP (``--large-lp-seconds``) is cut short: minutes each."""
+    from omnipack.packing.patterns import LpLimits, lp_rows_bound
+
+    width, _, lengths = draw_large(index, low, high)
+    bound = max(lower_bounds(lengths, width).values())
+    plan = pack(lengths, width, shuffle=False)
+    values, cls = np.unique(lengths, return_inverse=True)
+    values, cls = values[::-1].copy(), len(values) - 1 - cls  # classes longest first, as the packer's
+    counts = np.bincount(cls, minlength=len(values))
+    slot_rows = np.asarray(plan.row_of)[np.argsort(cls, kind="stable")]  # each class's items, in class order
+    unlimited = LpLimits(max_columns=10**9, max_knapsack_work=10**18, max_pricing_cells=10**15, max_lp_solves=10**9)
+    start = time.perf_counter()
+    lp = lp_rows_bound(values, counts, width, (slot_rows, plan.num_rows), bound, unlimited)
+    return {
+        "index": index, "W": width, "n": len(lengths), "classes": len(values), "rows": plan.num_rows,
+        "bound": bound, "LP bound": lp, "rows/LP": f"{plan.num_rows / lp:.5f}",
+        "within LP + 0.1%": "yes" if plan.num_rows <= lp * 1.001 else "NO", "LP s": f"{time.perf_counter() - start:.0f}",
+    }  # fmt: skip
 
 
 def run_small(index: int, n: int, lp_seconds: float) -> dict:
@@ -326,7 +360,14 @@ def main() -> None:
     parser.add_argument("--constrained-seeds", type=int, default=4)
     parser.add_argument("--mip-seconds", type=float, default=60.0, help="0: no MIP verdict")
     parser.add_argument("--early-lp-ab", action="store_true", help="only pack with and without the early LP bound")
+    parser.add_argument(
+        "--prove-lp", type=int, nargs="+", metavar="INDEX",
+        help="only these large instances, against the LP solved to the end (no limit: minutes each)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.prove_lp:
+        high = 1_000_000 if args.full else 100_000
+        return print_table([prove_large(index, 10_000, high) for index in args.prove_lp])
     if args.early_lp_ab:
         return early_lp_ab(args.mixtures)
     if args.constrained:
