@@ -23,7 +23,7 @@ from .alignment import ParallelLayout, check_seq_length
 from .dataset.meta import DATASET_CONFIG, NV_META, OMNIPACK_META
 from .dataset.shards import SHARD_CHECKSUMS
 from .errors import StageError
-from .executors import make_executor
+from .executors import Executor, make_executor
 from .inputs import InputPart, InputSpec, data_files, select_inputs
 from .inputs.accounting import DEFAULT_MAX_REJECT_FRACTION
 from .manifest import default_max_line_bytes
@@ -34,7 +34,7 @@ from .profiles.checkpoint import choose_profile
 from .progress import StageProgress, say
 from .stages.finalize import NothingPacked, WriteIncomplete, finalize, remove_meta
 from .stages.lock import LOCK_DIR, WHOLE_RUN, OutputLock, OutputLocked
-from .stages.measure import MEASURE, PART_LINES, PARTS_FILE, load_parts, offer_tokenizer, parts_key
+from .stages.measure import MEASURE, PART_LINES, PARTS_FILE, load_parts, parts_key
 from .stages.model_files import run_profile_options, run_tokenizer
 from .stages.pack import MEASURE_KEY_FILE, MeasureIncomplete, run_pack_stage
 from .stages.pack_planner import PackConfig
@@ -58,7 +58,7 @@ from .stages.storage import (
     remove_partials,
     remove_tree,
 )
-from .stages.tokenizer_facts import TokenizerFacts, tokenizer_facts
+from .stages.tokenizer_facts import TokenizerFacts, offer_tokenizer, tokenizer_facts
 from .stages.unit import Stage
 from .stages.write import WRITE, sample_store
 from .text.hub_cache import NotCached, resolve_model_dir
@@ -212,9 +212,10 @@ def input_summary(cfg: PrepareConfig) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def build_spec(cfg: PrepareConfig, executor: Any = None) -> RunSpec:
+def build_spec(cfg: PrepareConfig, executor: Executor | None = None) -> RunSpec:
     """The run's plain-data spec: derived stage settings, run facts, and the input's parts. ``executor``
-    (the run's) is offered the tokenizer loaded for the facts, for its workers' measure units."""
+    (the run's, where it measures) is offered the tokenizer loaded for the facts, for its workers' measure
+    units (``tokenizer_facts.offer_tokenizer``)."""
     align = cfg.layout.alignment
     check_seq_length(cfg.seq_length, align)
     out = output_path(cfg.output)
@@ -629,7 +630,7 @@ def run_prepare(
                 executor = make_executor(cfg.executor, cfg.workers, cfg.ray_address)
             try:
                 say(f"loading the tokenizer {cfg.tokenizer} and splitting the input into parts", cfg.progress)
-                spec = build_spec(cfg, executor)
+                spec = build_spec(cfg, executor if stage in (None, "measure") else None)  # the measure's workers
                 say(f"omnipack prepare: {cfg.profile_choice.describe(spec.facts.profile['settings'])}")
                 reuse = cfg.from_stage == "pack"
                 if reuse and stage in (None, "pack"):

@@ -165,6 +165,33 @@ def test_a_worker_builds_its_measurer_once_for_all_the_parts_it_measures(
     assert os.getpid() not in built and set(built.values()) == {1}, built  # one per worker, whatever it ran
 
 
+def test_a_worker_measures_with_an_offered_tokenizer_and_loads_its_own_without_a_usable_one(
+    tmp_path, demo_tokenizer, demo_corpus
+):
+    """The tokenizer offered for the run's shipped files (and these library versions) is the one measured
+    with; an offer under another key, or one that could not be fetched (None), leaves the worker to load the
+    same tokenizer itself."""
+    from omnipack.pipeline import build_spec
+    from omnipack.stages.measure import worker_measurer
+    from omnipack.stages.tokenizer_facts import TOKENIZER_OFFER, tokenizer_offer_key
+    from omnipack.stages.worker import WorkerContext
+    from omnipack.text.chat import load_tokenizer
+    from tests.stage_outputs import demo_config
+
+    spec = build_spec(demo_config(tmp_path / "out", demo_tokenizer, demo_corpus))
+    offered = load_tokenizer(demo_tokenizer)
+    key = tokenizer_offer_key(spec.model)
+    taken = WorkerContext()
+    taken.offer(TOKENIZER_OFFER, key, lambda: offered)
+    assert worker_measurer(taken, spec.measure, spec.model).chat.tokenizer is offered
+    for offer_key, fetch in ((key, lambda: None), ("other files or versions", lambda: offered)):
+        context = WorkerContext()
+        context.offer(TOKENIZER_OFFER, offer_key, fetch)
+        measurer = worker_measurer(context, spec.measure, spec.model)
+        assert measurer.chat.tokenizer is not offered
+        assert measurer.chat.fingerprint() == spec.facts.tokenizer_fingerprint
+
+
 def blocking_unit(marker_dir, unit, context):
     """Signals that it runs, then blocks (until the test kills the run)."""
     import pathlib

@@ -140,11 +140,22 @@ def test_the_fixture_starts_a_cluster_of_its_own_beside_one_already_running(loca
 
 
 def test_ray_actors_give_the_bytes_of_a_local_run(
-    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, capfd
+    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, capfd, monkeypatch
 ):
+    from omnipack.executors.ray import RayExecutor
+
+    offered: list[str] = []  # what the run offers its actors (the tokenizer it loaded for the facts)
+    real_offer = RayExecutor.offer
+
+    def recording(self, kind, key, value):
+        offered.append(kind)
+        real_offer(self, kind, key, value)
+
+    monkeypatch.setattr(RayExecutor, "offer", recording)
     out = tmp_path / "ray"
     run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2))
     assert dataset_bytes(out) == reference
+    assert offered == ["tokenizer"]
     assert ray.is_initialized()  # a Ray the caller started stays up
     # the run says which cluster it runs on
     address = ray.get_runtime_context().gcs_address
@@ -325,9 +336,11 @@ def measured_on_actor(spec, unit, context):
     import sys
 
     from omnipack.stages.measure import measure_part, worker_measurer
+    from omnipack.stages.tokenizer_facts import TOKENIZER_OFFER, tokenizer_offer_key
 
     record = measure_part(spec, unit, context)
     measurer = worker_measurer(context, spec.measure, spec.model, spec.model_options)  # the one measure_part made
+    assert measurer.chat.tokenizer is context.offered(TOKENIZER_OFFER, tokenizer_offer_key(spec.model))
     auto = "transformers.models.auto.tokenization_auto" in sys.modules
     return os.getpid(), measurer.chat.fingerprint(), auto, record.measured
 
@@ -341,6 +354,7 @@ def test_actors_measure_with_the_tokenizer_the_driver_loaded(local_ray, tmp_path
 
     with RayExecutor(workers=2) as ex:
         spec = build_spec(demo_config(tmp_path / "out", demo_tokenizer, demo_corpus, part_lines=16), ex)
+        assert ex.wait_for_workers(120) == 2
         results = list(ex.map(measured_on_actor, spec, [p.number for p in spec.parts]))
     assert len({pid for pid, *_ in results}) == 2  # both actors measured
     assert {fingerprint for _, fingerprint, _, _ in results} == {spec.facts.tokenizer_fingerprint}
@@ -348,21 +362,23 @@ def test_actors_measure_with_the_tokenizer_the_driver_loaded(local_ray, tmp_path
     assert sum(n for *_, n in results) > 0
 
 
-def test_an_offer_is_fetched_once_and_one_that_does_not_unpickle_leaves_the_load_to_the_unit():
+def test_an_offer_is_fetched_once_and_one_that_cannot_be_unpickled_is_none_with_a_line(local_ray, capfd):
     import pickle
 
-    from omnipack.executors.ray import _unpickled
+    from omnipack.executors.ray import _fetch_offer
     from omnipack.stages.worker import WorkerContext
 
     context, fetches = WorkerContext(), []
-    context.offer("thing", "k", lambda: fetches.append(1) or _unpickled(pickle.dumps({"a": 1})))
+    sent = ray.put(pickle.dumps({"a": 1}))
+    context.offer("thing", "k", lambda: fetches.append(1) or _fetch_offer("thing", sent))
     assert context.offered("thing", "k") == {"a": 1} and context.offered("thing", "k") == {"a": 1}
     assert fetches == [1]
     assert context.offered("thing", "another key") is None
-    # a class this node cannot import (a tokenizer's remote code): None, and the unit loads its own
-    missing = pickle.dumps(WorkerContext()).replace(b"omnipack.stages.worker", b"omnipack.stages.no_such")
-    context.offer("thing", "remote code", lambda: _unpickled(missing))
-    assert context.offered("thing", "remote code") is None
+    # a class of a module this node does not have (same length: the pickle stays well formed)
+    missing = pickle.dumps(WorkerContext()).replace(b"omnipack.stages.worker", b"omnipack.stages.nosuch")
+    context.offer("thing", "missing class", lambda: _fetch_offer("thing", ray.put(missing)))
+    assert context.offered("thing", "missing class") is None
+    assert "the driver's thing did not arrive on this worker (ModuleNotFoundError" in capfd.readouterr().err
 
 
 def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(

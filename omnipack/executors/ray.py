@@ -70,17 +70,18 @@ class _UnitWorker:
         # megabytes for a large input) for each unit: the actor gets it once and keeps it. So do the offers'
         # (inside a dict): each is fetched only by a unit that asks for it.
         for (kind, key), offer_ref in offers.items():
-            self._context.offer(kind, key, lambda ref=offer_ref: _unpickled(ray.get(ref)))
+            self._context.offer(kind, key, lambda kind=kind, ref=offer_ref: _fetch_offer(kind, ref))
         ref = spec_box[0]
         return self._context.run(fn, ref.hex(), lambda: ray.get(ref), unit)
 
 
-def _unpickled(data: bytes) -> Any:
-    """An offered object, or None where it does not unpickle here (a class of a module this node lacks, such
-    as a tokenizer's remote code): the unit then loads its own."""
+def _fetch_offer(kind: str, ref: Any) -> Any:
+    """An offered object, or None (with a line saying why) where it cannot be fetched or unpickled here:
+    the unit then loads its own, as without the offer."""
     try:
-        return pickle.loads(data)
-    except Exception:  # noqa: BLE001 - any failure: the unit loads the object as it would without the offer
+        return pickle.loads(ray.get(ref))
+    except Exception as e:  # noqa: BLE001 - any failure: the unit loads the object itself (slower, same result)
+        print(f"omnipack: the driver's {kind} did not arrive on this worker ({e!r}): loading it here", file=sys.stderr)
         return None
 
 
@@ -305,11 +306,13 @@ class RayExecutor(Executor):
 
     def offer(self, kind: str, key: str, value: Any) -> None:
         """Send ``value`` to the actors as their ``kind`` object for ``key`` (``WorkerContext.offered``): the
-        tokenizer the driver loaded, which an actor would otherwise load again, importing torch (1.6 against
-        0.5 s of CPU for its unpickling). Pickled now, a snapshot of the object as it is; not sent where it
-        does not pickle (the actors load their own)."""
-        with contextlib.suppress(Exception):  # an object that does not pickle: the actors load their own
+        tokenizer the driver loaded, which an actor would otherwise load again, importing torch (for the demo
+        tokenizer 1.6 s of CPU, against 0.5 s to unpickle it). Pickled now, a snapshot of the object as it
+        is; one that does not pickle is not sent (the actors load their own)."""
+        try:
             self._offers[(kind, key)] = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 - any failure: the actors load it themselves (slower, same result)
+            _warn(f"the {kind} does not pickle ({e!r}): each worker loads its own")
 
     def _offer_refs(self) -> dict[tuple[str, str], Any]:
         """The offers' references in the object store (each put once, at the first map after its offer)."""

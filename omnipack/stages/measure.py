@@ -58,6 +58,7 @@ from .records import (
 from .spec import MeasureConfig, RunSpec
 from .storage import create_exclusive, make_dirs, publish, read_parquet, remove_partials, staging_file
 from .token_file import LOCATION_COLUMNS, write_records
+from .tokenizer_facts import TOKENIZER_OFFER, tokenizer_offer_key
 from .unit import Stage, run_once
 from .worker import WorkerContext
 
@@ -464,16 +465,6 @@ def local_measure_config(
     return replace(config, tokenizer=local_copy(shipped), profile_options=profile_options)
 
 
-TOKENIZER_OFFER = "tokenizer"  # the kind of a worker's offered tokenizer (``WorkerContext.offered``)
-
-
-def offer_tokenizer(executor: Any, shipped: ShippedModel, tokenizer: Any) -> None:
-    """Offer ``executor``'s workers ``tokenizer``, loaded here from ``shipped``'s files, for the measurers they
-    make from those files (``worker_measurer``): a worker in a fresh process (a Ray actor) then need not load
-    it again (importing torch)."""
-    executor.offer(TOKENIZER_OFFER, shipped.digest, tokenizer)
-
-
 def worker_measurer(
     context: WorkerContext,
     config: MeasureConfig,
@@ -488,7 +479,7 @@ def worker_measurer(
 
     def make() -> Measurer:
         # the tokenizer the driver loaded from the same files, where the executor sent it (``offer_tokenizer``)
-        loaded = None if shipped is None else context.offered(TOKENIZER_OFFER, shipped.digest)
+        loaded = None if shipped is None else context.offered(TOKENIZER_OFFER, tokenizer_offer_key(shipped))
         return Measurer(local_measure_config(config, shipped, options), loaded)
 
     return context.kept("measurer", key, make)
