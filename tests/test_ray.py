@@ -139,12 +139,11 @@ def test_the_fixture_starts_a_cluster_of_its_own_beside_one_already_running(loca
     assert address != running and float(cpus) == 2
 
 
-def test_ray_actors_give_the_bytes_of_a_local_run(
-    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, capfd, monkeypatch
-):
+def recorded_offers(monkeypatch) -> list[str]:
+    """The kinds of what Ray executors offer their actors from now on (offered as before, and listed)."""
     from omnipack.executors.ray import RayExecutor
 
-    offered: list[str] = []  # what the run offers its actors (the tokenizer it loaded for the facts)
+    offered: list[str] = []
     real_offer = RayExecutor.offer
 
     def recording(self, kind, key, value):
@@ -152,6 +151,13 @@ def test_ray_actors_give_the_bytes_of_a_local_run(
         real_offer(self, kind, key, value)
 
     monkeypatch.setattr(RayExecutor, "offer", recording)
+    return offered
+
+
+def test_ray_actors_give_the_bytes_of_a_local_run(
+    local_ray, tmp_path, reference, demo_tokenizer, demo_corpus, capfd, monkeypatch
+):
+    offered = recorded_offers(monkeypatch)  # what the run offers its actors: the tokenizer it loaded for the facts
     out = tmp_path / "ray"
     run_prepare(demo_config(out, demo_tokenizer, demo_corpus, executor="ray", workers=2))
     assert dataset_bytes(out) == reference
@@ -411,15 +417,18 @@ def test_the_cli_says_which_cluster_it_is_on_and_joins_none_unasked(
 def test_verify_source_on_ray_finds_what_the_local_check_finds(local_ray, demo_reference, tmp_path, monkeypatch):
     """``verify --source`` with ``executor="ray"`` (2 actors, input parts of 8 records): on the intact demo
     dataset it re-derives as many samples as the local check and passes; on a self-consistently damaged copy
-    it reports the local check's difference."""
+    it reports the local check's difference. The actors measure with the tokenizer the check loaded."""
     import omnipack.tools.verify_source as vs
     from tests.test_verify_source import _damage_row, _damage_text_token
     from tests.tools_dataset import copy_dataset
 
+    offered = recorded_offers(monkeypatch)
     monkeypatch.setattr(vs, "PART_LINES", 8)
     local = vs.run_source_check(demo_reference)
+    assert offered == []
     on_ray = vs.run_source_check(demo_reference, executor="ray", workers=2)
     assert local[0] == [] and on_ray == local and " 0 of " not in local[1][-1], local
+    assert offered == ["tokenizer"]
 
     ds = copy_dataset(demo_reference, tmp_path / "ds")
     where = _damage_row(ds, _damage_text_token)  # another token of a sample's own text

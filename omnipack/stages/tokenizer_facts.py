@@ -81,7 +81,9 @@ def tokenizer_offer_key(shipped: ShippedModel) -> str:
 
 
 def offer_tokenizer(executor: Any, shipped: ShippedModel, tokenizer: Any) -> None:
-    """Offer ``executor``'s workers ``tokenizer``, loaded from the folder ``shipped`` copies (copied just
-    before: the same files), for the measurers they make from that copy (``measure.worker_measurer``): a
-    worker in a fresh process (a Ray actor) then need not load it again, importing torch."""
+    """Offer ``executor``'s workers ``tokenizer``, loaded by ``load_tokenizer`` from ``shipped``'s files (or
+    from the folder they were copied from just before), for the measurers they make from those files
+    (``measure.worker_measurer``): a worker in a fresh process (a Ray actor) then need not load it again,
+    importing torch. It may have been set up by a ``ChatTokenizer`` already, which only turns off its
+    truncation and padding, as every worker's ``ChatTokenizer`` does."""
     executor.offer(TOKENIZER_OFFER, tokenizer_offer_key(shipped), tokenizer)

@@ -35,9 +35,10 @@ from ..profiles import get_profile, profile_class
 from ..profiles.checkpoint import PROCESSOR_OPTIONS
 from ..stages.finalize import input_xxh3
 from ..stages.measure import PART_LINES, sample_arrays, split_input, worker_measurer
-from ..stages.model_files import MODEL_DIR, OPTIONS_RECORD, _shipped, local_copy, read_shipped
+from ..stages.model_files import MODEL_DIR, OPTIONS_RECORD, ShippedModel, _shipped, local_copy, read_shipped
 from ..stages.spec import MeasureConfig, WriteSettings
 from ..stages.storage import STAGES_DIR, is_local
+from ..stages.tokenizer_facts import offer_tokenizer
 from ..stages.worker import WorkerContext
 from ..stages.write import SequenceInput, assemble_row, sample_media
 from ..text.chat import ChatTokenizer
@@ -77,6 +78,7 @@ class SourceSpec:
     inputs: InputSpec
     parts: tuple[InputPart, ...]
     picked: dict[int, tuple[Picked, ...]]  # part number -> its samples to re-derive
+    model: ShippedModel | None = None  # the dataset's copy of the tokenizer files, where it ships one
 
 
 @dataclass
@@ -114,12 +116,14 @@ def _local_options(options: dict[str, Any], stages: Path) -> dict[str, Any]:
     return local
 
 
-def _tokenizer_folder(ds: Dataset, name: str) -> str:
+def _tokenizer_folder(ds: Dataset, name: str) -> tuple[str, ShippedModel | None]:
+    """The tokenizer folder to read on this machine: the dataset's shipped copy (and its record), else the
+    folder the run named."""
     shipped = read_shipped(ds.root / STAGES_DIR)
     if shipped is not None:
-        return local_copy(shipped)
+        return local_copy(shipped), shipped
     if Path(name).is_dir():
-        return name
+        return name, None
     raise LookupError(
         f"the run's tokenizer {name!r} is not on this machine and the dataset ships no copy of it "
         f"({ds.root / STAGES_DIR / MODEL_DIR})"
@@ -208,7 +212,7 @@ def _spec(ds: Dataset, source: dict[str, Any]) -> tuple[SourceSpec, ChatTokenize
     settings = {**source["settings"], "output": str(ds.root), "progress": False}
     cfg = PrepareConfig.from_dict(settings)
     options = _local_options(dict(cfg.profile_options), ds.root / STAGES_DIR)
-    tokenizer = _tokenizer_folder(ds, cfg.tokenizer)
+    tokenizer, shipped = _tokenizer_folder(ds, cfg.tokenizer)
     chat = ChatTokenizer(tokenizer, get_profile(cfg.profile, **options))
     align = cfg.layout.alignment
     measure = MeasureConfig(
@@ -221,7 +225,7 @@ def _spec(ds: Dataset, source: dict[str, Any]) -> tuple[SourceSpec, ChatTokenize
         media_allow_roots=tuple(cfg.media_allow_roots), remote=cfg.remote,
     )  # fmt: skip
     parts = split_input(list(cfg.manifest), PART_LINES, cfg.input_spec)
-    return SourceSpec(str(ds.root), measure, write, cfg.input_spec, tuple(parts), {}), chat, parts
+    return SourceSpec(str(ds.root), measure, write, cfg.input_spec, tuple(parts), {}, shipped), chat, parts
 
 
 def _source_key(source: str) -> tuple[str, str, int] | None:
@@ -301,6 +305,8 @@ def run_source_check(
         mine = sum(map(len, spec.picked.values())) + len(orphans)
         notes.append(f"rank {rank} of {world_size}: {mine} of {len(picked)} picked samples (its input parts)")
     with make_executor(executor, workers, ray_address) as ex:
+        if spec.model is not None:  # what a Ray actor would otherwise load again (as prepare's measure)
+            offer_tokenizer(ex, spec.model, chat.tokenizer)
         for f in ex.map(check_part, spec, sorted(spec.picked)):
             found.checked += f.checked
             found.differences += f.differences
@@ -327,7 +333,7 @@ def check_part(spec: SourceSpec, number: int, context: WorkerContext) -> PartFin
     ds = context.kept("dataset", spec.root, lambda: open_dataset(spec.root))
     picked = {p.source: p for p in spec.picked.get(number, ())}
     raws = [r for r in read_part(spec.parts[number], spec.inputs) if r.source in picked]
-    measurer = worker_measurer(context, spec.measure)
+    measurer = worker_measurer(context, spec.measure, spec.model)
     own = profile_class(spec.measure.profile).stores_own_media()
     store = measurer.profile.store_sample_media if own else None
     found, rows = PartFindings(), {}
