@@ -100,11 +100,12 @@ def prove_large(index: int, low: int, high: int) -> dict:
     width, _, lengths = draw_large(index, low, high)
     bound = max(lower_bounds(lengths, width).values())
     plan = pack(lengths, width, shuffle=False)
-    values, cls = np.unique(lengths, return_inverse=True)
-    values, cls = values[::-1].copy(), len(values) - 1 - cls  # classes longest first, as the packer's
-    counts = np.bincount(cls, minlength=len(values))
-    slot_rows = np.asarray(plan.row_of)[np.argsort(cls, kind="stable")]  # each class's items, in class order
-    unlimited = LpLimits(max_columns=10**9, max_knapsack_work=10**18, max_pricing_cells=10**15, max_lp_solves=10**9)
+    # the packer's length classes (longest first) and each class's items' rows, in the packer's slot order
+    values, counts = engine._classes(lengths, width)
+    slot_rows = np.asarray(plan.row_of)[engine._descending_order(lengths, width)]
+    unlimited = LpLimits(
+        max_columns=10**9, max_knapsack_work=10**18, max_pricing_cells=10**15, max_lp_solves=10**9
+    )
     start = time.perf_counter()
     lp = lp_rows_bound(values, counts, width, (slot_rows, plan.num_rows), bound, unlimited)
     return {
@@ -112,7 +113,8 @@ def prove_large(index: int, low: int, high: int) -> dict:
         # the simple bound when HiGHS (highspy) is missing or failed: no LP at all
         "bound": bound, "LP bound": lp if lp > bound else f"{lp} (no LP above the bound)",
         "rows/LP": f"{plan.num_rows / lp:.5f}",
-        "within LP + 0.1%": "yes" if plan.num_rows <= lp * 1.001 else "NO", "LP s": f"{time.perf_counter() - start:.0f}",
+        "within LP + 0.1%": "yes" if plan.num_rows <= lp * 1.001 else "NO",
+        "LP s": f"{time.perf_counter() - start:.0f}",
     }  # fmt: skip
 
 

@@ -71,7 +71,9 @@ def test_a_pool_of_the_rows_cuts_rows_and_keeps_the_others_as_they_were(greedy_o
     lengths, constraints = media_mix(0, 3000, WIDTH)
     dims, caps = _dims(lengths, constraints)
     start = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
-    row_of, rows = pooled_vector_swap(dims, caps, start.row_of, start.num_rows, _bound(lengths, constraints), 80)
+    row_of, rows = pooled_vector_swap(
+        dims, caps, start.row_of, start.num_rows, _bound(lengths, constraints), 80
+    )
     assert rows < start.num_rows
     _assert_plan(row_of, rows, dims, caps)
     before = {tuple(start.row(r).tolist()) for r in range(start.num_rows)}

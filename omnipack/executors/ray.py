@@ -81,7 +81,9 @@ def _fetch_offer(kind: str, ref: Any) -> Any:
     try:
         return pickle.loads(ray.get(ref))
     except Exception as e:  # noqa: BLE001 - any failure: the unit loads the object itself (slower, same result)
-        print(f"omnipack: the driver's {kind} did not arrive on this worker ({e!r}): loading it here", file=sys.stderr)
+        print(
+            f"omnipack: the driver's {kind} did not arrive on this worker ({e!r}): loading it here", file=sys.stderr
+        )
         return None
 
 

@@ -427,7 +427,9 @@ def _other_constrained_packers(
     if plain_rows < num_rows:
         row_of, num_rows = plain_row_of, plain_rows
     if num_rows > bound:
-        row_of, num_rows, name = _scarcest_first_if_fewer(lengths, capacity, constraints, (row_of, num_rows, name))
+        row_of, num_rows, name = _scarcest_first_if_fewer(
+            lengths, capacity, constraints, (row_of, num_rows, name)
+        )
     if num_rows > bound and fits_balanced_fill(constraints, len(lengths)):
         # Budgets that bind together: a row-by-row fill that keeps every dimension level.
         filled = balanced_fill(lengths, capacity, constraints)
@@ -465,7 +467,9 @@ def _refill_whole_set(
 ) -> tuple[np.ndarray, int, str]:
     """``_improve``'s step 3: the best of the plan so far, its mixed re-pack, the whole set refilled and that
     plan's mixed re-pack (ties keep the earlier)."""
-    candidates = [(_mix_and_repack(slot_rows, num_rows, values, counts, capacity), used.split("(")[0] + "+mix")]
+    candidates = [
+        (_mix_and_repack(slot_rows, num_rows, values, counts, capacity), used.split("(")[0] + "+mix")
+    ]
     whole = refill_classes(values, counts, capacity, max_work=REFILL_MAX_WORK)
     if whole is not None:
         candidates += [(whole, "refill"), (_mix_and_repack(*whole, values, counts, capacity), "refill+mix")]
@@ -476,7 +480,13 @@ def _refill_whole_set(
 
 
 def _lp_proves_optimal(
-    slot_rows: np.ndarray, num_rows: int, n: int, values: np.ndarray, counts: np.ndarray, capacity: int, bound: int
+    slot_rows: np.ndarray,
+    num_rows: int,
+    n: int,
+    values: np.ndarray,
+    counts: np.ndarray,
+    capacity: int,
+    bound: int,
 ) -> bool:
     """Whether the pattern LP's bound on ``EARLY_LP_LIMITS`` reaches the plan's rows (plans of at most
     ``EARLY_LP_MAX_SAMPLES`` samples above ``bound``)."""

@@ -94,7 +94,12 @@ def _rows_to_free(fills: np.ndarray, round_: int) -> list[int]:
 
 
 def _exchange_pass(
-    rows: list[list[int]], loads: np.ndarray, free: list[int], dims: np.ndarray, caps: np.ndarray, weights: np.ndarray
+    rows: list[list[int]],
+    loads: np.ndarray,
+    free: list[int],
+    dims: np.ndarray,
+    caps: np.ndarray,
+    weights: np.ndarray,
 ) -> int:
     """One walk over the rows, each taking the exchange that fills it most (in place); returns the work."""
     work = 0
@@ -157,7 +162,12 @@ def _offers(dims: np.ndarray, free: list[int]) -> tuple[list[tuple[int, ...]], n
 
 
 def _first_fit(
-    rows: list[list[int]], loads: np.ndarray, free: list[int], dims: np.ndarray, caps: np.ndarray, value: np.ndarray
+    rows: list[list[int]],
+    loads: np.ndarray,
+    free: list[int],
+    dims: np.ndarray,
+    caps: np.ndarray,
+    value: np.ndarray,
 ) -> np.ndarray:
     """Place the free items, largest value first, into the first row with room in every budget; new rows for
     the rest (``rows`` grows). Returns every row's load, the new rows' included."""
