@@ -323,6 +323,16 @@ def test_other_bad_input():
         pack(np.array([1, 1]), 4, constraints=PackConstraints(resources={"m": (np.array([1]), 2)}))
 
 
+def test_a_numpy_integer_capacity_packs_as_the_same_int():
+    """A width read from an array (``np.int64``) gives the plan of the same Python int: the refill's
+    bitsets are Python ints, which an int64 width used to overflow."""
+    lengths = np.random.default_rng(0).integers(100, 700, size=200)
+    plan, want = pack(lengths, np.int64(1000)), pack(lengths, 1000)
+    assert plan.num_rows == want.num_rows and np.array_equal(plan.row_of, want.row_of)
+    with pytest.raises(TypeError):
+        pack(lengths, 1000.0)
+
+
 def test_empty_input_gives_empty_plan():
     plan = pack(np.zeros(0, dtype=np.int64), 8)
     assert plan.num_rows == 0 and plan.row_ptr.tolist() == [0] and len(list(plan.rows())) == 0

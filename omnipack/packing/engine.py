@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from .balance import balance_costs
@@ -600,6 +602,8 @@ def pack(
     The plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared lengths)
     with at most +0.1% rows. Rows are shuffled with ``seed`` unless ``shuffle=False``; deterministic.
     """
+    # a numpy integer (a budget read from an array) would turn the refill's Python-int bitsets into int64
+    capacity = operator.index(capacity)
     lengths = validate_lengths(lengths, capacity)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
