@@ -15,6 +15,8 @@ import inspect
 import json
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -159,17 +161,37 @@ def test_stored_media_give_the_planned_features_under_every_option(prepared, fam
             assert torch.equal(v, torch.as_tensor(want[k])), (options, k)
 
 
-def test_trainer_only_load_with_and_without_context_parallel(prepared, family):
-    """``trainer_only_check.py check-family``: a process with the prepare stack blocked imports only this
+@pytest.fixture(scope="module")
+def trainer_checks() -> Iterator[Callable[[Path, str], subprocess.CompletedProcess]]:
+    """``trainer_only_check.py serve-checks``: one process with the prepare stack blocked and torch and the
+    task encoder imported, forking each family's check (as ``.ci/run``'s trainer-only check does): a
+    child starts with what a fresh process has at that point, without importing torch again."""
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "trainer_only_check.py"), "serve-checks"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert server.stdout.readline().strip() == "ready", "the trainer-only check server did not start"
+
+    def check(out: Path, family: str) -> subprocess.CompletedProcess:
+        with tempfile.TemporaryDirectory(prefix="trainer-check-") as tmp:
+            files = [str(Path(tmp) / "stdout"), str(Path(tmp) / "stderr")]
+            server.stdin.write(json.dumps([str(out), family, [family, *FAMILIES], *files]) + "\n")
+            server.stdin.flush()
+            code = server.stdout.readline().strip()
+            assert code, "the trainer-only check server ended"
+            stdout, stderr = (Path(f).read_text(errors="replace") for f in files)
+        return subprocess.CompletedProcess(["check-family", family], int(code), stdout, stderr)
+
+    yield check
+    server.stdin.close()
+    server.wait(timeout=60)
+
+
+def test_trainer_only_load_with_and_without_context_parallel(prepared, family, trainer_checks):
+    """``trainer_only_check.py``'s family check: a process with the prepare stack blocked imports only this
     family's module and gives the full install's batches, at cp=1 and on each cp=2 rank (its tokens the
     full stream's at ``cp_token_indices``, encoder inputs whole)."""
-    script = ROOT / "tests" / "trainer_only_check.py"
-    proc = subprocess.run(
-        [sys.executable, str(script), "check-family", str(prepared), family, family, *FAMILIES],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = trainer_checks(prepared, family)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "cp=1 and cp=2 match" in proc.stdout
 

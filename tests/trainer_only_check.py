@@ -20,6 +20,11 @@ Then one family is loaded from an S3 bucket (moto's server on 127.0.0.1, run by 
 loader entry point, by ``s3://`` and by ``msc://`` URL (``check_remote``): the trainer install reads S3 with
 the ``s3`` extra alone.
 
+Each family's check runs in a child forked from a process that blocked the prepare stack and imported what
+every check imports before it loads a dataset (torch and the task encoder, no family module): what a fresh
+process would have at that point, without importing torch once per family (``forked_check``).
+``serve-checks`` keeps such a process for the test suite's per-family checks (``CheckServer``).
+
 This file is a script, not a test module (pytest collects ``test_*.py`` only); ``tests/test_profiles_split.py``
 checks the same import discipline per family inside the test suite.
 """
@@ -29,8 +34,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -182,14 +189,55 @@ def _family_modules(names: list[str]) -> set[str]:
     return {f"omnipack.profiles.{n}" for n in names}
 
 
-def check_family(out: Path, name: str, families: list[str]) -> None:
-    """One family in this process (the prepare stack blocked): import discipline, batches, CP slices."""
-    sys.meta_path.insert(0, _Blocker())
+def trainer_stack() -> None:
+    """This process as a trainer install's: the prepare stack blocked (and dropped where imported), then what
+    every family's check imports before it loads a dataset (torch, the task encoder; no family module)."""
+    if not any(isinstance(f, _Blocker) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Blocker())
     for m in [m for m in sys.modules if m.split(".")[0] in BLOCKED]:
         del sys.modules[m]
-    import torch
+    import torch  # noqa: F401
 
     import omnipack.loader.task_encoder  # noqa: F401
+
+
+def forked_check(out: Path, name: str, families: list[str], output: tuple[str, str] | None = None) -> int:
+    """``check_family`` in a child forked from this process (``trainer_stack`` done), its stdout and stderr
+    to the files ``output`` if given: the child's exit code. The child starts with the modules a fresh
+    process has once ``trainer_stack`` ran, so its import checks hold as they would there."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    code = 1
+    try:
+        for fd, path in zip((1, 2), output or (), strict=False):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        check_family(out, name, families)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve_checks() -> None:
+    """``serve-checks``: ``trainer_stack``, then one request a line on stdin (a JSON list: out, family,
+    families, stdout file, stderr file), each answered with a line on stdout: ``forked_check``'s exit code."""
+    trainer_stack()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        out, name, families, stdout, stderr = json.loads(line)
+        print(forked_check(Path(out), name, families, (stdout, stderr)), flush=True)
+
+
+def check_family(out: Path, name: str, families: list[str]) -> None:
+    """One family in this process (the prepare stack blocked): import discipline, batches, CP slices."""
+    trainer_stack()
+    import torch
 
     loaded = _family_modules(families) & set(sys.modules)
     assert not loaded, f"importing the task encoder imported family modules {sorted(loaded)}"
@@ -354,8 +402,6 @@ def check_family_remote(out: Path, name: str, families: list[str]) -> None:
 
 def check_s3(out: Path, families: list[str], moto_python: str) -> None:
     """``check_family_remote`` for ``REMOTE_FAMILY`` against a moto server run by ``moto_python``."""
-    import os
-
     name = REMOTE_FAMILY if REMOTE_FAMILY in families else families[0]
     server = subprocess.Popen(
         [moto_python, __file__, "serve-s3", str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -381,29 +427,25 @@ def check_s3(out: Path, families: list[str], moto_python: str) -> None:
 
 
 def check(out: Path, moto_python: str | None = None) -> None:
-    """Every family of ``OUT/expected.json``, each in a fresh process; then one from S3 (``check_s3``) when
-    ``moto_python`` is given."""
+    """Every family of ``OUT/expected.json``, each in a child forked from this process (``forked_check``);
+    then one from S3 (``check_s3``) when ``moto_python`` is given."""
+    trainer_stack()  # first: what is imported before the blocker would escape it in the forked checks
     import omnipack
-    from omnipack.profiles import available_profiles
 
     families = sorted(json.loads((out / "expected.json").read_text()))
     print(f"omnipack from {Path(omnipack.__file__).parent}")
-    # Every family module this install has (gemma3, nemotron_omni, qwen2_5_vl, qwen3_omni, qwen3_vl) must
-    # have been prepared: a family module that imports the prepare stack would fail here, not be skipped.
+    failed = []
+    for name in families:  # each check's output as it comes
+        if forked_check(out, name, families):
+            failed.append(name)
+            print(f"--- {name} failed (its traceback above) ---", file=sys.stderr)
+    # Every family module this install has must have been prepared: a family module that imports the
+    # prepare stack would fail here, not be skipped. (After the checks: listing the families imports them.)
+    from omnipack.profiles import available_profiles
+
     missing = sorted(set(available_profiles()) - set(families))
     if missing:
         raise SystemExit(f"trainer-only check: no dataset prepared for families {missing}")
-    failed = []
-    for name in families:
-        proc = subprocess.run(
-            [sys.executable, __file__, "check-family", str(out), name, *families],
-            capture_output=True,
-            text=True,
-        )
-        sys.stdout.write(proc.stdout)
-        if proc.returncode:
-            failed.append(name)
-            sys.stderr.write(f"--- {name} failed ---\n{proc.stderr[-4000:]}\n")
     if failed:
         raise SystemExit(f"trainer-only check failed for {failed}")
     print(f"trainer-only check: {len(families)} families load with and without CP")
@@ -413,8 +455,8 @@ def check(out: Path, moto_python: str | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("step", choices=["prepare", "check", "check-family", "check-remote", "serve-s3"])
-    p.add_argument("out", type=Path)
+    p.add_argument("step", choices=["prepare", "check", "check-family", "check-remote", "serve-s3", "serve-checks"])
+    p.add_argument("out", type=Path, nargs="?")
     p.add_argument("family", nargs="?")
     p.add_argument("families", nargs="*")
     p.add_argument(
@@ -427,6 +469,8 @@ def main(argv: list[str] | None = None) -> None:
         check(a.out, a.moto_python)
     elif a.step == "serve-s3":
         serve_s3()
+    elif a.step == "serve-checks":
+        serve_checks()
     elif a.step == "check-remote":
         check_family_remote(a.out, a.family, [a.family, *a.families])
     else:
