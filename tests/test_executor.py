@@ -303,9 +303,22 @@ def torch_threads_unit(spec, unit, context):
     return float((x @ x).sum() + torch.ones(1 << 20).exp().sum()) > 0, torch.get_num_threads()
 
 
+def pyarrow_list_unit(spec, unit, context):
+    """The top-level modules a worker imports to build its first pyarrow array from a list (as the measure
+    tables are built): pyarrow imports pandas there, where installed, unless the fork server did."""
+    import sys
+
+    import pyarrow as pa
+
+    before = {m.split(".")[0] for m in sys.modules}
+    pa.array([1, None, 3], type=pa.int64())
+    return sorted({m.split(".")[0] for m in sys.modules} - before)
+
+
 def test_pool_workers_run_torch_thread_pools():
     """Pool workers fork from the fork server, which imported torch but never ran its thread pools: a worker
-    forked after they ran would hang on its first parallel op. A fresh process, so that a hang fails in time."""
+    forked after they ran would hang on its first parallel op. A fresh process, so that a hang fails in time.
+    The server imported what the units' pyarrow tables import (pandas), so no worker imports it again."""
     import subprocess
     import sys
     from pathlib import Path
@@ -314,11 +327,13 @@ def test_pool_workers_run_torch_thread_pools():
     run = (
         "from omnipack.executors.local import LocalExecutor\nfrom tests import test_executor as t\n"
         "with LocalExecutor(2) as ex:\n    print(list(ex.map(t.torch_threads_unit, None, [0, 1, 2, 3])))\n"
+        "    print('imported:', list(ex.map(t.pyarrow_list_unit, None, [0, 1])))\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", run], env=env, cwd=root, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("(True,") == 4, done.stdout
+    assert "imported: [[], []]" in done.stdout, done.stdout
 
 
 def test_a_pool_under_a_deep_tmpdir_runs_its_units(tmp_path):
