@@ -602,18 +602,13 @@ def pack(
     The plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared lengths)
     with at most +0.1% rows. Rows are shuffled with ``seed`` unless ``shuffle=False``; deterministic.
     """
-    # a numpy integer (a budget read from an array) would turn the refill's Python-int bitsets into int64
-    capacity = operator.index(capacity)
+    capacity = operator.index(capacity)  # an np.int64 would overflow the refill's Python-int bitsets
     lengths = validate_lengths(lengths, capacity)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     if window is not None and window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    if constraints is not None:
-        constraints.validate(len(lengths))
-        constraints = constraints.without_unused_budgets()
-        if constraints.is_empty:
-            constraints = None
+    constraints = _usable_constraints(constraints, len(lengths))
     n = len(lengths)
     if n == 0:
         return build_plan(np.zeros(0, np.int32), 0, lengths, capacity, algorithm, False, seed)
@@ -636,6 +631,16 @@ def pack(
     if balance:
         used += "+balance"
     return build_plan(row_of, num_rows, lengths, capacity, used, shuffle, seed)
+
+
+def _usable_constraints(constraints: PackConstraints | None, num_samples: int) -> PackConstraints | None:
+    """``constraints`` checked against ``num_samples`` samples, less the budgets nothing uses; None when
+    nothing is left to respect."""
+    if constraints is None:
+        return None
+    constraints.validate(num_samples)
+    constraints = constraints.without_unused_budgets()
+    return None if constraints.is_empty else constraints
 
 
 def _balance(
