@@ -20,14 +20,21 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # makes one, when one is read in this process and in each forked loader worker, whose start also walks
 # ``gc.get_objects()``: in a pytest worker holding torch, transformers and the session's fixtures each of these
 # costs ~0.3 s, ~80 s of the suite's CPU in all. Frozen, they see only what the test made. Garbage that earlier
-# tests left in reference cycles is frozen too, until a full collection every FULL_COLLECT_EVERY tests (or an
-# in-process Energon read, which unfreezes everything when it ends). A collection at each module change instead
+# tests left in reference cycles is frozen too, until a full collection every FULL_COLLECT_EVERY tests. An
+# in-process Energon read (``GcDataset``) freezes what is alive when it starts and unfreezes everything when it
+# ends, so every later loader of the same test would collect over the whole process again (~40 s of the suite's
+# CPU): during a test's body ``gc.unfreeze`` leaves frozen what is frozen. A collection at each module change instead
 # cost ~40 s of the two workers' wall (a full collection that frees garbage takes ~0.5 s). A loader iterator
 # left in a cycle is meanwhile out of reach of the walk by which Energon's forked workers shut down the
 # iterators they inherit; `SUITE_PROFILE_GC=1` (benchmarks/suite_profile.py), under which nothing is frozen,
 # finds such tests.
 FULL_COLLECT_EVERY = 50
 TESTS_SINCE_COLLECT = pytest.StashKey[int]()
+UNFREEZE = gc.unfreeze
+
+
+def _leave_frozen() -> None:
+    """``gc.unfreeze`` during a test's body: what is frozen stays so until the next full collection."""
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)  # inside a profiler's wrapper: the collection is counted
@@ -38,10 +45,14 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     count = item.session.stash.get(TESTS_SINCE_COLLECT, FULL_COLLECT_EVERY)  # the first test collects
     item.session.stash[TESTS_SINCE_COLLECT] = 1 if count >= FULL_COLLECT_EVERY else count + 1
     if count >= FULL_COLLECT_EVERY:
-        gc.unfreeze()
+        UNFREEZE()
         gc.collect()
     gc.freeze()
-    yield
+    gc.unfreeze = _leave_frozen
+    try:
+        yield
+    finally:
+        gc.unfreeze = UNFREEZE
 
 
 @pytest.fixture(scope="session")
