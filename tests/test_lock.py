@@ -161,19 +161,19 @@ def test_a_lease_is_renewed_while_its_holder_runs(tmp_path, monkeypatch, capsys)
     """Judged from another host (only the lease's renewals can be seen), a running holder's lease stays live
     past its expiry; once the holder is killed it expires and is taken over."""
     out = tmp_path / "ds"
-    env = {**os.environ, EXPIRY_ENV: "3"}  # renewed every 0.75 s: margin for a loaded machine
+    env = {**os.environ, EXPIRY_ENV: "2"}  # renewed every 0.5 s: three renewals may come late on a loaded machine
     cmd = [sys.executable, "-c", HOLDER, str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout.readline().strip() == "locked"
         monkeypatch.setenv(HOST_ENV, "another-host")
-        time.sleep(4.5)  # more than the expiry: only the renewals keep it
+        time.sleep(3.0)  # more than the expiry: only the renewals keep it
         with pytest.raises(OutputLocked, match=f"pid {proc.pid} on {socket.gethostname()}"):
             OutputLock(out).acquire()
     finally:
         proc.kill()
         proc.wait()
-    time.sleep(3.5)  # past the expiry of its last renewal
+    time.sleep(2.5)  # past the expiry of its last renewal
     with OutputLock(out):
         pass
     assert f"taking over 'run' held by pid {proc.pid}" in capsys.readouterr().err
