@@ -13,9 +13,9 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import select
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -161,30 +161,50 @@ def test_stored_media_give_the_planned_features_under_every_option(prepared, fam
             assert torch.equal(v, torch.as_tensor(want[k])), (options, k)
 
 
+CHECK_TIMEOUT_S = 600  # one family's check; a hung one fails its test and ends the server
+
+
 @pytest.fixture(scope="module")
-def trainer_checks() -> Iterator[Callable[[Path, str], subprocess.CompletedProcess]]:
+def trainer_checks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[Path, str], subprocess.CompletedProcess]]:
     """``trainer_only_check.py serve-checks``: one process with the prepare stack blocked and torch and the
     task encoder imported, forking each family's check (as ``.ci/run``'s trainer-only check does): a
     child starts with what a fresh process has at that point, without importing torch again."""
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "trainer_only_check.py"), "serve-checks"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
-    assert server.stdout.readline().strip() == "ready", "the trainer-only check server did not start"
+    scratch = tmp_path_factory.mktemp("trainer-checks")
+    log = scratch / "server.log"
+    with open(log, "w") as err:
+        server = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "trainer_only_check.py"), "serve-checks"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT,
+        )  # fmt: skip
+
+    def reply() -> str:
+        ready, _, _ = select.select([server.stdout], [], [], CHECK_TIMEOUT_S)
+        line = server.stdout.readline().strip() if ready else ""
+        if not line:
+            server.kill()
+            why = "it ended" if ready else f"none in {CHECK_TIMEOUT_S} s"
+            pytest.fail(f"no answer from the trainer-only check server ({why}):\n{log.read_text(errors='replace')[-3000:]}")
+        return line
 
     def check(out: Path, family: str) -> subprocess.CompletedProcess:
-        with tempfile.TemporaryDirectory(prefix="trainer-check-") as tmp:
-            files = [str(Path(tmp) / "stdout"), str(Path(tmp) / "stderr")]
-            server.stdin.write(json.dumps([str(out), family, [family, *FAMILIES], *files]) + "\n")
-            server.stdin.flush()
-            code = server.stdout.readline().strip()
-            assert code, "the trainer-only check server ended"
-            stdout, stderr = (Path(f).read_text(errors="replace") for f in files)
-        return subprocess.CompletedProcess(["check-family", family], int(code), stdout, stderr)
+        files = [str(scratch / f"{family}.stdout"), str(scratch / f"{family}.stderr")]
+        server.stdin.write(json.dumps([str(out), family, [family, *FAMILIES], *files]) + "\n")
+        server.stdin.flush()
+        code = int(reply())
+        stdout, stderr = (Path(f).read_text(errors="replace") for f in files)
+        return subprocess.CompletedProcess(["check-family", family], code, stdout, stderr)
 
-    yield check
-    server.stdin.close()
-    server.wait(timeout=60)
+    try:
+        assert reply() == "ready"
+        yield check
+    finally:
+        if server.poll() is None:
+            server.stdin.close()
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
 
 
 def test_trainer_only_load_with_and_without_context_parallel(prepared, family, trainer_checks):

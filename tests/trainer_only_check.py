@@ -8,8 +8,8 @@ Two steps, run by ``.ci/run`` in two virtual environments:
     loader gives for it at cp=1 and at each rank of cp=2.
 
 ``python tests/trainer_only_check.py check OUT``
-    In a trainer install (``pip install .`` plus megatron-core, nothing else): each family in a fresh
-    process with transformers, PIL, PyAV, decord and tokenizers blocked. It checks that importing the task
+    In a trainer install (``pip install .`` plus megatron-core, nothing else): each family in a process of
+    its own (forked, see below) with transformers, PIL, PyAV, decord and tokenizers blocked. It checks that importing the task
     encoder imports no family module and loading a dataset imports only its own family module, that the
     batches (token fields and encoder inputs, audio features included) equal the full install's bit for
     bit, that every CP rank holds exactly its ``cp_token_indices`` of the full stream with the full
@@ -23,7 +23,8 @@ the ``s3`` extra alone.
 Each family's check runs in a child forked from a process that blocked the prepare stack and imported what
 every check imports before it loads a dataset (torch and the task encoder, no family module): what a fresh
 process would have at that point, without importing torch once per family (``forked_check``).
-``serve-checks`` keeps such a process for the test suite's per-family checks (``CheckServer``).
+``serve-checks`` keeps such a process for the test suite's per-family checks (``tests/test_family_conformance.py``,
+the ``trainer_checks`` fixture).
 
 This file is a script, not a test module (pytest collects ``test_*.py`` only); ``tests/test_profiles_split.py``
 checks the same import discipline per family inside the test suite.
@@ -32,6 +33,7 @@ checks the same import discipline per family inside the test suite.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -211,16 +213,22 @@ def forked_check(out: Path, name: str, families: list[str], output: tuple[str, s
     if pid:
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     code = 1
-    try:
-        for fd, path in zip((1, 2), output or (), strict=False):
-            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        check_family(out, name, families)
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
+    try:  # the child never returns: whatever happens, it ends at os._exit (it must not serve as a parent)
+        try:
+            for fd, path in zip((1, 2), output or (), strict=False):
+                target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(target, fd)
+                os.close(target)
+            check_family(out, name, families)
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        # os._exit runs no finalizer: the worker loader's iterator (in a reference cycle) is collected here,
+        # which shuts its worker process down as a fresh process's exit would
+        gc.collect()
         sys.stdout.flush()
         sys.stderr.flush()
+    finally:
         os._exit(code)
 
 
@@ -436,18 +444,21 @@ def check(out: Path, moto_python: str | None = None) -> None:
     print(f"omnipack from {Path(omnipack.__file__).parent}")
     failed = []
     for name in families:  # each check's output as it comes
-        if forked_check(out, name, families):
+        code = forked_check(out, name, families)
+        if code:
             failed.append(name)
-            print(f"--- {name} failed (its traceback above) ---", file=sys.stderr)
+            print(f"--- {name} failed: exit code {code} (a traceback above, unless a signal ended it) ---",
+                  file=sys.stderr)  # fmt: skip
     # Every family module this install has must have been prepared: a family module that imports the
     # prepare stack would fail here, not be skipped. (After the checks: listing the families imports them.)
     from omnipack.profiles import available_profiles
 
     missing = sorted(set(available_profiles()) - set(families))
+    problems = [f"failed for {failed}"] if failed else []
     if missing:
-        raise SystemExit(f"trainer-only check: no dataset prepared for families {missing}")
-    if failed:
-        raise SystemExit(f"trainer-only check failed for {failed}")
+        problems.append(f"no dataset prepared for families {missing}")
+    if problems:
+        raise SystemExit(f"trainer-only check: {'; '.join(problems)}")
     print(f"trainer-only check: {len(families)} families load with and without CP")
     if moto_python:
         check_s3(out, families, moto_python)
@@ -463,6 +474,8 @@ def main(argv: list[str] | None = None) -> None:
         "--moto-python", help="check: a Python with moto[server] (the full install) to serve S3 for the S3 check"
     )
     a = p.parse_args(argv)
+    if a.out is None and a.step != "serve-checks":
+        p.error(f"{a.step} needs OUT")
     if a.step == "prepare":
         prepare(a.out)
     elif a.step == "check":
