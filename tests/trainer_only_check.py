@@ -398,9 +398,7 @@ def _boto_credentials() -> dict[str, str]:
 
 def check_family_remote(out: Path, name: str, families: list[str]) -> None:
     """One family loaded from S3 in this process (the prepare stack blocked), through every entry point."""
-    sys.meta_path.insert(0, _Blocker())
-    for m in [m for m in sys.modules if m.split(".")[0] in BLOCKED]:
-        del sys.modules[m]
+    trainer_stack()
     for line in check_remote(out / name, f"s3://{BUCKET}/datasets"):
         print(f"{name} from S3: {line}")
     assert not any(m.split(".")[0] in BLOCKED for m in sys.modules), "a blocked module got imported"
