@@ -21,13 +21,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # ``gc.get_objects()``: in a pytest worker holding torch, transformers and the session's fixtures each of these
 # costs ~0.3 s, ~80 s of the suite's CPU in all. Frozen, they see only what the test made. Garbage that earlier
 # tests left in reference cycles is frozen too, until a full collection every FULL_COLLECT_EVERY tests. An
-# in-process Energon read (``GcDataset``) freezes what is alive when it starts and unfreezes everything when it
-# ends, so every later loader of the same test would collect over the whole process again (~40 s of the suite's
-# CPU): during a test's body ``gc.unfreeze`` leaves frozen what is frozen. A collection at each module change instead
-# cost ~40 s of the two workers' wall (a full collection that frees garbage takes ~0.5 s). A loader iterator
-# left in a cycle is meanwhile out of reach of the walk by which Energon's forked workers shut down the
-# iterators they inherit; `SUITE_PROFILE_GC=1` (benchmarks/suite_profile.py), under which nothing is frozen,
-# finds such tests.
+# in-process Energon read (``GcDataset``) freezes what is alive when it starts and unfreezes everything when
+# it ends, so every later loader of the same test would collect over the whole process again (~40 s of the
+# suite's CPU): during a test's body ``gc.unfreeze`` leaves frozen what is frozen. A collection at each
+# module change instead cost ~40 s of the two workers' wall (a full collection that frees garbage takes
+# ~0.5 s). A loader iterator left in a cycle is meanwhile out of reach of the walk by which Energon's forked
+# workers shut down the iterators they inherit; `SUITE_PROFILE_GC=1` (benchmarks/suite_profile.py), under
+# which nothing is frozen, finds such tests.
 FULL_COLLECT_EVERY = 50
 TESTS_SINCE_COLLECT = pytest.StashKey[int]()
 UNFREEZE = gc.unfreeze

@@ -165,7 +165,9 @@ CHECK_TIMEOUT_S = 600  # one family's check; a hung one fails its test and ends 
 
 
 @pytest.fixture(scope="module")
-def trainer_checks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[Path, str], subprocess.CompletedProcess]]:
+def trainer_checks(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[[Path, str], subprocess.CompletedProcess]]:
     """``trainer_only_check.py serve-checks``: one process with the prepare stack blocked and torch and the
     task encoder imported, forking each family's check (as ``.ci/run``'s trainer-only check does): a
     child starts with what a fresh process has at that point, without importing torch again."""
@@ -183,7 +185,8 @@ def trainer_checks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callabl
         if not line:
             server.kill()
             why = "it ended" if ready else f"none in {CHECK_TIMEOUT_S} s"
-            pytest.fail(f"no answer from the trainer-only check server ({why}):\n{log.read_text(errors='replace')[-3000:]}")
+            server_log = log.read_text(errors="replace")[-3000:]
+            pytest.fail(f"no answer from the trainer-only check server ({why}):\n{server_log}")
         return line
 
     def check(out: Path, family: str) -> subprocess.CompletedProcess:

@@ -161,7 +161,7 @@ def test_a_lease_is_renewed_while_its_holder_runs(tmp_path, monkeypatch, capsys)
     """Judged from another host (only the lease's renewals can be seen), a running holder's lease stays live
     past its expiry; once the holder is killed it expires and is taken over."""
     out = tmp_path / "ds"
-    env = {**os.environ, EXPIRY_ENV: "2"}  # renewed every 0.5 s: three renewals may come late on a loaded machine
+    env = {**os.environ, EXPIRY_ENV: "2"}  # renewed every 0.5 s: three may come late on a loaded machine
     cmd = [sys.executable, "-c", HOLDER, str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     try:

@@ -9,11 +9,11 @@ Two steps, run by ``.ci/run`` in two virtual environments:
 
 ``python tests/trainer_only_check.py check OUT``
     In a trainer install (``pip install .`` plus megatron-core, nothing else): each family in a process of
-    its own (forked, see below) with transformers, PIL, PyAV, decord and tokenizers blocked. It checks that importing the task
-    encoder imports no family module and loading a dataset imports only its own family module, that the
-    batches (token fields and encoder inputs, audio features included) equal the full install's bit for
-    bit, that every CP rank holds exactly its ``cp_token_indices`` of the full stream with the full
-    encoder inputs, and that a loader with a worker process gives the same first batch.
+    its own (forked, see below) with transformers, PIL, PyAV, decord and tokenizers blocked. It checks that
+    importing the task encoder imports no family module and loading a dataset imports only its own family
+    module, that the batches (token fields and encoder inputs, audio features included) equal the full
+    install's bit for bit, that every CP rank holds exactly its ``cp_token_indices`` of the full stream
+    with the full encoder inputs, and that a loader with a worker process gives the same first batch.
 
 Then one family is loaded from an S3 bucket (moto's server on 127.0.0.1, run by the full install's Python,
 ``--moto-python``, so that nothing of moto's, boto3 included, is in the trainer venv) through every documented
@@ -23,8 +23,8 @@ the ``s3`` extra alone.
 Each family's check runs in a child forked from a process that blocked the prepare stack and imported what
 every check imports before it loads a dataset (torch and the task encoder, no family module): what a fresh
 process would have at that point, without importing torch once per family (``forked_check``).
-``serve-checks`` keeps such a process for the test suite's per-family checks (``tests/test_family_conformance.py``,
-the ``trainer_checks`` fixture).
+``serve-checks`` keeps such a process for the test suite's per-family checks (the ``trainer_checks``
+fixture of ``tests/test_family_conformance.py``).
 
 This file is a script, not a test module (pytest collects ``test_*.py`` only); ``tests/test_profiles_split.py``
 checks the same import discipline per family inside the test suite.
@@ -464,7 +464,8 @@ def check(out: Path, moto_python: str | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("step", choices=["prepare", "check", "check-family", "check-remote", "serve-s3", "serve-checks"])
+    steps = ["prepare", "check", "check-family", "check-remote", "serve-s3", "serve-checks"]
+    p.add_argument("step", choices=steps)
     p.add_argument("out", type=Path, nargs="?")
     p.add_argument("family", nargs="?")
     p.add_argument("families", nargs="*")

@@ -48,7 +48,7 @@ WARM_MODULES = (
     "__main__",
     "torch",
     "pyarrow",
-    "pandas",  # pyarrow imports it (where installed) at the first array it builds from a list: 0.23 s a worker
+    "pandas",  # pyarrow imports it (where installed) at a worker's first array from a list: 0.23 s a worker
     "transformers.tokenization_utils_fast",
     "omnipack.pipeline",
     "omnipack.stages.measure",
