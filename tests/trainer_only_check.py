@@ -223,13 +223,24 @@ def forked_check(out: Path, name: str, families: list[str], output: tuple[str, s
             code = 0
         except BaseException:
             traceback.print_exc()
-        # os._exit runs no finalizer: the worker loader's iterator (in a reference cycle) is collected here,
-        # which shuts its worker process down as a fresh process's exit would
-        gc.collect()
+        _end_worker_loaders()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def _end_worker_loaders() -> None:
+    """End the worker processes of every worker loader this process made (before ``os._exit``, which runs
+    no finalizer). Energon's loader holds its epoch generator, whose frame holds the loader: a cycle that
+    only the garbage collector frees. There, the queues' weakref finalizers run first and stop their feeder
+    threads, so torch's shutdown (run by the iterator's ``__del__`` after them) never delivers the
+    worker's end signal, and waits 5 s before it terminates the worker. Shut each down first instead."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    for loader_iter in [o for o in gc.get_objects() if isinstance(o, _MultiProcessingDataLoaderIter)]:
+        loader_iter._shutdown_workers()
+    gc.collect()
 
 
 def serve_checks() -> None:
