@@ -238,7 +238,8 @@ def _end_worker_loaders() -> None:
     worker's end signal, and waits 5 s before it terminates the worker. Shut each down first instead."""
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-    for loader_iter in [o for o in gc.get_objects() if isinstance(o, _MultiProcessingDataLoaderIter)]:
+    # type(), not isinstance: an object's __class__ may warn (torch.distributed's deprecated reduce_op)
+    for loader_iter in [o for o in gc.get_objects() if issubclass(type(o), _MultiProcessingDataLoaderIter)]:
         loader_iter._shutdown_workers()
     gc.collect()
 
