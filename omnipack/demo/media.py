@@ -42,14 +42,16 @@ def _encode_audio(c, stream, wave: np.ndarray, rate: int, channels: int) -> None
     layout = "stereo" if channels == 2 else "mono"
     fmt = stream.codec_context.format.name if stream.codec_context.format else "fltp"
     size = stream.codec_context.frame_size or 1024
+    # one converter for the stream (a new one per chunk builds a filter graph each time: most of the cost)
+    convert = av.AudioResampler(format=fmt, layout=layout, rate=rate) if fmt != "fltp" else None
     pts = 0
     for st in range(0, len(wave), size):
         chunk = np.stack([wave[st : st + size]] * channels)
         frame = av.AudioFrame.from_ndarray(chunk.astype(np.float32), format="fltp", layout=layout)
         frame.sample_rate, frame.pts = rate, pts
         pts += chunk.shape[1]
-        if fmt != "fltp":
-            frame = av.AudioResampler(format=fmt, layout=layout, rate=rate).resample(frame)[0]
+        if convert is not None:
+            frame = convert.resample(frame)[0]
             frame.pts = pts - chunk.shape[1]
         for pk in stream.encode(frame):
             c.mux(pk)
