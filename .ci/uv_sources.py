@@ -12,7 +12,7 @@ hold only some (this machine's holds the pure-Python soundfile wheel, without it
 
 from __future__ import annotations
 
-import shlex
+import ast
 import subprocess
 import sys
 
@@ -24,7 +24,8 @@ SCOPES = {":env:": 3, "install": 2, "global": 1}
 
 
 def pip_config(python: str) -> dict[str, list[str]]:
-    """What `pip install` takes from pip's configuration, by option name, values split on spaces."""
+    """What `pip install` takes from pip's configuration, by option name, values split on white space (pip
+    lists each value as a Python literal)."""
     listed = subprocess.run(
         [python, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
     )
@@ -34,20 +35,20 @@ def pip_config(python: str) -> dict[str, list[str]]:
         scope, _, option = key.rpartition(".")
         rank = SCOPES.get(scope, 0)
         if rank and rank > ranked.get(option, (0, []))[0]:
-            ranked[option] = (rank, shlex.split(value)[0].split() if value else [])
+            ranked[option] = (rank, str(ast.literal_eval(value)).split())
     return {option: values for option, (_, values) in ranked.items()}
 
 
 def uv_sources(python: str) -> list[str]:
     options = pip_config(python)
-    args = ["--index-strategy", "unsafe-best-match", "--index", (options.get("index-url") or [PYPI])[0]]
-    for option, flag in (
-        ("extra-index-url", "--index"),
-        ("find-links", "--find-links"),
-        ("constraint", "--constraint"),
-    ):
-        for value in options.get(option, []):
-            args += [flag, value]
+    passed = [("find-links", "--find-links"), ("constraint", "--constraint")]
+    if options.get("no-index", ["false"])[0].lower() in ("1", "true", "yes", "on"):
+        args = ["--no-index"]  # wheel folders only, as pip is told
+    else:
+        args = ["--index-strategy", "unsafe-best-match", "--index", (options.get("index-url") or [PYPI])[0]]
+        passed.insert(0, ("extra-index-url", "--index"))
+    for option, flag in passed:
+        args += [arg for value in options.get(option, []) for arg in (flag, value)]
     return args
 
 

@@ -59,6 +59,18 @@ def installed(venv: Path) -> dict[str, tuple[str, tuple[str, ...]]]:
     return found
 
 
+def difference(name: str, pip_has: tuple | None, uv_has: tuple | None) -> str:
+    """How one package differs: versions, with the tags where those differ (None: not installed)."""
+    tags_differ = pip_has and uv_has and pip_has[1] != uv_has[1]
+
+    def shown(has: tuple | None) -> str:
+        if has is None:
+            return "none"
+        return f"{has[0]} ({' '.join(has[1])})" if tags_differ else has[0]
+
+    return f"{name}: pip {shown(pip_has)}, uv {shown(uv_has)}"
+
+
 def install(tool: str, venv: Path, uv: Path, sources: list[str], packages: list[str]) -> tuple[float, float]:
     if tool == "pip":
         subprocess.run([sys.executable, "-m", "venv", venv], check=True)
@@ -93,12 +105,7 @@ def main() -> None:
             pip_got, uv_got = got["pip"], got["uv"]
             differ = sorted(k for k in pip_got.keys() | uv_got.keys() if pip_got.get(k) != uv_got.get(k))
             rows.append(
-                (
-                    label,
-                    best,
-                    len(pip_got),
-                    [f"{k}: pip {pip_got.get(k)}, uv {uv_got.get(k)}" for k in differ],
-                )
+                (label, best, len(pip_got), [difference(k, pip_got.get(k), uv_got.get(k)) for k in differ])
             )
     print(
         "| venv | pip wall s | pip CPU s | uv wall s | uv CPU s | CPU ratio | packages | where they differ |"
