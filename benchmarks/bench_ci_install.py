@@ -1,11 +1,12 @@
-"""CI's venv installs: pip (the README's command: pip upgraded, then `--no-compile` as CI had it) against uv (`.ci/run`)
-with the sources pip is configured with (`.ci/uv_sources.py`), for each of CI's three venvs, taking turns.
+"""CI's venv installs: pip (as CI ran it: pip upgraded, then `pip install --no-compile`) against uv (as
+`.ci/run` runs it, with the sources pip is configured with: `.ci/uv_sources.py`), for each of CI's three
+venvs, taking turns.
 
 Each install goes into a fresh venv: wall seconds and the CPU seconds of the installer's process tree
 (``RUSAGE_CHILDREN``), then what it installed, package by package: name, version and wheel tags (from each
 ``*.dist-info``; pip itself left out, as the uv venvs have none). The table lists every package where the
-two installers differ. Both read their caches, which a first run fills (the table is of warm caches, as CI's are on a
-machine that ran it before). Run from the repository root; needs pip and network access to the indexes.
+two installers differ. Both read their caches, which a first run fills (the table is of warm caches, as
+CI's are on a machine that ran it before). Run from the repository root; needs pip and network access to the indexes.
 
     python benchmarks/bench_ci_install.py --rounds 2
 """
@@ -89,7 +90,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ci-install-") as tmp:
         tools = Path(tmp) / "uv"
         subprocess.run([sys.executable, "-m", "venv", tools], check=True)
-        subprocess.run([tools / "bin/python", "-m", "pip", "install", "-q", "uv"], check=True)
+        subprocess.run([tools / "bin/python", "-m", "pip", "install", "-q", "uv==0.13.9"], check=True)
         sources = uv_sources(str(tools / "bin/python"))
         rows = []
         for label, packages in VENVS.items():
