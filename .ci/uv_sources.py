@@ -51,17 +51,17 @@ def parse_pip_config(listed: str) -> dict[str, list[str]]:
 def uv_arguments(options: dict[str, list[str]]) -> list[str]:
     """uv's arguments for pip's configured ``options`` (``parse_pip_config``)."""
     args = ["--no-config"]
-    if options.get("no-index", ["0"])[0].lower() in TRUE:
-        args.append("--no-index")  # wheel folders only, as pip is told
+    no_index = options.get("no-index", ["0"])[0].lower() in TRUE
+    if no_index:
+        args.append("--no-index")  # wheel folders only, as pip is told (its extra indexes dropped too)
     else:
         main = (options.get("index-url") or [PYPI])[0]
         args += ["--index-strategy", "unsafe-best-match", "--index", main, "--default-index", main]
     if options.get("pre", ["0"])[0].lower() in TRUE:
         args += ["--prerelease", "allow"]
     for option, flag in LISTS:
-        if option == "extra-index-url" and "--no-index" in args:
-            continue
-        args += [arg for value in options.get(option, []) for arg in (flag, value)]
+        if not (no_index and option == "extra-index-url"):
+            args += [arg for value in options.get(option, []) for arg in (flag, value)]
     return args
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import email.parser
+import importlib.metadata
+import re
 import resource
 import shutil
 import subprocess
@@ -46,16 +48,14 @@ def timed(cmd: list[str]) -> tuple[float, float]:
 
 
 def installed(venv: Path) -> dict[str, tuple[str, tuple[str, ...]]]:
-    """Each installed distribution's normalized name: (version, its wheel's tags)."""
+    """Each installed distribution's normalized name (PEP 503): (version, its wheel's tags)."""
     found = {}
-    for info in venv.glob("lib/python*/site-packages/*.dist-info"):
-        meta = email.parser.Parser().parsestr(
-            (info / "METADATA").read_text(errors="replace"), headersonly=True
-        )
-        name = meta["Name"].lower().replace("_", "-").replace(".", "-")
-        wheel = info / "WHEEL"
-        tags = email.parser.Parser().parsestr(wheel.read_text()).get_all("Tag", []) if wheel.exists() else []
-        found[name] = (meta["Version"], tuple(sorted(tags)))
+    for dist in importlib.metadata.distributions(
+        path=[str(p) for p in venv.glob("lib/python*/site-packages")]
+    ):
+        wheel = email.parser.Parser().parsestr(dist.read_text("WHEEL") or "")
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+        found[name] = (dist.version, tuple(sorted(wheel.get_all("Tag", []))))
     found.pop("pip", None)
     return found
 
