@@ -26,7 +26,9 @@ packer's own column generation with no work limit (minutes each): for the ones w
 ("before") and with ("after") the steps for constrained plans above the vector bound (the swap search,
 ``engine.VECTOR_SWAP_POOL_ROWS``; the vector pattern LP, ``engine.CONSTRAINED_LP_MAX_SAMPLES``) and, where
 ``pack`` is still above the vector bound, asks an assignment MIP (``optimum.vector_packing_feasible``) whether
-the bound's row count is reachable: "bound tight" (the packer's loss) or "bound not tight".
+the bound's row count is reachable: "bound tight" (the packer's loss) or "bound not tight". With
+``--budget-first-ab``, "before" turns off only the search from the start by the scarcest budget
+(``engine.BUDGET_FIRST_MAX_ROWS``), so the two columns are ``pack`` with and without that step.
 """
 
 from __future__ import annotations
@@ -208,23 +210,30 @@ def print_table(rows: list[dict]) -> None:
     bench_packing.print_table(rows, _cell)
 
 
-def _timed_rows(lengths: np.ndarray, width: int, constraints, steps: bool) -> tuple[int, float]:
-    """Rows and plan seconds of ``pack``, with (``steps``) or without the steps that run on constrained plans
-    above the vector bound: the swap search and the vector pattern LP."""
-    saved = engine.CONSTRAINED_LP_MAX_SAMPLES, engine.VECTOR_SWAP_POOL_ROWS
-    if not steps:
-        engine.CONSTRAINED_LP_MAX_SAMPLES, engine.VECTOR_SWAP_POOL_ROWS = 0, 0
+# What "before" turns off: the steps that run on constrained plans above the vector bound (the swap search,
+# whose pools the budget-first search needs too, and the vector pattern LP), or with --budget-first-ab only
+# the search from the start by the scarcest budget (``packing.budget_first``).
+STEPS_OFF = ("CONSTRAINED_LP_MAX_SAMPLES", "VECTOR_SWAP_POOL_ROWS")
+BUDGET_FIRST_OFF = ("BUDGET_FIRST_MAX_ROWS",)
+
+
+def _timed_rows(lengths: np.ndarray, width: int, constraints, off: tuple[str, ...] = ()) -> tuple[int, float]:
+    """Rows and plan seconds of ``pack``, with the engine's limits named in ``off`` set to 0 (those steps off)."""
+    saved = {name: getattr(engine, name) for name in off}
+    for name in off:
+        setattr(engine, name, 0)
     try:
         start = time.perf_counter()
         rows = pack(lengths, width, constraints=constraints).num_rows
         return rows, time.perf_counter() - start
     finally:
-        engine.CONSTRAINED_LP_MAX_SAMPLES, engine.VECTOR_SWAP_POOL_ROWS = saved
+        for name, value in saved.items():
+            setattr(engine, name, value)
 
 
-def constrained_small(n: int, seeds: int, seconds: float) -> list[dict]:
-    """Media sets under bench_packing's budgets: pack without ("before") and with ("after") the swap search
-    and the vector pattern LP step, against the vector bound, and the MIP's verdict where "after" is above it."""
+def constrained_small(n: int, seeds: int, seconds: float, before_off: tuple[str, ...] = STEPS_OFF) -> list[dict]:
+    """Media sets under bench_packing's budgets: pack without ("before": the steps of ``before_off`` off) and
+    with ("after") those steps, against the vector bound, and the MIP's verdict where "after" is above it."""
     from bench_packing import image_text, media_constraints, omni_mix, padded
 
     out = []
@@ -236,8 +245,8 @@ def constrained_small(n: int, seeds: int, seconds: float) -> list[dict]:
             amounts, budgets = constraints.amounts_matrix(n)
             cap = constraints.max_samples_per_row
             bound = constrained_lower_bounds(lengths, width, amounts, budgets, cap)["best"]
-            before, before_s = _timed_rows(lengths, width, constraints, steps=False)
-            rows, after_s = _timed_rows(lengths, width, constraints, steps=True)
+            before, before_s = _timed_rows(lengths, width, constraints, before_off)
+            rows, after_s = _timed_rows(lengths, width, constraints)
             verdict = "pack at bound"
             if rows > bound and seconds > 0:
                 dims = np.column_stack([lengths, amounts, np.ones(n, dtype=np.int64)])
@@ -365,6 +374,10 @@ def main() -> None:
     parser.add_argument("--mip-seconds", type=float, default=60.0, help="0: no MIP verdict")
     parser.add_argument("--early-lp-ab", action="store_true", help="only pack with and without the early LP bound")
     parser.add_argument(
+        "--budget-first-ab", action="store_true",
+        help="with --constrained: before is pack without the budget-first search only (not every step)",
+    )  # fmt: skip
+    parser.add_argument(
         "--prove-lp", type=int, nargs="+", metavar="INDEX",
         help="only these large instances, against the LP solved to the end (no limit: minutes each)",
     )  # fmt: skip
@@ -378,9 +391,11 @@ def main() -> None:
         print(
             f"\nConstrained sets at {args.constrained_n} samples vs the vector bound (MIP {args.mip_seconds:.0f} s)\n"
         )
-        results = constrained_small(args.constrained_n, args.constrained_seeds, args.mip_seconds)
+        off = BUDGET_FIRST_OFF if args.budget_first_ab else STEPS_OFF
+        results = constrained_small(args.constrained_n, args.constrained_seeds, args.mip_seconds, off)
         print_table(results)
-        print("\nrows / vector bound without (before) and with (after) the swap search and the vector pattern LP\n")
+        steps = "the budget-first search" if args.budget_first_ab else "the swap search and the vector pattern LP"
+        print(f"\nrows / vector bound without (before) and with (after) {steps}\n")
         print_table(summarize_constrained(results))
         return
     small_n = 2000 if args.full else 1000

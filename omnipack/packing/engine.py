@@ -8,6 +8,7 @@ import numpy as np
 
 from .balance import balance_costs
 from .bounds import best_bound, constrained_lower_bounds, lower_bounds
+from .budget_first import budget_first_pack
 from .constraints import (
     PackConstraints,
     constrained_bfd,
@@ -31,6 +32,7 @@ SECOND_ORDER_MAX = 250_000  # samples up to which the constrained packer also tr
 # The greedy start that buckets rows by the scarcest budget, not the tokens (``scarcest_first_pack``): on
 # larger plans chosen, or not, on a subsample of START_SAMPLE samples.
 SCARCEST_FIRST = "bfd+constraints(scarcest first)"
+BUDGET_FIRST = "budget-first+constraints"
 START_SAMPLE = 50_000
 REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the whole set (when small)
 FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
@@ -80,6 +82,12 @@ VECTOR_SWAP_SMALL_IDLE = 3
 # The spread's shift per pass, in gaps between its rows: the golden ratio, whose multiples mod 1 never repeat
 # and spread evenly over the gap.
 SPREAD_STEP = 0.6180339887498949
+# A constrained plan of up to this many rows still above the vector bound after the swap search gets a second
+# search, from the start by the scarcest budget alone (``budget_first``: its 1-D plan, the other limits
+# restored). On the sweeps of benchmarks/README.md it takes the three image-text plans of 200-2,000 samples
+# (45-441 rows) left a row over their bound to it, so to the optimum, in 0.1-1 s more; on the plans of 5k-10k
+# samples (1,080-2,190 rows) it gained no row and took 1-2 s more. 0: off.
+BUDGET_FIRST_MAX_ROWS = 1000
 # Plans up to this many samples still above the bound after the slack-row refill first ask the pattern LP for
 # its bound, on a small budget (~0.02-0.1 s): a plan it proves optimal skips the later steps, which cannot
 # remove a row from it and cost 0.1-0.2 s on such plans (the W=4096 repack of benchmarks/README.md).
@@ -300,7 +308,8 @@ def _assign_constrained(
 ) -> tuple[np.ndarray, int, str]:
     """The constrained fast best fit; with ``improve``, the steps that may cut rows (the other item order,
     the start by the scarcest budget, the balanced fill, the exact BFD, the swap search on plans above the
-    vector bound, on small plans still above it the vector pattern LP); the plan with the fewest rows wins,
+    vector bound, on plans of up to BUDGET_FIRST_MAX_ROWS rows still above it the swap search from the start
+    by that budget alone, on small plans still above it the vector pattern LP); the plan with the fewest rows wins,
     ties keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
     subsample (``_large_plan_start``)."""
     if not improve:
@@ -320,12 +329,39 @@ def _assign_constrained(
         swapped = _vector_swap_passes(lengths, capacity, constraints, row_of, num_rows, bound)
         if swapped[1] < num_rows:
             row_of, num_rows, name = swapped[0], swapped[1], name + "+swap"
+    if bound < num_rows <= BUDGET_FIRST_MAX_ROWS and VECTOR_SWAP_POOL_ROWS:
+        other = _budget_first_swapped(lengths, capacity, constraints, bound)
+        if other is not None and other[1] < num_rows:
+            row_of, num_rows, name = other[0], other[1], BUDGET_FIRST + "+swap"
     if len(lengths) <= CONSTRAINED_LP_MAX_SAMPLES and num_rows > bound:
         # Still above the vector bound on a small plan: the vector pattern LP, rounded.
         guided = constrained_lp_pack(lengths, capacity, constraints, (row_of, num_rows), lower_bound=bound)
         if guided is not None:
             row_of, num_rows, name = guided[0], guided[1], "lp-patterns+constraints"
     return row_of, num_rows, name
+
+
+def _budget_first_swapped(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, bound: int
+) -> tuple[np.ndarray, int] | None:
+    """The swap search from the start by the scarcest budget alone (``budget_first.budget_first_pack``); None
+    where no budget is scarcer than the tokens."""
+    name = scarcest_budget(lengths, capacity, constraints)
+    if name is None:
+        return None
+    dims, caps = _constrained_dims(lengths, capacity, constraints)
+    budget = 1 + list(constraints.resources).index(name)  # dims: tokens, then the budgets in their order
+    row_of, num_rows = budget_first_pack(dims, caps, budget, _pack_one_budget)
+    return _vector_swap_passes(lengths, capacity, constraints, row_of, num_rows, bound)
+
+
+def _pack_one_budget(amounts: np.ndarray, budget: int) -> tuple[np.ndarray, int]:
+    """The 1-D packer on one budget's amounts: BFD and its improvement steps, without the pattern LP's (they
+    take seconds on patch counts, and this plan is only a start)."""
+    values, counts = _classes(amounts, budget)
+    slot_rows, num_rows = bfd_classes(values, counts, budget)
+    slot_rows, num_rows, _ = _improve(slot_rows, num_rows, amounts, values, counts, budget, lp=False)
+    return _slots_to_samples(slot_rows, amounts, budget), num_rows
 
 
 def _vector_swap_passes(
@@ -504,6 +540,7 @@ def _improve(
     values: np.ndarray,
     counts: np.ndarray,
     capacity: int,
+    lp: bool = True,
 ) -> tuple[np.ndarray, int, str]:
     """Improve a BFD packing that misses the lower bound; every step works on length classes.
 
@@ -522,7 +559,8 @@ def _improve(
        lengths only more than LP_MANY_CLASSES_GAP over it): the pattern LP,
        rounded (``patterns.lp_pattern_pack``, with ``highspy``); it stops early on proving the plan optimal.
     Each refill gives up past REFILL_MAX_WORK (about a second; a work count, so still deterministic).
-    The plan with the fewest rows wins; ties keep the earlier one.
+    The plan with the fewest rows wins; ties keep the earlier one. ``lp=False`` leaves out the LP steps (2
+    and 6).
     """
     bounds = lower_bounds(lengths, capacity)
     bound = best_bound(bounds)
@@ -536,7 +574,7 @@ def _improve(
         refilled, refilled_rows = _refill_slack_rows(slot_rows, num_rows, values, counts, capacity)
         if refilled_rows < num_rows:
             slot_rows, num_rows, used = refilled, refilled_rows, used.split("(")[0] + "+refill"
-    if _lp_proves_optimal(slot_rows, num_rows, len(lengths), values, counts, capacity, bound):
+    if lp and _lp_proves_optimal(slot_rows, num_rows, len(lengths), values, counts, capacity, bound):
         return slot_rows, num_rows, used  # no later step can find fewer rows
     if num_rows > bound * (1 + REFILL_TARGET) and len(lengths) <= FULL_REFILL_MAX:
         slot_rows, num_rows, used = _refill_whole_set(slot_rows, num_rows, used, values, counts, capacity)
@@ -548,7 +586,7 @@ def _improve(
         paired = _pair_large_then_refill(values, counts, capacity, bound)
         if paired is not None and paired[1] < num_rows:
             slot_rows, num_rows, used = paired[0], paired[1], "pairs+refill"
-    guided = _lp_guided(slot_rows, num_rows, values, counts, capacity, bound)
+    guided = _lp_guided(slot_rows, num_rows, values, counts, capacity, bound) if lp else None
     return (slot_rows, num_rows, used) if guided is None else (*guided, "lp-patterns")
 
 
@@ -598,6 +636,7 @@ def pack(
     order, the best fit by the scarcest budget, the row-by-row ``balanced_fill`` when the resource amounts
     take few distinct values (media counts) and the exact BFD on small plans; at any size the swap search
     (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then smaller ones);
+    up to BUDGET_FIRST_MAX_ROWS rows the search again from the scarcest budget's 1-D plan (``budget_first``);
     up to CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``).
     The plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared lengths)
     with at most +0.1% rows. Rows are shuffled with ``seed`` unless ``shuffle=False``; deterministic.

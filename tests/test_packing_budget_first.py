@@ -1,0 +1,101 @@
+"""The start by the scarcest budget alone (``packing.budget_first``): every limit held, every item placed once,
+and on image-text sets whose patch budget binds, the plan at the vector bound (so the optimum) where the
+search from the greedy plans stays a row above it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from omnipack.packing import PackConstraints, engine, pack
+from omnipack.packing.bounds import constrained_lower_bounds
+from omnipack.packing.budget_first import budget_first_pack
+
+from .test_packing import assert_constraints_hold
+from .test_packing_bounds_refill import SETTINGS
+
+WIDTH = 8192
+
+
+def image_text(seed: int, n: int) -> tuple[np.ndarray, PackConstraints]:
+    """benchmarks/bench_packing.py's image-text set under its media budgets (the same draws): lognormal text
+    (median 150) plus 0-4 images of 64-1,280 tokens, 4 vision patches a token, lengths padded to 8; at most
+    16 images, 3 W of patches and 64 samples a row. The patch budget binds (the tokens take ~87% of its
+    rows)."""
+    rng = np.random.default_rng(seed)
+    text = np.round(rng.lognormal(np.log(150), 0.8, n)).astype(np.int64) + 1
+    images = rng.integers(0, 5, n)
+    image_tokens = np.zeros(n, dtype=np.int64)
+    for k in range(1, 5):
+        has = images >= k
+        image_tokens[has] += rng.integers(64, 1281, int(has.sum()))
+    lengths = np.minimum(-(-np.minimum(text + image_tokens, WIDTH) // 8) * 8, WIDTH)
+    resources = {"media": (images, 16), "patches": (image_tokens * 4, 3 * WIDTH)}
+    return lengths, PackConstraints(max_samples_per_row=64, resources=resources)
+
+
+def _bound(lengths: np.ndarray, constraints: PackConstraints) -> int:
+    amounts, budgets = constraints.amounts_matrix(len(lengths))
+    return constrained_lower_bounds(lengths, WIDTH, amounts, budgets, constraints.max_samples_per_row)["best"]
+
+
+@pytest.mark.parametrize(("seed", "n"), [(0, 200), (0, 500)])
+def test_the_start_by_the_patch_budget_takes_plans_left_a_row_over_to_the_bound(monkeypatch, seed, n):
+    """Two of the sweep's image-text plans that the other steps (greedy starts, the swap search; at 200
+    samples the vector pattern LP too, which gets no further there) leave one row over the vector bound
+    (the third, 2,000 samples, is in benchmarks/README.md): this start and the search from it reach the
+    bound, every limit held; the same plan on a second run."""
+    lengths, constraints = image_text(seed, n)
+    bound = _bound(lengths, constraints)
+    with monkeypatch.context() as off:
+        off.setattr(engine, "BUDGET_FIRST_MAX_ROWS", 0)
+        off.setattr(engine, "CONSTRAINED_LP_MAX_SAMPLES", 0)  # its ~0.6 s: it leaves these plans as they are
+        without = pack(lengths, WIDTH, constraints=constraints)
+    plan = pack(lengths, WIDTH, constraints=constraints)
+    assert without.num_rows == bound + 1 and without.algorithm != engine.BUDGET_FIRST + "+swap"
+    assert plan.num_rows == bound and plan.algorithm == engine.BUDGET_FIRST + "+swap"
+    assert_constraints_hold(plan, constraints)
+    assert np.bincount(plan.row_of, weights=lengths).max() <= WIDTH
+    assert sorted(plan.members.tolist()) == list(range(n))
+    assert pack(lengths, WIDTH, constraints=constraints).row_of.tobytes() == plan.row_of.tobytes()
+
+
+def test_plans_above_its_row_limit_do_not_get_it(monkeypatch):
+    """A plan of more rows than BUDGET_FIRST_MAX_ROWS keeps the other steps' rows (the start is not tried)."""
+    lengths, constraints = image_text(0, 200)
+    monkeypatch.setattr(
+        engine, "BUDGET_FIRST_MAX_ROWS", _bound(lengths, constraints)
+    )  # the plan has one more
+    monkeypatch.setattr(engine, "CONSTRAINED_LP_MAX_SAMPLES", 0)
+    assert pack(lengths, WIDTH, constraints=constraints).num_rows == _bound(lengths, constraints) + 1
+
+
+@st.composite
+def vector_items(draw):
+    """Items of 2-4 dimensions (tokens, 0-2 budgets, the sample cap), each fitting an empty row, some using
+    none of the budget the start packs first."""
+    n = draw(st.integers(1, 80))
+    budgets = draw(st.integers(0, 2))
+    caps = np.array([draw(st.integers(8, 200)) for _ in range(1 + budgets)] + [draw(st.integers(1, 12))])
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    dims = np.column_stack([rng.integers(1, caps[0] + 1, n)] + [
+        rng.integers(0, c + 1, n) * (rng.random(n) < 0.7) for c in caps[1:-1]
+    ] + [np.ones(n, dtype=np.int64)])  # fmt: skip
+    return dims.astype(np.int64), caps.astype(np.int64), draw(st.integers(0, len(caps) - 1))
+
+
+@SETTINGS
+@given(vector_items())
+def test_every_item_is_placed_once_and_every_limit_holds(case):
+    """Any dimension packed first (the tokens, a budget, the sample cap): rows numbered densely, none empty,
+    every limit held in every row, every item in one row."""
+    dims, caps, first = case
+    row_of, rows = budget_first_pack(dims, caps, first, engine._pack_one_budget)
+    assert row_of.min() >= 0 and sorted(np.unique(row_of).tolist()) == list(range(rows))
+    loads = np.zeros((rows, dims.shape[1]), dtype=np.int64)
+    np.add.at(loads, row_of, dims)
+    assert (loads <= caps).all()
+    again = budget_first_pack(dims, caps, first, engine._pack_one_budget)
+    assert again[1] == rows and again[0].tobytes() == row_of.tobytes()
