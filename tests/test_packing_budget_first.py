@@ -62,14 +62,17 @@ def test_the_start_by_the_patch_budget_takes_plans_left_a_row_over_to_the_bound(
     assert pack(lengths, WIDTH, constraints=constraints).row_of.tobytes() == plan.row_of.tobytes()
 
 
-def test_plans_above_its_row_limit_do_not_get_it(monkeypatch):
-    """A plan of more rows than BUDGET_FIRST_MAX_ROWS keeps the other steps' rows (the start is not tried)."""
+@pytest.mark.parametrize("limit", ["BUDGET_FIRST_MAX_ROWS", "BUDGET_FIRST_MAX_SAMPLES"])
+def test_plans_above_its_limits_do_not_get_it(monkeypatch, limit):
+    """A plan of more rows than BUDGET_FIRST_MAX_ROWS, or more samples than BUDGET_FIRST_MAX_SAMPLES, keeps the
+    other steps' rows (the start is not tried)."""
     lengths, constraints = image_text(0, 200)
+    bound = _bound(lengths, constraints)
     monkeypatch.setattr(
-        engine, "BUDGET_FIRST_MAX_ROWS", _bound(lengths, constraints)
-    )  # the plan has one more
+        engine, limit, {"BUDGET_FIRST_MAX_ROWS": bound, "BUDGET_FIRST_MAX_SAMPLES": 199}[limit]
+    )
     monkeypatch.setattr(engine, "CONSTRAINED_LP_MAX_SAMPLES", 0)
-    assert pack(lengths, WIDTH, constraints=constraints).num_rows == _bound(lengths, constraints) + 1
+    assert pack(lengths, WIDTH, constraints=constraints).num_rows == bound + 1
 
 
 @st.composite

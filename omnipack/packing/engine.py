@@ -32,7 +32,7 @@ SECOND_ORDER_MAX = 250_000  # samples up to which the constrained packer also tr
 # The greedy start that buckets rows by the scarcest budget, not the tokens (``scarcest_first_pack``): on
 # larger plans chosen, or not, on a subsample of START_SAMPLE samples.
 SCARCEST_FIRST = "bfd+constraints(scarcest first)"
-BUDGET_FIRST = "budget-first+constraints"
+BUDGET_FIRST = "budget-first+constraints"  # the search from ``budget_first``'s start (with "+swap")
 START_SAMPLE = 50_000
 REFILL_TARGET = 0.0005  # over the bound after the slack-row refill, refill the whole set (when small)
 FULL_REFILL_MAX = 2_000_000  # samples up to which the whole-set refill is tried
@@ -86,8 +86,11 @@ SPREAD_STEP = 0.6180339887498949
 # search, from the start by the scarcest budget alone (``budget_first``: its 1-D plan, the other limits
 # restored). On the sweeps of benchmarks/README.md it takes the three image-text plans of 200-2,000 samples
 # (45-441 rows) left a row over their bound to it, so to the optimum, in 0.1-1 s more; on the plans of 5k-10k
-# samples (1,080-2,190 rows) it gained no row and took 1-2 s more. 0: off.
+# samples (1,080-2,190 rows) it gained no row and took 1-2 s more. 0: off. Its repair places items one by one
+# (numpy over the rows for each), so plans of many small samples in few rows get it only up to
+# BUDGET_FIRST_MAX_SAMPLES samples.
 BUDGET_FIRST_MAX_ROWS = 1000
+BUDGET_FIRST_MAX_SAMPLES = 20_000
 # Plans up to this many samples still above the bound after the slack-row refill first ask the pattern LP for
 # its bound, on a small budget (~0.02-0.1 s): a plan it proves optimal skips the later steps, which cannot
 # remove a row from it and cost 0.1-0.2 s on such plans (the W=4096 repack of benchmarks/README.md).
@@ -309,8 +312,8 @@ def _assign_constrained(
     """The constrained fast best fit; with ``improve``, the steps that may cut rows (the other item order,
     the start by the scarcest budget, the balanced fill, the exact BFD, the swap search on plans above the
     vector bound, on plans of up to BUDGET_FIRST_MAX_ROWS rows still above it the swap search from the start
-    by that budget alone, on small plans still above it the vector pattern LP); the plan with the fewest rows wins,
-    ties keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
+    by that budget alone, on small plans still above it the vector pattern LP); the plan with the fewest rows
+    wins, ties keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
     subsample (``_large_plan_start``)."""
     if not improve:
         return *constrained_pack(lengths, capacity, constraints), "bfd+constraints"
@@ -329,7 +332,8 @@ def _assign_constrained(
         swapped = _vector_swap_passes(lengths, capacity, constraints, row_of, num_rows, bound)
         if swapped[1] < num_rows:
             row_of, num_rows, name = swapped[0], swapped[1], name + "+swap"
-    if bound < num_rows <= BUDGET_FIRST_MAX_ROWS and VECTOR_SWAP_POOL_ROWS:
+    small = num_rows <= BUDGET_FIRST_MAX_ROWS and len(lengths) <= BUDGET_FIRST_MAX_SAMPLES
+    if num_rows > bound and small and VECTOR_SWAP_POOL_ROWS:
         other = _budget_first_swapped(lengths, capacity, constraints, bound)
         if other is not None and other[1] < num_rows:
             row_of, num_rows, name = other[0], other[1], BUDGET_FIRST + "+swap"
