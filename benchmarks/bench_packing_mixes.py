@@ -231,7 +231,9 @@ def _timed_rows(lengths: np.ndarray, width: int, constraints, off: tuple[str, ..
             setattr(engine, name, value)
 
 
-def constrained_small(n: int, seeds: int, seconds: float, before_off: tuple[str, ...] = STEPS_OFF) -> list[dict]:
+def constrained_small(
+    n: int, seeds: int, seconds: float, before_off: tuple[str, ...] = STEPS_OFF
+) -> list[dict]:
     """Media sets under bench_packing's budgets: pack without ("before": the steps of ``before_off`` off) and
     with ("after") those steps, against the vector bound, and the MIP's verdict where "after" is above it."""
     from bench_packing import image_text, media_constraints, omni_mix, padded
@@ -382,6 +384,8 @@ def main() -> None:
         help="only these large instances, against the LP solved to the end (no limit: minutes each)",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.budget_first_ab and not args.constrained:
+        parser.error("--budget-first-ab compares constrained plans: use it with --constrained")
     high = 1_000_000 if args.full else 100_000
     if args.prove_lp:
         return print_table([prove_large(index, 10_000, high) for index in args.prove_lp])

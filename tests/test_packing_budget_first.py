@@ -54,7 +54,7 @@ def test_the_start_by_the_patch_budget_takes_plans_left_a_row_over_to_the_bound(
         off.setattr(engine, "CONSTRAINED_LP_MAX_SAMPLES", 0)  # its ~0.6 s: it leaves these plans as they are
         without = pack(lengths, WIDTH, constraints=constraints)
     plan = pack(lengths, WIDTH, constraints=constraints)
-    assert without.num_rows == bound + 1 and without.algorithm != engine.BUDGET_FIRST + "+swap"
+    assert without.num_rows == bound + 1
     assert plan.num_rows == bound and plan.algorithm == engine.BUDGET_FIRST + "+swap"
     assert_constraints_hold(plan, constraints)
     assert np.bincount(plan.row_of, weights=lengths).max() <= WIDTH
@@ -64,15 +64,26 @@ def test_the_start_by_the_patch_budget_takes_plans_left_a_row_over_to_the_bound(
 
 @pytest.mark.parametrize("limit", ["BUDGET_FIRST_MAX_ROWS", "BUDGET_FIRST_MAX_SAMPLES"])
 def test_plans_above_its_limits_do_not_get_it(monkeypatch, limit):
-    """A plan of more rows than BUDGET_FIRST_MAX_ROWS, or more samples than BUDGET_FIRST_MAX_SAMPLES, keeps the
-    other steps' rows (the start is not tried)."""
+    """A plan of BUDGET_FIRST_MAX_ROWS rows and BUDGET_FIRST_MAX_SAMPLES samples gets the step; one more row
+    or sample than either limit keeps the other steps' rows."""
     lengths, constraints = image_text(0, 200)
     bound = _bound(lengths, constraints)
-    monkeypatch.setattr(
-        engine, limit, {"BUDGET_FIRST_MAX_ROWS": bound, "BUDGET_FIRST_MAX_SAMPLES": 199}[limit]
-    )
     monkeypatch.setattr(engine, "CONSTRAINED_LP_MAX_SAMPLES", 0)
+    at_limit = {"BUDGET_FIRST_MAX_ROWS": bound + 1, "BUDGET_FIRST_MAX_SAMPLES": len(lengths)}[limit]
+    monkeypatch.setattr(engine, limit, at_limit)  # the plan before the step: bound + 1 rows, 200 samples
+    assert pack(lengths, WIDTH, constraints=constraints).num_rows == bound
+    monkeypatch.setattr(engine, limit, at_limit - 1)
     assert pack(lengths, WIDTH, constraints=constraints).num_rows == bound + 1
+
+
+def test_a_given_up_item_leaves_room_that_the_best_fit_uses():
+    """Two items of 5 units of the budget fill one row of it, but their 7 + 5 tokens are over the width of
+    10: the one with the most tokens per unit (7) is given up and goes to a row of its own, and the text
+    item (5 tokens, none of the budget) fills the room it left: 2 rows, not 3."""
+    dims = np.array([[7, 5, 1], [5, 5, 1], [5, 0, 1]])  # tokens, the budget, 1 per sample
+    caps = np.array([10, 10, 64])
+    row_of, rows = budget_first_pack(dims, caps, 1, engine._pack_one_budget)
+    assert rows == 2 and row_of[1] == row_of[2] != row_of[0]
 
 
 @st.composite

@@ -86,11 +86,11 @@ SPREAD_STEP = 0.6180339887498949
 # search, from the start by the scarcest budget alone (``budget_first``: its 1-D plan, the other limits
 # restored). On the sweeps of benchmarks/README.md it takes the three image-text plans of 200-2,000 samples
 # (45-441 rows) left a row over their bound to it, so to the optimum, in 0.1-1 s more; on the plans of 5k-10k
-# samples (1,080-2,190 rows) it gained no row and took 1-2 s more. 0: off. Its repair places items one by one
-# (numpy over the rows for each), so plans of many small samples in few rows get it only up to
-# BUDGET_FIRST_MAX_SAMPLES samples.
+# samples (1,080-2,190 rows) it gained no row and took 1-2 s more. 0: off. Plans of more samples a row cost its
+# search more: near 1,000 rows, 2-3 s more at 10k-19k samples for no row, so it runs only up to
+# BUDGET_FIRST_MAX_SAMPLES samples (the gains above were all at 2,000 samples or fewer).
 BUDGET_FIRST_MAX_ROWS = 1000
-BUDGET_FIRST_MAX_SAMPLES = 20_000
+BUDGET_FIRST_MAX_SAMPLES = 5000
 # Plans up to this many samples still above the bound after the slack-row refill first ask the pattern LP for
 # its bound, on a small budget (~0.02-0.1 s): a plan it proves optimal skips the later steps, which cannot
 # remove a row from it and cost 0.1-0.2 s on such plans (the W=4096 repack of benchmarks/README.md).
@@ -294,7 +294,9 @@ def _assign(
     algorithm: str,
     constraints: PackConstraints | None,
     improve: bool,
+    lp: bool = True,
 ) -> tuple[np.ndarray, int, str]:
+    """``(row_of, num_rows, algorithm used)``; ``lp`` is ``_improve``'s (1-D plans)."""
     if constraints is not None:
         return _assign_constrained(lengths, capacity, constraints, improve)
     values, counts = _classes(lengths, capacity)
@@ -302,7 +304,7 @@ def _assign(
     slot_rows, num_rows = run(values, counts, capacity)
     used = algorithm
     if improve and algorithm == "bfd":
-        slot_rows, num_rows, used = _improve(slot_rows, num_rows, lengths, values, counts, capacity)
+        slot_rows, num_rows, used = _improve(slot_rows, num_rows, lengths, values, counts, capacity, lp)
     return _slots_to_samples(slot_rows, lengths, capacity), num_rows, used
 
 
@@ -362,10 +364,8 @@ def _budget_first_swapped(
 def _pack_one_budget(amounts: np.ndarray, budget: int) -> tuple[np.ndarray, int]:
     """The 1-D packer on one budget's amounts: BFD and its improvement steps, without the pattern LP's (they
     take seconds on patch counts, and this plan is only a start)."""
-    values, counts = _classes(amounts, budget)
-    slot_rows, num_rows = bfd_classes(values, counts, budget)
-    slot_rows, num_rows, _ = _improve(slot_rows, num_rows, amounts, values, counts, budget, lp=False)
-    return _slots_to_samples(slot_rows, amounts, budget), num_rows
+    row_of, num_rows, _ = _assign(amounts, budget, "bfd", None, improve=True, lp=False)
+    return row_of, num_rows
 
 
 def _vector_swap_passes(
