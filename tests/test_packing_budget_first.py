@@ -15,6 +15,7 @@ from omnipack.packing.budget_first import budget_first_pack
 
 from .test_packing import assert_constraints_hold
 from .test_packing_bounds_refill import SETTINGS
+from .test_packing_mix_balanced import image_text_draws
 
 WIDTH = 8192
 
@@ -24,13 +25,7 @@ def image_text(seed: int, n: int) -> tuple[np.ndarray, PackConstraints]:
     (median 150) plus 0-4 images of 64-1,280 tokens, 4 vision patches a token, lengths padded to 8; at most
     16 images, 3 W of patches and 64 samples a row. The patch budget binds (the tokens take ~87% of its
     rows)."""
-    rng = np.random.default_rng(seed)
-    text = np.round(rng.lognormal(np.log(150), 0.8, n)).astype(np.int64) + 1
-    images = rng.integers(0, 5, n)
-    image_tokens = np.zeros(n, dtype=np.int64)
-    for k in range(1, 5):
-        has = images >= k
-        image_tokens[has] += rng.integers(64, 1281, int(has.sum()))
+    text, images, image_tokens = image_text_draws(np.random.default_rng(seed), n)
     lengths = np.minimum(-(-np.minimum(text + image_tokens, WIDTH) // 8) * 8, WIDTH)
     resources = {"media": (images, 16), "patches": (image_tokens * 4, 3 * WIDTH)}
     return lengths, PackConstraints(max_samples_per_row=64, resources=resources)
