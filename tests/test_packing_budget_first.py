@@ -58,7 +58,7 @@ def test_the_start_by_the_patch_budget_takes_plans_left_a_row_over_to_the_bound(
 
 
 @pytest.mark.parametrize("limit", ["BUDGET_FIRST_MAX_ROWS", "BUDGET_FIRST_MAX_SAMPLES"])
-def test_plans_above_its_limits_do_not_get_it(monkeypatch, limit):
+def test_plans_at_its_limits_get_it_and_plans_past_them_do_not(monkeypatch, limit):
     """A plan of BUDGET_FIRST_MAX_ROWS rows and BUDGET_FIRST_MAX_SAMPLES samples gets the step; one more row
     or sample than either limit keeps the other steps' rows."""
     lengths, constraints = image_text(0, 200)
