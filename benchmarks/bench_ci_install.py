@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import email.parser
 import importlib.metadata
-import re
 import resource
 import shutil
 import subprocess
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from packaging.utils import canonicalize_name  # transformers' dependency: in the project's venv
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / ".ci"))
@@ -54,8 +55,7 @@ def installed(venv: Path) -> dict[str, tuple[str, tuple[str, ...]]]:
         path=[str(p) for p in venv.glob("lib/python*/site-packages")]
     ):
         wheel = email.parser.Parser().parsestr(dist.read_text("WHEEL") or "")
-        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
-        found[name] = (dist.version, tuple(sorted(wheel.get_all("Tag", []))))
+        found[canonicalize_name(dist.metadata["Name"])] = (dist.version, tuple(sorted(wheel.get_all("Tag", []))))
     found.pop("pip", None)
     return found
 
