@@ -43,7 +43,7 @@ def _assert_plan(row_of: np.ndarray, rows: int, dims: np.ndarray, caps: np.ndarr
 @pytest.fixture
 def greedy_only(monkeypatch):
     """``pack`` without the swap search and the vector pattern LP: the greedy constrained packers' plan."""
-    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 0)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 0)  # (the deep passes too)
     monkeypatch.setattr(engine, "CONSTRAINED_LP_MAX_SAMPLES", 0)
 
 
@@ -158,6 +158,7 @@ def test_a_plan_larger_than_the_pool_gets_pools_one_after_another(monkeypatch):
     lengths, constraints = media_mix(0, 3000, WIDTH)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
     monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_BUDGET", 0)
+    monkeypatch.setattr(engine, "DEEP_PASSES", 0)
     rows = {}
     for passes in (1, 2, 6):
         monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", passes)
@@ -175,6 +176,7 @@ def test_smaller_pools_follow_the_large_ones_while_they_cut_rows(monkeypatch):
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
     monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
     monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", (20,))
+    monkeypatch.setattr(engine, "DEEP_PASSES", 0)
     rows = {}
     for budget in (0, 3):  # whole searches' work: 3 is 6 passes at the pools' first limit
         monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_BUDGET", budget)
@@ -208,8 +210,9 @@ def test_pools_shift_their_spread_so_that_each_shift_searches_other_rows():
 def _recorded_pools(monkeypatch) -> list[tuple[int, float, int | None, bool]]:
     """Large pools of 40 rows (of ~425), one pass, a work limit of 400,000; every ``pooled_vector_swap`` call
     the engine makes recorded as (pool rows, spread shift, work limit, cut rows). The search from the start
-    by the scarcest budget (``budget_first``, whose passes would follow these) is off."""
+    by the scarcest budget (``budget_first``, whose passes would follow these) and the deep passes are off."""
     monkeypatch.setattr(engine, "BUDGET_FIRST_MAX_ROWS", 0)
+    monkeypatch.setattr(engine, "DEEP_PASSES", 0)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)
     monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
     monkeypatch.setattr(engine, "VECTOR_SWAP_MAX_WORK", 400_000)
