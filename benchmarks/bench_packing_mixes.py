@@ -28,7 +28,9 @@ packer's own column generation with no work limit (minutes each): for the ones w
 ``pack`` is still above the vector bound, asks an assignment MIP (``optimum.vector_packing_feasible``) whether
 the bound's row count is reachable: "bound tight" (the packer's loss) or "bound not tight". With
 ``--budget-first-ab``, "before" turns off only the search from the start by the scarcest budget
-(``engine.BUDGET_FIRST_MAX_ROWS``), so the two columns are ``pack`` with and without that step.
+(``engine.BUDGET_FIRST_MAX_ROWS``), so the two columns are ``pack`` with and without that step; with
+``--deep-ab`` only the deep passes (``engine.DEEP_PASSES``). The summary counts the plans more than 0.1% and
+more than a row over their bound ("over tol.", the deep passes' trigger).
 """
 
 from __future__ import annotations
@@ -215,6 +217,12 @@ def print_table(rows: list[dict]) -> None:
 # the search from the start by the scarcest budget (``packing.budget_first``).
 STEPS_OFF = ("CONSTRAINED_LP_MAX_SAMPLES", "VECTOR_SWAP_POOL_ROWS")
 BUDGET_FIRST_OFF = ("BUDGET_FIRST_MAX_ROWS",)
+DEEP_OFF = ("DEEP_PASSES",)
+
+
+def over_tolerance(rows: int, bound: int) -> bool:
+    """More than 0.1% and more than one row above the bound: above the deep passes' goal."""
+    return rows > engine.deep_goal(bound)
 
 
 def _timed_rows(lengths: np.ndarray, width: int, constraints, off: tuple[str, ...] = ()) -> tuple[int, float]:
@@ -290,6 +298,8 @@ def summarize_constrained(results: list[dict]) -> list[dict]:
                 "instances": len(sel),
                 "at bound before": int((before == 1).sum()),
                 "at bound after": int((after == 1).sum()),
+                "over tol. before": sum(over_tolerance(r["rows before"], r["vector bound"]) for r in sel),
+                "over tol. after": sum(over_tolerance(r["rows after"], r["vector bound"]) for r in sel),
                 "worst before": before.max(),
                 "worst after": after.max(),
                 "p99 before": float(np.quantile(before, 0.99)),
@@ -380,12 +390,18 @@ def main() -> None:
         help="with --constrained: before is pack without the budget-first search only (not every step)",
     )  # fmt: skip
     parser.add_argument(
+        "--deep-ab", action="store_true",
+        help="with --constrained: before is pack without the deep swap passes only (not every step)",
+    )  # fmt: skip
+    parser.add_argument(
         "--prove-lp", type=int, nargs="+", metavar="INDEX",
         help="only these large instances, against the LP solved to the end (no limit: minutes each)",
     )  # fmt: skip
     args = parser.parse_args()
-    if args.budget_first_ab and not args.constrained:
-        parser.error("--budget-first-ab compares constrained plans: use it with --constrained")
+    if (args.budget_first_ab or args.deep_ab) and not args.constrained:
+        parser.error("--budget-first-ab and --deep-ab compare constrained plans: use them with --constrained")
+    if args.budget_first_ab and args.deep_ab:
+        parser.error("--budget-first-ab and --deep-ab each turn one step off: use one")
     high = 1_000_000 if args.full else 100_000
     if args.prove_lp:
         return print_table([prove_large(index, 10_000, high) for index in args.prove_lp])
@@ -395,10 +411,16 @@ def main() -> None:
         print(
             f"\nConstrained sets at {args.constrained_n} samples vs the vector bound (MIP {args.mip_seconds:.0f} s)\n"
         )
-        off = BUDGET_FIRST_OFF if args.budget_first_ab else STEPS_OFF
+        off = BUDGET_FIRST_OFF if args.budget_first_ab else DEEP_OFF if args.deep_ab else STEPS_OFF
         results = constrained_small(args.constrained_n, args.constrained_seeds, args.mip_seconds, off)
         print_table(results)
-        steps = "the budget-first search" if args.budget_first_ab else "the swap search and the vector pattern LP"
+        steps = (
+            "the budget-first search"
+            if args.budget_first_ab
+            else "the deep swap passes"
+            if args.deep_ab
+            else "the swap search, the vector pattern LP and the deep passes"
+        )
         print(f"\nrows / vector bound without (before) and with (after) {steps}\n")
         print_table(summarize_constrained(results))
         return

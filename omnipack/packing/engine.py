@@ -327,8 +327,9 @@ def _assign_constrained(
     """The constrained fast best fit; with ``improve``, the steps that may cut rows (the other item order,
     the start by the scarcest budget, the balanced fill, the exact BFD, the swap search on plans above the
     vector bound, on plans of up to BUDGET_FIRST_MAX_ROWS rows still above it the swap search from the start
-    by that budget alone, on small plans still above it the vector pattern LP); the plan with the fewest rows
-    wins, ties keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
+    by that budget alone, on small plans still above it the vector pattern LP, on plans of up to
+    DEEP_MAX_ROWS rows still above ``deep_goal`` the deep passes); the plan with the fewest rows wins, ties
+    keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
     subsample (``_large_plan_start``)."""
     if not improve:
         return *constrained_pack(lengths, capacity, constraints), "bfd+constraints"
@@ -357,12 +358,18 @@ def _assign_constrained(
         guided = constrained_lp_pack(lengths, capacity, constraints, (row_of, num_rows), lower_bound=bound)
         if guided is not None:
             row_of, num_rows, name = guided[0], guided[1], "lp-patterns+constraints"
-    goal = bound + max(1, bound * DEEP_TOLERANCE_PER_MILLE // 1000)  # integers: no rounding at the edge
+    goal = deep_goal(bound)
     if goal < num_rows <= DEEP_MAX_ROWS and VECTOR_SWAP_POOL_ROWS:
         deep = _deep_swap_passes(lengths, capacity, constraints, row_of, num_rows, goal)
         if deep[1] < num_rows:
             row_of, num_rows, name = deep[0], deep[1], name + "+deep"
     return row_of, num_rows, name
+
+
+def deep_goal(bound: int) -> int:
+    """The rows the deep passes stop at: the vector bound and DEEP_TOLERANCE_PER_MILLE per mille of it, at
+    least one row more (integers: no rounding at the edge)."""
+    return bound + max(1, bound * DEEP_TOLERANCE_PER_MILLE // 1000)
 
 
 def _deep_swap_passes(
