@@ -96,7 +96,7 @@ BUDGET_FIRST_MAX_SAMPLES = 5000
 # gets up to DEEP_PASSES more passes of the swap search over pools of DEEP_POOL_ROWS rows (the spread
 # shifted every pass), each with DEEP_WORK times the search's work limit, ending once within that. On 32
 # image-text sets of 10,000 samples (benchmarks/README.md) 6 plans ended 0.1-0.23% above their bound; this
-# step took all 6 within 0.1%, in 0.8-15 s more, and never ran on the others. One row over is left alone:
+# step took all 6 within 0.1%, in 1-14 s more, and never ran on the others. One row over is left alone:
 # on plans of 2,500 samples (~550 rows) the passes found no row there, for 8-10 s each (a bound that is not
 # tight). Larger plans get the pools of VECTOR_SWAP_SMALL_POOL_ROWS instead. DEEP_PASSES = 0: off.
 DEEP_TOLERANCE_PER_MILLE = 1
@@ -690,8 +690,9 @@ def pack(
     take few distinct values (media counts) and the exact BFD on small plans; at any size the swap search
     (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then smaller ones);
     up to BUDGET_FIRST_MAX_ROWS rows the search again from the scarcest budget's 1-D plan (``budget_first``);
-    up to CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``).
-    The plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared lengths)
+    up to CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``);
+    up to DEEP_MAX_ROWS rows, while more than 0.1% and a row above the bound (``deep_goal``), deeper passes
+    of the swap search. The plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared lengths)
     with at most +0.1% rows. Rows are shuffled with ``seed`` unless ``shuffle=False``; deterministic.
     """
     capacity = operator.index(capacity)  # an np.int64 would overflow the refill's Python-int bitsets
