@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnipack.packing import engine, pack
+from omnipack.packing import engine, pack, vector_swap
 
-from .test_packing import assert_constraints_hold
+from .test_packing import assert_constraints_hold, assert_valid
 from .test_packing_budget_first import WIDTH, _bound, image_text
 
 
@@ -23,16 +23,17 @@ def test_a_plan_two_rows_over_its_bound_ends_one_over():
     plan = pack(lengths, WIDTH, constraints=constraints)
     assert without.num_rows == bound + 2 and not without.algorithm.endswith("+deep")
     assert plan.num_rows == bound + 1 and plan.algorithm == without.algorithm + "+deep"
+    assert_valid(plan, lengths, WIDTH)
     assert_constraints_hold(plan, constraints)
-    assert np.bincount(plan.row_of, weights=lengths).max() <= WIDTH
-    assert sorted(plan.members.tolist()) == list(range(len(lengths)))
 
 
 @pytest.fixture
 def deep_calls(monkeypatch) -> list[tuple[int, int]]:
     """``(rows, goal)`` of every deep pass call of ``pack``, which leave the plan as it is; the other steps
-    that run above the bound (the budget-first search, the vector pattern LP) off."""
+    that run above the bound (the budget-first search, the vector pattern LP) off, and the swap search's
+    work limit cut (the bounds these tests give are out of its reach)."""
     calls = []
+    monkeypatch.setattr(vector_swap, "MAX_WORK", 1_000_000)
 
     def recording(lengths, capacity, constraints, row_of, num_rows, goal):
         calls.append((num_rows, goal))
@@ -91,3 +92,56 @@ def test_a_plan_over_the_row_limit_gets_no_passes(monkeypatch, deep_calls):
     monkeypatch.setattr(engine, "DEEP_MAX_ROWS", rows - 1)
     pack(lengths, WIDTH, constraints=constraints)
     assert deep_calls == []
+
+
+@pytest.mark.parametrize("gate", ["no swap search", "window", "above SECOND_ORDER_MAX"])
+def test_no_passes_without_the_swap_search_in_windows_or_above_the_second_order_limit(
+    monkeypatch, deep_calls, gate
+):
+    """Two rows over the bound, no deep passes: with the swap search off (VECTOR_SWAP_POOL_ROWS = 0), in
+    windows (their plans take no improvement step) and above SECOND_ORDER_MAX samples."""
+    lengths, constraints = image_text(0, 200)
+    rows = pack(lengths, WIDTH, constraints=constraints).num_rows
+    _with_bound(monkeypatch, rows - 2)
+    window = None
+    if gate == "no swap search":
+        monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 0)
+    elif gate == "window":
+        window = 100
+    else:
+        monkeypatch.setattr(engine, "SECOND_ORDER_MAX", len(lengths) - 1)
+    pack(lengths, WIDTH, constraints=constraints, window=window)
+    assert deep_calls == []
+
+
+def _recorded_passes(monkeypatch) -> list[tuple[int, float, int | None]]:
+    """(pool rows, spread shift, work limit) of every ``pooled_vector_swap`` call the engine makes."""
+    calls = []
+    real_pooled = engine.pooled_vector_swap
+
+    def recording(dims, caps, row_of, num_rows, target, pool_rows, spread_shift=0.0, max_work=None):
+        calls.append((pool_rows, spread_shift, max_work))
+        return real_pooled(dims, caps, row_of, num_rows, target, pool_rows, spread_shift, max_work)
+
+    monkeypatch.setattr(engine, "pooled_vector_swap", recording)
+    return calls
+
+
+def test_pools_shift_every_pass_and_a_whole_plan_stops_after_a_pass_that_cut_nothing(monkeypatch):
+    """On a plan at its bound with a goal below it (no pass can cut): pools smaller than the plan get every
+    pass, their spread shifted by SPREAD_STEP each, at DEEP_WORK times the work limit; a plan no larger
+    than a pool is searched whole once, as a second pass would repeat the first."""
+    lengths, constraints = image_text(0, 200)
+    plan = pack(lengths, WIDTH, constraints=constraints)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_MAX_WORK", 100_000)
+    calls = _recorded_passes(monkeypatch)
+    args = (lengths, WIDTH, constraints, plan.row_of.astype(np.int64), plan.num_rows, plan.num_rows - 3)
+    monkeypatch.setattr(engine, "DEEP_POOL_ROWS", 10)  # of ~45 rows
+    row_of, rows = engine._deep_swap_passes(*args)
+    assert rows == plan.num_rows
+    shifts = [k * engine.SPREAD_STEP % 1.0 for k in range(engine.DEEP_PASSES)]
+    assert calls == [(10, shift, engine.DEEP_WORK * 100_000) for shift in shifts]
+    calls.clear()
+    monkeypatch.setattr(engine, "DEEP_POOL_ROWS", plan.num_rows)
+    engine._deep_swap_passes(*args)
+    assert calls == [(plan.num_rows, 0.0, engine.DEEP_WORK * 100_000)]

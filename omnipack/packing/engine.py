@@ -91,14 +91,18 @@ SPREAD_STEP = 0.6180339887498949
 # BUDGET_FIRST_MAX_SAMPLES samples (the gains above were all at 2,000 samples or fewer).
 BUDGET_FIRST_MAX_ROWS = 1000
 BUDGET_FIRST_MAX_SAMPLES = 5000
-# A constrained plan of up to DEEP_MAX_ROWS rows (those the swap search takes whole) still more than
-# DEEP_TOLERANCE_PER_MILLE per mille, and more than one row, above the vector bound after every other step
-# gets up to DEEP_PASSES more passes of the swap search over pools of DEEP_POOL_ROWS rows (the spread
-# shifted every pass), each with DEEP_WORK times the search's work limit, ending once within that. On 32
-# image-text sets of 10,000 samples (benchmarks/README.md) 6 plans ended 0.1-0.23% above their bound; this
-# step took all 6 within 0.1%, in 1-14 s more, and never ran on the others. One row over is left alone:
-# on plans of 2,500 samples (~550 rows) the passes found no row there, for 8-10 s each (a bound that is not
-# tight). Larger plans get the pools of VECTOR_SWAP_SMALL_POOL_ROWS instead. DEEP_PASSES = 0: off.
+# A constrained plan of up to DEEP_MAX_ROWS rows (as VECTOR_SWAP_POOL_ROWS: the plans the swap search takes
+# whole; larger ones get the pools of VECTOR_SWAP_SMALL_POOL_ROWS) and SECOND_ORDER_MAX samples, still more
+# than DEEP_TOLERANCE_PER_MILLE per mille and more than one row above the vector bound (``deep_goal``) after
+# every other step, gets up to DEEP_PASSES more passes of the swap search over pools of DEEP_POOL_ROWS rows
+# (the spread shifted every pass), each with DEEP_WORK times the search's work limit, ending at the goal.
+# On the sweeps of benchmarks/README.md (image-text and omni, 5,000 and 10,000 samples, 32 seeds each) it
+# took the 10 image-text plans left 0.14-0.23% over to within 0.1%, in 1-14 s more (the plans within the
+# goal never reach it); a text mix whose sample cap binds went from 510 to 420 rows (bound 419). Where it
+# gains nothing it costs up to 4 passes, ~11 s at 5,000 samples (bimodal image-text, ~1,670 rows); a plan
+# searched whole stops after a pass that cut nothing (the next would repeat it). One row over is left
+# alone: on two 2,500-sample plans (~550 rows) a pass found no row there (~3 s each); the bound may not be
+# tight. DEEP_PASSES = 0: off.
 DEEP_TOLERANCE_PER_MILLE = 1
 DEEP_MAX_ROWS = 2500
 DEEP_POOL_ROWS = 1000
@@ -359,7 +363,7 @@ def _assign_constrained(
         if guided is not None:
             row_of, num_rows, name = guided[0], guided[1], "lp-patterns+constraints"
     goal = deep_goal(bound)
-    if goal < num_rows <= DEEP_MAX_ROWS and VECTOR_SWAP_POOL_ROWS:
+    if goal < num_rows <= DEEP_MAX_ROWS and len(lengths) <= SECOND_ORDER_MAX and VECTOR_SWAP_POOL_ROWS:
         deep = _deep_swap_passes(lengths, capacity, constraints, row_of, num_rows, goal)
         if deep[1] < num_rows:
             row_of, num_rows, name = deep[0], deep[1], name + "+deep"
@@ -381,7 +385,8 @@ def _deep_swap_passes(
     goal: int,
 ) -> tuple[np.ndarray, int]:
     """Up to DEEP_PASSES swap searches over pools of DEEP_POOL_ROWS rows, DEEP_WORK times the usual work
-    each, the pools' spread shifted every pass; stops once the plan has at most ``goal`` rows."""
+    each, the pools' spread shifted every pass; stops once the plan has at most ``goal`` rows, or after a
+    pass over the whole plan (at most DEEP_POOL_ROWS rows) that cut nothing."""
     dims, caps = _constrained_dims(lengths, capacity, constraints)
     work = DEEP_WORK * VECTOR_SWAP_MAX_WORK
     for pass_ in range(DEEP_PASSES):
@@ -391,6 +396,8 @@ def _deep_swap_passes(
         )
         if new_rows < num_rows:
             row_of, num_rows = new_row_of, new_rows
+        elif num_rows <= DEEP_POOL_ROWS:
+            break  # the whole plan was searched and nothing changed: the next pass would be the same search
         if num_rows <= goal:
             break
     return row_of, num_rows
@@ -691,9 +698,10 @@ def pack(
     (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then smaller ones);
     up to BUDGET_FIRST_MAX_ROWS rows the search again from the scarcest budget's 1-D plan (``budget_first``);
     up to CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``);
-    up to DEEP_MAX_ROWS rows, while more than 0.1% and a row above the bound (``deep_goal``), deeper passes
-    of the swap search. The plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared lengths)
-    with at most +0.1% rows. Rows are shuffled with ``seed`` unless ``shuffle=False``; deterministic.
+    up to DEEP_MAX_ROWS rows, while more than 0.1% and a row above the bound (``deep_goal``), deeper
+    passes of the swap search. The plan with fewer rows wins. ``balance`` evens out per-row attention cost
+    (sum of squared lengths) with at most +0.1% rows. Rows are shuffled with ``seed`` unless
+    ``shuffle=False``; deterministic.
     """
     capacity = operator.index(capacity)  # an np.int64 would overflow the refill's Python-int bitsets
     lengths = validate_lengths(lengths, capacity)
