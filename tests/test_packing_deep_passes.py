@@ -94,12 +94,12 @@ def test_a_plan_over_the_row_limit_gets_no_passes(monkeypatch, deep_calls):
     assert deep_calls == []
 
 
-@pytest.mark.parametrize("gate", ["no swap search", "window", "above SECOND_ORDER_MAX"])
-def test_no_passes_without_the_swap_search_in_windows_or_above_the_second_order_limit(
+@pytest.mark.parametrize("gate", ["no swap search", "window", "above DEEP_MAX_SAMPLES"])
+def test_no_passes_without_the_swap_search_in_windows_or_above_the_sample_limit(
     monkeypatch, deep_calls, gate
 ):
     """Two rows over the bound, no deep passes: with the swap search off (VECTOR_SWAP_POOL_ROWS = 0), in
-    windows (their plans take no improvement step) and above SECOND_ORDER_MAX samples."""
+    windows (their plans take no improvement step) and above DEEP_MAX_SAMPLES samples."""
     lengths, constraints = image_text(0, 200)
     rows = pack(lengths, WIDTH, constraints=constraints).num_rows
     _with_bound(monkeypatch, rows - 2)
@@ -109,7 +109,7 @@ def test_no_passes_without_the_swap_search_in_windows_or_above_the_second_order_
     elif gate == "window":
         window = 100
     else:
-        monkeypatch.setattr(engine, "SECOND_ORDER_MAX", len(lengths) - 1)
+        monkeypatch.setattr(engine, "DEEP_MAX_SAMPLES", len(lengths) - 1)
     pack(lengths, WIDTH, constraints=constraints, window=window)
     assert deep_calls == []
 

@@ -92,7 +92,7 @@ SPREAD_STEP = 0.6180339887498949
 BUDGET_FIRST_MAX_ROWS = 1000
 BUDGET_FIRST_MAX_SAMPLES = 5000
 # A constrained plan of up to DEEP_MAX_ROWS rows (as VECTOR_SWAP_POOL_ROWS: the plans the swap search takes
-# whole; larger ones get the pools of VECTOR_SWAP_SMALL_POOL_ROWS) and SECOND_ORDER_MAX samples, still more
+# whole; larger ones get the pools of VECTOR_SWAP_SMALL_POOL_ROWS) and DEEP_MAX_SAMPLES samples, still more
 # than DEEP_TOLERANCE_PER_MILLE per mille and more than one row above the vector bound (``deep_goal``) after
 # every other step, gets up to DEEP_PASSES more passes of the swap search over pools of DEEP_POOL_ROWS rows
 # (the spread shifted every pass), each with DEEP_WORK times the search's work limit, ending at the goal.
@@ -102,9 +102,11 @@ BUDGET_FIRST_MAX_SAMPLES = 5000
 # gains nothing it costs up to 4 passes, ~11 s at 5,000 samples (bimodal image-text, ~1,670 rows); a plan
 # searched whole stops after a pass that cut nothing (the next would repeat it). One row over is left
 # alone: on two 2,500-sample plans (~550 rows) a pass found no row there (~3 s each); the bound may not be
-# tight. DEEP_PASSES = 0: off.
+# tight. A pass costs up to ~13 s at its work limit; more samples a row cost more (a 20,000-sample text mix
+# under a sample cap of 12, 1,877 rows: 140 s for 4 passes), so DEEP_MAX_SAMPLES. DEEP_PASSES = 0: off.
 DEEP_TOLERANCE_PER_MILLE = 1
 DEEP_MAX_ROWS = 2500
+DEEP_MAX_SAMPLES = 10_000
 DEEP_POOL_ROWS = 1000
 DEEP_PASSES = 4
 DEEP_WORK = 10
@@ -363,7 +365,7 @@ def _assign_constrained(
         if guided is not None:
             row_of, num_rows, name = guided[0], guided[1], "lp-patterns+constraints"
     goal = deep_goal(bound)
-    if goal < num_rows <= DEEP_MAX_ROWS and len(lengths) <= SECOND_ORDER_MAX and VECTOR_SWAP_POOL_ROWS:
+    if goal < num_rows <= DEEP_MAX_ROWS and len(lengths) <= DEEP_MAX_SAMPLES and VECTOR_SWAP_POOL_ROWS:
         deep = _deep_swap_passes(lengths, capacity, constraints, row_of, num_rows, goal)
         if deep[1] < num_rows:
             row_of, num_rows, name = deep[0], deep[1], name + "+deep"
