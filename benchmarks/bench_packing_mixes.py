@@ -22,7 +22,8 @@ packer's own column generation with no work limit (minutes each): for the ones w
 ``--large-lp-seconds`` leaves only Farley's bound.
 
 ``--speed`` adds the plan-speed comparison with lightbinpack (bench_packing's, on 4M text samples).
-``--constrained`` packs image-text and omni sets under their media budgets (bench_packing's) without
+``--constrained`` packs image-text and omni sets under their media budgets (bench_packing's), and text
+(bench_packing's ``text_sft``) under a cap of 12 samples a row alone (``--constrained-sets`` picks), without
 ("before") and with ("after") the steps for constrained plans above the vector bound (the swap search,
 ``engine.VECTOR_SWAP_POOL_ROWS``; the vector pattern LP, ``engine.CONSTRAINED_LP_MAX_SAMPLES``) and, where
 ``pack`` is still above the vector bound, asks an assignment MIP (``optimum.vector_packing_feasible``) whether
@@ -47,7 +48,7 @@ import bench_packing  # noqa: E402
 from mixes import WIDTHS, describe, random_mixture, sample_mixture  # noqa: E402
 from optimum import bin_packing_optimum, lp_lower_bound, plan_patterns, vector_packing_feasible  # noqa: E402
 
-from omnipack.packing import engine, lower_bounds, pack  # noqa: E402
+from omnipack.packing import PackConstraints, engine, lower_bounds, pack  # noqa: E402
 from omnipack.packing.bounds import constrained_lower_bounds  # noqa: E402
 
 
@@ -240,25 +241,32 @@ def _timed_rows(lengths: np.ndarray, width: int, constraints, off: tuple[str, ..
 
 
 def constrained_small(
-    n: int, seeds: int, seconds: float, before_off: tuple[str, ...] = STEPS_OFF
+    n: int, seeds: int, seconds: float, before_off: tuple[str, ...] = STEPS_OFF, only: str | None = None
 ) -> list[dict]:
     """Media sets under bench_packing's budgets: pack without ("before": the steps of ``before_off`` off) and
     with ("after") those steps, against the vector bound, and the MIP's verdict where "after" is above it."""
-    from bench_packing import image_text, media_constraints, omni_mix, padded
+    from bench_packing import image_text, media_constraints, omni_mix, padded, text_sft
 
+    sets = (
+        ("image-text", image_text, 8192, media_constraints),
+        ("omni", omni_mix, 16384, media_constraints),
+        ("text, cap 12", text_sft, 8192, lambda data, width: PackConstraints(max_samples_per_row=12)),
+    )
     out = []
-    for name, make, width in (("image-text", image_text, 8192), ("omni", omni_mix, 16384)):
+    for name, make, width, constraints_of in sets:
+        if only is not None and name not in only.split(","):
+            continue
         for seed in range(seeds):
             data = make(np.random.default_rng(seed), n, width)
             lengths = padded(data["real"], width)
-            constraints = media_constraints(data, width)
+            constraints = constraints_of(data, width)
             amounts, budgets = constraints.amounts_matrix(n)
             cap = constraints.max_samples_per_row
             bound = constrained_lower_bounds(lengths, width, amounts, budgets, cap)["best"]
             before, before_s = _timed_rows(lengths, width, constraints, before_off)
             rows, after_s = _timed_rows(lengths, width, constraints)
             verdict = "pack at bound"
-            if rows > bound and seconds > 0:
+            if rows > bound and seconds > 0 and constraints.resources:
                 dims = np.column_stack([lengths, amounts, np.ones(n, dtype=np.int64)])
                 caps = np.concatenate([[width], budgets, [cap]])
                 binding = 1 + int(np.argmax(amounts.sum(axis=0) / budgets))  # the patch budget here
@@ -383,6 +391,9 @@ def main() -> None:
     parser.add_argument("--constrained", action="store_true", help="only the small constrained sets vs a MIP")
     parser.add_argument("--constrained-n", type=int, default=200)
     parser.add_argument("--constrained-seeds", type=int, default=4)
+    parser.add_argument(
+        "--constrained-sets", default=None, help='only these constrained sets, e.g. "text, cap 12" (comma-separated)'
+    )
     parser.add_argument("--mip-seconds", type=float, default=60.0, help="0: no MIP verdict")
     parser.add_argument("--early-lp-ab", action="store_true", help="only pack with and without the early LP bound")
     parser.add_argument(
@@ -412,7 +423,9 @@ def main() -> None:
             f"\nConstrained sets at {args.constrained_n} samples vs the vector bound (MIP {args.mip_seconds:.0f} s)\n"
         )
         off = BUDGET_FIRST_OFF if args.budget_first_ab else DEEP_OFF if args.deep_ab else STEPS_OFF
-        results = constrained_small(args.constrained_n, args.constrained_seeds, args.mip_seconds, off)
+        results = constrained_small(
+            args.constrained_n, args.constrained_seeds, args.mip_seconds, off, args.constrained_sets
+        )
         print_table(results)
         steps = (
             "the budget-first search"

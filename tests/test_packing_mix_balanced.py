@@ -94,6 +94,40 @@ def test_balanced_fill_respects_every_budget(capacity, raw, cap):
     assert again[1] == num_rows and np.array_equal(again[0], row_of)
 
 
+@SETTINGS
+@given(st.integers(16, 120), st.lists(st.integers(1, 120), min_size=1, max_size=80), st.integers(1, 6))
+def test_a_sample_cap_alone_is_levelled_and_held(capacity, raw, cap):
+    """No resource budget, a sample cap: the fill levels the cap as a count of one per sample; the cap and
+    the width hold, every sample is placed once, the same plan twice. Without the cap it declines."""
+    lengths = np.minimum(np.array(raw, dtype=np.int64), capacity)
+    constraints = PackConstraints(max_samples_per_row=cap)
+    row_of, num_rows = balanced_fill(lengths, capacity, constraints)
+    check_constrained(row_of, num_rows, lengths, capacity, constraints)
+    assert num_rows >= max(-(-len(lengths) // cap), -(-int(lengths.sum()) // capacity))
+    assert np.array_equal(balanced_fill(lengths, capacity, constraints)[0], row_of)
+    assert balanced_fill(lengths, capacity, PackConstraints()) is None
+
+
+def test_text_under_a_binding_sample_cap_reaches_its_bound():
+    """Text (lognormal, median 400) under a cap of 12 samples a row at W=8192: each row needs ~12 samples and
+    ~W tokens at once. The best fit by tokens ends 20% over the vector bound; the fill, levelling the cap
+    with the tokens, within 0.5%, and ``pack`` within 0.1% and a row (``engine.deep_goal``)."""
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.round(rng.lognormal(np.log(400), 1.0, 5000)), 1, 8192).astype(np.int64)
+    lengths = np.minimum(-(-lengths // 8) * 8, 8192)
+    constraints = PackConstraints(max_samples_per_row=12)
+    bound = constrained_lower_bounds(lengths, 8192, np.zeros((5000, 0), np.int64), np.zeros(0, np.int64), 12)
+    bound = bound["best"]
+    assert constrained_pack(lengths, 8192, constraints)[1] > bound * 1.2
+    row_of, num_rows = balanced_fill(lengths, 8192, constraints)
+    check_constrained(row_of, num_rows, lengths, 8192, constraints)
+    assert num_rows <= bound * 1.005
+    plan = pack(lengths, 8192, constraints=constraints)
+    assert plan.algorithm.startswith("balanced-fill+constraints")
+    assert plan.num_rows <= engine.deep_goal(bound)
+    check_constrained(plan.row_of, plan.num_rows, lengths, 8192, constraints)
+
+
 def test_balanced_fill_declines_many_distinct_amounts():
     lengths = np.full(MAX_AMOUNT_VECTORS + 1, 8)
     constraints = PackConstraints(resources={"patches": (np.arange(MAX_AMOUNT_VECTORS + 1), 1000)})
