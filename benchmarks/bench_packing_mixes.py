@@ -250,7 +250,7 @@ def constrained_small(
     sets = (
         ("image-text", image_text, 8192, media_constraints),
         ("omni", omni_mix, 16384, media_constraints),
-        ("text, cap 12", text_sft, 8192, lambda data, width: PackConstraints(max_samples_per_row=12)),
+        ("text-cap12", text_sft, 8192, lambda data, width: PackConstraints(max_samples_per_row=12)),
     )
     out = []
     for name, make, width, constraints_of in sets:
@@ -392,7 +392,7 @@ def main() -> None:
     parser.add_argument("--constrained-n", type=int, default=200)
     parser.add_argument("--constrained-seeds", type=int, default=4)
     parser.add_argument(
-        "--constrained-sets", default=None, help='only these constrained sets, e.g. "text, cap 12" (comma-separated)'
+        "--constrained-sets", default=None, help='only these constrained sets, e.g. text-cap12 (comma-separated)'
     )
     parser.add_argument("--mip-seconds", type=float, default=60.0, help="0: no MIP verdict")
     parser.add_argument("--early-lp-ab", action="store_true", help="only pack with and without the early LP bound")
