@@ -96,14 +96,17 @@ def test_balanced_fill_respects_every_budget(capacity, raw, cap):
 
 @SETTINGS
 @given(st.integers(16, 120), st.lists(st.integers(1, 120), min_size=1, max_size=80), st.integers(1, 6))
-def test_a_sample_cap_alone_is_levelled_and_held(capacity, raw, cap):
-    """No resource budget, a sample cap: the fill levels the cap as a count of one per sample; the cap and
-    the width hold, every sample is placed once, the same plan twice. Without the cap it declines."""
+def test_a_sample_cap_alone_holds_and_places_every_sample(capacity, raw, cap):
+    """No resource budget, a sample cap (the fill levels it as a count of one per sample): the cap and the
+    width hold, every sample is placed once, no row is empty, the same plan twice. Without the cap it
+    declines."""
     lengths = np.minimum(np.array(raw, dtype=np.int64), capacity)
     constraints = PackConstraints(max_samples_per_row=cap)
-    row_of, num_rows = balanced_fill(lengths, capacity, constraints)
+    filled = balanced_fill(lengths, capacity, constraints)
+    assert filled is not None
+    row_of, num_rows = filled
     check_constrained(row_of, num_rows, lengths, capacity, constraints)
-    assert num_rows >= max(-(-len(lengths) // cap), -(-int(lengths.sum()) // capacity))
+    assert np.bincount(row_of, minlength=num_rows).min() >= 1
     assert np.array_equal(balanced_fill(lengths, capacity, constraints)[0], row_of)
     assert balanced_fill(lengths, capacity, PackConstraints()) is None
 
@@ -113,9 +116,7 @@ def test_text_under_a_binding_sample_cap_reaches_its_bound():
     ~W tokens at once. The best fit by tokens ends 31% over the vector bound; the fill, levelling the cap with
     the tokens, and so ``pack``, at it."""
     n = 2000
-    rng = np.random.default_rng(0)
-    lengths = np.clip(np.round(rng.lognormal(np.log(400), 1.0, n)), 1, 8192).astype(np.int64)
-    lengths = np.minimum(-(-lengths // 8) * 8, 8192)
+    lengths = _capped_text(n)
     constraints = PackConstraints(max_samples_per_row=12)
     no_budgets = (np.zeros((n, 0), np.int64), np.zeros(0, np.int64))
     bound = constrained_lower_bounds(lengths, 8192, *no_budgets, 12)["best"]
@@ -124,6 +125,42 @@ def test_text_under_a_binding_sample_cap_reaches_its_bound():
     check_constrained(row_of, num_rows, lengths, 8192, constraints)
     plan = pack(lengths, 8192, constraints=constraints)
     assert num_rows == bound and plan.num_rows == bound and plan.algorithm == "balanced-fill+constraints"
+    check_constrained(plan.row_of, plan.num_rows, lengths, 8192, constraints)
+
+
+def _capped_text(n: int) -> np.ndarray:
+    """Text lengths (lognormal, median 400, sigma 1), padded to 8, at most 8192: with a cap of 12 samples a
+    row both the cap and the tokens bind."""
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.round(rng.lognormal(np.log(400), 1.0, n)), 1, 8192).astype(np.int64)
+    return np.minimum(-(-lengths // 8) * 8, 8192)
+
+
+def test_a_cap_beside_a_budget_that_does_not_bind_is_levelled_in_a_second_fill():
+    """The capped text with one image on 10% of the samples (at most 16 a row: never binding). The fill
+    that levels the media budget ends 15% over the bound; the one that levels the cap (the budget a limit
+    only) at it, and ``pack`` keeps that one."""
+    lengths = _capped_text(2000)
+    media = (np.random.default_rng(1).random(2000) < 0.1).astype(np.int64)
+    constraints = PackConstraints(max_samples_per_row=12, resources={"media": (media, 16)})
+    bound = constrained_lower_bounds(lengths, 8192, media[:, None], np.array([16]), 12)["best"]
+    assert balanced_fill(lengths, 8192, constraints)[1] > bound * 1.1
+    row_of, num_rows = balanced_fill(lengths, 8192, constraints, level_cap=True)
+    check_constrained(row_of, num_rows, lengths, 8192, constraints)
+    plan = pack(lengths, 8192, constraints=constraints)
+    assert num_rows == bound and plan.num_rows == bound and plan.algorithm == "balanced-fill+constraints"
+    check_constrained(plan.row_of, plan.num_rows, lengths, 8192, constraints)
+
+
+def test_plans_above_the_second_order_limit_start_from_the_fill(monkeypatch):
+    """Above SECOND_ORDER_MAX samples the one greedy start is the fill where it has fewer rows: the capped
+    text (here with the limit lowered to 1,000 samples) at its bound, where the best fit ends 31% over."""
+    lengths = _capped_text(2000)
+    constraints = PackConstraints(max_samples_per_row=12)
+    monkeypatch.setattr(engine, "SECOND_ORDER_MAX", 1000)
+    plan = pack(lengths, 8192, constraints=constraints)
+    bound = constrained_lower_bounds(lengths, 8192, np.zeros((2000, 0), np.int64), np.zeros(0, np.int64), 12)
+    assert plan.num_rows == bound["best"] and plan.algorithm == "balanced-fill+constraints"
     check_constrained(plan.row_of, plan.num_rows, lengths, 8192, constraints)
 
 

@@ -35,39 +35,47 @@ MAX_AMOUNT_VECTORS = 64  # distinct resource-amount vectors up to which the fill
 BALANCE_TOLERANCE = 0.02  # spreads of the remaining shares below this count as level
 
 
-def _levelled_budgets(constraints: PackConstraints, num_samples: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """The amounts (int [n, K]) and budgets (int [K]) the fill keeps level with the tokens: the resource
-    budgets; without any, the sample cap as a budget of one per sample (text under a cap of 12 samples a row:
-    each row needs ~12 samples and ~W tokens at once, which a best fit by tokens misses by 20-30%); None
-    where there is neither."""
-    if constraints.resources:
-        return constraints.amounts_matrix(num_samples)
-    if constraints.max_samples_per_row is not None:
-        return np.ones((num_samples, 1), dtype=np.int64), np.array([constraints.max_samples_per_row])
-    return None
+def _levelled_budgets(
+    constraints: PackConstraints, num_samples: int, level_cap: bool = False
+) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
+    """The amounts (int [n, K]) and budgets (int [K]) the fill holds, and the dimensions among them it keeps
+    level with the tokens: the resource budgets; without any, the sample cap as a budget of one per sample
+    (text under a cap of 12 samples a row: each row needs ~12 samples and ~W tokens at once, which a best fit
+    by tokens misses by 20-33%). With ``level_cap`` and resource budgets the cap is the one levelled and the
+    budgets are limits only (mostly text with a few images under a cap: levelling a budget that does not
+    bind would spend the images early). None where there is nothing to level."""
+    cap = constraints.max_samples_per_row
+    amounts, budgets = constraints.amounts_matrix(num_samples)
+    levelled = list(range(len(budgets)))
+    if cap is not None and (level_cap or not constraints.resources):
+        amounts = np.column_stack([amounts, np.ones(num_samples, dtype=np.int64)])
+        budgets = np.append(budgets, cap)
+        levelled = [len(budgets) - 1]
+    return (amounts, budgets, levelled) if len(budgets) else None
 
 
 def fits_balanced_fill(constraints: PackConstraints, num_samples: int) -> bool:
     """Whether there are budgets to level (``_levelled_budgets``) and their amounts take at most
     MAX_AMOUNT_VECTORS distinct vectors (cheap pre-check)."""
-    levelled = _levelled_budgets(constraints, num_samples)
-    return levelled is not None and len(np.unique(levelled[0], axis=0)) <= MAX_AMOUNT_VECTORS
+    held = _levelled_budgets(constraints, num_samples)
+    return held is not None and len(np.unique(held[0], axis=0)) <= MAX_AMOUNT_VECTORS
 
 
 def balanced_fill(
-    lengths: np.ndarray, capacity: int, constraints: PackConstraints
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, level_cap: bool = False
 ) -> tuple[np.ndarray, int] | None:
     """Return ``(row_of, num_rows)``, or None when the amounts take more than MAX_AMOUNT_VECTORS vectors or
-    there is no budget to level (``fits_balanced_fill``).
+    there is no budget to level (``fits_balanced_fill``). ``level_cap``: the sample cap is levelled beside
+    the resource budgets too (without resource budgets it always is).
 
     Deterministic: ties go to the lower group (amount vectors in ascending order), the shorter candidate
     length, and among equal items to the lower sample index. Every budget and the sample cap hold exactly.
     """
     n = len(lengths)
-    levelled = _levelled_budgets(constraints, n)
-    if levelled is None:
+    held = _levelled_budgets(constraints, n, level_cap)
+    if held is None:
         return None
-    amounts, budgets = levelled
+    amounts, budgets, levelled = held
     vectors, group_of = np.unique(amounts, axis=0, return_inverse=True)
     group_of = group_of.reshape(-1)
     if len(vectors) > MAX_AMOUNT_VECTORS:
@@ -78,7 +86,7 @@ def balanced_fill(
     dims = range(len(budget_list))
     group_lengths, queues = _length_queues(lengths, group_of, len(vectors))
     group_amounts = [[int(x) for x in vec] for vec in vectors]
-    group_shares = [[vec[d] * inverse[d] for d in dims] for vec in group_amounts]
+    group_shares = [[vec[d] * inverse[d] for d in levelled] for vec in group_amounts]
     row_of = np.empty(n, dtype=np.int32)
     placed = 0
     num_rows = 0
@@ -88,8 +96,9 @@ def balanced_fill(
         count = 0
         while count < max_samples:
             best_group, best_length = _best_item(
-                group_amounts, group_lengths, group_shares, left, inverse, space, capacity, seed=count == 0
-            )
+                group_amounts, group_lengths, group_shares, left, inverse, levelled, space, capacity,
+                seed=count == 0,
+            )  # fmt: skip
             if best_group < 0:
                 break
             queue = queues[best_group][best_length]
@@ -133,13 +142,14 @@ def _best_item(
     group_shares: list[list[float]],
     left: list[int],
     inverse: list[float],
+    levelled: list[int],
     space: int,
     capacity: int,
     seed: bool,
 ) -> tuple[int, int]:
     """(group, length) of the item to add to a row with ``space`` tokens and ``left`` budgets left: the
     most unbalanced item when it ``seed``s an empty row, else the one after which the row's remaining shares
-    are most level; (-1, -1) when none fits."""
+    (the tokens' and the ``levelled`` budgets') are most level; (-1, -1) when none fits every budget."""
     dims = range(len(left))
     w_inv = 1.0 / capacity
     best_score: tuple[float, float] | None = None
@@ -161,7 +171,7 @@ def _best_item(
                 if best_score is None or score > best_score:
                     best_score, best_group, best_length = score, g, length
             continue
-        after = [(left[d] - vec[d]) * inverse[d] for d in dims]
+        after = [(left[d] - vec[d]) * inverse[d] for d in levelled]
         hi, lo = max(after), min(after)
         # The length that puts the row's token share in the middle of its resource shares.
         target = space - capacity * (hi + lo) / 2
