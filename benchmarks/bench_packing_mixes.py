@@ -243,8 +243,9 @@ def _timed_rows(lengths: np.ndarray, width: int, constraints, off: tuple[str, ..
 def constrained_small(
     n: int, seeds: int, seconds: float, before_off: tuple[str, ...] = STEPS_OFF, only: str | None = None
 ) -> list[dict]:
-    """Media sets under bench_packing's budgets: pack without ("before": the steps of ``before_off`` off) and
-    with ("after") those steps, against the vector bound, and the MIP's verdict where "after" is above it."""
+    """Media sets under bench_packing's budgets, and text under a sample cap (``only``: these set names, comma-
+    separated): pack without ("before": the steps of ``before_off`` off) and with ("after") those steps,
+    against the vector bound, and the MIP's verdict where "after" is above it (media sets only)."""
     from bench_packing import image_text, media_constraints, omni_mix, padded, text_sft
 
     sets = (
@@ -252,6 +253,10 @@ def constrained_small(
         ("omni", omni_mix, 16384, media_constraints),
         ("text-cap12", text_sft, 8192, lambda data, width: PackConstraints(max_samples_per_row=12)),
     )
+    names = [entry[0] for entry in sets]
+    unknown = set(only.split(",")) - set(names) if only is not None else set()
+    if unknown:
+        raise SystemExit(f"--constrained-sets: unknown {sorted(unknown)}; the sets are {names}")
     out = []
     for name, make, width, constraints_of in sets:
         if only is not None and name not in only.split(","):

@@ -714,7 +714,8 @@ def pack(
     SECOND_ORDER_MAX samples, where a budget out-demands the tokens, the best fit by that budget's room if a
     subsample packs into fewer rows so). Above the vector bound: up to SECOND_ORDER_MAX samples the other item
     order, the best fit by the scarcest budget, the row-by-row ``balanced_fill`` when the resource amounts
-    take few distinct values (media counts) and the exact BFD on small plans; at any size the swap search
+    take few distinct values (media counts) or a sample cap binds with the tokens (above SECOND_ORDER_MAX
+    samples too) and the exact BFD on small plans; at any size the swap search
     (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then smaller ones);
     up to BUDGET_FIRST_MAX_ROWS rows the search again from the scarcest budget's 1-D plan (``budget_first``);
     up to CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``);
