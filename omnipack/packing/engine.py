@@ -98,12 +98,12 @@ BUDGET_FIRST_MAX_SAMPLES = 5000
 # (the spread shifted every pass), each with DEEP_WORK times the search's work limit, ending at the goal.
 # On the sweeps of benchmarks/README.md (image-text and omni, 5,000 and 10,000 samples, 32 seeds each) it
 # took the 10 image-text plans left 0.14-0.23% over to within 0.1%, in 1-14 s more (the plans within the
-# goal never reach it); a text mix whose sample cap binds went from 510 to 420 rows (bound 419). Where it
-# gains nothing it costs up to 4 passes, ~11 s at 5,000 samples (bimodal image-text, ~1,670 rows); a plan
-# searched whole stops after a pass that cut nothing (the next would repeat it). One row over is left
-# alone: on two 2,500-sample plans (~550 rows) a pass found no row there (~3 s each); the bound may not be
-# tight. A pass costs up to ~13 s at its work limit; more samples a row cost more (a 20,000-sample text mix
-# under a sample cap of 12, 1,877 rows: 140 s for 4 passes), so DEEP_MAX_SAMPLES. DEEP_PASSES = 0: off.
+# goal never reach it). Where it gains nothing it costs up to 4 passes, ~11-13 s at 5,000 samples (bimodal
+# image-text, ~1,670 rows); a plan searched whole stops after a pass that cut nothing (the next would repeat
+# it). One row over is left alone: on two 2,500-sample plans (~550 rows) a pass found no row there (~3 s
+# each); the bound may not be tight. A pass costs up to ~13 s at its work limit, more with more samples a
+# row (text under a sample cap of 12, before the balanced fill levelled the cap: 140 s for 4 passes at
+# 20,000 samples), so DEEP_MAX_SAMPLES. DEEP_PASSES = 0: off.
 DEEP_TOLERANCE_PER_MILLE = 1
 DEEP_MAX_ROWS = 2500
 DEEP_MAX_SAMPLES = 10_000
@@ -491,7 +491,7 @@ def _large_plan_start(
     start = _scarcest_or_plain_start(lengths, capacity, constraints)
     if fits_balanced_fill(constraints, len(lengths)):
         # The row-by-row fill (~1 s at 250k samples): where the budgets (or a sample cap alone) bind together
-        # with the tokens, a best fit by any one of them ends 20-30% over the bound.
+        # with the tokens, a best fit by any one of them ends 20-33% over the bound.
         filled = balanced_fill(lengths, capacity, constraints)
         if filled is not None and filled[1] < start[1]:
             return filled[0], filled[1], "balanced-fill+constraints"

@@ -20,7 +20,7 @@ It needs the resource amounts to take few distinct vectors (counts of media item
 items are grouped by amount vector; in each group the candidates are the lengths next to the one that
 would level the row, found by bisection over the group's available lengths. Without resource budgets a
 sample cap is levelled the same way, as one unit per sample: text under a cap of 12 samples a row
-(benchmarks/README.md) ends within 0.5% of the bound, where the best fit by tokens ends 20-30% over.
+(benchmarks/README.md) ends within 0.5% of the bound, where the best fit by tokens ends 20-33% over.
 """
 
 from __future__ import annotations
