@@ -714,15 +714,14 @@ def pack(
     SECOND_ORDER_MAX samples, where a budget out-demands the tokens, the best fit by that budget's room if a
     subsample packs into fewer rows so). Above the vector bound: up to SECOND_ORDER_MAX samples the other item
     order, the best fit by the scarcest budget, the row-by-row ``balanced_fill`` when the resource amounts
-    take few distinct values (media counts) or a sample cap binds with the tokens (above SECOND_ORDER_MAX
-    samples too) and the exact BFD on small plans; at any size the swap search
-    (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then smaller ones);
-    up to BUDGET_FIRST_MAX_ROWS rows the search again from the scarcest budget's 1-D plan (``budget_first``);
-    up to CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``);
-    up to DEEP_MAX_ROWS rows, while more than 0.1% and a row above the bound (``deep_goal``), deeper
-    passes of the swap search. The plan with fewer rows wins. ``balance`` evens out per-row attention cost
-    (sum of squared lengths) with at most +0.1% rows. Rows are shuffled with ``seed`` unless
-    ``shuffle=False``; deterministic.
+    take few distinct values (media counts) or a sample cap binds (at any size), and the exact BFD on small
+    plans; at any size the swap search (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in
+    pools of that many, then smaller ones); up to BUDGET_FIRST_MAX_ROWS rows the search again from the
+    scarcest budget's 1-D plan (``budget_first``); up to CONSTRAINED_LP_MAX_SAMPLES samples the vector
+    pattern LP (``vector_patterns``, with ``highspy``); up to DEEP_MAX_ROWS rows, while more than 0.1% and a
+    row over the bound (``deep_goal``), deeper swap passes. The plan with fewer rows wins. ``balance`` evens
+    out per-row attention cost (sum of squared lengths) with at most +0.1% rows. Rows are shuffled with
+    ``seed`` unless ``shuffle=False``; deterministic.
     """
     capacity = operator.index(capacity)  # an np.int64 would overflow the refill's Python-int bitsets
     lengths = validate_lengths(lengths, capacity)
