@@ -105,7 +105,7 @@ BUDGET_FIRST_MAX_SAMPLES = 5000
 # row (text under a sample cap of 12, before the balanced fill levelled the cap: 140 s for 4 passes at
 # 20,000 samples), so DEEP_MAX_SAMPLES. DEEP_PASSES = 0: off.
 DEEP_TOLERANCE_PER_MILLE = 1
-DEEP_MAX_ROWS = 2500
+DEEP_MAX_ROWS = VECTOR_SWAP_POOL_ROWS  # the plans the swap search takes whole
 DEEP_MAX_SAMPLES = 10_000
 DEEP_POOL_ROWS = 1000
 DEEP_PASSES = 4
