@@ -30,8 +30,10 @@ packer's own column generation with no work limit (minutes each): for the ones w
 the bound's row count is reachable: "bound tight" (the packer's loss) or "bound not tight". With
 ``--budget-first-ab``, "before" turns off only the search from the start by the scarcest budget
 (``engine.BUDGET_FIRST_MAX_ROWS``), so the two columns are ``pack`` with and without that step; with
-``--deep-ab`` only the deep passes (``engine.DEEP_PASSES``). The summary counts the plans more than 0.1% and
-more than a row over their bound ("over tol.", the deep passes' trigger).
+``--deep-ab`` only the deep passes (``engine.DEEP_PASSES``). With ``--constrained-window N`` both pack in
+windows of N samples: "before" is the fast best fit in each window (``constraints.constrained_pack``, the
+window path before the balanced fill joined it), "after" ``pack(window=N)``; no MIP. The summary counts the
+plans more than 0.1% and more than a row over their bound ("over tol.", the deep passes' trigger).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from optimum import bin_packing_optimum, lp_lower_bound, plan_patterns, vector_p
 
 from omnipack.packing import PackConstraints, engine, lower_bounds, pack  # noqa: E402
 from omnipack.packing.bounds import constrained_lower_bounds  # noqa: E402
+from omnipack.packing.constraints import constrained_pack  # noqa: E402
 
 
 def mixture(index: int) -> tuple[int, list[dict], np.random.Generator]:
@@ -240,12 +243,38 @@ def _timed_rows(lengths: np.ndarray, width: int, constraints, off: tuple[str, ..
             setattr(engine, name, value)
 
 
+def _windowed_rows(
+    lengths: np.ndarray, width: int, constraints: PackConstraints, window: int
+) -> tuple[tuple[int, float], tuple[int, float]]:
+    """Rows and seconds of the fast best fit in each window of ``window`` samples (the window path before the
+    balanced fill joined it), then of ``pack(window=window)``."""
+    start = time.perf_counter()
+    before = 0
+    for first in range(0, len(lengths), window):
+        part = slice(first, first + window)
+        sub = PackConstraints(
+            constraints.max_samples_per_row,
+            {name: (np.asarray(a)[part], b) for name, (a, b) in constraints.resources.items()},
+        )
+        before += constrained_pack(lengths[part], width, sub)[1]
+    before_s = time.perf_counter() - start
+    start = time.perf_counter()
+    rows = pack(lengths, width, constraints=constraints, window=window).num_rows
+    return (before, before_s), (rows, time.perf_counter() - start)
+
+
 def constrained_small(
-    n: int, seeds: int, seconds: float, before_off: tuple[str, ...] = STEPS_OFF, only: str | None = None
+    n: int,
+    seeds: int,
+    seconds: float,
+    before_off: tuple[str, ...] = STEPS_OFF,
+    only: str | None = None,
+    window: int | None = None,
 ) -> list[dict]:
     """Media sets under bench_packing's budgets, and text under a sample cap (``only``: these set names, comma-
     separated): pack without ("before": the steps of ``before_off`` off) and with ("after") those steps,
-    against the vector bound, and the MIP's verdict where "after" is above it (media sets only)."""
+    against the vector bound, and the MIP's verdict where "after" is above it (media sets only). With
+    ``window``, ``_windowed_rows`` instead, and no MIP."""
     from bench_packing import image_text, media_constraints, omni_mix, padded, text_sft
 
     sets = (
@@ -268,10 +297,13 @@ def constrained_small(
             amounts, budgets = constraints.amounts_matrix(n)
             cap = constraints.max_samples_per_row
             bound = constrained_lower_bounds(lengths, width, amounts, budgets, cap)["best"]
-            before, before_s = _timed_rows(lengths, width, constraints, before_off)
-            rows, after_s = _timed_rows(lengths, width, constraints)
+            if window is None:
+                before, before_s = _timed_rows(lengths, width, constraints, before_off)
+                rows, after_s = _timed_rows(lengths, width, constraints)
+            else:
+                (before, before_s), (rows, after_s) = _windowed_rows(lengths, width, constraints, window)
             verdict = "pack at bound"
-            if rows > bound and seconds > 0 and constraints.resources:
+            if rows > bound and seconds > 0 and constraints.resources and window is None:
                 dims = np.column_stack([lengths, amounts, np.ones(n, dtype=np.int64)])
                 caps = np.concatenate([[width], budgets, [cap]])
                 binding = 1 + int(np.argmax(amounts.sum(axis=0) / budgets))  # the patch budget here
@@ -399,6 +431,10 @@ def main() -> None:
     parser.add_argument(
         "--constrained-sets", default=None, help='only these constrained sets, e.g. text-cap12 (comma-separated)'
     )
+    parser.add_argument(
+        "--constrained-window", type=int, default=None, metavar="N",
+        help="with --constrained: pack in windows of N samples; before is the fast best fit in each window",
+    )  # fmt: skip
     parser.add_argument("--mip-seconds", type=float, default=60.0, help="0: no MIP verdict")
     parser.add_argument("--early-lp-ab", action="store_true", help="only pack with and without the early LP bound")
     parser.add_argument(
@@ -414,8 +450,13 @@ def main() -> None:
         help="only these large instances, against the LP solved to the end (no limit: minutes each)",
     )  # fmt: skip
     args = parser.parse_args()
-    if (args.budget_first_ab or args.deep_ab) and not args.constrained:
-        parser.error("--budget-first-ab and --deep-ab compare constrained plans: use them with --constrained")
+    if (args.budget_first_ab or args.deep_ab or args.constrained_window) and not args.constrained:
+        parser.error(
+            "--budget-first-ab, --deep-ab and --constrained-window compare constrained plans: use them with"
+            " --constrained"
+        )
+    if args.constrained_window is not None and (args.budget_first_ab or args.deep_ab):
+        parser.error("--constrained-window compares the window path alone: not with another A/B")
     if args.budget_first_ab and args.deep_ab:
         parser.error("--budget-first-ab and --deep-ab each turn one step off: use one")
     high = 1_000_000 if args.full else 100_000
@@ -429,14 +470,17 @@ def main() -> None:
         )
         off = BUDGET_FIRST_OFF if args.budget_first_ab else DEEP_OFF if args.deep_ab else STEPS_OFF
         results = constrained_small(
-            args.constrained_n, args.constrained_seeds, args.mip_seconds, off, args.constrained_sets
-        )
+            args.constrained_n, args.constrained_seeds, args.mip_seconds, off, args.constrained_sets,
+            args.constrained_window,
+        )  # fmt: skip
         print_table(results)
         steps = (
             "the budget-first search"
             if args.budget_first_ab
             else "the deep swap passes"
             if args.deep_ab
+            else f"the balanced fill in windows of {args.constrained_window}"
+            if args.constrained_window
             else "the swap search, the vector pattern LP and the deep passes"
         )
         print(f"\nrows / vector bound without (before) and with (after) {steps}\n")

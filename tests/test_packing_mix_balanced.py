@@ -164,6 +164,24 @@ def test_plans_above_the_second_order_limit_start_from_the_fill(monkeypatch):
     check_constrained(plan.row_of, plan.num_rows, lengths, 8192, constraints)
 
 
+def test_windows_take_the_fill_too():
+    """Plans packed in windows (``window=``) take the fill where it has fewer rows than the fast best fit: the
+    capped text in windows of 500 at the sum of the windows' bounds, where the best fit ends 29% over, and
+    no row spans two windows."""
+    lengths, window = _capped_text(2000), 500
+    constraints = PackConstraints(max_samples_per_row=12)
+    plan = pack(lengths, 8192, constraints=constraints, window=window)
+    no_budgets = (np.zeros((window, 0), np.int64), np.zeros(0, np.int64))
+    starts = range(0, len(lengths), window)
+    bounds = [constrained_lower_bounds(lengths[s : s + window], 8192, *no_budgets, 12) for s in starts]
+    bounds = [bound["best"] for bound in bounds]
+    fast = [constrained_pack(lengths[s : s + window], 8192, constraints)[1] for s in starts]
+    assert sum(fast) > sum(bounds) * 1.25
+    assert plan.num_rows == sum(bounds)
+    check_constrained(plan.row_of, plan.num_rows, lengths, 8192, constraints)
+    assert all(len(set((plan.row(r) // window).tolist())) == 1 for r in range(plan.num_rows))
+
+
 def test_balanced_fill_declines_many_distinct_amounts():
     lengths = np.full(MAX_AMOUNT_VECTORS + 1, 8)
     constraints = PackConstraints(resources={"patches": (np.arange(MAX_AMOUNT_VECTORS + 1), 1000)})

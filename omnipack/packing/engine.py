@@ -338,7 +338,10 @@ def _assign_constrained(
     keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
     subsample (``_large_plan_start``)."""
     if not improve:
-        return *constrained_pack(lengths, capacity, constraints), "bfd+constraints"
+        # Windows (bounded memory) take the fast best fit, and the balanced fill where it fits (a few ms per
+        # thousand samples): under a sample cap a best fit by tokens alone ends 20-33% over the bound.
+        plan = (*constrained_pack(lengths, capacity, constraints), "bfd+constraints")
+        return _filled_if_fewer(lengths, capacity, constraints, plan, bound=0)
     if len(lengths) > SECOND_ORDER_MAX:
         row_of, num_rows, name = _large_plan_start(lengths, capacity, constraints)
         bound = _constrained_bound(lengths, capacity, constraints)
@@ -545,20 +548,35 @@ def _other_constrained_packers(
         row_of, num_rows, name = _scarcest_first_if_fewer(
             lengths, capacity, constraints, (row_of, num_rows, name)
         )
-    if num_rows > bound and fits_balanced_fill(constraints, len(lengths)):
-        # Budgets that bind together: a row-by-row fill that keeps every dimension level; a sample cap beside
-        # resource budgets levelled too (mostly text with a few images under a cap: it binds, they do not).
-        level_caps = (False, True) if constraints.resources and constraints.max_samples_per_row else (False,)
-        for level_cap in level_caps:
-            filled = balanced_fill(lengths, capacity, constraints, level_cap) if num_rows > bound else None
-            if filled is not None and filled[1] < num_rows:
-                row_of, num_rows, name = filled[0], filled[1], "balanced-fill+constraints"
+    row_of, num_rows, name = _filled_if_fewer(lengths, capacity, constraints, (row_of, num_rows, name), bound)
     if num_rows > bound and len(lengths) <= EXACT_CONSTRAINED_MAX:
         # The fast packer only looks at the front row of each space bucket and can open needless rows
         # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
         exact_row_of, exact_rows = constrained_bfd(lengths, capacity, constraints)
         if exact_rows < num_rows:
             row_of, num_rows, name = exact_row_of, exact_rows, "bfd+constraints(exact)"
+    return row_of, num_rows, name
+
+
+def _filled_if_fewer(
+    lengths: np.ndarray,
+    capacity: int,
+    constraints: PackConstraints,
+    plan: tuple[np.ndarray, int, str],
+    bound: int,
+) -> tuple[np.ndarray, int, str]:
+    """``plan``, or the balanced fill's where its amounts take few vectors and it has fewer rows (each fill
+    only while the best so far is above ``bound``)."""
+    row_of, num_rows, name = plan
+    if num_rows <= bound or not fits_balanced_fill(constraints, len(lengths)):
+        return plan
+    # Budgets that bind together: a row-by-row fill that keeps every dimension level; a sample cap beside
+    # resource budgets levelled too (mostly text with a few images under a cap: it binds, they do not).
+    level_caps = (False, True) if constraints.resources and constraints.max_samples_per_row else (False,)
+    for level_cap in level_caps:
+        filled = balanced_fill(lengths, capacity, constraints, level_cap) if num_rows > bound else None
+        if filled is not None and filled[1] < num_rows:
+            row_of, num_rows, name = filled[0], filled[1], "balanced-fill+constraints"
     return row_of, num_rows, name
 
 
@@ -708,7 +726,7 @@ def pack(
     ``algorithm`` is "bfd" (best-fit decreasing; if it misses the lower bound, ``_improve`` tries FFD and
     the subset-sum refill and keeps the plan with the fewest rows, never more than FFD's) or "ffd"
     (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs each block of N
-    consecutive samples separately (bounded memory; rows never span blocks).
+    consecutive samples separately, by the fast steps only (bounded memory; rows never span blocks).
     ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
     constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says (above
     SECOND_ORDER_MAX samples, where a budget out-demands the tokens, the best fit by that budget's room if a
