@@ -18,6 +18,11 @@ the tokens have ~13% to spare: plans of 2,000 samples 1-4 rows over the vector b
 Works row by row in Python with numpy per row, so it runs on small plans whole and on large plans over a pool
 of their rows (``pooled_vector_swap``; the engine runs pools one after another). Limits are counts, so the
 plan is deterministic.
+
+Under a sample cap alone (tokens and a count per item) a row's best exchange is found by bisection over the
+offers sorted by tokens, per offer size, not by checking every removal against every offer: the same
+exchange (``_best_count_exchange``), ~10-15x faster on text of ~11 samples a row, whose rows give 67
+removals against ~1,000 offers.
 """
 
 from __future__ import annotations
@@ -104,20 +109,25 @@ def _exchange_pass(
     """One walk over the rows, each taking the exchange that fills it most (in place); returns the work."""
     work = 0
     offers = None
+    by_count = _tokens_and_count_only(dims, caps, weights)
     for r in range(len(rows)):
         if not free:
             break
         if offers is None:
             sets, sums = _offers(dims, free)
-            offers = sets, sums, sums @ weights
-        sets, sums, sum_values = offers
+            offers = sets, sums, sums @ weights, _offers_by_count(sums) if by_count else None
+        sets, sums, sum_values, classes = offers
         members = rows[r]
         outs, out_sums = _removals(dims[members])
         work += len(outs) * len(sets) + ROW_VISIT_WORK
-        fits = np.all(sums[None, :, :] - out_sums[:, None, :] <= caps - loads[r], axis=2)
-        gain = np.where(fits, sum_values[None, :] - (out_sums @ weights)[:, None], -1.0)
-        o, s = divmod(int(np.argmax(gain)), len(sets))
-        if gain[o, s] <= 1e-12:
+        if classes is not None:
+            o, s, best = _best_count_exchange(out_sums, out_sums @ weights, classes, caps - loads[r], sum_values)
+        else:
+            fits = np.all(sums[None, :, :] - out_sums[:, None, :] <= caps - loads[r], axis=2)
+            gain = np.where(fits, sum_values[None, :] - (out_sums @ weights)[:, None], -1.0)
+            o, s = divmod(int(np.argmax(gain)), len(sets))
+            best = float(gain[o, s])
+        if best <= 1e-12:
             continue
         rows[r] = [i for x, i in enumerate(members) if x not in outs[o]] + [free[k] for k in sets[s]]
         loads[r] += sums[s] - out_sums[o]
@@ -126,6 +136,54 @@ def _exchange_pass(
         free.extend(members[x] for x in outs[o])
         offers = None
     return work
+
+
+def _tokens_and_count_only(dims: np.ndarray, caps: np.ndarray, weights: np.ndarray) -> bool:
+    """Whether the items have tokens and the sample count alone (a sample cap, no resource budget), and a
+    token weighs enough that offers of as many items never tie in value unless their tokens tie (a gain is
+    a difference of values up to ~2(W w_t + w_c), rounded at ~1e-16 of that; integer tokens differ by
+    w_t): then ``_best_count_exchange`` finds the exchange the full comparison finds."""
+    if dims.shape[1] != 2 or not np.all(dims[:, 1] == 1):
+        return False
+    return bool(weights[0] > 1e-12 * (weights[0] * caps[0] + weights[1]))
+
+
+def _offers_by_count(sums: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """Per item count of the offers (1 or 2): the count, the offers' tokens sorted, and the offers in that
+    order (equal tokens by offer position)."""
+    classes = []
+    for count in (1, 2):
+        (members,) = np.nonzero(sums[:, 1] == count)
+        order = members[np.argsort(sums[members, 0], kind="stable")]
+        if len(order):
+            classes.append((count, sums[order, 0], order))
+    return classes
+
+
+def _best_count_exchange(
+    out_sums: np.ndarray,
+    out_values: np.ndarray,
+    classes: list[tuple[int, np.ndarray, np.ndarray]],
+    room: np.ndarray,
+    sum_values: np.ndarray,
+) -> tuple[int, int, float]:
+    """``(removal, offer, gain)`` of the exchange that fills a row most, where items have tokens and a count
+    only (``_tokens_and_count_only``): for each removal and each offer size, the offer with the most tokens
+    that fit, found by bisection, not by checking every offer. Ties go where the full comparison's
+    ``argmax`` sends them: the first removal, then the first offer. A gain of -1 where nothing fits."""
+    best = np.full(len(out_sums), -1.0)
+    best_offer = np.zeros(len(out_sums), dtype=np.int64)
+    for count, tokens, order in classes:
+        at = np.searchsorted(tokens, room[0] + out_sums[:, 0], side="right") - 1
+        fits = (at >= 0) & (count - out_sums[:, 1] <= room[1])
+        first = np.searchsorted(tokens, tokens[np.maximum(at, 0)], side="left")  # the first of equal tokens
+        offer = order[first]
+        gain = np.where(fits, sum_values[offer] - out_values, -1.0)
+        better = fits & (gain > best)  # single items come first in the offers, so ties keep them
+        best = np.where(better, gain, best)
+        best_offer = np.where(better, offer, best_offer)
+    o = int(np.argmax(best))
+    return o, int(best_offer[o]), float(best[o])
 
 
 def _removal_sets(m: int) -> tuple[list[tuple[int, ...]], np.ndarray, np.ndarray]:

@@ -1,0 +1,99 @@
+"""The swap search's exchange by bisection for plans under a sample cap alone (``vector_swap``: tokens and a
+count per item): it picks the exchange the full comparison of every removal with every offer picks, ties
+included, and gives the same plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from omnipack.packing import PackConstraints, pack, vector_swap
+from omnipack.packing.vector_swap import (
+    _best_count_exchange,
+    _offers,
+    _offers_by_count,
+    _removals,
+    _tokens_and_count_only,
+)
+
+from .test_packing_bounds_refill import SETTINGS
+
+
+def _full_comparison(out_sums, sums, sum_values, weights, room) -> tuple[int, int, float]:
+    """Every removal against every offer, as the search compares them for other budgets."""
+    fits = np.all(sums[None, :, :] - out_sums[:, None, :] <= room, axis=2)
+    gain = np.where(fits, sum_values[None, :] - (out_sums @ weights)[:, None], -1.0)
+    o, s = divmod(int(np.argmax(gain)), gain.shape[1])
+    return o, s, float(gain[o, s])
+
+
+@SETTINGS
+@given(
+    row=st.lists(st.sampled_from([8, 16, 24, 40, 64, 200]), min_size=1, max_size=12),
+    free=st.lists(st.sampled_from([8, 16, 24, 40, 64, 200, 512]), min_size=1, max_size=14),
+    cap=st.integers(1, 16),
+    width=st.sampled_from([256, 512, 1024]),
+    other_share=st.sampled_from([1.0, 0.97, 0.9, 0.8]),
+    tokens_bind=st.booleans(),
+)
+# A single item and a pair of equal gain (40/256 + 1/16 = 24/256 + 2/16): the single, offered first, is taken.
+@example(row=[216], free=[40, 8, 16], cap=16, width=256, other_share=1.0, tokens_bind=True)
+def test_bisection_picks_the_exchange_the_full_comparison_picks(row, free, cap, width, other_share, tokens_bind):
+    """Few distinct lengths, so that many offers tie; the row at or over its room in either dimension; the
+    weights of a plan where the tokens or the count binds, the other at ``other_share`` of it."""
+    dims = np.array([[t, 1] for t in [*row, *free]], dtype=np.int64)
+    caps = np.array([width, cap], dtype=np.int64)
+    shares = np.array([1.0, other_share] if tokens_bind else [other_share, 1.0])
+    weights = shares**vector_swap.SCARCITY_POWER / caps
+    assert _tokens_and_count_only(dims, caps, weights)
+    room = caps - dims[: len(row)].sum(axis=0)
+    free_ids = list(range(len(row), len(dims)))
+    sets, sums = _offers(dims, free_ids)
+    sum_values = sums @ weights
+    outs, out_sums = _removals(dims[: len(row)])
+    expected = _full_comparison(out_sums, sums, sum_values, weights, room)
+    got = _best_count_exchange(out_sums, out_sums @ weights, _offers_by_count(sums), room, sum_values)
+    if expected[2] <= 1e-12:  # no exchange taken: only that matters
+        assert got[2] <= 1e-12
+    else:
+        assert got == expected
+
+
+def test_other_budgets_or_negligible_token_weights_take_the_full_comparison():
+    dims = np.array([[100, 1], [200, 1]], dtype=np.int64)
+    caps = np.array([1000, 4], dtype=np.int64)
+    assert _tokens_and_count_only(dims, caps, np.array([1e-3, 0.25]))
+    assert not _tokens_and_count_only(dims, caps, np.array([1e-20, 0.25]))  # gains would round together
+    media = np.array([[100, 2, 1], [200, 0, 1]], dtype=np.int64)
+    assert not _tokens_and_count_only(media, np.array([1000, 4, 4]), np.array([1e-3, 0.1, 0.25]))
+
+
+@pytest.mark.parametrize(
+    ("n", "width", "cap", "median", "sigma"), [(3000, 4096, 12, 150, 1.4), (2000, 4096, 10, 300, 0.8)]
+)
+def test_the_plans_are_the_full_comparisons(monkeypatch, n, width, cap, median, sigma):
+    """Text under a sample cap where the tokens bind harder than the cap, and where the cap binds harder:
+    ``pack`` gives the same plan, sample by sample, with the full comparison in place of the bisection."""
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.round(rng.lognormal(np.log(median), sigma, n)), 1, width).astype(np.int64)
+    lengths = np.minimum(-(-lengths // 8) * 8, width)
+    constraints = PackConstraints(max_samples_per_row=cap)
+    calls = []
+    monkeypatch.setattr(vector_swap, "_best_count_exchange", _recorded(calls, vector_swap._best_count_exchange))
+    plan = pack(lengths, width, constraints=constraints)
+    assert calls and "+swap" in plan.algorithm
+    monkeypatch.setattr(vector_swap, "_tokens_and_count_only", lambda *_: False)
+    calls.clear()
+    full = pack(lengths, width, constraints=constraints)
+    assert not calls
+    assert full.algorithm == plan.algorithm and np.array_equal(full.row_of, plan.row_of)
+
+
+def _recorded(calls: list, fn):
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+
+    return wrapper
