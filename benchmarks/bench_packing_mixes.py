@@ -22,10 +22,12 @@ packer's own column generation with no work limit (minutes each): for the ones w
 ``--large-lp-seconds`` leaves only Farley's bound.
 
 ``--speed`` adds the plan-speed comparison with lightbinpack (bench_packing's, on 4M text samples).
-``--constrained`` packs image-text and omni sets under their media budgets (bench_packing's), and text
-(bench_packing's ``text_sft``) under a cap of 12 samples a row alone (``--constrained-sets`` picks), without
-("before") and with ("after") the steps for constrained plans above the vector bound (the swap search,
-``engine.VECTOR_SWAP_POOL_ROWS``; the vector pattern LP, ``engine.CONSTRAINED_LP_MAX_SAMPLES``) and, where
+``--constrained`` packs image-text and omni sets under their media budgets (bench_packing's), text
+(bench_packing's ``text_sft``) under a cap of 12 samples a row alone, and shorter text (``short_text``)
+under caps of 12 (W=4096) and 24 (W=8192), where the tokens bind a little harder (``--constrained-sets``
+picks), without ("before") and with ("after") the steps for constrained plans above the vector bound (the
+swap search, ``engine.VECTOR_SWAP_POOL_ROWS``; the vector pattern LP, ``engine.CONSTRAINED_LP_MAX_SAMPLES``)
+and, where
 ``pack`` is still above the vector bound, asks an assignment MIP (``optimum.vector_packing_feasible``) whether
 the bound's row count is reachable: "bound tight" (the packer's loss) or "bound not tight". With
 ``--budget-first-ab``, "before" turns off only the search from the start by the scarcest budget
@@ -243,6 +245,12 @@ def _timed_rows(lengths: np.ndarray, width: int, constraints, off: tuple[str, ..
             setattr(engine, name, value)
 
 
+def short_text(rng: np.random.Generator, n: int, width: int) -> dict:
+    """Short text with a long tail (lognormal, median 150, sigma 1.4, clipped to W): under a cap of 12 a row
+    at W=4096 or 24 at W=8192 the tokens bind a little harder than the cap (~11 or ~21 samples a row)."""
+    return {"real": np.clip(np.round(rng.lognormal(np.log(150), 1.4, n)), 1, width).astype(np.int64)}
+
+
 def _windowed_rows(
     lengths: np.ndarray, width: int, constraints: PackConstraints, window: int
 ) -> tuple[tuple[int, float], tuple[int, float]]:
@@ -281,6 +289,8 @@ def constrained_small(
         ("image-text", image_text, 8192, media_constraints),
         ("omni", omni_mix, 16384, media_constraints),
         ("text-cap12", text_sft, 8192, lambda data, width: PackConstraints(max_samples_per_row=12)),
+        ("short-text-cap12", short_text, 4096, lambda data, width: PackConstraints(max_samples_per_row=12)),
+        ("short-text-cap24", short_text, 8192, lambda data, width: PackConstraints(max_samples_per_row=24)),
     )
     names = [entry[0] for entry in sets]
     unknown = set(only.split(",")) - set(names) if only is not None else set()

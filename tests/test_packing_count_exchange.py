@@ -9,7 +9,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from omnipack.packing import PackConstraints, pack, vector_swap
+from omnipack.packing import PackConstraints, engine, pack, vector_swap
+from omnipack.packing.bounds import constrained_lower_bounds
+from omnipack.packing.constraints import constrained_pack
 from omnipack.packing.vector_swap import (
     _best_count_exchange,
     _offers,
@@ -18,6 +20,7 @@ from omnipack.packing.vector_swap import (
     _tokens_and_count_only,
 )
 
+from .test_packing import assert_constraints_hold
 from .test_packing_bounds_refill import SETTINGS
 
 
@@ -40,7 +43,9 @@ def _full_comparison(out_sums, sums, sum_values, weights, room) -> tuple[int, in
 )
 # A single item and a pair of equal gain (40/256 + 1/16 = 24/256 + 2/16): the single, offered first, is taken.
 @example(row=[216], free=[40, 8, 16], cap=16, width=256, other_share=1.0, tokens_bind=True)
-def test_bisection_picks_the_exchange_the_full_comparison_picks(row, free, cap, width, other_share, tokens_bind):
+def test_bisection_picks_the_exchange_the_full_comparison_picks(
+    row, free, cap, width, other_share, tokens_bind
+):
     """Few distinct lengths, so that many offers tie; the row at or over its room in either dimension; the
     weights of a plan where the tokens or the count binds, the other at ``other_share`` of it."""
     dims = np.array([[t, 1] for t in [*row, *free]], dtype=np.int64)
@@ -52,7 +57,7 @@ def test_bisection_picks_the_exchange_the_full_comparison_picks(row, free, cap, 
     free_ids = list(range(len(row), len(dims)))
     sets, sums = _offers(dims, free_ids)
     sum_values = sums @ weights
-    outs, out_sums = _removals(dims[: len(row)])
+    outs, out_sums = _removals(dims[: len(row)], len(row))
     expected = _full_comparison(out_sums, sums, sum_values, weights, room)
     got = _best_count_exchange(out_sums, out_sums @ weights, _offers_by_count(sums), room, sum_values)
     if expected[2] <= 1e-12:  # no exchange taken: only that matters
@@ -71,24 +76,30 @@ def test_other_budgets_or_negligible_token_weights_take_the_full_comparison():
 
 
 @pytest.mark.parametrize(
-    ("n", "width", "cap", "median", "sigma"), [(3000, 4096, 12, 150, 1.4), (2000, 4096, 10, 300, 0.8)]
+    ("n", "width", "cap", "median", "sigma"), [(1000, 4096, 12, 150, 1.4), (1000, 4096, 10, 300, 0.8)]
 )
-def test_the_plans_are_the_full_comparisons(monkeypatch, n, width, cap, median, sigma):
-    """Text under a sample cap where the tokens bind harder than the cap, and where the cap binds harder:
-    ``pack`` gives the same plan, sample by sample, with the full comparison in place of the bisection."""
+def test_the_searches_are_the_full_comparisons(monkeypatch, n, width, cap, median, sigma):
+    """Text under a sample cap where the tokens bind harder than the cap, and where the cap binds harder: the
+    same rounds of the search from the fast best fit's plan give the same plan, sample by sample, with the
+    full comparison in place of the bisection (the work limit, which counts them differently, out of reach)."""
     rng = np.random.default_rng(0)
     lengths = np.clip(np.round(rng.lognormal(np.log(median), sigma, n)), 1, width).astype(np.int64)
     lengths = np.minimum(-(-lengths // 8) * 8, width)
     constraints = PackConstraints(max_samples_per_row=cap)
+    dims, caps = engine._constrained_dims(lengths, width, constraints)
+    row_of, rows = constrained_pack(lengths, width, constraints)  # the fast best fit: rows to cut
     calls = []
-    monkeypatch.setattr(vector_swap, "_best_count_exchange", _recorded(calls, vector_swap._best_count_exchange))
-    plan = pack(lengths, width, constraints=constraints)
-    assert calls and "+swap" in plan.algorithm
+    monkeypatch.setattr(
+        vector_swap, "_best_count_exchange", _recorded(calls, vector_swap._best_count_exchange)
+    )
+    search = (dims, caps, row_of, rows, 0)
+    bisected = vector_swap.vector_swap_search(*search, max_rounds=10, max_work=10**15)
+    assert calls and bisected[1] < rows
     monkeypatch.setattr(vector_swap, "_tokens_and_count_only", lambda *_: False)
     calls.clear()
-    full = pack(lengths, width, constraints=constraints)
+    full = vector_swap.vector_swap_search(*search, max_rounds=10, max_work=10**15)
     assert not calls
-    assert full.algorithm == plan.algorithm and np.array_equal(full.row_of, plan.row_of)
+    assert full[1] == bisected[1] and np.array_equal(full[0], bisected[0])
 
 
 def _recorded(calls: list, fn):
@@ -97,3 +108,40 @@ def _recorded(calls: list, fn):
         return fn(*args, **kwargs)
 
     return wrapper
+
+
+def _short_text(seed: int, n: int, width: int) -> np.ndarray:
+    """benchmarks/bench_packing_mixes.short_text, padded to 8: lognormal, median 150, sigma 1.4."""
+    lengths = np.random.default_rng(seed).lognormal(np.log(150), 1.4, n)
+    return np.minimum(-(-np.clip(np.round(lengths), 1, width).astype(np.int64) // 8) * 8, width)
+
+
+def _bound(lengths: np.ndarray, width: int, cap: int) -> int:
+    no_budgets = (np.zeros((len(lengths), 0), np.int64), np.zeros(0, np.int64))
+    return constrained_lower_bounds(lengths, width, *no_budgets, cap)["best"]
+
+
+def test_rows_of_more_than_sixteen_samples_give_up_items(monkeypatch):
+    """Under a cap of 24 a row (~21 samples a row here) the bisection lets rows of up to 64 items give up
+    items; with the full comparison's limit of 16 they only take free items and the plan ends 2 rows over."""
+    lengths, constraints = _short_text(0, 2000, 8192), PackConstraints(max_samples_per_row=24)
+    bound = _bound(lengths, 8192, 24)
+    plan = pack(lengths, 8192, constraints=constraints)
+    assert plan.num_rows == bound
+    assert_constraints_hold(plan, constraints)
+    monkeypatch.setattr(vector_swap, "MAX_BISECTED_ROW_ITEMS", vector_swap.MAX_ROW_ITEMS)
+    assert pack(lengths, 8192, constraints=constraints).num_rows == bound + 2
+
+
+def test_a_bisected_row_costs_its_bisections_not_a_check_per_offer(monkeypatch):
+    """The work limit counts what a row's exchange costs: within the same limit (cut to 1/10, the one search
+    alone) the search walks more rows than with every exchange checked in full (charged a check per removal
+    and offer) and this plan reaches its bound, two rows fewer."""
+    monkeypatch.setattr(vector_swap, "MAX_WORK", 15_000_000)
+    monkeypatch.setattr(engine, "DEEP_PASSES", 0)
+    monkeypatch.setattr(engine, "BUDGET_FIRST_MAX_ROWS", 0)
+    lengths, constraints = _short_text(0, 2500, 4096), PackConstraints(max_samples_per_row=12)
+    bound = _bound(lengths, 4096, 12)
+    assert pack(lengths, 4096, constraints=constraints).num_rows == bound
+    monkeypatch.setattr(vector_swap, "_tokens_and_count_only", lambda *_: False)
+    assert pack(lengths, 4096, constraints=constraints).num_rows == bound + 2

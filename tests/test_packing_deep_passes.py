@@ -6,10 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnipack.packing import engine, pack, vector_swap
+from omnipack.packing import PackConstraints, engine, pack, vector_swap
 
 from .test_packing import assert_constraints_hold, assert_valid
 from .test_packing_budget_first import WIDTH, _bound, image_text
+from .test_packing_mix_balanced import _capped_text
 
 
 def test_a_plan_two_rows_over_its_bound_ends_one_over():
@@ -112,6 +113,17 @@ def test_no_passes_without_the_swap_search_in_windows_or_above_the_sample_limit(
         monkeypatch.setattr(engine, "DEEP_MAX_SAMPLES", len(lengths) - 1)
     pack(lengths, WIDTH, constraints=constraints, window=window)
     assert deep_calls == []
+
+
+def test_a_plan_under_a_sample_cap_alone_gets_the_passes_above_the_sample_limit(monkeypatch, deep_calls):
+    """Above DEEP_MAX_SAMPLES samples a plan under a sample cap alone still gets the passes: the search finds
+    its exchanges by bisection, so a pass costs what it does on media rows (a media plan gets none, above)."""
+    lengths, constraints = _capped_text(2000), PackConstraints(max_samples_per_row=12)
+    rows = pack(lengths, 8192, constraints=constraints).num_rows  # at its bound: no step runs
+    _with_bound(monkeypatch, rows - 2)
+    monkeypatch.setattr(engine, "DEEP_MAX_SAMPLES", len(lengths) - 1)
+    pack(lengths, 8192, constraints=constraints)
+    assert deep_calls == [(rows, rows - 1)]
 
 
 def _recorded_passes(monkeypatch) -> list[tuple[int, float, int | None]]:

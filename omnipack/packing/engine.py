@@ -24,7 +24,7 @@ from .swap import swap_search
 from .vector_fill import balanced_fill, fits_balanced_fill
 from .vector_patterns import constrained_lp_pack
 from .vector_swap import MAX_WORK as VECTOR_SWAP_MAX_WORK
-from .vector_swap import pooled_vector_swap
+from .vector_swap import bisected_exchanges, pooled_vector_swap
 
 ALGORITHMS = ("bfd", "ffd")
 EXACT_CONSTRAINED_MAX = 4096  # samples up to which the exact constrained BFD also runs (~0.1 s)
@@ -103,7 +103,10 @@ BUDGET_FIRST_MAX_SAMPLES = 5000
 # it). One row over is left alone: on two 2,500-sample plans (~550 rows) a pass found no row there (~3 s
 # each); the bound may not be tight. A pass costs up to ~13 s at its work limit, more with more samples a
 # row (text under a sample cap of 12, before the balanced fill levelled the cap: 140 s for 4 passes at
-# 20,000 samples), so DEEP_MAX_SAMPLES. DEEP_PASSES = 0: off.
+# 20,000 samples), so DEEP_MAX_SAMPLES; but not under a sample cap alone, whose exchanges the search finds
+# by bisection (``vector_swap.bisected_exchanges``): there a pass costs per row what it does on media rows,
+# and short text at 20,000 samples (~11 a row under a cap of 12) ends within 0.05% in 1-5 s.
+# DEEP_PASSES = 0: off.
 DEEP_TOLERANCE_PER_MILLE = 1
 DEEP_MAX_ROWS = VECTOR_SWAP_POOL_ROWS  # the plans the swap search takes whole
 DEEP_MAX_SAMPLES = 10_000
@@ -368,11 +371,22 @@ def _assign_constrained(
         if guided is not None:
             row_of, num_rows, name = guided[0], guided[1], "lp-patterns+constraints"
     goal = deep_goal(bound)
-    if goal < num_rows <= DEEP_MAX_ROWS and len(lengths) <= DEEP_MAX_SAMPLES and VECTOR_SWAP_POOL_ROWS:
+    affordable = goal < num_rows <= DEEP_MAX_ROWS and _deep_passes_affordable(lengths, capacity, constraints)
+    if affordable and VECTOR_SWAP_POOL_ROWS:
         deep = _deep_swap_passes(lengths, capacity, constraints, row_of, num_rows, goal)
         if deep[1] < num_rows:
             row_of, num_rows, name = deep[0], deep[1], name + "+deep"
     return row_of, num_rows, name
+
+
+def _deep_passes_affordable(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> bool:
+    """Plans of up to DEEP_MAX_SAMPLES samples; larger ones under a sample cap alone, whose exchanges the
+    search finds by bisection (``vector_swap.bisected_exchanges``: a pass costs what it does on media)."""
+    if len(lengths) <= DEEP_MAX_SAMPLES:
+        return True
+    if constraints.resources:
+        return False
+    return bisected_exchanges(*_constrained_dims(lengths, capacity, constraints))
 
 
 def deep_goal(bound: int) -> int:

@@ -22,15 +22,22 @@ plan is deterministic.
 Under a sample cap alone (tokens and a count per item) a row's best exchange is found by bisection over the
 offers sorted by tokens, per offer size, not by checking every removal against every offer: the same
 exchange (``_best_count_exchange``), ~10-15x faster on text of ~11 samples a row, whose rows give 67
-removals against ~1,000 offers.
+removals against ~1,000 offers. The work limit counts the bisections, so within it the search walks ~10x
+more rows there, and rows of up to MAX_BISECTED_ROW_ITEMS samples give up items too (benchmarks/README.md:
+short text under a cap of 12 or 24, 1.3-2.6% over the bound before, within 0.05% at 20,000 samples).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 SCARCITY_POWER = 64
 MAX_ROW_ITEMS = 16  # rows with more items only take free items (no swaps)
+# The same where each row's exchange is found by bisection (a sample cap alone): a removal costs two
+# bisections there, not a check per offer, so rows of up to a cap of 64 samples still give up items.
+MAX_BISECTED_ROW_ITEMS = 64
 MAX_PAIRED_FREE = 60  # free items up to which pairs of them are offered as well
 # Work: candidate exchanges checked, plus ROW_VISIT_WORK per row visited (its numpy calls cost as much as
 # checking ~5,000 exchanges). A count, so the plan is deterministic; MAX_WORK is ~1-3 s.
@@ -118,11 +125,14 @@ def _exchange_pass(
             offers = sets, sums, sums @ weights, _offers_by_count(sums) if by_count else None
         sets, sums, sum_values, classes = offers
         members = rows[r]
-        outs, out_sums = _removals(dims[members])
-        work += len(outs) * len(sets) + ROW_VISIT_WORK
-        if classes is not None:
-            o, s, best = _best_count_exchange(out_sums, out_sums @ weights, classes, caps - loads[r], sum_values)
+        max_items = MAX_ROW_ITEMS if classes is None else MAX_BISECTED_ROW_ITEMS
+        outs, out_sums = _removals(dims[members], max_items)
+        if classes is not None:  # a bisection per removal and offer size, not a check per offer
+            work += len(outs) * len(classes) + ROW_VISIT_WORK
+            room = caps - loads[r]
+            o, s, best = _best_count_exchange(out_sums, out_sums @ weights, classes, room, sum_values)
         else:
+            work += len(outs) * len(sets) + ROW_VISIT_WORK
             fits = np.all(sums[None, :, :] - out_sums[:, None, :] <= caps - loads[r], axis=2)
             gain = np.where(fits, sum_values[None, :] - (out_sums @ weights)[:, None], -1.0)
             o, s = divmod(int(np.argmax(gain)), len(sets))
@@ -136,6 +146,12 @@ def _exchange_pass(
         free.extend(members[x] for x in outs[o])
         offers = None
     return work
+
+
+def bisected_exchanges(dims: np.ndarray, caps: np.ndarray) -> bool:
+    """Whether the search finds each row's exchange by bisection on these items (``_tokens_and_count_only``):
+    a walk then costs per row what it does on media rows, however many samples a row holds."""
+    return _tokens_and_count_only(dims, caps, dimension_weights(dims, caps))
 
 
 def _tokens_and_count_only(dims: np.ndarray, caps: np.ndarray, weights: np.ndarray) -> bool:
@@ -186,24 +202,21 @@ def _best_count_exchange(
     return o, int(best_offer[o]), float(best[o])
 
 
+@functools.cache  # built once per row size: a walk visits ~10^5 rows
 def _removal_sets(m: int) -> tuple[list[tuple[int, ...]], np.ndarray, np.ndarray]:
-    """For a row of m items: the position sets it may give up (none, one, or two of its items in rows of at
-    most MAX_ROW_ITEMS), and the pairs' positions as arrays."""
-    if m > MAX_ROW_ITEMS:
-        return [()], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    """For a row of m items: the position sets it may give up (none, one, or two of its items), and the
+    pairs' positions as arrays."""
     a, b = np.triu_indices(m, 1)
     return [(), *((x,) for x in range(m)), *zip(a.tolist(), b.tolist(), strict=True)], a, b
 
 
-_REMOVAL_SETS = [_removal_sets(m) for m in range(MAX_ROW_ITEMS + 1)]  # built once: a walk visits ~10^5 rows
-
-
-def _removals(row_dims: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray]:
-    """What a row may give up (``_removal_sets``) and their summed sizes."""
+def _removals(row_dims: np.ndarray, max_items: int) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """What a row may give up (``_removal_sets``; nothing in a row of more than ``max_items`` items) and
+    their summed sizes."""
     m, k = row_dims.shape
-    if m > MAX_ROW_ITEMS:
+    if m > max_items:
         return [()], np.zeros((1, k), dtype=np.int64)
-    outs, a, b = _REMOVAL_SETS[m]
+    outs, a, b = _removal_sets(m)
     return outs, np.concatenate([np.zeros((1, k), dtype=np.int64), row_dims, row_dims[a] + row_dims[b]])
 
 
