@@ -145,3 +145,35 @@ def test_a_bisected_row_costs_its_bisections_not_a_check_per_offer(monkeypatch):
     assert pack(lengths, 4096, constraints=constraints).num_rows == bound
     monkeypatch.setattr(vector_swap, "_tokens_and_count_only", lambda *_: False)
     assert pack(lengths, 4096, constraints=constraints).num_rows == bound + 2
+
+
+def test_pools_under_a_sample_cap_alone_get_more_passes(monkeypatch):
+    """A plan larger than a pool gets pool after pool while they cut rows: under a sample cap alone up to
+    VECTOR_SWAP_PASSES_BISECTED (here 8; the pools cut down to 150 rows of ~470), not VECTOR_SWAP_PASSES
+    (here 2); the passes stop after one that cut nothing."""
+    calls = []
+    real = engine.pooled_vector_swap
+
+    def recording(dims, caps, row_of, num_rows, target, pool_rows, *rest):
+        out = real(dims, caps, row_of, num_rows, target, pool_rows, *rest)
+        calls.append((pool_rows, num_rows, out[1]))
+        return out
+
+    monkeypatch.setattr(engine, "pooled_vector_swap", recording)
+    for name, value in [
+        ("VECTOR_SWAP_POOL_ROWS", 150),
+        ("VECTOR_SWAP_PASSES", 2),
+        ("VECTOR_SWAP_PASSES_BISECTED", 8),
+    ]:
+        monkeypatch.setattr(engine, name, value)
+    monkeypatch.setattr(engine, "DEEP_PASSES", 0)
+    monkeypatch.setattr(engine, "BUDGET_FIRST_MAX_ROWS", 0)
+    monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_POOL_ROWS", ())
+    monkeypatch.setattr(vector_swap, "MAX_WORK", 20_000_000)
+    lengths, constraints = _short_text(0, 5000, 4096), PackConstraints(max_samples_per_row=12)
+    plan = pack(lengths, 4096, constraints=constraints)
+    large = [(before, after) for pool, before, after in calls if pool == 150]
+    assert 2 < len(large) < 8
+    assert all(after < before for before, after in large[:-1]) and large[-1][0] == large[-1][1]
+    assert plan.num_rows == large[-1][1]
+    assert_constraints_hold(plan, constraints)

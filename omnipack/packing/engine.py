@@ -63,6 +63,11 @@ CONSTRAINED_LP_MAX_SAMPLES = 300
 # rows: on 50k-sample media plans each pass still cuts rows (omni: 6,928 to 6,897, 6,879, 6,866, ...).
 VECTOR_SWAP_POOL_ROWS = 2500
 VECTOR_SWAP_PASSES = 6
+# The same under a sample cap alone, where the search finds exchanges by bisection
+# (``vector_swap.bisected_exchanges``) and a pool of 2,500 rows cuts rows fastest (short text, ~11 samples
+# a row: ~9 rows/s, against ~3 for pools of 500): at 100,000 samples 22 passes took the plan to 0.18% over
+# the bound in 32 s, where 6 left it at 0.46% in 59 s (benchmarks/README.md).
+VECTOR_SWAP_PASSES_BISECTED = 30
 # Then, while a plan larger than one pool is still above the bound, pools of VECTOR_SWAP_SMALL_POOL_ROWS rows
 # (each size in turn, the next once the last stops, with a budget of its own):
 # a small pool reaches its own bound within its work limit, so more rows go per second (omni 200k: ~70 rows a
@@ -453,12 +458,14 @@ def _vector_swap_passes(
 ) -> tuple[np.ndarray, int]:
     """The swap search (``vector_swap.pooled_vector_swap``): once on a plan of at most VECTOR_SWAP_POOL_ROWS
     rows (the whole plan), on a larger plan one pool after another while a pass cuts rows, at most
-    VECTOR_SWAP_PASSES, then pools of each VECTOR_SWAP_SMALL_POOL_ROWS size in turn, their spread shifted
-    every pass and their work limit doubled after a pass that cut nothing, within VECTOR_SWAP_SMALL_BUDGET
-    each (see the constants). Each pool takes the rows least filled after the last pass. The passes stop at
-    the bound, and once the plan has at most VECTOR_SWAP_POOL_ROWS rows."""
+    VECTOR_SWAP_PASSES (VECTOR_SWAP_PASSES_BISECTED under a sample cap alone), then pools of each
+    VECTOR_SWAP_SMALL_POOL_ROWS size in turn, their spread shifted every pass and their work limit doubled
+    after a pass that cut nothing, within VECTOR_SWAP_SMALL_BUDGET each (see the constants). Each pool
+    takes the rows least filled after the last pass. The passes stop at the bound, and once the plan has at
+    most VECTOR_SWAP_POOL_ROWS rows."""
     dims, caps = _constrained_dims(lengths, capacity, constraints)
-    for _ in range(VECTOR_SWAP_PASSES if num_rows > bound else 0):
+    passes = VECTOR_SWAP_PASSES_BISECTED if bisected_exchanges(dims, caps) else VECTOR_SWAP_PASSES
+    for _ in range(passes if num_rows > bound else 0):
         new_row_of, new_rows = pooled_vector_swap(dims, caps, row_of, num_rows, bound, VECTOR_SWAP_POOL_ROWS)
         if new_rows >= num_rows:
             break
