@@ -271,6 +271,30 @@ def _windowed_rows(
     return (before, before_s), (rows, time.perf_counter() - start)
 
 
+def _mip_verdict(
+    lengths: np.ndarray, width: int, constraints: PackConstraints, bound: int, seconds: float
+) -> str:
+    """Whether an assignment MIP packs the items into ``bound`` rows: the bound tight (so the packer's loss),
+    not tight, or undecided within ``seconds``."""
+    n = len(lengths)
+    amounts, budgets = constraints.amounts_matrix(n)
+    dims = np.column_stack([lengths, amounts, np.ones(n, dtype=np.int64)])
+    caps = np.concatenate([[width], budgets, [constraints.max_samples_per_row]])
+    binding = 1 + int(np.argmax(amounts.sum(axis=0) / budgets))  # the patch budget here
+    fits = vector_packing_feasible(dims, caps, bound, seconds=seconds, order_by=binding)
+    return {True: "bound tight: packer's loss", False: "bound not tight", None: "undecided"}[fits]
+
+
+def _chosen_sets(sets: tuple, only: str | None) -> list:
+    """The entries of ``sets`` named in ``only`` (comma-separated; None: all); an unknown name is an error."""
+    names = [entry[0] for entry in sets]
+    chosen = names if only is None else only.split(",")
+    unknown = set(chosen) - set(names)
+    if unknown:
+        raise SystemExit(f"--constrained-sets: unknown {sorted(unknown)}; the sets are {names}")
+    return [entry for entry in sets if entry[0] in chosen]
+
+
 def constrained_small(
     n: int,
     seeds: int,
@@ -292,14 +316,8 @@ def constrained_small(
         ("short-text-cap12", short_text, 4096, lambda data, width: PackConstraints(max_samples_per_row=12)),
         ("short-text-cap24", short_text, 8192, lambda data, width: PackConstraints(max_samples_per_row=24)),
     )
-    names = [entry[0] for entry in sets]
-    unknown = set(only.split(",")) - set(names) if only is not None else set()
-    if unknown:
-        raise SystemExit(f"--constrained-sets: unknown {sorted(unknown)}; the sets are {names}")
     out = []
-    for name, make, width, constraints_of in sets:
-        if only is not None and name not in only.split(","):
-            continue
+    for name, make, width, constraints_of in _chosen_sets(sets, only):
         for seed in range(seeds):
             data = make(np.random.default_rng(seed), n, width)
             lengths = padded(data["real"], width)
@@ -313,16 +331,11 @@ def constrained_small(
             else:
                 (before, before_s), (rows, after_s) = _windowed_rows(lengths, width, constraints, window)
             verdict = "pack at bound"
-            if rows > bound and seconds > 0 and constraints.resources and window is None:
-                dims = np.column_stack([lengths, amounts, np.ones(n, dtype=np.int64)])
-                caps = np.concatenate([[width], budgets, [cap]])
-                binding = 1 + int(np.argmax(amounts.sum(axis=0) / budgets))  # the patch budget here
-                fits = vector_packing_feasible(dims, caps, bound, seconds=seconds, order_by=binding)
-                verdict = {True: "bound tight: packer's loss", False: "bound not tight", None: "undecided"}[
-                    fits
-                ]
-            elif rows > bound:
+            if rows > bound:
+                mip = seconds > 0 and bool(constraints.resources) and window is None
                 verdict = "above bound (no MIP)"
+                if mip:
+                    verdict = _mip_verdict(lengths, width, constraints, bound, seconds)
             out.append(
                 {
                     "set": name,

@@ -22,6 +22,7 @@ from omnipack.packing.vector_swap import (
 
 from .test_packing import assert_constraints_hold
 from .test_packing_bounds_refill import SETTINGS
+from .test_packing_mix_balanced import image_text_media
 
 
 def _full_comparison(out_sums, sums, sum_values, weights, room) -> tuple[int, int, float]:
@@ -177,3 +178,26 @@ def test_pools_under_a_sample_cap_alone_get_more_passes(monkeypatch):
     assert all(after < before for before, after in large[:-1]) and large[-1][0] == large[-1][1]
     assert plan.num_rows == large[-1][1]
     assert_constraints_hold(plan, constraints)
+
+
+def test_media_plans_and_rows_of_few_samples_take_the_full_comparison(monkeypatch):
+    """Plans with resource budgets never bisect (their plans stay the previous code's); under a sample cap
+    alone, rows of ~3 samples (7 removals against ~80 offers, under BISECT_MIN_CHECKS) take the full
+    comparison too, and such plans get neither the 30 large-pool passes nor the deep passes above
+    DEEP_MAX_SAMPLES (``engine._bisected_plan``)."""
+
+    def never(*args):
+        raise AssertionError("bisected")
+
+    monkeypatch.setattr(vector_swap, "_best_count_exchange", never)
+    lengths, media = image_text_media(0, 600, 8192)
+    constraints = PackConstraints(resources={"media": (media, 10)})
+    assert_constraints_hold(pack(lengths, 8192, constraints=constraints), constraints)
+    lengths = np.random.default_rng(0).integers(1800, 3200, 600) // 8 * 8
+    constraints = PackConstraints(max_samples_per_row=64)
+    plan = pack(lengths, 8192, constraints=constraints)
+    assert "+swap" in plan.algorithm and plan.row_ptr[-1] == 600
+    dims, caps = engine._constrained_dims(lengths, 8192, constraints)
+    assert vector_swap.bisected_exchanges(dims, caps)
+    assert engine._bisected_plan(dims, caps, 600 // engine.BISECTED_MIN_SAMPLES_PER_ROW)
+    assert not engine._bisected_plan(dims, caps, 600 // engine.BISECTED_MIN_SAMPLES_PER_ROW + 1)

@@ -65,9 +65,13 @@ VECTOR_SWAP_POOL_ROWS = 2500
 VECTOR_SWAP_PASSES = 6
 # The same under a sample cap alone, where the search finds exchanges by bisection
 # (``vector_swap.bisected_exchanges``) and a pool of 2,500 rows cuts rows fastest (short text, ~11 samples
-# a row: ~9 rows/s, against ~3 for pools of 500): at 100,000 samples 22 passes took the plan to 0.18% over
-# the bound in 32 s, where 6 left it at 0.46% in 59 s (benchmarks/README.md).
+# a row, 100,000 samples: ~9 rows/s, against ~2.5 for pools of 500): there 22 passes took the plan to 0.18%
+# over the bound in 32 s, where 6 left it at 0.46% in 59 s (benchmarks/README.md).
 VECTOR_SWAP_PASSES_BISECTED = 30
+# Plans of fewer samples a row on average take neither those passes nor the deep passes above
+# DEEP_MAX_SAMPLES: their rows mostly take the full comparison (``vector_swap.BISECT_MIN_CHECKS``), and a
+# reader measured 1.5-2x the time there (~3 samples a row, cap 64) for a few rows.
+BISECTED_MIN_SAMPLES_PER_ROW = 6
 # Then, while a plan larger than one pool is still above the bound, pools of VECTOR_SWAP_SMALL_POOL_ROWS rows
 # (each size in turn, the next once the last stops, with a budget of its own):
 # a small pool reaches its own bound within its work limit, so more rows go per second (omni 200k: ~70 rows a
@@ -376,7 +380,8 @@ def _assign_constrained(
         if guided is not None:
             row_of, num_rows, name = guided[0], guided[1], "lp-patterns+constraints"
     goal = deep_goal(bound)
-    affordable = goal < num_rows <= DEEP_MAX_ROWS and _deep_passes_affordable(lengths, capacity, constraints)
+    affordable = goal < num_rows <= DEEP_MAX_ROWS
+    affordable = affordable and _deep_passes_affordable(lengths, capacity, constraints, num_rows)
     if affordable and VECTOR_SWAP_POOL_ROWS:
         deep = _deep_swap_passes(lengths, capacity, constraints, row_of, num_rows, goal)
         if deep[1] < num_rows:
@@ -384,14 +389,22 @@ def _assign_constrained(
     return row_of, num_rows, name
 
 
-def _deep_passes_affordable(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> bool:
+def _deep_passes_affordable(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, num_rows: int
+) -> bool:
     """Plans of up to DEEP_MAX_SAMPLES samples; larger ones under a sample cap alone, whose exchanges the
     search finds by bisection (``vector_swap.bisected_exchanges``: a pass costs what it does on media)."""
     if len(lengths) <= DEEP_MAX_SAMPLES:
         return True
     if constraints.resources:
         return False
-    return bisected_exchanges(*_constrained_dims(lengths, capacity, constraints))
+    return _bisected_plan(*_constrained_dims(lengths, capacity, constraints), num_rows)
+
+
+def _bisected_plan(dims: np.ndarray, caps: np.ndarray, num_rows: int) -> bool:
+    """Whether the search finds this plan's exchanges by bisection (``vector_swap.bisected_exchanges``) and
+    its rows hold at least BISECTED_MIN_SAMPLES_PER_ROW samples on average."""
+    return len(dims) >= BISECTED_MIN_SAMPLES_PER_ROW * num_rows and bisected_exchanges(dims, caps)
 
 
 def deep_goal(bound: int) -> int:
@@ -464,7 +477,7 @@ def _vector_swap_passes(
     takes the rows least filled after the last pass. The passes stop at the bound, and once the plan has at
     most VECTOR_SWAP_POOL_ROWS rows."""
     dims, caps = _constrained_dims(lengths, capacity, constraints)
-    passes = VECTOR_SWAP_PASSES_BISECTED if bisected_exchanges(dims, caps) else VECTOR_SWAP_PASSES
+    passes = VECTOR_SWAP_PASSES_BISECTED if _bisected_plan(dims, caps, num_rows) else VECTOR_SWAP_PASSES
     for _ in range(passes if num_rows > bound else 0):
         new_row_of, new_rows = pooled_vector_swap(dims, caps, row_of, num_rows, bound, VECTOR_SWAP_POOL_ROWS)
         if new_rows >= num_rows:

@@ -38,6 +38,10 @@ MAX_ROW_ITEMS = 16  # rows with more items only take free items (no swaps)
 # The same where each row's exchange is found by bisection (a sample cap alone): a removal costs two
 # bisections there, not a check per offer, so rows of up to a cap of 64 samples still give up items.
 MAX_BISECTED_ROW_ITEMS = 64
+# Rows whose removals x offers come to fewer checks than this take the full comparison even there: the
+# bisection's numpy calls (~30 us a row) cost more than checking a few hundred exchanges at once (rows of
+# ~3 samples: 7 removals x ~80 offers).
+BISECT_MIN_CHECKS = 4096
 MAX_PAIRED_FREE = 60  # free items up to which pairs of them are offered as well
 # Work: candidate exchanges checked, plus ROW_VISIT_WORK per row visited (its numpy calls cost as much as
 # checking ~5,000 exchanges). A count, so the plan is deterministic; MAX_WORK is ~1-3 s.
@@ -127,7 +131,7 @@ def _exchange_pass(
         members = rows[r]
         max_items = MAX_ROW_ITEMS if classes is None else MAX_BISECTED_ROW_ITEMS
         outs, out_sums = _removals(dims[members], max_items)
-        if classes is not None:  # a bisection per removal and offer size, not a check per offer
+        if classes is not None and len(outs) * len(sets) >= BISECT_MIN_CHECKS:  # a bisection per removal
             work += len(outs) * len(classes) + ROW_VISIT_WORK
             room = caps - loads[r]
             o, s, best = _best_count_exchange(out_sums, out_sums @ weights, classes, room, sum_values)
