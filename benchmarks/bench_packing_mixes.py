@@ -259,12 +259,9 @@ def _windowed_rows(
     start = time.perf_counter()
     before = 0
     for first in range(0, len(lengths), window):
-        part = slice(first, first + window)
-        sub = PackConstraints(
-            constraints.max_samples_per_row,
-            {name: (np.asarray(a)[part], b) for name, (a, b) in constraints.resources.items()},
-        )
-        before += constrained_pack(lengths[part], width, sub)[1]
+        stop = min(first + window, len(lengths))
+        sub = engine._slice_constraints(constraints, first, stop)  # as pack's window path cuts them
+        before += constrained_pack(lengths[first:stop], width, sub)[1]
     before_s = time.perf_counter() - start
     start = time.perf_counter()
     rows = pack(lengths, width, constraints=constraints, window=window).num_rows

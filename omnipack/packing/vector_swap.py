@@ -73,6 +73,7 @@ def vector_swap_search(
     max_rounds = MAX_ROUNDS if max_rounds is None else max_rounds
     max_work = MAX_WORK if max_work is None else max_work
     weights = dimension_weights(dims, caps)
+    by_count = _tokens_and_count_only(dims, caps, weights)  # once per search: the items never change
     value = dims @ weights
     rows: list[list[int]] = [[] for _ in range(num_rows)]
     for i in np.argsort(row_of, kind="stable").tolist():
@@ -87,7 +88,7 @@ def vector_swap_search(
         free = [i for r in freed for i in rows[r]]
         kept = sorted(set(range(len(rows))).difference(freed))
         rows, loads = [rows[k] for k in kept], loads[kept]
-        work += _exchange_pass(rows, loads, free, dims, caps, weights)
+        work += _exchange_pass(rows, loads, free, dims, caps, weights, by_count)
         loads = _first_fit(rows, loads, free, dims, caps, value)
         if len(rows) < best_rows:
             best_rows = len(rows)
@@ -116,11 +117,12 @@ def _exchange_pass(
     dims: np.ndarray,
     caps: np.ndarray,
     weights: np.ndarray,
+    by_count: bool,
 ) -> int:
-    """One walk over the rows, each taking the exchange that fills it most (in place); returns the work."""
+    """One walk over the rows, each taking the exchange that fills it most (in place); ``by_count``: the items
+    have tokens and a count alone (``_tokens_and_count_only``), so rows may bisect. Returns the work."""
     work = 0
     offers = None
-    by_count = _tokens_and_count_only(dims, caps, weights)
     for r in range(len(rows)):
         if not free:
             break
