@@ -32,7 +32,8 @@ and, where
 the bound's row count is reachable: "bound tight" (the packer's loss) or "bound not tight". With
 ``--budget-first-ab``, "before" turns off only the search from the start by the scarcest budget
 (``engine.BUDGET_FIRST_MAX_ROWS``), so the two columns are ``pack`` with and without that step; with
-``--deep-ab`` only the deep passes (``engine.DEEP_PASSES``). With ``--constrained-window N`` both pack in
+``--deep-ab`` only the deep passes (``engine.DEEP_PASSES``); with ``--split-ab`` only the split of large
+plans into stratified groups (``engine.SPLIT_ROWS``). With ``--constrained-window N`` both pack in
 windows of N samples: "before" is the fast best fit in each window (``constraints.constrained_pack``, the
 window path before the balanced fill joined it), "after" ``pack(window=N)``; no MIP. The summary counts the
 plans more than 0.1% and more than a row over their bound ("over tol.", the deep passes' trigger).
@@ -224,6 +225,13 @@ def print_table(rows: list[dict]) -> None:
 STEPS_OFF = ("CONSTRAINED_LP_MAX_SAMPLES", "VECTOR_SWAP_POOL_ROWS")
 BUDGET_FIRST_OFF = ("BUDGET_FIRST_MAX_ROWS",)
 DEEP_OFF = ("DEEP_PASSES",)
+SPLIT_OFF = ("SPLIT_ROWS",)
+# The one-step A/B flags: what "before" turns off, and how the summary names it.
+ONE_STEP_AB = {
+    "budget_first_ab": (BUDGET_FIRST_OFF, "the budget-first search"),
+    "deep_ab": (DEEP_OFF, "the deep swap passes"),
+    "split_ab": (SPLIT_OFF, "the split into stratified groups"),
+}
 
 
 def over_tolerance(rows: int, bound: int) -> bool:
@@ -466,19 +474,24 @@ def main() -> None:
         help="with --constrained: before is pack without the deep swap passes only (not every step)",
     )  # fmt: skip
     parser.add_argument(
+        "--split-ab", action="store_true",
+        help="with --constrained: before is pack without the split into stratified groups only",
+    )  # fmt: skip
+    parser.add_argument(
         "--prove-lp", type=int, nargs="+", metavar="INDEX",
         help="only these large instances, against the LP solved to the end (no limit: minutes each)",
     )  # fmt: skip
     args = parser.parse_args()
-    if (args.budget_first_ab or args.deep_ab or args.constrained_window) and not args.constrained:
+    one_step = [flag for flag in ONE_STEP_AB if getattr(args, flag)]
+    if (one_step or args.constrained_window) and not args.constrained:
         parser.error(
-            "--budget-first-ab, --deep-ab and --constrained-window compare constrained plans: use them with"
-            " --constrained"
+            "--budget-first-ab, --deep-ab, --split-ab and --constrained-window compare constrained plans: use"
+            " them with --constrained"
         )
-    if args.constrained_window is not None and (args.budget_first_ab or args.deep_ab):
+    if args.constrained_window is not None and one_step:
         parser.error("--constrained-window compares the window path alone: not with another A/B")
-    if args.budget_first_ab and args.deep_ab:
-        parser.error("--budget-first-ab and --deep-ab each turn one step off: use one")
+    if len(one_step) > 1:
+        parser.error("--budget-first-ab, --deep-ab and --split-ab each turn one step off: use one")
     high = 1_000_000 if args.full else 100_000
     if args.prove_lp:
         return print_table([prove_large(index, 10_000, high) for index in args.prove_lp])
@@ -488,21 +501,18 @@ def main() -> None:
         print(
             f"\nConstrained sets at {args.constrained_n} samples vs the vector bound (MIP {args.mip_seconds:.0f} s)\n"
         )
-        off = BUDGET_FIRST_OFF if args.budget_first_ab else DEEP_OFF if args.deep_ab else STEPS_OFF
+        off, steps = ONE_STEP_AB[one_step[0]] if one_step else (STEPS_OFF, None)
         results = constrained_small(
             args.constrained_n, args.constrained_seeds, args.mip_seconds, off, args.constrained_sets,
             args.constrained_window,
         )  # fmt: skip
         print_table(results)
-        steps = (
-            "the budget-first search"
-            if args.budget_first_ab
-            else "the deep swap passes"
-            if args.deep_ab
-            else f"the balanced fill in windows of {args.constrained_window}"
-            if args.constrained_window
-            else "the swap search, the vector pattern LP and the deep passes"
-        )
+        if steps is None:
+            steps = (
+                f"the balanced fill in windows of {args.constrained_window}"
+                if args.constrained_window
+                else "the swap search, the vector pattern LP and the deep passes"
+            )
         print(f"\nrows / vector bound without (before) and with (after) {steps}\n")
         print_table(summarize_constrained(results))
         return

@@ -91,6 +91,17 @@ VECTOR_SWAP_SMALL_IDLE = 3
 # The spread's shift per pass, in gaps between its rows: the golden ratio, whose multiples mod 1 never repeat
 # and spread evenly over the gap.
 SPREAD_STEP = 0.6180339887498949
+# A plan under a sample cap alone (exchanges by bisection) whose start has more than SPLIT_ROWS rows and is
+# more than SPLIT_MIN_GAP over the vector bound is packed in groups of about SPLIT_ROWS rows: its samples dealt
+# in turn by length, each group packed by every step (the swap search takes it whole), then up to
+# SPLIT_MERGE_PASSES swap passes over the merged plan's least filled rows. Pools of a large plan's rows hold
+# its least filled rows, whose samples are not a copy of the whole set; a group is. Short text under a cap of
+# 12 (start 2.1-2.7% over) at 260,000 samples: 24,076 rows (0.69% over) in 79 s to 0.07% in about the same
+# time; text of median 400 under the same cap starts 0.1-0.2% over, where the whole plan's passes end within
+# 0.1% faster (benchmarks/README.md). 0: off.
+SPLIT_ROWS = 2000
+SPLIT_MIN_GAP = 0.01
+SPLIT_MERGE_PASSES = 6
 # A constrained plan of up to this many rows still above the vector bound after the swap search gets a second
 # search, from the start by the scarcest budget alone (``budget_first``: its 1-D plan, the other limits
 # restored). On the sweeps of benchmarks/README.md it takes the three image-text plans of 200-2,000 samples
@@ -348,7 +359,8 @@ def _assign_constrained(
     by that budget alone, on small plans still above it the vector pattern LP, on plans of up to
     DEEP_MAX_ROWS rows still above ``deep_goal`` the deep passes); the plan with the fewest rows wins, ties
     keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
-    subsample (``_large_plan_start``)."""
+    subsample (``_large_plan_start``). A large plan under a sample cap alone whose start is far over the
+    bound is packed in stratified groups instead, each by these steps (``_split_pays``)."""
     if not improve:
         # Windows (bounded memory) take the fast best fit, and the balanced fill where it fits (a few ms per
         # thousand samples): under a sample cap a best fit by tokens alone ends 20-33% over the bound.
@@ -364,6 +376,10 @@ def _assign_constrained(
         if num_rows > bound:
             plan = _other_constrained_packers(lengths, capacity, constraints, (row_of, num_rows, name), bound)
             row_of, num_rows, name = plan
+    if _split_pays(lengths, capacity, constraints, num_rows, bound):
+        # Every group took the steps below: the merged plan only needs its seams closed.
+        row_of, num_rows = _split_and_merged(lengths, capacity, constraints, num_rows, bound)
+        return row_of, num_rows, name + "+split"
     if num_rows > bound and VECTOR_SWAP_POOL_ROWS:
         # The greedy packers leave rows short in the scarcest budget: exchanges between rows, budgets kept.
         swapped = _vector_swap_passes(lengths, capacity, constraints, row_of, num_rows, bound)
@@ -387,6 +403,51 @@ def _assign_constrained(
         if deep[1] < num_rows:
             row_of, num_rows, name = deep[0], deep[1], name + "+deep"
     return row_of, num_rows, name
+
+
+def _split_pays(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, num_rows: int, bound: int
+) -> bool:
+    """Whether a plan is packed in stratified groups (``_split_and_merged``): under a sample cap alone, with
+    exchanges by bisection, more rows than the swap search takes whole, and a start more than SPLIT_MIN_GAP
+    over the bound."""
+    if not SPLIT_ROWS or constraints.resources or num_rows <= max(VECTOR_SWAP_POOL_ROWS, SPLIT_ROWS):
+        return False
+    if num_rows <= bound * (1 + SPLIT_MIN_GAP):
+        return False
+    return _bisected_plan(*_constrained_dims(lengths, capacity, constraints), num_rows)
+
+
+def _split_and_merged(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, num_rows: int, bound: int
+) -> tuple[np.ndarray, int]:
+    """The plan packed in ceil(``num_rows`` / SPLIT_ROWS) groups of samples dealt in turn by length (each
+    group a small copy of the whole set), each group by every step, the groups' rows side by side; then up
+    to SPLIT_MERGE_PASSES swap passes over the least filled rows, which hold each group's last ones."""
+    groups = _dealt_by_length(lengths, -(-num_rows // SPLIT_ROWS))
+    row_of = np.empty(len(lengths), dtype=np.int32)
+    total = 0
+    for index in groups:
+        sub = _take_constraints(constraints, index)
+        part, part_rows, _ = _assign_constrained(lengths[index], capacity, sub, improve=True)
+        row_of[index] = part + total
+        total += part_rows
+    dims, caps = _constrained_dims(lengths, capacity, constraints)
+    for _ in range(SPLIT_MERGE_PASSES if total > bound else 0):
+        new_row_of, new_rows = pooled_vector_swap(dims, caps, row_of, total, bound, VECTOR_SWAP_POOL_ROWS)
+        if new_rows >= total:
+            break
+        row_of, total = new_row_of, new_rows
+        if total <= bound:
+            break
+    return row_of, total
+
+
+def _dealt_by_length(lengths: np.ndarray, count: int) -> list[np.ndarray]:
+    """``count`` groups of sample indices (ascending), the samples dealt in turn from the longest (ties by
+    index): every group holds the set's lengths in the same proportions."""
+    order = np.lexsort((np.arange(len(lengths)), -lengths))
+    return [np.sort(order[group::count]) for group in range(count)]
 
 
 def _deep_passes_affordable(
@@ -757,23 +818,23 @@ def pack(
 ) -> PackPlan:
     """Pack samples (lengths already padded to the alignment) into rows of width ``capacity``.
 
-    ``algorithm`` is "bfd" (best-fit decreasing; if it misses the lower bound, ``_improve`` tries FFD and
-    the subset-sum refill and keeps the plan with the fewest rows, never more than FFD's) or "ffd"
-    (classic first-fit decreasing), both over the whole dataset. ``window=N`` packs each block of N
-    consecutive samples separately, by the fast steps only (bounded memory; rows never span blocks).
-    ``constraints`` (sample cap, per-row resource budgets, always respected exactly) switch to a
-    constrained best-fit over items sorted by total normalised size, whatever ``algorithm`` says (above
-    SECOND_ORDER_MAX samples, where a budget out-demands the tokens, the best fit by that budget's room if a
-    subsample packs into fewer rows so). Above the vector bound: up to SECOND_ORDER_MAX samples the other item
-    order, the best fit by the scarcest budget, the row-by-row ``balanced_fill`` when the resource amounts
-    take few distinct values (media counts) or a sample cap binds (at any size), and the exact BFD on small
-    plans; at any size the swap search (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in
-    pools of that many, then smaller ones); up to BUDGET_FIRST_MAX_ROWS rows the search again from the
-    scarcest budget's 1-D plan (``budget_first``); up to CONSTRAINED_LP_MAX_SAMPLES samples the vector
-    pattern LP (``vector_patterns``, with ``highspy``); up to DEEP_MAX_ROWS rows, while more than 0.1% and a
-    row over the bound (``deep_goal``), deeper swap passes. The plan with fewer rows wins. ``balance`` evens
-    out per-row attention cost (sum of squared lengths) with at most +0.1% rows. Rows are shuffled with
-    ``seed`` unless ``shuffle=False``; deterministic.
+    ``algorithm`` is "bfd" (best-fit decreasing; if it misses the lower bound, ``_improve`` tries FFD and the
+    subset-sum refill and keeps the plan with the fewest rows, never more than FFD's) or "ffd" (classic
+    first-fit decreasing), both over the whole dataset. ``window=N`` packs each block of N consecutive samples
+    separately, by the fast steps only (bounded memory; rows never span blocks). ``constraints`` (sample cap,
+    per-row resource budgets, always respected exactly) switch to a constrained best-fit over items sorted by
+    total normalised size, whatever ``algorithm`` says (above SECOND_ORDER_MAX samples, where a budget
+    out-demands the tokens, the best fit by that budget's room if a subsample packs into fewer rows so). Above
+    the vector bound: up to SECOND_ORDER_MAX samples the other item order, the best fit by the scarcest
+    budget, the row-by-row ``balanced_fill`` when the resource amounts take few distinct values (media counts)
+    or a sample cap binds (at any size), and the exact BFD on small plans; at any size the swap search
+    (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then smaller ones;
+    a large plan under a sample cap alone far over the bound in stratified groups, ``_split_pays``); up to
+    BUDGET_FIRST_MAX_ROWS rows the search again from the scarcest budget's 1-D plan (``budget_first``); up to
+    CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``); up to
+    DEEP_MAX_ROWS rows, while more than 0.1% and a row over the bound (``deep_goal``), deeper swap passes. The
+    plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared lengths) with at
+    most +0.1% rows. Rows are shuffled with ``seed`` unless ``shuffle=False``; deterministic.
     """
     capacity = operator.index(capacity)  # an np.int64 would overflow the refill's Python-int bitsets
     lengths = validate_lengths(lengths, capacity)

@@ -1,0 +1,114 @@
+"""Large plans under a sample cap alone whose start is far over the bound are packed in stratified groups
+(``engine._split_and_merged``): the samples dealt in turn by length, each group packed by every step, the
+merged plan's seams closed by swap passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omnipack.packing import PackConstraints, engine, pack
+from omnipack.packing.constraints import constrained_pack
+
+from .test_packing import assert_constraints_hold, assert_valid
+from .test_packing_count_exchange import _bound, _short_text
+from .test_packing_mix_balanced import image_text_media
+
+
+@pytest.mark.parametrize(("n", "count"), [(10, 3), (7, 7), (1000, 6), (5, 1)])
+def test_groups_deal_the_samples_in_turn_by_length(n, count):
+    """Every sample in one group, each group ascending; sorted by length, the groups' k-th longest samples are
+    neighbours in the whole set's order (so every group holds the set's lengths in the same proportions)."""
+    lengths = np.random.default_rng(n).integers(1, 50, n) * 8
+    groups = engine._dealt_by_length(lengths, count)
+    assert len(groups) == count
+    assert np.array_equal(np.sort(np.concatenate(groups)), np.arange(n))
+    assert all(np.all(np.diff(group) > 0) for group in groups)
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[np.lexsort((np.arange(n), -lengths))] = np.arange(n)
+    for index, group in enumerate(groups):
+        assert np.array_equal(np.sort(ranks[group]), np.arange(index, n, count))
+
+
+def test_the_merge_passes_close_the_groups_seams(monkeypatch):
+    """Three groups of 241 equal samples under a cap of 12: each group packs into 20 full rows and one of a
+    single sample; the passes over the merged plan put those three into one row (the bound), where the groups
+    alone leave 63 rows."""
+    monkeypatch.setattr(engine, "SPLIT_ROWS", 21)
+    lengths = np.full(723, 8, dtype=np.int64)
+    constraints = PackConstraints(max_samples_per_row=12)
+    monkeypatch.setattr(engine, "SPLIT_MERGE_PASSES", 0)
+    row_of, rows = engine._split_and_merged(lengths, 4096, constraints, 63, 61)
+    assert rows == 63 and np.bincount(row_of).max() <= 12
+    assert sorted(np.bincount(row_of)) == [1, 1, 1] + [12] * 60
+    monkeypatch.setattr(engine, "SPLIT_MERGE_PASSES", 6)
+    row_of, rows = engine._split_and_merged(lengths, 4096, constraints, 63, 61)
+    assert rows == 61 and np.bincount(row_of, minlength=rows).max() <= 12
+
+
+def _recorded_groups(monkeypatch) -> list[int]:
+    """The sample counts ``_assign_constrained`` is called with (the whole plan first, then each group)."""
+    sizes = []
+    real = engine._assign_constrained
+
+    def recording(lengths, capacity, constraints, improve):
+        sizes.append(len(lengths))
+        return real(lengths, capacity, constraints, improve)
+
+    monkeypatch.setattr(engine, "_assign_constrained", recording)
+    return sizes
+
+
+def test_a_large_plan_far_over_its_bound_is_packed_in_groups(monkeypatch):
+    """Short text under a cap of 12 (the balanced fill's start 2-3% over): with the split's and the pools'
+    sizes at 100 rows, the ~280-row plan is packed in three groups of 1,000 samples, each packed whole (not
+    split again), to the bound; every sample placed once, the cap and widths held, deterministic."""
+    for name in ("VECTOR_SWAP_POOL_ROWS", "SPLIT_ROWS"):
+        monkeypatch.setattr(engine, name, 100)
+    sizes = _recorded_groups(monkeypatch)
+    lengths, constraints = _short_text(3, 3000, 4096), PackConstraints(max_samples_per_row=12)
+    plan = pack(lengths, 4096, constraints=constraints)
+    assert sizes == [3000, 1000, 1000, 1000]
+    assert plan.algorithm.endswith("+split") and plan.num_rows == _bound(lengths, 4096, 12)
+    assert_valid(plan, lengths, 4096)
+    assert_constraints_hold(plan, constraints)
+    again = pack(lengths, 4096, constraints=constraints)
+    assert np.array_equal(again.row_of, plan.row_of)
+
+
+@pytest.mark.parametrize(
+    "case", ["short text", "split off", "start near the bound", "media budgets", "few samples a row"]
+)
+def test_the_split_needs_a_large_cap_only_plan_far_over_its_bound(monkeypatch, case):
+    """From the fast best fit's start (each case over 100 rows and more than 1% over its bound): the split
+    needs a sample cap alone, rows of at least BISECTED_MIN_SAMPLES_PER_ROW samples, a start more than
+    SPLIT_MIN_GAP over the bound and more rows than SPLIT_ROWS; SPLIT_ROWS = 0 turns it off."""
+    for name in ("VECTOR_SWAP_POOL_ROWS", "SPLIT_ROWS"):
+        monkeypatch.setattr(engine, name, 100)
+    lengths, constraints = _short_text(3, 3000, 4096), PackConstraints(max_samples_per_row=12)
+    if case == "split off":
+        monkeypatch.setattr(engine, "SPLIT_ROWS", 0)
+    elif case == "start near the bound":
+        monkeypatch.setattr(engine, "SPLIT_MIN_GAP", 0.5)
+    elif case == "media budgets":
+        lengths, media = image_text_media(0, 1200, 4096)
+        constraints = PackConstraints(max_samples_per_row=12, resources={"media": (media, 10)})
+    elif case == "few samples a row":  # ~2.5 a row
+        lengths = np.random.default_rng(0).integers(1200, 2000, 600) // 8 * 8
+        constraints = PackConstraints(max_samples_per_row=64)
+    bound = engine._constrained_bound(lengths, 4096, constraints)
+    rows = constrained_pack(lengths, 4096, constraints)[1]
+    assert rows > max(100, bound * 1.01)
+    assert engine._split_pays(lengths, 4096, constraints, rows, bound) == (case == "short text")
+
+
+def test_media_plans_are_not_split(monkeypatch):
+    for name in ("VECTOR_SWAP_POOL_ROWS", "SPLIT_ROWS"):
+        monkeypatch.setattr(engine, name, 100)
+    lengths, media = image_text_media(0, 1200, 4096)
+    constraints = PackConstraints(max_samples_per_row=12, resources={"media": (media, 10)})
+    sizes = _recorded_groups(monkeypatch)
+    plan = pack(lengths, 4096, constraints=constraints)
+    assert sizes == [len(lengths)] and "+split" not in plan.algorithm
+    assert_constraints_hold(plan, constraints)
