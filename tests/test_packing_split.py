@@ -112,3 +112,19 @@ def test_media_plans_are_not_split(monkeypatch):
     plan = pack(lengths, 4096, constraints=constraints)
     assert sizes == [len(lengths)] and "+split" not in plan.algorithm
     assert_constraints_hold(plan, constraints)
+
+
+def test_a_split_with_no_fewer_rows_than_the_start_is_not_kept(monkeypatch):
+    """Where the merged groups have as many rows as the start, the plan takes the whole-plan steps instead:
+    the plan with the split off, sample by sample."""
+    for name in ("VECTOR_SWAP_POOL_ROWS", "SPLIT_ROWS"):
+        monkeypatch.setattr(engine, name, 100)
+    lengths, constraints = _short_text(3, 3000, 4096), PackConstraints(max_samples_per_row=12)
+    monkeypatch.setattr(
+        engine, "_split_and_merged", lambda lengths, capacity, constraints, num_rows, bound: (None, num_rows)
+    )
+    plan = pack(lengths, 4096, constraints=constraints)
+    monkeypatch.setattr(engine, "SPLIT_ROWS", 0)
+    whole = pack(lengths, 4096, constraints=constraints)
+    assert "+split" not in plan.algorithm and plan.algorithm == whole.algorithm
+    assert np.array_equal(plan.row_of, whole.row_of)

@@ -378,8 +378,9 @@ def _assign_constrained(
             row_of, num_rows, name = plan
     if _split_pays(lengths, capacity, constraints, num_rows, bound):
         # Every group took the steps below: the merged plan only needs its seams closed.
-        row_of, num_rows = _split_and_merged(lengths, capacity, constraints, num_rows, bound)
-        return row_of, num_rows, name + "+split"
+        split = _split_and_merged(lengths, capacity, constraints, num_rows, bound)
+        if split[1] < num_rows:
+            return split[0], split[1], name + "+split"
     if num_rows > bound and VECTOR_SWAP_POOL_ROWS:
         # The greedy packers leave rows short in the scarcest budget: exchanges between rows, budgets kept.
         swapped = _vector_swap_passes(lengths, capacity, constraints, row_of, num_rows, bound)
