@@ -1,6 +1,6 @@
-"""Large plans under a sample cap alone whose start is far over the bound are packed in stratified groups
-(``engine._split_and_merged``): the samples dealt in turn by length, each group packed by every step, the
-merged plan's seams closed by swap passes."""
+"""Large plans under a sample cap alone whose start is far over the bound, and which the whole plan's steps
+leave over their goal, are packed again in stratified groups (``engine._split_if_fewer``): the samples dealt
+in turn by length, each group packed by every step, the merged plan's seams closed by swap passes."""
 
 from __future__ import annotations
 
@@ -47,48 +47,83 @@ def test_the_merge_passes_close_the_groups_seams(monkeypatch):
     assert rows == 61 and np.bincount(row_of, minlength=rows).max() <= 12
 
 
-def _recorded_groups(monkeypatch) -> list[int]:
-    """The sample counts ``_assign_constrained`` is called with (the whole plan first, then each group)."""
-    sizes = []
+def _recorded_groups(monkeypatch) -> list[tuple[int, bool]]:
+    """The (samples, improve) ``_assign_constrained`` is called with (the whole plan first, then each group)."""
+    calls = []
     real = engine._assign_constrained
 
     def recording(lengths, capacity, constraints, improve):
-        sizes.append(len(lengths))
+        calls.append((len(lengths), improve))
         return real(lengths, capacity, constraints, improve)
 
     monkeypatch.setattr(engine, "_assign_constrained", recording)
-    return sizes
+    return calls
 
 
-def test_a_large_plan_far_over_its_bound_is_packed_in_groups(monkeypatch):
-    """Short text under a cap of 12 (the balanced fill's start 2-3% over): with the split's and the pools'
-    sizes at 100 rows, the ~280-row plan is packed in three groups of 1,000 samples, each packed whole (not
-    split again), to the bound; every sample placed once, the cap and widths held, deterministic."""
-    for name in ("VECTOR_SWAP_POOL_ROWS", "SPLIT_ROWS"):
-        monkeypatch.setattr(engine, name, 100)
-    sizes = _recorded_groups(monkeypatch)
+def _stalling_pools(monkeypatch) -> None:
+    """Sizes at which the whole plan (~280 rows) stalls above its goal, as short text's large plans do: pools
+    and the split's groups of 100 rows, one pass over pools, no small pools, deep passes for groups only."""
+    for name, value in [
+        ("VECTOR_SWAP_POOL_ROWS", 100),
+        ("SPLIT_ROWS", 100),
+        ("VECTOR_SWAP_PASSES_BISECTED", 1),
+        ("VECTOR_SWAP_SMALL_POOL_ROWS", ()),
+        ("DEEP_MAX_ROWS", 100),
+    ]:
+        monkeypatch.setattr(engine, name, value)
+
+
+def test_a_large_plan_its_steps_leave_over_the_goal_is_packed_again_in_groups(monkeypatch):
+    """Short text under a cap of 12 (the balanced fill's start 2-3% over): where the whole plan's steps leave
+    the ~280-row plan over ``deep_goal``, it is packed again in three groups of 1,000 samples, each by every
+    step (``improve``) and not split again, to the bound; every sample placed once, the cap and widths held,
+    deterministic."""
+    _stalling_pools(monkeypatch)
     lengths, constraints = _short_text(3, 3000, 4096), PackConstraints(max_samples_per_row=12)
+    bound = _bound(lengths, 4096, 12)
+    monkeypatch.setattr(engine, "SPLIT_ROWS", 0)
+    whole = pack(lengths, 4096, constraints=constraints)
+    assert whole.num_rows > engine.deep_goal(bound)
+    monkeypatch.setattr(engine, "SPLIT_ROWS", 100)
+    calls = _recorded_groups(monkeypatch)
     plan = pack(lengths, 4096, constraints=constraints)
-    assert sizes == [3000, 1000, 1000, 1000]
-    assert plan.algorithm.endswith("+split") and plan.num_rows == _bound(lengths, 4096, 12)
+    assert calls == [(3000, True), (1000, True), (1000, True), (1000, True)]
+    assert plan.algorithm == "balanced-fill+constraints+split" and plan.num_rows == bound
     assert_valid(plan, lengths, 4096)
     assert_constraints_hold(plan, constraints)
     again = pack(lengths, 4096, constraints=constraints)
     assert np.array_equal(again.row_of, plan.row_of)
 
 
+def test_a_plan_its_steps_take_within_the_goal_is_not_split(monkeypatch):
+    """The same plan where the pools do not stall (the default passes): the whole plan's steps reach the
+    goal, so it is never packed in groups (on other capped text those reach the bound where the groups end a
+    few rows over)."""
+    for name in ("VECTOR_SWAP_POOL_ROWS", "SPLIT_ROWS"):
+        monkeypatch.setattr(engine, name, 100)
+    lengths, constraints = _short_text(3, 3000, 4096), PackConstraints(max_samples_per_row=12)
+    calls = _recorded_groups(monkeypatch)
+    plan = pack(lengths, 4096, constraints=constraints)
+    assert calls == [(3000, True)] and "+split" not in plan.algorithm
+    assert plan.num_rows <= engine.deep_goal(_bound(lengths, 4096, 12))
+
+
 @pytest.mark.parametrize(
-    "case", ["short text", "split off", "start near the bound", "media budgets", "few samples a row"]
+    "case",
+    ["short text", "split off", "swap search off", "start near the bound", "media budgets", "few samples a row"],
 )
 def test_the_split_needs_a_large_cap_only_plan_far_over_its_bound(monkeypatch, case):
     """From the fast best fit's start (each case over 100 rows and more than 1% over its bound): the split
     needs a sample cap alone, rows of at least BISECTED_MIN_SAMPLES_PER_ROW samples, a start more than
-    SPLIT_MIN_GAP over the bound and more rows than SPLIT_ROWS; SPLIT_ROWS = 0 turns it off."""
+    SPLIT_MIN_GAP over the bound and more rows than SPLIT_ROWS; SPLIT_ROWS = 0 turns it off, and so does the
+    swap search off (VECTOR_SWAP_POOL_ROWS = 0: the groups would not be searched)."""
     for name in ("VECTOR_SWAP_POOL_ROWS", "SPLIT_ROWS"):
         monkeypatch.setattr(engine, name, 100)
     lengths, constraints = _short_text(3, 3000, 4096), PackConstraints(max_samples_per_row=12)
     if case == "split off":
         monkeypatch.setattr(engine, "SPLIT_ROWS", 0)
+    elif case == "swap search off":
+        monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 0)
     elif case == "start near the bound":
         monkeypatch.setattr(engine, "SPLIT_MIN_GAP", 0.5)
     elif case == "media budgets":
@@ -108,23 +143,22 @@ def test_media_plans_are_not_split(monkeypatch):
         monkeypatch.setattr(engine, name, 100)
     lengths, media = image_text_media(0, 1200, 4096)
     constraints = PackConstraints(max_samples_per_row=12, resources={"media": (media, 10)})
-    sizes = _recorded_groups(monkeypatch)
+    calls = _recorded_groups(monkeypatch)
     plan = pack(lengths, 4096, constraints=constraints)
-    assert sizes == [len(lengths)] and "+split" not in plan.algorithm
+    assert calls == [(len(lengths), True)] and "+split" not in plan.algorithm
     assert_constraints_hold(plan, constraints)
 
 
-def test_a_split_with_no_fewer_rows_than_the_start_is_not_kept(monkeypatch):
-    """Where the merged groups have as many rows as the start, the plan takes the whole-plan steps instead:
-    the plan with the split off, sample by sample."""
-    for name in ("VECTOR_SWAP_POOL_ROWS", "SPLIT_ROWS"):
-        monkeypatch.setattr(engine, name, 100)
+def test_a_split_with_no_fewer_rows_than_the_plan_is_not_kept(monkeypatch):
+    """Where the merged groups have as many rows as the whole plan's steps left, that plan is kept, sample by
+    sample (a tie goes to the earlier plan)."""
+    _stalling_pools(monkeypatch)
     lengths, constraints = _short_text(3, 3000, 4096), PackConstraints(max_samples_per_row=12)
-    monkeypatch.setattr(
-        engine, "_split_and_merged", lambda lengths, capacity, constraints, num_rows, bound: (None, num_rows)
-    )
-    plan = pack(lengths, 4096, constraints=constraints)
     monkeypatch.setattr(engine, "SPLIT_ROWS", 0)
     whole = pack(lengths, 4096, constraints=constraints)
-    assert "+split" not in plan.algorithm and plan.algorithm == whole.algorithm
+    monkeypatch.setattr(engine, "SPLIT_ROWS", 100)
+    tie = (np.zeros(len(lengths), dtype=np.int32), whole.num_rows)  # not a plan: kept, it would show
+    monkeypatch.setattr(engine, "_split_and_merged", lambda *args: tie)
+    plan = pack(lengths, 4096, constraints=constraints)
+    assert plan.algorithm == whole.algorithm and "+split" not in plan.algorithm
     assert np.array_equal(plan.row_of, whole.row_of)

@@ -91,14 +91,15 @@ VECTOR_SWAP_SMALL_IDLE = 3
 # The spread's shift per pass, in gaps between its rows: the golden ratio, whose multiples mod 1 never repeat
 # and spread evenly over the gap.
 SPREAD_STEP = 0.6180339887498949
-# A plan under a sample cap alone (exchanges by bisection) whose start has more than SPLIT_ROWS rows and is
-# more than SPLIT_MIN_GAP over the vector bound is packed in groups of about SPLIT_ROWS rows: its samples dealt
-# in turn by length, each group packed by every step (the swap search takes it whole), then up to
-# SPLIT_MERGE_PASSES swap passes over the merged plan's least filled rows. Pools of a large plan's rows hold
-# its least filled rows, whose samples are not a copy of the whole set; a group is. Short text under a cap of
-# 12 (start 2.1-2.7% over) at 260,000 samples: 24,076 rows (0.69% over) in 79 s to 0.07% in about the same
-# time; text of median 400 under the same cap starts 0.1-0.2% over, where the whole plan's passes end within
-# 0.1% faster (benchmarks/README.md). 0: off.
+# A plan under a sample cap alone (exchanges by bisection) whose start has more than VECTOR_SWAP_POOL_ROWS rows
+# and is more than SPLIT_MIN_GAP over the vector bound, and which every step above leaves over ``deep_goal``, is
+# packed again in groups of about SPLIT_ROWS rows: its samples dealt in turn by length, each group packed by
+# every step (the swap search takes it whole), then up to SPLIT_MERGE_PASSES swap passes over the merged plan's
+# least filled rows; the plan with fewer rows wins. Pools of a large plan's rows hold its least filled rows,
+# whose samples are not a copy of the whole set; a group is. Short text under a cap of 12 (start 2.1-2.7% over)
+# at 260,000 samples: 0.69% over to 0.07%. It runs only after the whole plan's steps: on other capped text
+# those reach the bound where the groups end a few rows over it, each group's last row partly filled (a
+# reviewer's sweep: 6 of 11 plans 1-5 rows more). 0: off (benchmarks/README.md).
 SPLIT_ROWS = 2000
 SPLIT_MIN_GAP = 0.01
 SPLIT_MERGE_PASSES = 6
@@ -359,8 +360,9 @@ def _assign_constrained(
     by that budget alone, on small plans still above it the vector pattern LP, on plans of up to
     DEEP_MAX_ROWS rows still above ``deep_goal`` the deep passes); the plan with the fewest rows wins, ties
     keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
-    subsample (``_large_plan_start``). A large plan under a sample cap alone whose start is far over the
-    bound is packed in stratified groups instead, each by these steps (``_split_pays``)."""
+    subsample (``_large_plan_start``). A large plan under a sample cap alone whose start was far over the
+    bound and whose steps left it over ``deep_goal`` is packed again in stratified groups, each by these
+    steps (``_split_if_fewer``)."""
     if not improve:
         # Windows (bounded memory) take the fast best fit, and the balanced fill where it fits (a few ms per
         # thousand samples): under a sample cap a best fit by tokens alone ends 20-33% over the bound.
@@ -376,11 +378,7 @@ def _assign_constrained(
         if num_rows > bound:
             plan = _other_constrained_packers(lengths, capacity, constraints, (row_of, num_rows, name), bound)
             row_of, num_rows, name = plan
-    if _split_pays(lengths, capacity, constraints, num_rows, bound):
-        # Every group took the steps below: the merged plan only needs its seams closed.
-        split = _split_and_merged(lengths, capacity, constraints, num_rows, bound)
-        if split[1] < num_rows:
-            return split[0], split[1], name + "+split"
+    start = (num_rows, name)
     if num_rows > bound and VECTOR_SWAP_POOL_ROWS:
         # The greedy packers leave rows short in the scarcest budget: exchanges between rows, budgets kept.
         swapped = _vector_swap_passes(lengths, capacity, constraints, row_of, num_rows, bound)
@@ -403,16 +401,34 @@ def _assign_constrained(
         deep = _deep_swap_passes(lengths, capacity, constraints, row_of, num_rows, goal)
         if deep[1] < num_rows:
             row_of, num_rows, name = deep[0], deep[1], name + "+deep"
-    return row_of, num_rows, name
+    return _split_if_fewer(lengths, capacity, constraints, start, (row_of, num_rows, name), bound)
+
+
+def _split_if_fewer(
+    lengths: np.ndarray,
+    capacity: int,
+    constraints: PackConstraints,
+    start: tuple[int, str],
+    plan: tuple[np.ndarray, int, str],
+    bound: int,
+) -> tuple[np.ndarray, int, str]:
+    """``plan``, or, where it is above ``deep_goal`` and its start (rows, name) one ``_split_pays`` takes, the
+    plan packed in stratified groups (``_split_and_merged``) if that has fewer rows."""
+    if plan[1] <= deep_goal(bound) or not _split_pays(lengths, capacity, constraints, start[0], bound):
+        return plan
+    row_of, num_rows = _split_and_merged(lengths, capacity, constraints, start[0], bound)
+    return (row_of, num_rows, start[1] + "+split") if num_rows < plan[1] else plan
 
 
 def _split_pays(
     lengths: np.ndarray, capacity: int, constraints: PackConstraints, num_rows: int, bound: int
 ) -> bool:
     """Whether a plan is packed in stratified groups (``_split_and_merged``): under a sample cap alone, with
-    exchanges by bisection, more rows than the swap search takes whole, and a start more than SPLIT_MIN_GAP
-    over the bound."""
-    if not SPLIT_ROWS or constraints.resources or num_rows <= max(VECTOR_SWAP_POOL_ROWS, SPLIT_ROWS):
+    exchanges by bisection (the swap search on), more rows than the swap search takes whole, and a start
+    (``num_rows``) more than SPLIT_MIN_GAP over the bound."""
+    if not (SPLIT_ROWS and VECTOR_SWAP_POOL_ROWS) or constraints.resources:
+        return False
+    if num_rows <= max(VECTOR_SWAP_POOL_ROWS, SPLIT_ROWS):
         return False
     if num_rows <= bound * (1 + SPLIT_MIN_GAP):
         return False
