@@ -846,7 +846,7 @@ def pack(
     budget, the row-by-row ``balanced_fill`` when the resource amounts take few distinct values (media counts)
     or a sample cap binds (at any size), and the exact BFD on small plans; at any size the swap search
     (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then smaller ones;
-    a large plan under a sample cap alone far over the bound in stratified groups, ``_split_pays``); up to
+    a large plan under a sample cap alone left over ``deep_goal``: again in groups, ``_split_if_fewer``); up to
     BUDGET_FIRST_MAX_ROWS rows the search again from the scarcest budget's 1-D plan (``budget_first``); up to
     CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``); up to
     DEEP_MAX_ROWS rows, while more than 0.1% and a row over the bound (``deep_goal``), deeper swap passes. The
