@@ -450,14 +450,7 @@ def _split_and_merged(
         row_of[index] = part + total
         total += part_rows
     dims, caps = _constrained_dims(lengths, capacity, constraints)
-    for _ in range(SPLIT_MERGE_PASSES if total > bound else 0):
-        new_row_of, new_rows = pooled_vector_swap(dims, caps, row_of, total, bound, VECTOR_SWAP_POOL_ROWS)
-        if new_rows >= total:
-            break
-        row_of, total = new_row_of, new_rows
-        if total <= bound:
-            break
-    return row_of, total
+    return _large_pool_passes(dims, caps, row_of, total, bound, SPLIT_MERGE_PASSES, stop_rows=0)
 
 
 def _dealt_by_length(lengths: np.ndarray, count: int) -> list[np.ndarray]:
@@ -556,17 +549,32 @@ def _vector_swap_passes(
     most VECTOR_SWAP_POOL_ROWS rows."""
     dims, caps = _constrained_dims(lengths, capacity, constraints)
     passes = VECTOR_SWAP_PASSES_BISECTED if _bisected_plan(dims, caps, num_rows) else VECTOR_SWAP_PASSES
+    row_of, num_rows = _large_pool_passes(dims, caps, row_of, num_rows, bound, passes, VECTOR_SWAP_POOL_ROWS)
+    if num_rows <= VECTOR_SWAP_POOL_ROWS:  # searched whole or by the large pools: small ones are for more
+        return row_of, num_rows
+    for pool_rows in VECTOR_SWAP_SMALL_POOL_ROWS:
+        row_of, num_rows = _small_pool_passes(dims, caps, row_of, num_rows, bound, pool_rows)
+    return row_of, num_rows
+
+
+def _large_pool_passes(
+    dims: np.ndarray,
+    caps: np.ndarray,
+    row_of: np.ndarray,
+    num_rows: int,
+    bound: int,
+    passes: int,
+    stop_rows: int,
+) -> tuple[np.ndarray, int]:
+    """Up to ``passes`` swap searches over pools of VECTOR_SWAP_POOL_ROWS rows (the least filled), while the
+    plan is above the bound and each pass cuts rows; they also stop once it has at most ``stop_rows`` rows."""
     for _ in range(passes if num_rows > bound else 0):
         new_row_of, new_rows = pooled_vector_swap(dims, caps, row_of, num_rows, bound, VECTOR_SWAP_POOL_ROWS)
         if new_rows >= num_rows:
             break
         row_of, num_rows = new_row_of, new_rows
-        if num_rows <= bound or num_rows <= VECTOR_SWAP_POOL_ROWS:
+        if num_rows <= max(bound, stop_rows):
             break
-    if num_rows <= VECTOR_SWAP_POOL_ROWS:  # searched whole or by the large pools: small ones are for more
-        return row_of, num_rows
-    for pool_rows in VECTOR_SWAP_SMALL_POOL_ROWS:
-        row_of, num_rows = _small_pool_passes(dims, caps, row_of, num_rows, bound, pool_rows)
     return row_of, num_rows
 
 
