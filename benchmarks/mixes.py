@@ -9,6 +9,9 @@ A mixture has 2-4 modes, each with a weight from a Dirichlet draw:
 - ``tail``: small items with a power-law tail (many small images, few large ones).
 
 Lengths are padded to ``align`` (as the writer does) and clipped to W.
+
+``random_constraints`` draws per-row limits for a mixture (a sample cap, media budgets, or both) for the
+constrained sweep (``bench_constrained_mixes.py``).
 """
 
 from __future__ import annotations
@@ -81,3 +84,42 @@ def describe(modes: list[dict]) -> str:
         else:
             parts.append(f"{w} tail({m['low']:.0f},a={m['alpha']:.2f})")
     return " + ".join(parts)
+
+
+CONSTRAINT_KINDS = ("cap", "media", "cap+media")
+
+
+def random_constraints(rng: np.random.Generator, lengths: np.ndarray, width: int) -> dict:
+    """Per-row limits for ``lengths``, drawn to bind about as hard as the tokens do (so no dimension is
+    trivially slack), as a dict of plain values:
+
+    - ``cap`` (``max_samples_per_row``): W over the mean length times 0.7-1.4, in [2, 64];
+    - media: a share (0.2-0.9) of the samples carry 1-4 media items whose vision patches are 4 per token of
+      50-95% of the sample's length (so patches follow the tokens, as placeholder expansion makes them);
+      budgets of 4-32 media items and 4 W x 0.3-1.0 patches a row, a sample's patches clipped to that
+      budget (a processor's pixel limit);
+    - ``cap+media``: both.
+    """
+    n = len(lengths)
+    kind = CONSTRAINT_KINDS[int(rng.integers(len(CONSTRAINT_KINDS)))]
+    out: dict = {"kind": kind, "cap": None, "media": None, "patches": None, "media_budget": 0, "patch_budget": 0}
+    if "cap" in kind:
+        out["cap"] = int(np.clip(round(width / lengths.mean() * rng.uniform(0.7, 1.4)), 2, 64))
+    if "media" in kind:
+        has = rng.random(n) < rng.uniform(0.2, 0.9)
+        out["media_budget"] = int(rng.choice([4, 8, 16, 32]))
+        out["patch_budget"] = int(4 * width * rng.uniform(0.3, 1.0))
+        share = rng.uniform(0.5, 0.95, n)
+        patches = np.where(has, 4 * np.floor(lengths * share).astype(np.int64), 0)
+        out["patches"] = np.minimum(patches, out["patch_budget"])
+        out["media"] = np.where(has, rng.integers(1, 5, n), 0)
+    return out
+
+
+def describe_constraints(limits: dict) -> str:
+    parts = []
+    if limits["cap"] is not None:
+        parts.append(f"cap {limits['cap']}")
+    if limits["media"] is not None:
+        parts.append(f"media {limits['media_budget']}, patches {limits['patch_budget']}")
+    return "; ".join(parts)

@@ -27,6 +27,10 @@ from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .patterns import (
     LP_EPS,
     LpLimits,
+    LpNotSolved,
+    _generate_columns,
+    _Master,
+    _Work,
     fractional_fill,
     patterns_to_slots,
     plan_patterns,
@@ -218,3 +222,42 @@ def constrained_lp_pack(
     row_of = np.empty(len(lengths), dtype=np.int32)
     row_of[order] = slot_rows
     return row_of, num_rows
+
+
+def vector_lp_rows_bound(
+    lengths: np.ndarray,
+    capacity: int,
+    constraints: PackConstraints,
+    start: tuple[np.ndarray, int],
+    lower_bound: int = 0,
+    limits: LpLimits | None = None,
+) -> int:
+    """A lower bound on the rows of any packing of ``lengths`` under ``constraints``: the vector pattern
+    LP's (``ceil(LP)`` once solved, else Farley's bound, never below ``lower_bound``), its columns started
+    from the plan ``start`` (``(row_of, num_rows)``) and generated until the bound reaches its rows or
+    ``limits`` are spent; ``lower_bound`` where ``highspy`` is missing or HiGHS fails.
+
+    Where several budgets bind together (a sample cap beside the tokens) it can be well above the bound of
+    each dimension alone, which is what the benchmarks split "bound not tight" from the packer's loss with.
+    The pricing skips classes priced at most ``LP_EPS``; a row holds at most as many items as the cap (or
+    the capacity over the shortest length) of them, and their worth is added to every pattern's value."""
+    try:
+        import highspy
+    except ImportError:
+        return lower_bound
+    items = _Items.of(lengths, capacity, constraints)
+    vectors, class_of, counts = np.unique(items.matrix, axis=0, return_inverse=True, return_counts=True)
+    order = np.argsort(class_of.reshape(-1), kind="stable")
+    start_row_of, start_rows = start
+    master = _Master(highspy, counts)
+    for pattern in plan_patterns(np.asarray(start_row_of)[order], start_rows, counts)[0]:
+        master.add(pattern)
+    per_row = constraints.max_samples_per_row or int(capacity) // max(int(np.min(lengths)), 1)
+    pricing = _VectorPricing(highspy, vectors, items.caps)
+    try:
+        lower, _ = _generate_columns(
+            master, pricing, counts, start_rows, _Work(limits or VECTOR_LIMITS), lower_bound, LP_EPS * per_row
+        )
+    except LpNotSolved:
+        return lower_bound
+    return max(lower, lower_bound)

@@ -1,0 +1,231 @@
+"""Property-based benchmark of constrained packing: rows against the vector bound over random mixtures
+under random per-row limits (a sample cap, media budgets, or both).
+
+    python benchmarks/bench_constrained_mixes.py                      # 200 mixtures, 10k-100k samples
+    python benchmarks/bench_constrained_mixes.py --shard 0/2 --out a.jsonl &   # the same, on two cores
+    python benchmarks/bench_constrained_mixes.py --shard 1/2 --out b.jsonl; wait
+    python benchmarks/bench_constrained_mixes.py --summarize a.jsonl b.jsonl
+
+Each mixture (seeded by its index) draws W from 4096/8192/16384/32768, lengths from ``mixes.random_mixture``
+(2-4 modes: lognormal, uniform, spikes, power-law tail) and limits from ``mixes.random_constraints`` (a cap
+near W over the mean length, media items and vision patches in step with the tokens, or both), so that the
+limits bind about as hard as the tokens. It is packed twice:
+
+- the fast constrained best fit (``constraints.constrained_pack``: the greedy baseline; ``pack`` must never
+  keep more rows);
+- ``pack``, every step.
+
+Both against the vector bound (``bounds.constrained_lower_bounds``). The summary gives, per kind of limit,
+the worst and the 99th percentile of rows / bound and the plans more than 0.1% and a row over the bound
+("over tol."). With ``--small N``, each mixture is also drawn at N samples; where ``pack`` is above the bound
+there, an assignment MIP (``optimum.vector_packing_feasible``) says whether the bound's row count is reachable:
+"bound not tight" or the packer's loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+from bench_packing_mixes import over_tolerance, print_table  # noqa: E402
+from mixes import WIDTHS, describe, describe_constraints, random_constraints, random_mixture, sample_mixture  # noqa: E402
+from optimum import vector_packing_feasible  # noqa: E402
+
+from omnipack.packing import PackConstraints, pack  # noqa: E402
+from omnipack.packing.bounds import constrained_lower_bounds  # noqa: E402
+from omnipack.packing.constraints import constrained_pack  # noqa: E402
+from omnipack.packing.patterns import LpLimits  # noqa: E402
+from omnipack.packing.vector_patterns import vector_lp_rows_bound  # noqa: E402
+
+# The vector pattern LP is over distinct item vectors: a sample cap alone gives one class per length, media
+# amounts nearly one per sample, whose LP is out of reach at these sizes (``relaxed`` coarsens those).
+LP_MAX_CLASSES = 2000
+
+
+def draw(index: int, n: int | None, low: int, high: int) -> tuple[np.ndarray, int, dict, list[dict]]:
+    """Mixture ``index``: its lengths (``n`` of them, or log-uniform in [low, high]), W, limits and modes."""
+    rng = np.random.default_rng([2026, index])
+    width = WIDTHS[int(rng.integers(len(WIDTHS)))]
+    modes = random_mixture(rng, width)
+    drawn = int(np.exp(rng.uniform(np.log(low), np.log(high))))  # drawn either way: the same limits after it
+    size = drawn if n is None else n
+    lengths = sample_mixture(rng, modes, size, width)
+    return lengths, width, random_constraints(rng, lengths, width), modes
+
+
+def as_constraints(limits: dict) -> PackConstraints:
+    resources = {}
+    if limits["media"] is not None:
+        resources = {
+            "media": (limits["media"], limits["media_budget"]),
+            "patches": (limits["patches"], limits["patch_budget"]),
+        }
+    return PackConstraints(max_samples_per_row=limits["cap"], resources=resources)
+
+
+def vector_bound(lengths: np.ndarray, width: int, constraints: PackConstraints) -> int:
+    amounts, budgets = constraints.amounts_matrix(len(lengths))
+    return constrained_lower_bounds(lengths, width, amounts, budgets, constraints.max_samples_per_row)["best"]
+
+
+def mip_verdict(lengths: np.ndarray, width: int, constraints: PackConstraints, rows: int, seconds: float) -> str:
+    """Whether an assignment MIP packs the items into ``rows`` rows (the bound's count)."""
+    n = len(lengths)
+    amounts, budgets = constraints.amounts_matrix(n)
+    dims, caps = [lengths[:, None], amounts], [[width], budgets]
+    if constraints.max_samples_per_row is not None:
+        dims.append(np.ones((n, 1), dtype=np.int64))
+        caps.append([constraints.max_samples_per_row])
+    fits = vector_packing_feasible(np.hstack(dims), np.concatenate(caps), rows, seconds=seconds)
+    return {True: "packer's loss", False: "bound not tight", None: "undecided"}[fits]
+
+
+def run_one(index: int, low: int, high: int, small: int, mip_seconds: float) -> dict:
+    """Mixture ``index`` packed by the fast best fit and by ``pack``; with ``small``, the MIP's verdict at
+    that size where ``pack`` is above the bound there."""
+    lengths, width, limits, modes = draw(index, None, low, high)
+    constraints = as_constraints(limits)
+    bound = vector_bound(lengths, width, constraints)
+    start = time.perf_counter()
+    fast_rows = constrained_pack(lengths, width, constraints)[1]
+    fast_s = time.perf_counter() - start
+    start = time.perf_counter()
+    rows = pack(lengths, width, constraints=constraints).num_rows
+    out = {
+        "index": index, "W": width, "n": len(lengths), "kind": limits["kind"],
+        "limits": describe_constraints(limits), "mixture": describe(modes), "vector bound": bound,
+        "rows fast fit": fast_rows, "rows pack": rows, "s fast fit": fast_s, "s pack": time.perf_counter() - start,
+    }  # fmt: skip
+    if small:
+        lengths, width, limits, _ = draw(index, small, low, high)
+        constraints = as_constraints(limits)
+        small_bound = vector_bound(lengths, width, constraints)
+        small_rows = pack(lengths, width, constraints=constraints).num_rows
+        verdict = "at bound"
+        if small_rows > small_bound and mip_seconds > 0:
+            verdict = mip_verdict(lengths, width, constraints, small_bound, mip_seconds)
+        out.update({"small bound": small_bound, "small rows": small_rows, "small MIP": verdict})
+    return out
+
+
+def relaxed(lengths: np.ndarray, limits: dict, width: int, most: int) -> tuple[np.ndarray, dict, int]:
+    """The instance with its lengths and patches rounded down to a grid of steps (a relaxation: any plan of
+    the instance packs it, so its LP bound holds for the instance), the grid as fine as leaves at most
+    ``most`` distinct item vectors; and how many there are."""
+    for steps in (None, 4096, 2048, 1024, 512, 256, 128, 64, 32):
+        lengths_down, limits_down = lengths, limits
+        if steps is not None:
+            lengths_down = np.maximum(lengths // -(-width // steps) * -(-width // steps), 1)
+            if limits["media"] is not None:
+                grain = -(-limits["patch_budget"] // steps)
+                limits_down = limits | {"patches": limits["patches"] // grain * grain}
+        columns = [lengths_down] + ([limits["media"], limits_down["patches"]] if limits["media"] is not None else [])
+        classes = len(np.unique(np.stack(columns, axis=1), axis=0))
+        if classes <= most:
+            break
+    return lengths_down, limits_down, classes
+
+
+def with_lp_bound(result: dict, low: int, high: int, limits: LpLimits) -> dict:
+    """``result`` with "LP bound" where ``pack`` is over tolerance: the vector pattern LP's bound
+    (``vector_lp_rows_bound``, from the fast fit's plan; on the ``relaxed`` instance where the items form more
+    than LP_MAX_CLASSES classes), else the vector bound again. "LP classes": the classes it ran on."""
+    bound, classes = result["vector bound"], 0
+    if over_tolerance(result["rows pack"], bound):
+        lengths, width, row_limits, _ = draw(result["index"], result["n"], low, high)
+        lengths, row_limits, classes = relaxed(lengths, row_limits, width, LP_MAX_CLASSES)
+        constraints = as_constraints(row_limits)
+        start = constrained_pack(lengths, width, constraints)
+        bound = vector_lp_rows_bound(lengths, width, constraints, start, bound, limits)
+    return result | {"LP bound": bound, "LP classes": classes}
+
+
+def lp_limits(solves: int) -> LpLimits:
+    return LpLimits(max_columns=10**5, max_knapsack_work=10**13, max_lp_solves=solves, max_rounds=solves)
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """Per kind of limit (and all): rows / bound (worst, p99, median), plans over tolerance, plans with more
+    rows than the fast best fit, the slowest plan."""
+    out = []
+    for kind in [*dict.fromkeys(r["kind"] for r in results), "all"]:
+        sel = [r for r in results if kind in ("all", r["kind"])]
+        ratio = np.array([r["rows pack"] / r["vector bound"] for r in sel])
+        fast = np.array([r["rows fast fit"] / r["vector bound"] for r in sel])
+        row = {
+            "limits": kind, "mixtures": len(sel), "at bound": int((ratio == 1).sum()),
+            "over tol.": sum(over_tolerance(r["rows pack"], r["vector bound"]) for r in sel),
+            "worst": ratio.max(), "p99": float(np.quantile(ratio, 0.99)), "median": float(np.median(ratio)),
+            "fast fit worst": fast.max(), "more than fast fit": sum(r["rows pack"] > r["rows fast fit"] for r in sel),
+            "max s": max(r["s pack"] for r in sel),
+        }  # fmt: skip
+        if all("LP bound" in r for r in sel):
+            row["over tol. of LP bound"] = sum(over_tolerance(r["rows pack"], r["LP bound"]) for r in sel)
+        small = [r for r in sel if "small MIP" in r]
+        if small:
+            row["small: above bound"] = sum(r["small MIP"] != "at bound" for r in small)
+            row["small: packer's loss"] = sum(r["small MIP"] == "packer's loss" for r in small)
+        out.append(row)
+    return out
+
+
+def report(results: list[dict], worst: int) -> None:
+    print("\nrows / vector bound of pack, per kind of limit\n")
+    print_table(summarize(results))
+    ranked = sorted(results, key=lambda r: r["rows pack"] / r["vector bound"], reverse=True)[:worst]
+    print(f"\nthe {len(ranked)} plans furthest over their bound\n")
+    print_table([
+        {k: r.get(k, "") for k in ("index", "W", "n", "limits", "vector bound", "LP bound", "rows fast fit")}
+        | {k: r[k] for k in ("rows pack", "s pack")}
+        | {"rows/bound": r["rows pack"] / r["vector bound"], "mixture": r["mixture"]}
+        for r in ranked
+    ])  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mixtures", type=int, default=200)
+    parser.add_argument("--first", type=int, default=0, help="index of the first mixture")
+    parser.add_argument("--low", type=int, default=10_000, help="fewest samples of a mixture")
+    parser.add_argument("--high", type=int, default=100_000, help="most samples of a mixture")
+    parser.add_argument("--shard", default="0/1", metavar="I/N", help="only the mixtures whose index is I mod N")
+    parser.add_argument("--small", type=int, default=0, metavar="N", help="also at N samples, with a MIP verdict")
+    parser.add_argument("--mip-seconds", type=float, default=60.0)
+    parser.add_argument("--out", type=Path, help="append each result to this JSON-lines file")
+    parser.add_argument("--summarize", type=Path, nargs="+", metavar="JSONL", help="only report these files")
+    parser.add_argument(
+        "--lp-bound", action="store_true",
+        help=f"plans over tolerance: the vector pattern LP's bound too (on at most {LP_MAX_CLASSES} item classes)",
+    )  # fmt: skip
+    parser.add_argument("--lp-solves", type=int, default=2000, help="LP solves of each --lp-bound (its work limit)")
+    parser.add_argument("--worst", type=int, default=10, help="list this many plans furthest over their bound")
+    args = parser.parse_args()
+    if args.summarize:
+        results = [json.loads(line) for path in args.summarize for line in path.read_text().splitlines()]
+        if args.lp_bound:
+            limits = lp_limits(args.lp_solves)
+            results = [with_lp_bound(r, args.low, args.high, limits) for r in sorted(results, key=lambda r: r["index"])]
+        return report(results, args.worst)
+    shard, shards = (int(part) for part in args.shard.split("/"))
+    results = []
+    for index in range(args.first, args.first + args.mixtures):
+        if index % shards != shard:
+            continue
+        results.append(run_one(index, args.low, args.high, args.small, args.mip_seconds))
+        if args.lp_bound:
+            results[-1] = with_lp_bound(results[-1], args.low, args.high, lp_limits(args.lp_solves))
+        print(f"# {results[-1]}", file=sys.stderr, flush=True)
+        if args.out:
+            with args.out.open("a") as f:
+                f.write(json.dumps(results[-1]) + "\n")
+    report(results, args.worst)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The vector pattern LP's lower bound (``vector_patterns.vector_lp_rows_bound``): where a sample cap and the
+tokens bind together it can be above every dimension's own bound, and no packing beats it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omnipack.packing import PackConstraints, pack
+from omnipack.packing.bounds import constrained_lower_bounds
+from omnipack.packing.patterns import LpLimits
+from omnipack.packing.vector_patterns import vector_lp_rows_bound
+
+pytest.importorskip("highspy")
+
+WIDTH = 1000
+UNLIMITED = LpLimits(max_columns=10**5, max_knapsack_work=10**13, max_lp_solves=5000, max_rounds=5000)
+
+
+def _capped_mix(seed: int, n: int = 40) -> np.ndarray:
+    """A quarter of the items just under or over half a row, the rest short (lognormal, median 15): a cap of
+    6 leaves the rows of two long items little room for four more, which each dimension's bound misses."""
+    rng = np.random.default_rng(seed)
+    short = np.clip(np.round(rng.lognormal(np.log(15), 1.09, n)), 1, WIDTH).astype(np.int64)
+    long = rng.integers(452, 601, n)
+    return np.where(rng.random(n) < 0.25, long, short)
+
+
+def _vector_bound(lengths: np.ndarray, cap: int) -> int:
+    n = len(lengths)
+    return constrained_lower_bounds(lengths, WIDTH, np.zeros((n, 0), np.int64), np.zeros(0, np.int64), cap)["best"]
+
+
+def test_the_lp_bound_is_above_each_dimensions_bound_and_no_plan_beats_it():
+    lengths = _capped_mix(25)
+    constraints = PackConstraints(max_samples_per_row=6)
+    plan = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
+    bound = _vector_bound(lengths, 6)
+    lp = vector_lp_rows_bound(lengths, WIDTH, constraints, (plan.row_of, plan.num_rows), 0, UNLIMITED)
+    assert lp > bound  # 8 against 7: the plan's 8 rows are optimal, which the vector bound cannot show
+    assert lp == plan.num_rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_lp_bound_never_exceeds_a_plan_and_never_falls_below_the_bound_given(seed):
+    lengths = _capped_mix(100 + seed, n=60)
+    for constraints in (
+        PackConstraints(max_samples_per_row=6),
+        PackConstraints(
+            max_samples_per_row=8,
+            resources={"media": ((lengths > 400).astype(np.int64) * 2, 3)},  # one long item a row, by media
+        ),
+    ):
+        plan = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
+        start = (plan.row_of, plan.num_rows)
+        lp = vector_lp_rows_bound(lengths, WIDTH, constraints, start, 0, UNLIMITED)
+        assert lp <= plan.num_rows
+        # a floor above what the LP proves is returned as it is: the caller's own bound
+        assert vector_lp_rows_bound(lengths, WIDTH, constraints, start, lp + 3, UNLIMITED) == lp + 3
+
+
+def test_a_spent_work_limit_gives_the_bound_given_or_a_lower_farley_bound_not_more():
+    lengths = _capped_mix(25)
+    constraints = PackConstraints(max_samples_per_row=6)
+    plan = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
+    tight = LpLimits(max_columns=1, max_knapsack_work=10**13, max_lp_solves=1, max_rounds=1, min_columns=0)
+    early = vector_lp_rows_bound(lengths, WIDTH, constraints, (plan.row_of, plan.num_rows), 0, tight)
+    full = vector_lp_rows_bound(lengths, WIDTH, constraints, (plan.row_of, plan.num_rows), 0, UNLIMITED)
+    assert early <= full
+    assert vector_lp_rows_bound(lengths, WIDTH, constraints, (plan.row_of, plan.num_rows), 7, tight) >= 7
