@@ -5,6 +5,7 @@ under random per-row limits (a sample cap, media budgets, or both).
     python benchmarks/bench_constrained_mixes.py --shard 0/2 --out a.jsonl &   # the same, on two cores
     python benchmarks/bench_constrained_mixes.py --shard 1/2 --out b.jsonl; wait
     python benchmarks/bench_constrained_mixes.py --summarize a.jsonl b.jsonl
+    python benchmarks/bench_constrained_mixes.py --small 1000 --mip-seconds 30   # small instances, LP + MIP
 
 Each mixture (seeded by its index) draws W from 4096/8192/16384/32768, lengths from ``mixes.random_mixture``
 (2-4 modes: lognormal, uniform, spikes, power-law tail) and limits from ``mixes.random_constraints`` (a cap
@@ -17,9 +18,15 @@ limits bind about as hard as the tokens. It is packed twice:
 
 Both against the vector bound (``bounds.constrained_lower_bounds``). The summary gives, per kind of limit,
 the worst and the 99th percentile of rows / bound and the plans more than 0.1% and a row over the bound
-("over tol."). With ``--small N``, each mixture is also drawn at N samples; where ``pack`` is above the bound
-there, an assignment MIP (``optimum.vector_packing_feasible``) says whether the bound's row count is reachable:
-"bound not tight" or the packer's loss.
+("over tol."). ``--lp-bound`` adds, for those, the vector pattern LP's bound (``vector_lp_rows_bound``;
+minutes at these sizes, and within its work limit it may prove nothing above the vector bound).
+
+``--small N`` packs every mixture at N samples instead (the issue's "small instances"). Wherever ``pack``
+is above the vector bound there, the LP bound is computed, and wherever it is above the LP bound, an
+assignment MIP (``optimum.vector_packing_feasible``) says whether the LP bound's row count is reachable (the
+packer's loss), proven unreachable (the LP bound not tight) or undecided within ``--mip-seconds``. The
+limits of a mixture at N samples are not those of the same index at full size (their draws follow the
+lengths'): a sweep of its own.
 """
 
 from __future__ import annotations
@@ -86,10 +93,10 @@ def mip_verdict(lengths: np.ndarray, width: int, constraints: PackConstraints, r
     return {True: "packer's loss", False: "bound not tight", None: "undecided"}[fits]
 
 
-def run_one(index: int, low: int, high: int, small: int, mip_seconds: float) -> dict:
-    """Mixture ``index`` packed by the fast best fit and by ``pack``; with ``small``, the MIP's verdict at
-    that size where ``pack`` is above the bound there."""
-    lengths, width, limits, modes = draw(index, None, low, high)
+def run_one(index: int, n: int | None, low: int, high: int) -> dict:
+    """Mixture ``index`` (``n`` samples, or log-uniform in [low, high]) packed by the fast best fit and by
+    ``pack``."""
+    lengths, width, limits, modes = draw(index, n, low, high)
     constraints = as_constraints(limits)
     bound = vector_bound(lengths, width, constraints)
     start = time.perf_counter()
@@ -97,21 +104,22 @@ def run_one(index: int, low: int, high: int, small: int, mip_seconds: float) -> 
     fast_s = time.perf_counter() - start
     start = time.perf_counter()
     rows = pack(lengths, width, constraints=constraints).num_rows
-    out = {
+    return {
         "index": index, "W": width, "n": len(lengths), "kind": limits["kind"],
         "limits": describe_constraints(limits), "mixture": describe(modes), "vector bound": bound,
         "rows fast fit": fast_rows, "rows pack": rows, "s fast fit": fast_s, "s pack": time.perf_counter() - start,
     }  # fmt: skip
-    if small:
-        lengths, width, limits, _ = draw(index, small, low, high)
-        constraints = as_constraints(limits)
-        small_bound = vector_bound(lengths, width, constraints)
-        small_rows = pack(lengths, width, constraints=constraints).num_rows
-        verdict = "at bound"
-        if small_rows > small_bound and mip_seconds > 0:
-            verdict = mip_verdict(lengths, width, constraints, small_bound, mip_seconds)
-        out.update({"small bound": small_bound, "small rows": small_rows, "small MIP": verdict})
-    return out
+
+
+def with_mip_verdict(result: dict, low: int, high: int, seconds: float) -> dict:
+    """A small instance's ``result`` with "MIP": where ``pack`` is above its LP bound, whether an assignment
+    MIP packs the samples into that many rows (the packer's loss) or proves it cannot (the bound not
+    tight); "at LP bound" otherwise."""
+    verdict = "at LP bound"
+    if result["rows pack"] > result["LP bound"]:
+        lengths, width, limits, _ = draw(result["index"], result["n"], low, high)
+        verdict = mip_verdict(lengths, width, as_constraints(limits), result["LP bound"], seconds)
+    return result | {"MIP": verdict}
 
 
 def relaxed(lengths: np.ndarray, limits: dict, width: int, most: int) -> tuple[np.ndarray, dict, int]:
@@ -132,12 +140,14 @@ def relaxed(lengths: np.ndarray, limits: dict, width: int, most: int) -> tuple[n
     return lengths_down, limits_down, classes
 
 
-def with_lp_bound(result: dict, low: int, high: int, limits: LpLimits) -> dict:
-    """``result`` with "LP bound" where ``pack`` is over tolerance: the vector pattern LP's bound
-    (``vector_lp_rows_bound``, from the fast fit's plan; on the ``relaxed`` instance where the items form more
-    than LP_MAX_CLASSES classes), else the vector bound again. "LP classes": the classes it ran on."""
+def with_lp_bound(result: dict, low: int, high: int, limits: LpLimits, every: bool = False) -> dict:
+    """``result`` with "LP bound" where ``pack`` is over tolerance (``every``: above the vector bound at all):
+    the vector pattern LP's bound (``vector_lp_rows_bound``, from the fast fit's plan; on the ``relaxed``
+    instance where the items form more than LP_MAX_CLASSES classes), else the vector bound again. "LP
+    classes": the classes it ran on."""
     bound, classes = result["vector bound"], 0
-    if over_tolerance(result["rows pack"], bound):
+    rows = result["rows pack"]
+    if rows > bound if every else over_tolerance(rows, bound):
         lengths, width, row_limits, _ = draw(result["index"], result["n"], low, high)
         lengths, row_limits, classes = relaxed(lengths, row_limits, width, LP_MAX_CLASSES)
         constraints = as_constraints(row_limits)
@@ -167,10 +177,11 @@ def summarize(results: list[dict]) -> list[dict]:
         }  # fmt: skip
         if all("LP bound" in r for r in sel):
             row["over tol. of LP bound"] = sum(over_tolerance(r["rows pack"], r["LP bound"]) for r in sel)
-        small = [r for r in sel if "small MIP" in r]
-        if small:
-            row["small: above bound"] = sum(r["small MIP"] != "at bound" for r in small)
-            row["small: packer's loss"] = sum(r["small MIP"] == "packer's loss" for r in small)
+            row["worst of LP bound"] = max(r["rows pack"] / r["LP bound"] for r in sel)
+        if all("MIP" in r for r in sel):
+            row["above LP bound"] = sum(r["MIP"] != "at LP bound" for r in sel)
+            row["packer's loss"] = sum(r["MIP"] == "packer's loss" for r in sel)
+            row["LP bound not tight"] = sum(r["MIP"] == "bound not tight" for r in sel)
         out.append(row)
     return out
 
@@ -195,7 +206,11 @@ def main() -> None:
     parser.add_argument("--low", type=int, default=10_000, help="fewest samples of a mixture")
     parser.add_argument("--high", type=int, default=100_000, help="most samples of a mixture")
     parser.add_argument("--shard", default="0/1", metavar="I/N", help="only the mixtures whose index is I mod N")
-    parser.add_argument("--small", type=int, default=0, metavar="N", help="also at N samples, with a MIP verdict")
+    parser.add_argument(
+        "--small", type=int, default=0, metavar="N",
+        help="every mixture at N samples instead, with the LP bound wherever pack is above the vector bound"
+        " and a MIP verdict wherever it is above the LP bound",
+    )  # fmt: skip
     parser.add_argument("--mip-seconds", type=float, default=60.0)
     parser.add_argument("--out", type=Path, help="append each result to this JSON-lines file")
     parser.add_argument("--summarize", type=Path, nargs="+", metavar="JSONL", help="only report these files")
@@ -217,9 +232,11 @@ def main() -> None:
     for index in range(args.first, args.first + args.mixtures):
         if index % shards != shard:
             continue
-        results.append(run_one(index, args.low, args.high, args.small, args.mip_seconds))
-        if args.lp_bound:
-            results[-1] = with_lp_bound(results[-1], args.low, args.high, lp_limits(args.lp_solves))
+        results.append(run_one(index, args.small or None, args.low, args.high))
+        if args.lp_bound or args.small:
+            results[-1] = with_lp_bound(results[-1], args.low, args.high, lp_limits(args.lp_solves), bool(args.small))
+        if args.small and args.mip_seconds > 0:
+            results[-1] = with_mip_verdict(results[-1], args.low, args.high, args.mip_seconds)
         print(f"# {results[-1]}", file=sys.stderr, flush=True)
         if args.out:
             with args.out.open("a") as f:
