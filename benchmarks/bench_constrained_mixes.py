@@ -5,7 +5,7 @@ under random per-row limits (a sample cap, media budgets, or both).
     python benchmarks/bench_constrained_mixes.py --shard 0/2 --out a.jsonl &   # the same, on two cores
     python benchmarks/bench_constrained_mixes.py --shard 1/2 --out b.jsonl; wait
     python benchmarks/bench_constrained_mixes.py --summarize a.jsonl b.jsonl
-    python benchmarks/bench_constrained_mixes.py --small 1000 --mip-seconds 30   # small instances, LP + MIP
+    python benchmarks/bench_constrained_mixes.py --small 1000 --mip-seconds 30 --lp-solves 3000  # LP, MIP
 
 Each mixture (seeded by its index) draws W from 4096/8192/16384/32768, lengths from ``mixes.random_mixture``
 (2-4 modes: lognormal, uniform, spikes, power-law tail) and limits from ``mixes.random_constraints`` (a cap
@@ -41,7 +41,14 @@ import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 from bench_packing_mixes import over_tolerance, print_table  # noqa: E402
-from mixes import WIDTHS, describe, describe_constraints, random_constraints, random_mixture, sample_mixture  # noqa: E402
+from mixes import (  # noqa: E402
+    WIDTHS,
+    describe,
+    describe_constraints,
+    random_constraints,
+    random_mixture,
+    sample_mixture,
+)
 from optimum import vector_packing_feasible  # noqa: E402
 
 from omnipack.packing import PackConstraints, pack  # noqa: E402
@@ -81,7 +88,9 @@ def vector_bound(lengths: np.ndarray, width: int, constraints: PackConstraints) 
     return constrained_lower_bounds(lengths, width, amounts, budgets, constraints.max_samples_per_row)["best"]
 
 
-def mip_verdict(lengths: np.ndarray, width: int, constraints: PackConstraints, rows: int, seconds: float) -> str:
+def mip_verdict(
+    lengths: np.ndarray, width: int, constraints: PackConstraints, rows: int, seconds: float
+) -> str:
     """Whether an assignment MIP packs the items into ``rows`` rows (the bound's count)."""
     n = len(lengths)
     amounts, budgets = constraints.amounts_matrix(n)
@@ -107,7 +116,8 @@ def run_one(index: int, n: int | None, low: int, high: int) -> dict:
     return {
         "index": index, "W": width, "n": len(lengths), "kind": limits["kind"],
         "limits": describe_constraints(limits), "mixture": describe(modes), "vector bound": bound,
-        "rows fast fit": fast_rows, "rows pack": rows, "s fast fit": fast_s, "s pack": time.perf_counter() - start,
+        "rows fast fit": fast_rows, "rows pack": rows, "s fast fit": fast_s,
+        "s pack": time.perf_counter() - start,
     }  # fmt: skip
 
 
@@ -133,7 +143,9 @@ def relaxed(lengths: np.ndarray, limits: dict, width: int, most: int) -> tuple[n
             if limits["media"] is not None:
                 grain = -(-limits["patch_budget"] // steps)
                 limits_down = limits | {"patches": limits["patches"] // grain * grain}
-        columns = [lengths_down] + ([limits["media"], limits_down["patches"]] if limits["media"] is not None else [])
+        columns = [lengths_down]
+        if limits["media"] is not None:
+            columns += [limits["media"], limits_down["patches"]]
         classes = len(np.unique(np.stack(columns, axis=1), axis=0))
         if classes <= most:
             break
@@ -172,7 +184,8 @@ def summarize(results: list[dict]) -> list[dict]:
             "limits": kind, "mixtures": len(sel), "at bound": int((ratio == 1).sum()),
             "over tol.": sum(over_tolerance(r["rows pack"], r["vector bound"]) for r in sel),
             "worst": ratio.max(), "p99": float(np.quantile(ratio, 0.99)), "median": float(np.median(ratio)),
-            "fast fit worst": fast.max(), "more than fast fit": sum(r["rows pack"] > r["rows fast fit"] for r in sel),
+            "fast fit worst": fast.max(),
+            "more than fast fit": sum(r["rows pack"] > r["rows fast fit"] for r in sel),
             "max s": max(r["s pack"] for r in sel),
         }  # fmt: skip
         if all("LP bound" in r for r in sel):
@@ -205,7 +218,9 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, help="index of the first mixture")
     parser.add_argument("--low", type=int, default=10_000, help="fewest samples of a mixture")
     parser.add_argument("--high", type=int, default=100_000, help="most samples of a mixture")
-    parser.add_argument("--shard", default="0/1", metavar="I/N", help="only the mixtures whose index is I mod N")
+    parser.add_argument(
+        "--shard", default="0/1", metavar="I/N", help="only the mixtures whose index is I mod N"
+    )
     parser.add_argument(
         "--small", type=int, default=0, metavar="N",
         help="every mixture at N samples instead, with the LP bound wherever pack is above the vector bound"
@@ -216,16 +231,21 @@ def main() -> None:
     parser.add_argument("--summarize", type=Path, nargs="+", metavar="JSONL", help="only report these files")
     parser.add_argument(
         "--lp-bound", action="store_true",
-        help=f"plans over tolerance: the vector pattern LP's bound too (on at most {LP_MAX_CLASSES} item classes)",
+        help=f"plans over tolerance: the vector pattern LP's bound too (at most {LP_MAX_CLASSES} classes)",
     )  # fmt: skip
-    parser.add_argument("--lp-solves", type=int, default=2000, help="LP solves of each --lp-bound (its work limit)")
-    parser.add_argument("--worst", type=int, default=10, help="list this many plans furthest over their bound")
+    parser.add_argument(
+        "--lp-solves", type=int, default=2000, help="LP solves of each LP bound (its work limit)"
+    )
+    parser.add_argument(
+        "--worst", type=int, default=10, help="list this many plans furthest over their bound"
+    )
     args = parser.parse_args()
     if args.summarize:
         results = [json.loads(line) for path in args.summarize for line in path.read_text().splitlines()]
         if args.lp_bound:
             limits = lp_limits(args.lp_solves)
-            results = [with_lp_bound(r, args.low, args.high, limits) for r in sorted(results, key=lambda r: r["index"])]
+            results = sorted(results, key=lambda r: r["index"])
+            results = [with_lp_bound(r, args.low, args.high, limits) for r in results]
         return report(results, args.worst)
     shard, shards = (int(part) for part in args.shard.split("/"))
     results = []
@@ -234,7 +254,8 @@ def main() -> None:
             continue
         results.append(run_one(index, args.small or None, args.low, args.high))
         if args.lp_bound or args.small:
-            results[-1] = with_lp_bound(results[-1], args.low, args.high, lp_limits(args.lp_solves), bool(args.small))
+            limits = lp_limits(args.lp_solves)
+            results[-1] = with_lp_bound(results[-1], args.low, args.high, limits, every=bool(args.small))
         if args.small and args.mip_seconds > 0:
             results[-1] = with_mip_verdict(results[-1], args.low, args.high, args.mip_seconds)
         print(f"# {results[-1]}", file=sys.stderr, flush=True)

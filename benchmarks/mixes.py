@@ -102,7 +102,8 @@ def random_constraints(rng: np.random.Generator, lengths: np.ndarray, width: int
     """
     n = len(lengths)
     kind = CONSTRAINT_KINDS[int(rng.integers(len(CONSTRAINT_KINDS)))]
-    out: dict = {"kind": kind, "cap": None, "media": None, "patches": None, "media_budget": 0, "patch_budget": 0}
+    out: dict = {"kind": kind, "cap": None, "media": None, "patches": None}
+    out |= {"media_budget": 0, "patch_budget": 0}
     if "cap" in kind:
         out["cap"] = int(np.clip(round(width / lengths.mean() * rng.uniform(0.7, 1.4)), 2, 64))
     if "media" in kind:

@@ -28,7 +28,8 @@ def _capped_mix(seed: int, n: int = 40) -> np.ndarray:
 
 def _vector_bound(lengths: np.ndarray, cap: int) -> int:
     n = len(lengths)
-    return constrained_lower_bounds(lengths, WIDTH, np.zeros((n, 0), np.int64), np.zeros(0, np.int64), cap)["best"]
+    no_amounts, no_budgets = np.zeros((n, 0), np.int64), np.zeros(0, np.int64)
+    return constrained_lower_bounds(lengths, WIDTH, no_amounts, no_budgets, cap)["best"]
 
 
 def test_the_lp_bound_is_above_each_dimensions_bound_and_no_plan_beats_it():
