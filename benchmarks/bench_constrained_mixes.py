@@ -17,9 +17,10 @@ limits bind about as hard as the tokens. It is packed twice:
 - ``pack``, every step.
 
 Both against the vector bound (``bounds.constrained_lower_bounds``). The summary gives, per kind of limit,
-the worst and the 99th percentile of rows / bound and the plans more than 0.1% and a row over the bound
-("over tol."). ``--lp-bound`` adds, for those, the vector pattern LP's bound (``vector_lp_rows_bound``;
-minutes at these sizes, and within its work limit it may prove nothing above the vector bound).
+the worst and the 99th percentile of rows / bound and the plans more than 0.1% and more than one row over
+the bound ("over tol."). ``--lp-bound`` adds, for those, the vector pattern LP's bound
+(``vector_lp_rows_bound``; minutes at these sizes, and within its work limit it may prove nothing above the
+vector bound).
 
 ``--small N`` packs every mixture at N samples instead (the issue's "small instances"). Wherever ``pack``
 is above the vector bound there, the LP bound is computed, and wherever it is above the LP bound, an
@@ -135,7 +136,7 @@ def with_mip_verdict(result: dict, low: int, high: int, seconds: float) -> dict:
 def relaxed(lengths: np.ndarray, limits: dict, width: int, most: int) -> tuple[np.ndarray, dict, int]:
     """The instance with its lengths and patches rounded down to a grid of steps (a relaxation: any plan of
     the instance packs it, so its LP bound holds for the instance), the grid as fine as leaves at most
-    ``most`` distinct item vectors; and how many there are."""
+    ``most`` distinct item vectors (or the coarsest tried, which may leave more); and how many there are."""
     for steps in (None, 4096, 2048, 1024, 512, 256, 128, 64, 32):
         lengths_down, limits_down = lengths, limits
         if steps is not None:

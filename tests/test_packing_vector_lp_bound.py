@@ -60,12 +60,27 @@ def test_the_lp_bound_never_exceeds_a_plan_and_never_falls_below_the_bound_given
         assert vector_lp_rows_bound(lengths, WIDTH, constraints, start, lp + 3, UNLIMITED) == lp + 3
 
 
-def test_a_spent_work_limit_gives_the_bound_given_or_a_lower_farley_bound_not_more():
+def test_a_spent_work_limit_gives_a_bound_no_packing_beats_even_from_a_poor_start():
+    """From a start of one sample a row (the restricted LP's value far above the optimum) and limits that stop
+    the column generation at once, the bound is Farley's, not the restricted LP's value."""
     lengths = _capped_mix(25)
     constraints = PackConstraints(max_samples_per_row=6)
+    optimum = pack(lengths, WIDTH, constraints=constraints, shuffle=False).num_rows  # 8: the LP bound's count
+    one_a_row = (np.arange(len(lengths), dtype=np.int32), len(lengths))
+    for limits in (
+        LpLimits(max_columns=1, max_knapsack_work=10**13, max_lp_solves=1, max_rounds=1, min_columns=0),
+        LpLimits(max_columns=3, max_knapsack_work=10**13, max_lp_solves=2, max_rounds=2, min_columns=0),
+        UNLIMITED,
+    ):
+        assert vector_lp_rows_bound(lengths, WIDTH, constraints, one_a_row, 0, limits) <= optimum
+    assert vector_lp_rows_bound(lengths, WIDTH, constraints, one_a_row, 0, UNLIMITED) == optimum
+
+
+def test_a_budget_nothing_uses_is_left_out():
+    """A budget of 0 with every amount 0 (``PackConstraints.validate`` lets it through) bounds nothing."""
+    lengths = _capped_mix(25)
+    unused = {"media": (np.zeros(len(lengths), np.int64), 0)}
+    constraints = PackConstraints(6, unused)
     plan = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
-    tight = LpLimits(max_columns=1, max_knapsack_work=10**13, max_lp_solves=1, max_rounds=1, min_columns=0)
-    early = vector_lp_rows_bound(lengths, WIDTH, constraints, (plan.row_of, plan.num_rows), 0, tight)
-    full = vector_lp_rows_bound(lengths, WIDTH, constraints, (plan.row_of, plan.num_rows), 0, UNLIMITED)
-    assert early <= full
-    assert vector_lp_rows_bound(lengths, WIDTH, constraints, (plan.row_of, plan.num_rows), 7, tight) >= 7
+    bound = vector_lp_rows_bound(lengths, WIDTH, constraints, (plan.row_of, plan.num_rows), 0, UNLIMITED)
+    assert bound == 8 == plan.num_rows

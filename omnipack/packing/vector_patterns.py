@@ -245,6 +245,7 @@ def vector_lp_rows_bound(
         import highspy
     except ImportError:
         return lower_bound
+    constraints = constraints.without_unused_budgets()  # the pricing divides by every budget
     items = _Items.of(lengths, capacity, constraints)
     vectors, class_of, counts = np.unique(items.matrix, axis=0, return_inverse=True, return_counts=True)
     order = np.argsort(class_of.reshape(-1), kind="stable")
