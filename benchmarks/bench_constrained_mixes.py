@@ -52,8 +52,7 @@ from mixes import (  # noqa: E402
 )
 from optimum import vector_packing_feasible  # noqa: E402
 
-from omnipack.packing import PackConstraints, pack  # noqa: E402
-from omnipack.packing.bounds import constrained_lower_bounds  # noqa: E402
+from omnipack.packing import PackConstraints, engine, pack  # noqa: E402
 from omnipack.packing.constraints import constrained_pack  # noqa: E402
 from omnipack.packing.patterns import LpLimits  # noqa: E402
 from omnipack.packing.vector_patterns import vector_lp_rows_bound  # noqa: E402
@@ -84,22 +83,12 @@ def as_constraints(limits: dict) -> PackConstraints:
     return PackConstraints(max_samples_per_row=limits["cap"], resources=resources)
 
 
-def vector_bound(lengths: np.ndarray, width: int, constraints: PackConstraints) -> int:
-    amounts, budgets = constraints.amounts_matrix(len(lengths))
-    return constrained_lower_bounds(lengths, width, amounts, budgets, constraints.max_samples_per_row)["best"]
-
-
 def mip_verdict(
     lengths: np.ndarray, width: int, constraints: PackConstraints, rows: int, seconds: float
 ) -> str:
     """Whether an assignment MIP packs the items into ``rows`` rows (the bound's count)."""
-    n = len(lengths)
-    amounts, budgets = constraints.amounts_matrix(n)
-    dims, caps = [lengths[:, None], amounts], [[width], budgets]
-    if constraints.max_samples_per_row is not None:
-        dims.append(np.ones((n, 1), dtype=np.int64))
-        caps.append([constraints.max_samples_per_row])
-    fits = vector_packing_feasible(np.hstack(dims), np.concatenate(caps), rows, seconds=seconds)
+    dims, caps = engine._constrained_dims(lengths, width, constraints)  # the packer's own item vectors
+    fits = vector_packing_feasible(dims, caps, rows, seconds=seconds)
     return {True: "packer's loss", False: "bound not tight", None: "undecided"}[fits]
 
 
@@ -108,7 +97,7 @@ def run_one(index: int, n: int | None, low: int, high: int) -> dict:
     ``pack``."""
     lengths, width, limits, modes = draw(index, n, low, high)
     constraints = as_constraints(limits)
-    bound = vector_bound(lengths, width, constraints)
+    bound = engine._constrained_bound(lengths, width, constraints)
     start = time.perf_counter()
     fast_rows = constrained_pack(lengths, width, constraints)[1]
     fast_s = time.perf_counter() - start

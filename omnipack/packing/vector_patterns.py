@@ -187,6 +187,19 @@ class _Items:
         )
 
 
+def _classes(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, start: tuple[np.ndarray, int]
+) -> tuple[_Items, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The instance as item vectors, its distinct vectors (classes) and their counts, the items in class
+    order, and the distinct row patterns of the plan ``start`` (``(row_of, num_rows)``) over the classes."""
+    items = _Items.of(lengths, capacity, constraints)
+    vectors, class_of, counts = np.unique(items.matrix, axis=0, return_inverse=True, return_counts=True)
+    order = np.argsort(class_of.reshape(-1), kind="stable")  # the items in class order
+    start_row_of, start_rows = start
+    start_patterns = plan_patterns(np.asarray(start_row_of)[order], start_rows, counts)[0]
+    return items, vectors, counts, order, start_patterns
+
+
 def constrained_lp_pack(
     lengths: np.ndarray,
     capacity: int,
@@ -203,14 +216,12 @@ def constrained_lp_pack(
         import highspy
     except ImportError:
         return None
-    items = _Items.of(lengths, capacity, constraints)
-    vectors, class_of, counts = np.unique(items.matrix, axis=0, return_inverse=True, return_counts=True)
-    order = np.argsort(class_of.reshape(-1), kind="stable")  # the items in class order
-    start_row_of, start_rows = start
+    items, vectors, counts, order, start_patterns = _classes(lengths, capacity, constraints, start)
+    start_rows = start[1]
     out = round_pattern_lp(
         _VectorPricing(highspy, vectors, items.caps),
         counts,
-        plan_patterns(np.asarray(start_row_of)[order], start_rows, counts)[0],
+        start_patterns,
         start_rows,
         lambda demand: residual_patterns(vectors, demand, [items.pack_greedy]),
         lower_bound,
@@ -246,12 +257,10 @@ def vector_lp_rows_bound(
     except ImportError:
         return lower_bound
     constraints = constraints.without_unused_budgets()  # the pricing divides by every budget
-    items = _Items.of(lengths, capacity, constraints)
-    vectors, class_of, counts = np.unique(items.matrix, axis=0, return_inverse=True, return_counts=True)
-    order = np.argsort(class_of.reshape(-1), kind="stable")
-    start_row_of, start_rows = start
+    items, vectors, counts, _, start_patterns = _classes(lengths, capacity, constraints, start)
+    start_rows = start[1]
     master = _Master(highspy, counts)
-    for pattern in plan_patterns(np.asarray(start_row_of)[order], start_rows, counts)[0]:
+    for pattern in start_patterns:
         master.add(pattern)
     per_row = constraints.max_samples_per_row or int(capacity) // max(int(np.min(lengths)), 1)
     pricing = _VectorPricing(highspy, vectors, items.caps)
