@@ -12,7 +12,7 @@ from omnipack.packing.constraints import constrained_pack
 from omnipack.packing.engine import _classes, _mix_and_repack
 from omnipack.packing.greedy import bfd_classes
 from omnipack.packing.refill import refill_classes
-from omnipack.packing.vector_fill import MAX_AMOUNT_VECTORS, balanced_fill
+from omnipack.packing.vector_fill import LEVEL_CAP, MAX_AMOUNT_VECTORS, balanced_fill
 
 from .test_packing_bounds_refill import SETTINGS, bimodal, capped_classes, check_class_slots
 
@@ -145,7 +145,7 @@ def test_a_cap_beside_a_budget_that_does_not_bind_is_levelled_in_a_second_fill()
     constraints = PackConstraints(max_samples_per_row=12, resources={"media": (media, 16)})
     bound = constrained_lower_bounds(lengths, 8192, media[:, None], np.array([16]), 12)["best"]
     assert balanced_fill(lengths, 8192, constraints)[1] > bound * 1.1
-    row_of, num_rows = balanced_fill(lengths, 8192, constraints, level_cap=True)
+    row_of, num_rows = balanced_fill(lengths, 8192, constraints, LEVEL_CAP)
     check_constrained(row_of, num_rows, lengths, 8192, constraints)
     plan = pack(lengths, 8192, constraints=constraints)
     assert num_rows == bound and plan.num_rows == bound and plan.algorithm == "balanced-fill+constraints"

@@ -21,7 +21,7 @@ from .patterns import LpLimits, lp_pattern_pack, lp_rows_bound
 from .plan import PackPlan, build_plan
 from .refill import refill_classes
 from .swap import swap_search
-from .vector_fill import balanced_fill, fits_balanced_fill
+from .vector_fill import LEVEL_BUDGETS, LEVEL_CAP, balanced_fill, fill_levels, fits_balanced_fill
 from .vector_patterns import constrained_lp_pack
 from .vector_swap import MAX_WORK as VECTOR_SWAP_MAX_WORK
 from .vector_swap import bisected_exchanges, pooled_vector_swap
@@ -103,6 +103,11 @@ SPREAD_STEP = 0.6180339887498949
 SPLIT_ROWS = 2000
 SPLIT_MIN_GAP = 0.01
 SPLIT_MERGE_PASSES = 6
+# A plan more than MORE_FILLS_MIN_GAP over the vector bound after the greedy starts and the balanced fill also
+# gets the fills that level every budget and the cap, or the binding ones only, and, where the amounts take
+# many vectors (patch counts), fills over buckets of them (``vector_fill.balanced_fill``, bucketed). Under a
+# cap beside media budgets the greedy starts end 10-33% over the bound (benchmarks/README.md); 0: off.
+MORE_FILLS_MIN_GAP = 0.02
 # A constrained plan of up to this many rows still above the vector bound after the swap search gets a second
 # search, from the start by the scarcest budget alone (``budget_first``: its 1-D plan, the other limits
 # restored). On the sweeps of benchmarks/README.md it takes the three image-text plans of 200-2,000 samples
@@ -669,6 +674,7 @@ def _other_constrained_packers(
             lengths, capacity, constraints, (row_of, num_rows, name)
         )
     row_of, num_rows, name = _filled_if_fewer(lengths, capacity, constraints, (row_of, num_rows, name), bound)
+    row_of, num_rows, name = _more_fills_if_fewer(lengths, capacity, constraints, (row_of, num_rows, name), bound)
     if num_rows > bound and len(lengths) <= EXACT_CONSTRAINED_MAX:
         # The fast packer only looks at the front row of each space bucket and can open needless rows
         # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
@@ -692,11 +698,34 @@ def _filled_if_fewer(
         return plan
     # Budgets that bind together: a row-by-row fill that keeps every dimension level; a sample cap beside
     # resource budgets levelled too (mostly text with a few images under a cap: it binds, they do not).
-    level_caps = (False, True) if constraints.resources and constraints.max_samples_per_row else (False,)
-    for level_cap in level_caps:
-        filled = balanced_fill(lengths, capacity, constraints, level_cap) if num_rows > bound else None
+    both = constraints.resources and constraints.max_samples_per_row
+    for level in (LEVEL_BUDGETS, LEVEL_CAP) if both else (LEVEL_BUDGETS,):
+        filled = balanced_fill(lengths, capacity, constraints, level) if num_rows > bound else None
         if filled is not None and filled[1] < num_rows:
             row_of, num_rows, name = filled[0], filled[1], "balanced-fill+constraints"
+    return row_of, num_rows, name
+
+
+def _more_fills_if_fewer(
+    lengths: np.ndarray,
+    capacity: int,
+    constraints: PackConstraints,
+    plan: tuple[np.ndarray, int, str],
+    bound: int,
+) -> tuple[np.ndarray, int, str]:
+    """``plan``, or the one with the fewest rows of the fills ``_filled_if_fewer`` does not try (each level
+    of ``vector_fill.fill_levels``, the amounts bucketed where they take many vectors) where it has fewer
+    rows; only on a plan more than MORE_FILLS_MIN_GAP and more than one row over ``bound``."""
+    row_of, num_rows, name = plan
+    if not MORE_FILLS_MIN_GAP or num_rows <= max(bound + 1, bound * (1 + MORE_FILLS_MIN_GAP)):
+        return plan
+    exact = fits_balanced_fill(constraints, len(lengths))
+    for level in fill_levels(lengths, capacity, constraints):
+        if exact and level in (LEVEL_BUDGETS, LEVEL_CAP):
+            continue  # tried by ``_filled_if_fewer``
+        filled = balanced_fill(lengths, capacity, constraints, level, bucketed=True)
+        if filled is not None and filled[1] < num_rows:
+            row_of, num_rows, name = filled[0], filled[1], f"balanced-fill({level})+constraints"
     return row_of, num_rows, name
 
 

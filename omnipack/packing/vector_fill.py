@@ -31,27 +31,103 @@ import numpy as np
 
 from .constraints import PackConstraints
 
-MAX_AMOUNT_VECTORS = 64  # distinct resource-amount vectors up to which the fill runs
+MAX_AMOUNT_VECTORS = 64  # distinct resource-amount vectors up to which the fill runs (groups when bucketed)
 BALANCE_TOLERANCE = 0.02  # spreads of the remaining shares below this count as level
+# Which budgets a fill keeps level with the tokens (the others are limits only):
+LEVEL_BUDGETS = "budgets"  # the resource budgets; without any, the sample cap
+LEVEL_CAP = "cap"  # the sample cap
+LEVEL_ALL = "all"  # every resource budget and the sample cap
+LEVEL_BINDING = "binding"  # those whose demand (amounts / budget) is BINDING_SHARE of the largest, tokens' too
+LEVELS = (LEVEL_BUDGETS, LEVEL_CAP, LEVEL_ALL, LEVEL_BINDING)
+BINDING_SHARE = 0.8
+# Bucketed amounts: a budget of at most this many distinct amounts (media counts) keeps them exact; the others
+# (patch counts) go into buckets by quantile, 0 a bucket of its own.
+EXACT_AMOUNT_VALUES = 8
 
 
 def _levelled_budgets(
-    constraints: PackConstraints, num_samples: int, level_cap: bool = False
+    constraints: PackConstraints, num_samples: int, level: str = LEVEL_BUDGETS, token_rows: float = 0.0
 ) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
     """The amounts (int [n, K]) and budgets (int [K]) the fill holds, and the dimensions among them it keeps
-    level with the tokens: the resource budgets; without any, the sample cap as a budget of one per sample
-    (text under a cap of 12 samples a row: each row needs ~12 samples and ~W tokens at once, which a best fit
-    by tokens misses by 20-33%). With ``level_cap`` and resource budgets the cap is the one levelled and the
-    budgets are limits only (mostly text with a few images under a cap: levelling a budget that does not
-    bind would spend the images early). None where there is nothing to level."""
+    level with the tokens (``level``, one of LEVELS; ``token_rows``: the tokens' demand, sum / W, which
+    LEVEL_BINDING compares with). Without resource budgets the sample cap is levelled, as a budget of one per
+    sample (text under a cap of 12 samples a row: each row needs ~12 samples and ~W tokens at once, which a
+    best fit by tokens misses by 20-33%). LEVEL_CAP with resource budgets levels the cap, the budgets limits
+    only (mostly text with a few images under a cap: levelling a budget that does not bind would spend the
+    images early). None where there is nothing to level."""
     cap = constraints.max_samples_per_row
     amounts, budgets = constraints.amounts_matrix(num_samples)
     levelled = list(range(len(budgets)))
-    if cap is not None and (level_cap or not constraints.resources):
+    if cap is not None and (level != LEVEL_BUDGETS or not constraints.resources):
         amounts = np.column_stack([amounts, np.ones(num_samples, dtype=np.int64)])
         budgets = np.append(budgets, cap)
-        levelled = [len(budgets) - 1]
-    return (amounts, budgets, levelled) if len(budgets) else None
+        every = level in (LEVEL_ALL, LEVEL_BINDING)
+        levelled = list(range(len(budgets))) if every else [len(budgets) - 1]
+    if level == LEVEL_BINDING and len(budgets):
+        demand = amounts.sum(axis=0) / np.maximum(budgets, 1)
+        top = max(float(demand.max()), token_rows)
+        levelled = [d for d in levelled if demand[d] >= BINDING_SHARE * top]
+    return (amounts, budgets, levelled) if len(budgets) and levelled else None
+
+
+def fill_levels(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> list[str]:
+    """The LEVELS that give distinct fills (levelled dimensions) on this input, in LEVELS' order."""
+    seen, levels = set(), []
+    token_rows = float(np.sum(lengths)) / capacity
+    for level in LEVELS:
+        held = _levelled_budgets(constraints, len(lengths), level, token_rows)
+        if held is not None:
+            key = (held[0].shape[1], tuple(held[2]))
+            if key not in seen:
+                seen.add(key)
+                levels.append(level)
+    return levels
+
+
+def _amount_groups(amounts: np.ndarray, bucketed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Each item's group, each group's largest amounts (int [G, K]: what a row must hold for any member) and
+    mean amounts (float [G, K]: its shares). Groups are the distinct amount vectors where they are at most
+    MAX_AMOUNT_VECTORS; else, with ``bucketed``, buckets of them (``_amount_buckets``), else None."""
+    vectors, group_of = np.unique(amounts, axis=0, return_inverse=True)
+    group_of = group_of.reshape(-1)
+    if len(vectors) <= MAX_AMOUNT_VECTORS:
+        return group_of, vectors, vectors.astype(np.float64)
+    if not bucketed:
+        return None
+    _, group_of = np.unique(_amount_buckets(amounts), axis=0, return_inverse=True)
+    group_of = group_of.reshape(-1)
+    num_groups = int(group_of.max()) + 1
+    upper = np.zeros((num_groups, amounts.shape[1]), dtype=np.int64)
+    np.maximum.at(upper, group_of, amounts)
+    mean = np.zeros((num_groups, amounts.shape[1]))
+    np.add.at(mean, group_of, amounts)
+    return group_of, upper, mean / np.bincount(group_of, minlength=num_groups)[:, None]
+
+
+def _amount_buckets(amounts: np.ndarray) -> np.ndarray:
+    """Bucket keys (int [n, K]) taking at most MAX_AMOUNT_VECTORS distinct vectors: budgets of at most
+    EXACT_AMOUNT_VALUES distinct amounts exact, the others 0 or one of the most quantile buckets of their
+    non-zero amounts that keep the count (every budget by quantile where the exact ones alone exceed it)."""
+    columns = range(amounts.shape[1])
+    exact = [d for d in columns if len(np.unique(amounts[:, d])) <= EXACT_AMOUNT_VALUES]
+    for kept_exact in (exact, []):
+        for buckets in range(MAX_AMOUNT_VECTORS, 0, -1):
+            keys = amounts.copy()
+            for d in columns:
+                if d not in kept_exact:
+                    keys[:, d] = _quantile_buckets(amounts[:, d], buckets)
+            if len(np.unique(keys, axis=0)) <= MAX_AMOUNT_VECTORS:
+                return keys
+    raise AssertionError("one bucket a budget holds 2 ** K <= MAX_AMOUNT_VECTORS keys")  # K <= 6 budgets
+
+
+def _quantile_buckets(values: np.ndarray, buckets: int) -> np.ndarray:
+    """0 for 0, else 1 + the index of the value's bucket among ``buckets`` quantiles of the non-zero values."""
+    non_zero = values[values > 0]
+    if not len(non_zero):
+        return np.zeros_like(values)
+    edges = np.unique(np.quantile(non_zero, np.linspace(0, 1, buckets + 1)[1:-1], method="lower"))
+    return np.where(values > 0, 1 + np.searchsorted(edges, values, side="left"), 0)
 
 
 def fits_balanced_fill(constraints: PackConstraints, num_samples: int) -> bool:
@@ -62,31 +138,36 @@ def fits_balanced_fill(constraints: PackConstraints, num_samples: int) -> bool:
 
 
 def balanced_fill(
-    lengths: np.ndarray, capacity: int, constraints: PackConstraints, level_cap: bool = False
+    lengths: np.ndarray,
+    capacity: int,
+    constraints: PackConstraints,
+    level: str = LEVEL_BUDGETS,
+    bucketed: bool = False,
 ) -> tuple[np.ndarray, int] | None:
-    """Return ``(row_of, num_rows)``, or None when the amounts take more than MAX_AMOUNT_VECTORS vectors or
-    there is no budget to level (``fits_balanced_fill``). ``level_cap``: the sample cap is levelled beside
-    the resource budgets too (without resource budgets it always is).
+    """Return ``(row_of, num_rows)``, or None when there is no budget to level (``_levelled_budgets``;
+    ``level``: one of LEVELS) or, unless ``bucketed``, the amounts take more than MAX_AMOUNT_VECTORS vectors
+    (``fits_balanced_fill``). ``bucketed``: many amount vectors (patch counts) go into buckets
+    (``_amount_groups``); a row takes an item only where its bucket's largest amounts fit, and its shares are
+    the bucket's mean.
 
     Deterministic: ties go to the lower group (amount vectors in ascending order), the shorter candidate
     length, and among equal items to the lower sample index. Every budget and the sample cap hold exactly.
     """
     n = len(lengths)
-    held = _levelled_budgets(constraints, n, level_cap)
-    if held is None:
+    held = _levelled_budgets(constraints, n, level, float(np.sum(lengths)) / capacity)
+    groups = None if held is None else _amount_groups(held[0], bucketed)
+    if groups is None:
         return None
     amounts, budgets, levelled = held
-    vectors, group_of = np.unique(amounts, axis=0, return_inverse=True)
-    group_of = group_of.reshape(-1)
-    if len(vectors) > MAX_AMOUNT_VECTORS:
-        return None
+    group_of, upper, mean = groups
     max_samples = constraints.max_samples_per_row or n + 1
     budget_list = [int(b) for b in budgets]
     inverse = [1.0 / max(b, 1) for b in budget_list]
     dims = range(len(budget_list))
-    group_lengths, queues = _length_queues(lengths, group_of, len(vectors))
-    group_amounts = [[int(x) for x in vec] for vec in vectors]
-    group_shares = [[vec[d] * inverse[d] for d in levelled] for vec in group_amounts]
+    group_lengths, queues = _length_queues(lengths, group_of, len(upper))
+    group_amounts = [[int(x) for x in vec] for vec in upper]
+    group_shares = [[float(vec[d]) * inverse[d] for d in levelled] for vec in mean]
+    item_amounts = amounts.tolist()
     row_of = np.empty(n, dtype=np.int32)
     placed = 0
     num_rows = 0
@@ -102,13 +183,14 @@ def balanced_fill(
             if best_group < 0:
                 break
             queue = queues[best_group][best_length]
-            row_of[queue.pop()] = num_rows
+            item = queue.pop()
+            row_of[item] = num_rows
             if not queue:
                 avail = group_lengths[best_group]
                 avail.pop(bisect_right(avail, best_length) - 1)
             space -= best_length
             for d in dims:
-                left[d] -= group_amounts[best_group][d]
+                left[d] -= item_amounts[item][d]
             count += 1
             placed += 1
         num_rows += 1
