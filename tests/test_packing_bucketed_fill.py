@@ -1,4 +1,4 @@
-"""The balanced fill's other levels (every budget, the binding ones) and its bucketed amounts (patch counts)."""
+"""The balanced fill's other levels (every budget, the binding ones) and bucketed amounts (patch counts)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def test_levels_give_distinct_fills():
     the cap alone, the same dimensions as the cap's level, so left out). Without a cap, one level."""
     lengths, constraints = capped_media(500, 0)
     assert fill_levels(lengths, 8192, constraints) == [LEVEL_BUDGETS, LEVEL_CAP, LEVEL_ALL]
-    tight = PackConstraints(max_samples_per_row=21, resources={"media": (constraints.resources["media"][0], 2)})
+    media = constraints.resources["media"][0]
+    tight = PackConstraints(max_samples_per_row=21, resources={"media": (media, 2)})
     assert fill_levels(lengths, 8192, tight) == [LEVEL_BUDGETS, LEVEL_CAP, LEVEL_ALL, LEVEL_BINDING]
     uncapped = PackConstraints(resources=constraints.resources)
     assert fill_levels(lengths, 8192, uncapped) == [LEVEL_BUDGETS]
@@ -70,7 +71,9 @@ def test_levels_give_distinct_fills():
 @SETTINGS
 @given(
     st.integers(16, 120),
-    st.lists(st.tuples(st.integers(1, 120), st.integers(0, 4), st.integers(0, 400)), min_size=10, max_size=80),
+    st.lists(
+        st.tuples(st.integers(1, 120), st.integers(0, 4), st.integers(0, 400)), min_size=10, max_size=80
+    ),
     st.sampled_from([None, 2, 5]),
     st.sampled_from([LEVEL_BUDGETS, LEVEL_CAP, LEVEL_ALL, LEVEL_BINDING]),
 )
@@ -89,7 +92,9 @@ def test_bucketed_fill_respects_every_budget(capacity, raw, cap, level):
         _check_bucketed_fill(lengths, capacity, constraints, level)
 
 
-def _check_bucketed_fill(lengths: np.ndarray, capacity: int, constraints: PackConstraints, level: str) -> None:
+def _check_bucketed_fill(
+    lengths: np.ndarray, capacity: int, constraints: PackConstraints, level: str
+) -> None:
     filled = balanced_fill(lengths, capacity, constraints, level, bucketed=True)
     if filled is None:  # nothing to level: LEVEL_BINDING where no budget binds as hard as the tokens
         assert level == LEVEL_BINDING
@@ -129,3 +134,16 @@ def test_a_cap_beside_media_budgets_starts_at_its_bound(monkeypatch):
         monkeypatch.setattr(engine, "MORE_FILLS_MIN_GAP", gap)
         start = engine._other_constrained_packers(lengths, 8192, constraints, fast, bound)
         assert start[1] >= bound * 1.05 and not start[2].startswith("balanced-fill(")
+
+
+def test_plans_above_the_second_order_limit_get_the_fills_too(monkeypatch):
+    """Above SECOND_ORDER_MAX samples (lowered here to 500) the one greedy start far over the bound gets the
+    same fills: the capped mix at 1,000 samples starts at its bound from the fill that levels the cap."""
+    lengths, constraints = capped_media(1000, 0)
+    monkeypatch.setattr(engine, "SECOND_ORDER_MAX", 500)
+    row_of, num_rows, name = engine._assign_constrained(lengths, 8192, constraints, improve=True)
+    check_constrained(row_of, num_rows, lengths, 8192, constraints)
+    assert num_rows == _bound(lengths, 8192, constraints) and name == "balanced-fill(cap)+constraints"
+    monkeypatch.setattr(engine, "MORE_FILLS_MIN_GAP", 0)
+    name = engine._assign_constrained(lengths, 8192, constraints, improve=True)[2]
+    assert not name.startswith("balanced-fill(")

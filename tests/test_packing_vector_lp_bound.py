@@ -9,7 +9,7 @@ import pytest
 from omnipack.packing import PackConstraints, pack
 from omnipack.packing.bounds import constrained_lower_bounds
 from omnipack.packing.patterns import LpLimits
-from omnipack.packing.vector_patterns import vector_lp_rows_bound
+from omnipack.packing.vector_patterns import _CapPricing, _VectorPricing, vector_lp_rows_bound
 
 pytest.importorskip("highspy")
 
@@ -84,3 +84,55 @@ def test_a_budget_nothing_uses_is_left_out():
     plan = pack(lengths, WIDTH, constraints=constraints, shuffle=False)
     bound = vector_lp_rows_bound(lengths, WIDTH, constraints, (plan.row_of, plan.num_rows), 0, UNLIMITED)
     assert bound == 8 == plan.num_rows
+
+
+def _mip_pricing(vectors: np.ndarray, caps: np.ndarray) -> _VectorPricing:
+    """The MIP pricing solved to the end (no node limit, no gap): the oracle of the exact one."""
+    import highspy
+
+    pricing = _VectorPricing(highspy, vectors, caps)
+    pricing.model.setOptionValue("mip_max_nodes", 10**7)
+    pricing.model.setOptionValue("mip_rel_gap", 0.0)
+    return pricing
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_exact_pricing_under_a_cap_is_the_knapsacks_optimum(seed):
+    """Under a sample cap alone the LP bound prices by dynamic programming (``_CapPricing``): on 30 random
+    knapsacks (up to 24 lengths, caps 1-8, 1-5 copies each) its value is the MIP's optimum, and its patterns
+    hold the row (tokens and cap) and the copies, the first worth that value."""
+    import highspy
+
+    rng = np.random.default_rng(seed)
+    for _ in range(30):
+        width, cap = int(rng.integers(20, 300)), int(rng.integers(1, 9))
+        lengths = np.unique(rng.integers(1, width + 1, int(rng.integers(1, 25)))) * int(rng.integers(1, 4))
+        vectors = np.column_stack([lengths, np.ones(len(lengths), np.int64)])
+        caps = np.array([width, cap])
+        prices = rng.random(len(lengths)) * lengths / width * 1.5
+        demand = rng.integers(1, 6, len(lengths))
+        value, patterns, _ = _CapPricing(highspy, vectors, caps).price(demand, prices)
+        oracle = _mip_pricing(vectors, caps)
+        expected, _, _ = oracle._mip(np.minimum(demand, oracle.fit), prices)
+        assert value == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        for pattern in patterns:
+            assert (pattern <= demand).all() and pattern @ lengths <= width and pattern.sum() <= cap
+            assert pattern @ prices > 1
+        assert (value > 1 + 1e-9) == bool(patterns)
+        if patterns:
+            assert patterns[0] @ prices == pytest.approx(value)
+
+
+def test_the_cap_pricing_hands_a_table_too_large_to_the_mip():
+    """Past ``max_cells`` the exact pricing is not built: the greedy fills and the MIP price, as elsewhere
+    (their value here the fractional bound, above the exact optimum)."""
+    import highspy
+
+    lengths = np.arange(1, 31) * 7
+    vectors = np.column_stack([lengths, np.ones(30, np.int64)])
+    caps, demand, prices = np.array([400, 5]), np.full(30, 3), lengths / 300
+    exact = _CapPricing(highspy, vectors, caps).price(demand, prices)
+    handed = _CapPricing(highspy, vectors, caps, max_cells=10).price(demand, prices)
+    plain = _VectorPricing(highspy, vectors, caps).price(demand, prices)
+    assert handed[0] == plain[0] and [p.tolist() for p in handed[1]] == [p.tolist() for p in plain[1]]
+    assert handed[0] > exact[0] + 1e-6

@@ -365,7 +365,8 @@ def _assign_constrained(
     by that budget alone, on small plans still above it the vector pattern LP, on plans of up to
     DEEP_MAX_ROWS rows still above ``deep_goal`` the deep passes); the plan with the fewest rows wins, ties
     keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
-    subsample (``_large_plan_start``). A large plan under a sample cap alone whose start was far over the
+    subsample (``_large_plan_start``). A start far over the bound also gets the other fills
+    (``_more_fills_if_fewer``). A large plan under a sample cap alone whose start was far over the
     bound and whose steps left it over ``deep_goal`` is packed again in stratified groups, each by these
     steps (``_split_if_fewer``)."""
     if not improve:
@@ -374,8 +375,9 @@ def _assign_constrained(
         plan = (*constrained_pack(lengths, capacity, constraints), "bfd+constraints")
         return _filled_if_fewer(lengths, capacity, constraints, plan, bound=0)
     if len(lengths) > SECOND_ORDER_MAX:
-        row_of, num_rows, name = _large_plan_start(lengths, capacity, constraints)
         bound = _constrained_bound(lengths, capacity, constraints)
+        start = _large_plan_start(lengths, capacity, constraints)
+        row_of, num_rows, name = _more_fills_if_fewer(lengths, capacity, constraints, start, bound)
     else:
         row_of, num_rows = constrained_pack(lengths, capacity, constraints)
         name = "bfd+constraints"
@@ -662,8 +664,9 @@ def _other_constrained_packers(
     bound: int,
 ) -> tuple[np.ndarray, int, str]:
     """The plan with the fewest rows of ``plan`` and the other constrained packers: the other item order, the
-    best fit by the scarcest budget, the balanced fill where the amounts take few vectors, the exact BFD on
-    small plans (each only while the best so far is above ``bound``)."""
+    best fit by the scarcest budget, the balanced fill where the amounts take few vectors, the other fills
+    on a plan far over the bound (``_more_fills_if_fewer``), the exact BFD on small plans (each only while
+    the best so far is above ``bound``)."""
     row_of, num_rows, name = plan
     # Neither item order wins everywhere (weighted shares: omni mixes; plain sums: image-text).
     plain_row_of, plain_rows = constrained_pack(lengths, capacity, constraints, weigh_by_demand=False)
@@ -674,7 +677,8 @@ def _other_constrained_packers(
             lengths, capacity, constraints, (row_of, num_rows, name)
         )
     row_of, num_rows, name = _filled_if_fewer(lengths, capacity, constraints, (row_of, num_rows, name), bound)
-    row_of, num_rows, name = _more_fills_if_fewer(lengths, capacity, constraints, (row_of, num_rows, name), bound)
+    plan = (row_of, num_rows, name)
+    row_of, num_rows, name = _more_fills_if_fewer(lengths, capacity, constraints, plan, bound)
     if num_rows > bound and len(lengths) <= EXACT_CONSTRAINED_MAX:
         # The fast packer only looks at the front row of each space bucket and can open needless rows
         # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
@@ -880,10 +884,10 @@ def pack(
     total normalised size, whatever ``algorithm`` says (above SECOND_ORDER_MAX samples, where a budget
     out-demands the tokens, the best fit by that budget's room if a subsample packs into fewer rows so). Above
     the vector bound: up to SECOND_ORDER_MAX samples the other item order, the best fit by the scarcest
-    budget, the row-by-row ``balanced_fill`` when the resource amounts take few distinct values (media counts)
-    or a sample cap binds (at any size), and the exact BFD on small plans; at any size the swap search
-    (``vector_swap``; a larger plan than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then smaller ones;
-    a large plan under a sample cap alone left over ``deep_goal``: again in groups, ``_split_if_fewer``); up to
+    budget, the row-by-row ``balanced_fill`` when the amounts take few values or a cap binds (at any size;
+    more far over the bound: ``_more_fills_if_fewer``), the exact BFD on small plans; at any size the swap
+    search (``vector_swap``; a plan of more than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then
+    smaller; one under a cap alone left over ``deep_goal``: again in groups, ``_split_if_fewer``); up to
     BUDGET_FIRST_MAX_ROWS rows the search again from the scarcest budget's 1-D plan (``budget_first``); up to
     CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``); up to
     DEEP_MAX_ROWS rows, while more than 0.1% and a row over the bound (``deep_goal``), deeper swap passes. The

@@ -37,7 +37,7 @@ BALANCE_TOLERANCE = 0.02  # spreads of the remaining shares below this count as 
 LEVEL_BUDGETS = "budgets"  # the resource budgets; without any, the sample cap
 LEVEL_CAP = "cap"  # the sample cap
 LEVEL_ALL = "all"  # every resource budget and the sample cap
-LEVEL_BINDING = "binding"  # those whose demand (amounts / budget) is BINDING_SHARE of the largest, tokens' too
+LEVEL_BINDING = "binding"  # those whose demand (sum / budget) is BINDING_SHARE of the largest, tokens' too
 LEVELS = (LEVEL_BUDGETS, LEVEL_CAP, LEVEL_ALL, LEVEL_BINDING)
 BINDING_SHARE = 0.8
 # Bucketed amounts: a budget of at most this many distinct amounts (media counts) keeps them exact; the others
@@ -122,7 +122,7 @@ def _amount_buckets(amounts: np.ndarray) -> np.ndarray:
 
 
 def _quantile_buckets(values: np.ndarray, buckets: int) -> np.ndarray:
-    """0 for 0, else 1 + the index of the value's bucket among ``buckets`` quantiles of the non-zero values."""
+    """0 for 0, else 1 + the index of the value's bucket among ``buckets`` quantiles of the non-zeros."""
     non_zero = values[values > 0]
     if not len(non_zero):
         return np.zeros_like(values)

@@ -19,6 +19,7 @@ MIP nodes), HiGHS runs on one thread with a fixed seed: the plan is the same on 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,8 @@ import numpy as np
 from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .patterns import (
     LP_EPS,
+    SMOOTHING,
+    SMOOTHING_MIN_CLASSES,
     LpLimits,
     LpNotSolved,
     _generate_columns,
@@ -41,6 +44,10 @@ from .patterns import (
 
 PRICING_MAX_NODES = 100  # branch-and-bound nodes per pricing MIP (its dual bound stays a valid value)
 GREEDY_SEEDS = 8  # greedy fills per pricing that start from one of the dearest classes
+CAP_PATTERNS = 4  # patterns per exact pricing under a sample cap alone (the best of as many sample counts)
+# Table cells (bundles x samples x tokens) up to which that pricing runs: its masks take a bit each (75 MB),
+# a pricing ~1-3 s; text of ~1,600 lengths under a cap of 7 at W=32768 (in steps of 8) takes ~160M.
+CAP_PRICING_MAX_CELLS = 600_000_000
 # LP solves dominate (each with a greedy pricing, the MIP when the greedy finds nothing); a known bound
 # may end the LP after fewer columns than in 1-D (the vector LPs are small: one row per item here).
 VECTOR_LIMITS = LpLimits(
@@ -149,6 +156,88 @@ class _VectorPricing:
         value = max(found, float(info.mip_dual_bound)) if np.isfinite(info.mip_dual_bound) else found
         patterns = [pattern] if feasible and found > 1 + 1e-9 else []
         return value, patterns, int(info.mip_node_count) + 1
+
+
+class _CapPricing(_VectorPricing):
+    """The pricing under a sample cap alone (item vectors: tokens, 1): the exact bounded knapsack over
+    (samples, tokens / their common divisor with W) by dynamic programming, every round, where
+    ``_VectorPricing`` prices by greedy fills and a node-limited MIP whose dual bound stays loose (text under
+    a cap of 7 a row at 45,000 samples: no bound above the vector bound in 5,000 LP solves). Each class's
+    copies go in as bundles of 1, 2, 4, ... (binary splitting); a bit mask per bundle recovers the patterns:
+    the best of each sample count worth more than one row, up to CAP_PATTERNS of them. With the 1-D
+    pricing's dual smoothing (``patterns.SMOOTHING``) on as many classes. Where the masks would pass
+    ``max_cells`` cells, ``_VectorPricing`` prices instead."""
+
+    def __init__(
+        self, highspy, vectors: np.ndarray, caps: np.ndarray, max_cells: int = CAP_PRICING_MAX_CELLS
+    ) -> None:
+        super().__init__(highspy, vectors, caps)
+        scale = math.gcd(int(caps[0]), *vectors[:, 0].tolist())
+        self.sizes = vectors[:, 0] // scale
+        self.width = int(caps[0]) // scale
+        self.max_cells = max_cells
+
+    @property
+    def smoothing(self) -> float:
+        """``_generate_columns``' dual smoothing weight for this LP (as ``patterns.KnapsackPricing``'s)."""
+        return SMOOTHING if len(self.vectors) >= SMOOTHING_MIN_CLASSES else 0.0
+
+    def price(self, demand: np.ndarray, prices: np.ndarray) -> tuple[float, list[np.ndarray], int]:
+        upper = np.where(prices > LP_EPS, np.minimum(demand, self.fit), 0)
+        bundles = _bundles(upper)
+        cap = int(self.caps[1])
+        cells = len(bundles) * (cap + 1) * (self.width + 1)
+        if cells > self.max_cells:
+            return super().price(demand, prices)
+        table = np.full((cap + 1, self.width + 1), -np.inf)
+        table[0] = 0.0  # table[c, t]: the best value of c samples within t tokens
+        masks = []
+        for item, copies in bundles:
+            size = int(self.sizes[item]) * copies
+            if size > self.width or copies > cap:
+                masks.append(None)
+                continue
+            taken = table[:-copies, : self.width + 1 - size] + float(prices[item]) * copies
+            better = taken > table[copies:, size:]
+            table[copies:, size:] = np.where(better, taken, table[copies:, size:])
+            masks.append(np.packbits(better, axis=None))
+        best = table[:, self.width]
+        value = float(best.max())
+        counts = [c for c in np.argsort(-best, kind="stable")[:CAP_PATTERNS].tolist() if best[c] > 1 + 1e-9]
+        patterns = [self._pattern(bundles, masks, count, len(upper)) for count in counts]
+        return value, patterns, cells
+
+    def _pattern(
+        self, bundles: list[tuple[int, int]], masks: list, count: int, num_classes: int
+    ) -> np.ndarray:
+        """The pattern behind ``table[count, width]``, walked back through the bundles' masks."""
+        pattern = np.zeros(num_classes, dtype=np.int64)
+        tokens = self.width
+        for (item, copies), mask in zip(reversed(bundles), reversed(masks), strict=True):
+            size = int(self.sizes[item]) * copies
+            if mask is None or count < copies or tokens < size:
+                continue
+            columns = self.width + 1 - size
+            index = (count - copies) * columns + tokens - size
+            if (mask[index >> 3] >> (7 - (index & 7))) & 1:
+                pattern[item] += copies
+                count -= copies
+                tokens -= size
+        return pattern
+
+
+def _bundles(upper: np.ndarray) -> list[tuple[int, int]]:
+    """(class, copies) bundles of 1, 2, 4, ... copies and the rest, per class with ``upper`` > 0: any count
+    up to ``upper`` is a sum of some of them (binary splitting of a bounded knapsack)."""
+    out = []
+    for item in np.flatnonzero(upper > 0).tolist():
+        left, copies = int(upper[item]), 1
+        while left > 0:
+            take = min(copies, left)
+            out.append((item, take))
+            left -= take
+            copies *= 2
+    return out
 
 
 @dataclass(frozen=True)
@@ -263,10 +352,14 @@ def vector_lp_rows_bound(
     for pattern in start_patterns:
         master.add(pattern)
     per_row = constraints.max_samples_per_row or int(capacity) // max(int(np.min(lengths)), 1)
-    pricing = _VectorPricing(highspy, vectors, items.caps)
+    limits = limits or VECTOR_LIMITS
+    if constraints.resources or constraints.max_samples_per_row is None:
+        pricing = _VectorPricing(highspy, vectors, items.caps)
+    else:
+        pricing = _CapPricing(highspy, vectors, items.caps)
     try:
         lower, _ = _generate_columns(
-            master, pricing, counts, start_rows, _Work(limits or VECTOR_LIMITS), lower_bound, LP_EPS * per_row
+            master, pricing, counts, start_rows, _Work(limits), lower_bound, LP_EPS * per_row
         )
     except LpNotSolved:
         return lower_bound
