@@ -43,6 +43,7 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 from bench_packing_mixes import over_tolerance, print_table  # noqa: E402
 from mixes import (  # noqa: E402
+    CONSTRAINT_KINDS,
     WIDTHS,
     describe,
     describe_constraints,
@@ -142,11 +143,20 @@ def relaxed(lengths: np.ndarray, limits: dict, width: int, most: int) -> tuple[n
     return lengths_down, limits_down, classes
 
 
-def with_lp_bound(result: dict, low: int, high: int, limits: LpLimits, every: bool = False) -> dict:
+def with_lp_bound(
+    result: dict,
+    low: int,
+    high: int,
+    limits: LpLimits,
+    every: bool = False,
+    kinds: tuple[str, ...] = CONSTRAINT_KINDS,
+) -> dict:
     """``result`` with "LP bound" where ``pack`` is over tolerance (``every``: above the vector bound at all):
     the vector pattern LP's bound (``vector_lp_rows_bound``, from the fast fit's plan; on the ``relaxed``
     instance where the items form more than LP_MAX_CLASSES classes), else the vector bound again. "LP
-    classes": the classes it ran on."""
+    classes": the classes it ran on. ``result`` as it is where its kind of limit is not in ``kinds``."""
+    if result["kind"] not in kinds:
+        return result
     bound, classes = result["vector bound"], 0
     rows = result["rows pack"]
     if rows > bound if every else over_tolerance(rows, bound):
@@ -227,6 +237,11 @@ def main() -> None:
         "--lp-solves", type=int, default=2000, help="LP solves of each LP bound (its work limit)"
     )
     parser.add_argument(
+        "--lp-kinds", default=",".join(CONSTRAINT_KINDS),
+        help="only these kinds of limit get the LP bound (comma-separated; under a sample cap alone its"
+        " pricing is exact, so within its solves it can rise above the vector bound at full size)",
+    )  # fmt: skip
+    parser.add_argument(
         "--worst", type=int, default=10, help="list this many plans furthest over their bound"
     )
     args = parser.parse_args()
@@ -235,7 +250,8 @@ def main() -> None:
         if args.lp_bound:
             limits = lp_limits(args.lp_solves)
             results = sorted(results, key=lambda r: r["index"])
-            results = [with_lp_bound(r, args.low, args.high, limits) for r in results]
+            kinds = tuple(args.lp_kinds.split(","))
+            results = [with_lp_bound(r, args.low, args.high, limits, kinds=kinds) for r in results]
         return report(results, args.worst)
     shard, shards = (int(part) for part in args.shard.split("/"))
     results = []

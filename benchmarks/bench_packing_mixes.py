@@ -26,7 +26,8 @@ packer's own column generation with no work limit (minutes each): for the ones w
 (bench_packing's ``text_sft``) under a cap of 12 samples a row alone, and shorter text (``short_text``)
 under caps of 12 (W=4096) and 24 (W=8192), where the tokens bind a little harder (``--constrained-sets``
 picks), without ("before") and with ("after") the steps for constrained plans above the vector bound (the
-swap search, ``engine.VECTOR_SWAP_POOL_ROWS``; the vector pattern LP, ``engine.CONSTRAINED_LP_MAX_SAMPLES``)
+swap search, ``engine.VECTOR_SWAP_POOL_ROWS``; the vector pattern LP, ``engine.CONSTRAINED_LP_MAX_SAMPLES``
+and ``CONSTRAINED_LP_MAX_CLASSES``)
 and, where
 ``pack`` is still above the vector bound, asks an assignment MIP (``optimum.vector_packing_feasible``) whether
 the bound's row count is reachable: "bound tight" (the packer's loss) or "bound not tight". With
@@ -222,7 +223,7 @@ def print_table(rows: list[dict]) -> None:
 # What "before" turns off: the steps that run on constrained plans above the vector bound (the swap search,
 # whose pools the budget-first search needs too, and the vector pattern LP), or with --budget-first-ab only
 # the search from the start by the scarcest budget (``packing.budget_first``).
-STEPS_OFF = ("CONSTRAINED_LP_MAX_SAMPLES", "VECTOR_SWAP_POOL_ROWS")
+STEPS_OFF = ("CONSTRAINED_LP_MAX_SAMPLES", "CONSTRAINED_LP_MAX_CLASSES", "VECTOR_SWAP_POOL_ROWS")
 BUDGET_FIRST_OFF = ("BUDGET_FIRST_MAX_ROWS",)
 DEEP_OFF = ("DEEP_PASSES",)
 SPLIT_OFF = ("SPLIT_ROWS",)

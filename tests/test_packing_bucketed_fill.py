@@ -22,7 +22,7 @@ from omnipack.packing.vector_fill import (
 )
 
 from .test_packing_bounds_refill import SETTINGS
-from .test_packing_mix_balanced import check_constrained
+from .test_packing_mix_balanced import _capped_text, check_constrained
 
 
 def capped_media(n: int, seed: int, cap: int = 6, width: int = 8192) -> tuple[np.ndarray, PackConstraints]:
@@ -147,3 +147,39 @@ def test_plans_above_the_second_order_limit_get_the_fills_too(monkeypatch):
     monkeypatch.setattr(engine, "MORE_FILLS_MIN_GAP", 0)
     name = engine._assign_constrained(lengths, 8192, constraints, improve=True)[2]
     assert not name.startswith("balanced-fill(")
+
+
+def test_seven_budgets_that_no_bucketing_keeps_at_64_groups_get_no_bucketed_fill():
+    """Seven budgets of 0/1 amounts take over 64 vectors, and one bucket a budget keeps them all: no
+    bucketed fill (None), and the starts of ``pack`` (``_other_constrained_packers``), far over the bound so
+    that they ask for the fills, go on without them."""
+    rng = np.random.default_rng(0)
+    n = 300
+    lengths = rng.integers(100, 1500, n)
+    resources = {f"r{k}": (rng.integers(0, 2, n), 3) for k in range(7)}
+    constraints = PackConstraints(max_samples_per_row=10, resources=resources)
+    assert len(np.unique(constraints.amounts_matrix(n)[0], axis=0)) > 64
+    for level in fill_levels(lengths, 4096, constraints):
+        assert balanced_fill(lengths, 4096, constraints, level, bucketed=True) is None
+    bound = _bound(lengths, 4096, constraints)
+    fast = (*constrained_pack(lengths, 4096, constraints), "bfd+constraints")
+    assert fast[1] > bound * 1.02
+    row_of, num_rows, _ = engine._other_constrained_packers(lengths, 4096, constraints, fast, bound)
+    check_constrained(row_of, num_rows, lengths, 4096, constraints)
+    assert num_rows <= fast[1]
+
+
+def test_large_plans_try_the_cap_levelled_fill_where_amounts_take_few_vectors(monkeypatch):
+    """Above SECOND_ORDER_MAX (lowered to 1,000) the start tries the exact fill that levels the budgets only,
+    so the fills far over the bound include the one that levels the cap: the capped text with one image on
+    10% of the samples, 15% over from the first, at its bound from the second (every budget levelled: 12%)."""
+    lengths = _capped_text(2000)
+    media = (np.random.default_rng(1).random(2000) < 0.1).astype(np.int64)
+    constraints = PackConstraints(max_samples_per_row=12, resources={"media": (media, 16)})
+    monkeypatch.setattr(engine, "SECOND_ORDER_MAX", 1000)
+    bound = _bound(lengths, 8192, constraints)
+    start = engine._large_plan_start(lengths, 8192, constraints)
+    assert start[1] > bound * 1.1
+    row_of, num_rows, name = engine._assign_constrained(lengths, 8192, constraints, improve=True)
+    check_constrained(row_of, num_rows, lengths, 8192, constraints)
+    assert num_rows == bound and name == "balanced-fill(cap)+constraints"

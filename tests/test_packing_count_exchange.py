@@ -195,6 +195,7 @@ def test_media_plans_and_rows_of_few_samples_take_the_full_comparison(monkeypatc
     assert_constraints_hold(pack(lengths, 8192, constraints=constraints), constraints)
     lengths = np.random.default_rng(0).integers(1800, 3200, 600) // 8 * 8
     constraints = PackConstraints(max_samples_per_row=64)
+    monkeypatch.setattr(engine, "CONSTRAINED_LP_MAX_CLASSES", 0)  # 175 lengths: the LP would end it
     plan = pack(lengths, 8192, constraints=constraints)
     assert "+swap" in plan.algorithm and plan.row_ptr[-1] == 600
     dims, caps = engine._constrained_dims(lengths, 8192, constraints)

@@ -321,6 +321,7 @@ def test_vector_lp_step_reaches_the_vector_bound_where_the_greedy_packers_stop_a
     assert bound == 10  # the patch budget's own bound: no packing has fewer rows, so 10 is the optimum
     with monkeypatch.context() as without:
         without.setattr(engine, "CONSTRAINED_LP_MAX_SAMPLES", 0)
+        without.setattr(engine, "CONSTRAINED_LP_MAX_CLASSES", 0)
         assert pack(lengths, 16384, constraints=constraints).num_rows == 11
     plan = pack(lengths, 16384, constraints=constraints)
     assert (plan.num_rows, plan.algorithm) == (10, "lp-patterns+constraints")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnipack.packing import PackConstraints, pack
+from omnipack.packing import PackConstraints, engine, pack
 from omnipack.packing.bounds import constrained_lower_bounds
-from omnipack.packing.patterns import LpLimits
+from omnipack.packing.constraints import constrained_pack
+from omnipack.packing.patterns import SMOOTHING, SMOOTHING_MIN_CLASSES, LpLimits
 from omnipack.packing.vector_patterns import _CapPricing, _VectorPricing, vector_lp_rows_bound
 
 pytest.importorskip("highspy")
@@ -136,3 +137,55 @@ def test_the_cap_pricing_hands_a_table_too_large_to_the_mip():
     plain = _VectorPricing(highspy, vectors, caps).price(demand, prices)
     assert handed[0] == plain[0] and [p.tolist() for p in handed[1]] == [p.tolist() for p in plain[1]]
     assert handed[0] > exact[0] + 1e-6
+
+
+def test_the_bound_prices_exactly_under_a_cap_alone_and_smooths_many_classes(monkeypatch):
+    """``vector_lp_rows_bound`` prices by ``_CapPricing`` under a sample cap alone, by the greedy fills and
+    the MIP beside a resource budget; the exact pricing smooths its duals on as many classes as the 1-D
+    LP does (``patterns.SMOOTHING_MIN_CLASSES``)."""
+    import highspy
+
+    calls = []
+    exact_price = _CapPricing.price
+    monkeypatch.setattr(_CapPricing, "price", lambda self, *a: calls.append(1) or exact_price(self, *a))
+    lengths = _capped_mix(25)
+    plan = pack(lengths, WIDTH, constraints=PackConstraints(max_samples_per_row=6), shuffle=False)
+    start = (plan.row_of, plan.num_rows)
+    vector_lp_rows_bound(lengths, WIDTH, PackConstraints(max_samples_per_row=6), start, 0, UNLIMITED)
+    assert calls
+    calls.clear()
+    media = PackConstraints(max_samples_per_row=6, resources={"media": ((lengths > 400).astype(np.int64), 3)})
+    vector_lp_rows_bound(lengths, WIDTH, media, start, 0, UNLIMITED)
+    assert not calls
+    classes = SMOOTHING_MIN_CLASSES
+    many = np.column_stack([np.arange(1, classes + 1), np.ones(classes, np.int64)])
+    caps = np.array([10 * classes, 4])
+    assert _CapPricing(highspy, many, caps).smoothing == SMOOTHING > 0
+    assert _CapPricing(highspy, many[:-1], caps).smoothing == 0
+
+
+def _few_lengths(n: int, seed: int) -> np.ndarray:
+    """Text of few lengths (the random sweep's mixture 151 in small): 47% spikes at 168/327/718 tokens, 31%
+    short (lognormal, median 18), 22% at 2,008; ~80 distinct lengths at 1,000 samples."""
+    rng = np.random.default_rng(seed)
+    spikes = rng.choice([327, 718, 168], n)
+    short = np.clip(np.round(rng.lognormal(np.log(18), 1.1, n)), 1, 4096)
+    share = rng.random(n)
+    return np.where(share < 0.47, spikes, np.where(share < 0.78, short, 2008)).astype(np.int64)
+
+
+def test_few_item_vectors_get_the_vector_lp_above_300_samples(monkeypatch):
+    """1,000 samples of ~80 lengths under a cap of 7 at W=4096: more samples than CONSTRAINED_LP_MAX_SAMPLES,
+    but few item vectors, so the vector pattern LP runs (priced exactly) and its plan wins, within a row of
+    the vector bound where the greedy fit ends 15% over. With CONSTRAINED_LP_MAX_CLASSES 0 it does not run."""
+    lengths = _few_lengths(1000, 0)
+    constraints = PackConstraints(max_samples_per_row=7)
+    assert engine._few_vector_classes(lengths, 4096, constraints)
+    row_of, num_rows, name = engine._assign_constrained(lengths, 4096, constraints, improve=True)
+    bound = engine._constrained_bound(lengths, 4096, constraints)
+    assert name == "lp-patterns+constraints" and num_rows <= bound + 1
+    assert constrained_pack(lengths, 4096, constraints)[1] >= bound * 1.15
+    assert np.bincount(row_of, minlength=num_rows).max() <= 7
+    assert np.bincount(row_of, weights=lengths, minlength=num_rows).max() <= 4096
+    monkeypatch.setattr(engine, "CONSTRAINED_LP_MAX_CLASSES", 0)
+    assert not engine._few_vector_classes(lengths, 4096, constraints)

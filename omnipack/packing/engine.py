@@ -57,6 +57,10 @@ LP_MANY_CLASSES_GAP = 0.001
 # Samples up to which a constrained plan above the vector bound gets the vector pattern LP (an LP row per
 # distinct item vector, which on media sets is every item; 2-10 s at 200-300 samples, see benchmarks/README.md).
 CONSTRAINED_LP_MAX_SAMPLES = 300
+# Or at any size where the items take at most this many distinct vectors (the LP's rows, so its cost): text
+# of 52 lengths under a cap of 7 (12,123 samples, W=4096) from 2,072 rows, 10% over, to 1,888, its LP bound,
+# in 0.5 s (benchmarks/README.md).
+CONSTRAINED_LP_MAX_CLASSES = 300
 # Rows up to which a constrained plan above the vector bound gets the swap search whole; a larger plan gets it
 # on a pool of this many of its rows (``vector_swap.pooled_vector_swap``; its work is a count, ~1-3 s).
 # 0 turns the step off. A larger plan gets up to VECTOR_SWAP_PASSES pools, one after another while they cut
@@ -377,7 +381,8 @@ def _assign_constrained(
     if len(lengths) > SECOND_ORDER_MAX:
         bound = _constrained_bound(lengths, capacity, constraints)
         start = _large_plan_start(lengths, capacity, constraints)
-        row_of, num_rows, name = _more_fills_if_fewer(lengths, capacity, constraints, start, bound)
+        tried = (LEVEL_BUDGETS,)  # by ``_large_plan_start``, where the amounts take few vectors
+        row_of, num_rows, name = _more_fills_if_fewer(lengths, capacity, constraints, start, bound, tried)
     else:
         row_of, num_rows = constrained_pack(lengths, capacity, constraints)
         name = "bfd+constraints"
@@ -396,8 +401,8 @@ def _assign_constrained(
         other = _budget_first_swapped(lengths, capacity, constraints, bound)
         if other is not None and other[1] < num_rows:
             row_of, num_rows, name = other[0], other[1], BUDGET_FIRST + "+swap"
-    if len(lengths) <= CONSTRAINED_LP_MAX_SAMPLES and num_rows > bound:
-        # Still above the vector bound on a small plan: the vector pattern LP, rounded.
+    if num_rows > bound and _few_vector_classes(lengths, capacity, constraints):
+        # Still above the vector bound on a small plan (or few item vectors): the vector pattern LP, rounded.
         guided = constrained_lp_pack(lengths, capacity, constraints, (row_of, num_rows), lower_bound=bound)
         if guided is not None:
             row_of, num_rows, name = guided[0], guided[1], "lp-patterns+constraints"
@@ -409,6 +414,15 @@ def _assign_constrained(
         if deep[1] < num_rows:
             row_of, num_rows, name = deep[0], deep[1], name + "+deep"
     return _split_if_fewer(lengths, capacity, constraints, start, (row_of, num_rows, name), bound)
+
+
+def _few_vector_classes(lengths: np.ndarray, capacity: int, constraints: PackConstraints) -> bool:
+    """Whether the vector pattern LP runs: at most CONSTRAINED_LP_MAX_SAMPLES samples, or at most
+    CONSTRAINED_LP_MAX_CLASSES distinct item vectors (its LP rows; text of a few lengths under a cap)."""
+    if len(lengths) <= CONSTRAINED_LP_MAX_SAMPLES:
+        return True
+    dims, _ = _constrained_dims(lengths, capacity, constraints)
+    return len(np.unique(dims, axis=0)) <= CONSTRAINED_LP_MAX_CLASSES
 
 
 def _split_if_fewer(
@@ -678,7 +692,8 @@ def _other_constrained_packers(
         )
     row_of, num_rows, name = _filled_if_fewer(lengths, capacity, constraints, (row_of, num_rows, name), bound)
     plan = (row_of, num_rows, name)
-    row_of, num_rows, name = _more_fills_if_fewer(lengths, capacity, constraints, plan, bound)
+    tried = (LEVEL_BUDGETS, LEVEL_CAP)  # by ``_filled_if_fewer``, where the amounts take few vectors
+    row_of, num_rows, name = _more_fills_if_fewer(lengths, capacity, constraints, plan, bound, tried)
     if num_rows > bound and len(lengths) <= EXACT_CONSTRAINED_MAX:
         # The fast packer only looks at the front row of each space bucket and can open needless rows
         # on small, oddly shaped inputs; there the exact item-by-item BFD is cheap: keep the better.
@@ -716,17 +731,20 @@ def _more_fills_if_fewer(
     constraints: PackConstraints,
     plan: tuple[np.ndarray, int, str],
     bound: int,
+    tried: tuple[str, ...],
 ) -> tuple[np.ndarray, int, str]:
-    """``plan``, or the one with the fewest rows of the fills ``_filled_if_fewer`` does not try (each level
-    of ``vector_fill.fill_levels``, the amounts bucketed where they take many vectors) where it has fewer
-    rows; only on a plan more than MORE_FILLS_MIN_GAP and more than one row over ``bound``."""
+    """``plan``, or the one with the fewest rows of the fills not yet tried (each level of
+    ``vector_fill.fill_levels``, the amounts bucketed where they take many vectors; where they take few, the
+    levels in ``tried`` were) where it has fewer rows; only on a plan more than MORE_FILLS_MIN_GAP and more
+    than one row over ``bound``. A bucketed fill costs ~30-45 s at 250,000 samples (in Python, per sample
+    and group), so a large plan far over its bound takes up to ~2.5 min more."""
     row_of, num_rows, name = plan
     if not MORE_FILLS_MIN_GAP or num_rows <= max(bound + 1, bound * (1 + MORE_FILLS_MIN_GAP)):
         return plan
     exact = fits_balanced_fill(constraints, len(lengths))
     for level in fill_levels(lengths, capacity, constraints):
-        if exact and level in (LEVEL_BUDGETS, LEVEL_CAP):
-            continue  # tried by ``_filled_if_fewer``
+        if exact and level in tried:
+            continue
         filled = balanced_fill(lengths, capacity, constraints, level, bucketed=True)
         if filled is not None and filled[1] < num_rows:
             row_of, num_rows, name = filled[0], filled[1], f"balanced-fill({level})+constraints"

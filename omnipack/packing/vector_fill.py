@@ -85,16 +85,19 @@ def fill_levels(lengths: np.ndarray, capacity: int, constraints: PackConstraints
 
 
 def _amount_groups(amounts: np.ndarray, bucketed: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Each item's group, each group's largest amounts (int [G, K]: what a row must hold for any member) and
-    mean amounts (float [G, K]: its shares). Groups are the distinct amount vectors where they are at most
-    MAX_AMOUNT_VECTORS; else, with ``bucketed``, buckets of them (``_amount_buckets``), else None."""
+    """Each item's group, each group's largest amounts (int [G, K]: what a row must hold for any member, and
+    what the row's levelling counts) and mean amounts (float [G, K]: the seed's spread and the size that
+    breaks ties). Groups are the distinct amount vectors where they are at most MAX_AMOUNT_VECTORS; else,
+    with ``bucketed``, buckets of them (``_amount_buckets``); else, or where no bucketing keeps that few
+    (more than log2(MAX_AMOUNT_VECTORS) budgets), None."""
     vectors, group_of = np.unique(amounts, axis=0, return_inverse=True)
     group_of = group_of.reshape(-1)
     if len(vectors) <= MAX_AMOUNT_VECTORS:
         return group_of, vectors, vectors.astype(np.float64)
-    if not bucketed:
+    keys = _amount_buckets(amounts) if bucketed else None
+    if keys is None:
         return None
-    _, group_of = np.unique(_amount_buckets(amounts), axis=0, return_inverse=True)
+    _, group_of = np.unique(keys, axis=0, return_inverse=True)
     group_of = group_of.reshape(-1)
     num_groups = int(group_of.max()) + 1
     upper = np.zeros((num_groups, amounts.shape[1]), dtype=np.int64)
@@ -104,21 +107,33 @@ def _amount_groups(amounts: np.ndarray, bucketed: bool) -> tuple[np.ndarray, np.
     return group_of, upper, mean / np.bincount(group_of, minlength=num_groups)[:, None]
 
 
-def _amount_buckets(amounts: np.ndarray) -> np.ndarray:
+def _amount_buckets(amounts: np.ndarray) -> np.ndarray | None:
     """Bucket keys (int [n, K]) taking at most MAX_AMOUNT_VECTORS distinct vectors: budgets of at most
     EXACT_AMOUNT_VALUES distinct amounts exact, the others 0 or one of the most quantile buckets of their
-    non-zero amounts that keep the count (every budget by quantile where the exact ones alone exceed it)."""
+    non-zero amounts that keep the count, found by bisection (every budget by quantile where the exact ones
+    alone exceed it); None where one bucket a budget exceeds it too."""
     columns = range(amounts.shape[1])
     exact = [d for d in columns if len(np.unique(amounts[:, d])) <= EXACT_AMOUNT_VALUES]
+
+    def keys_of(kept_exact: list[int], buckets: int) -> np.ndarray:
+        keys = amounts.copy()
+        for d in columns:
+            if d not in kept_exact:
+                keys[:, d] = _quantile_buckets(amounts[:, d], buckets)
+        return keys
+
+    def fits(keys: np.ndarray) -> bool:
+        return len(np.unique(keys, axis=0)) <= MAX_AMOUNT_VECTORS
+
     for kept_exact in (exact, []):
-        for buckets in range(MAX_AMOUNT_VECTORS, 0, -1):
-            keys = amounts.copy()
-            for d in columns:
-                if d not in kept_exact:
-                    keys[:, d] = _quantile_buckets(amounts[:, d], buckets)
-            if len(np.unique(keys, axis=0)) <= MAX_AMOUNT_VECTORS:
-                return keys
-    raise AssertionError("one bucket a budget holds 2 ** K <= MAX_AMOUNT_VECTORS keys")  # K <= 6 budgets
+        if not fits(keys_of(kept_exact, 1)):
+            continue
+        low, high = 1, MAX_AMOUNT_VECTORS  # the most buckets that fit: fits(low) holds throughout
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(keys_of(kept_exact, middle)) else (low, middle - 1)
+        return keys_of(kept_exact, low)
+    return None
 
 
 def _quantile_buckets(values: np.ndarray, buckets: int) -> np.ndarray:
@@ -147,8 +162,8 @@ def balanced_fill(
     """Return ``(row_of, num_rows)``, or None when there is no budget to level (``_levelled_budgets``;
     ``level``: one of LEVELS) or, unless ``bucketed``, the amounts take more than MAX_AMOUNT_VECTORS vectors
     (``fits_balanced_fill``). ``bucketed``: many amount vectors (patch counts) go into buckets
-    (``_amount_groups``); a row takes an item only where its bucket's largest amounts fit, and its shares are
-    the bucket's mean.
+    (``_amount_groups``); a row takes an item only where its bucket's largest amounts fit, levels by them,
+    and has left what the item's own amounts leave. None too where no bucketing keeps MAX_AMOUNT_VECTORS.
 
     Deterministic: ties go to the lower group (amount vectors in ascending order), the shorter candidate
     length, and among equal items to the lower sample index. Every budget and the sample cap hold exactly.

@@ -45,9 +45,11 @@ from .patterns import (
 PRICING_MAX_NODES = 100  # branch-and-bound nodes per pricing MIP (its dual bound stays a valid value)
 GREEDY_SEEDS = 8  # greedy fills per pricing that start from one of the dearest classes
 CAP_PATTERNS = 4  # patterns per exact pricing under a sample cap alone (the best of as many sample counts)
-# Table cells (bundles x samples x tokens) up to which that pricing runs: its masks take a bit each (75 MB),
-# a pricing ~1-3 s; text of ~1,600 lengths under a cap of 7 at W=32768 (in steps of 8) takes ~160M.
+# Cells (bundles x samples x tokens) up to which that pricing runs: its masks take a bit each (at most 75 MB),
+# a pricing ~1-3 s; text of ~1,600 lengths under a cap of 7 at W=32768 (in steps of 8) takes ~160M. Its table
+# (samples x tokens, float64, with two temporaries as large) at most CAP_PRICING_MAX_TABLE cells (~100 MB).
 CAP_PRICING_MAX_CELLS = 600_000_000
+CAP_PRICING_MAX_TABLE = 4_000_000
 # LP solves dominate (each with a greedy pricing, the MIP when the greedy finds nothing); a known bound
 # may end the LP after fewer columns than in 1-D (the vector LPs are small: one row per item here).
 VECTOR_LIMITS = LpLimits(
@@ -166,7 +168,7 @@ class _CapPricing(_VectorPricing):
     copies go in as bundles of 1, 2, 4, ... (binary splitting); a bit mask per bundle recovers the patterns:
     the best of each sample count worth more than one row, up to CAP_PATTERNS of them. With the 1-D
     pricing's dual smoothing (``patterns.SMOOTHING``) on as many classes. Where the masks would pass
-    ``max_cells`` cells, ``_VectorPricing`` prices instead."""
+    ``max_cells`` cells or the table CAP_PRICING_MAX_TABLE, ``_VectorPricing`` prices instead."""
 
     def __init__(
         self, highspy, vectors: np.ndarray, caps: np.ndarray, max_cells: int = CAP_PRICING_MAX_CELLS
@@ -185,9 +187,10 @@ class _CapPricing(_VectorPricing):
     def price(self, demand: np.ndarray, prices: np.ndarray) -> tuple[float, list[np.ndarray], int]:
         upper = np.where(prices > LP_EPS, np.minimum(demand, self.fit), 0)
         bundles = _bundles(upper)
-        cap = int(self.caps[1])
-        cells = len(bundles) * (cap + 1) * (self.width + 1)
-        if cells > self.max_cells:
+        cap = min(int(self.caps[1]), int(upper.sum()))  # no row holds more samples than there are
+        table_cells = (cap + 1) * (self.width + 1)
+        cells = len(bundles) * table_cells
+        if cells > self.max_cells or table_cells > CAP_PRICING_MAX_TABLE:
             return super().price(demand, prices)
         table = np.full((cap + 1, self.width + 1), -np.inf)
         table[0] = 0.0  # table[c, t]: the best value of c samples within t tokens
@@ -224,6 +227,13 @@ class _CapPricing(_VectorPricing):
                 count -= copies
                 tokens -= size
         return pattern
+
+
+def _pricing(highspy, vectors: np.ndarray, caps: np.ndarray, constraints: PackConstraints) -> _VectorPricing:
+    """The exact ``_CapPricing`` under a sample cap alone, else ``_VectorPricing``."""
+    if constraints.resources or constraints.max_samples_per_row is None:
+        return _VectorPricing(highspy, vectors, caps)
+    return _CapPricing(highspy, vectors, caps)
 
 
 def _bundles(upper: np.ndarray) -> list[tuple[int, int]]:
@@ -308,7 +318,7 @@ def constrained_lp_pack(
     items, vectors, counts, order, start_patterns = _classes(lengths, capacity, constraints, start)
     start_rows = start[1]
     out = round_pattern_lp(
-        _VectorPricing(highspy, vectors, items.caps),
+        _pricing(highspy, vectors, items.caps, constraints),
         counts,
         start_patterns,
         start_rows,
@@ -353,10 +363,7 @@ def vector_lp_rows_bound(
         master.add(pattern)
     per_row = constraints.max_samples_per_row or int(capacity) // max(int(np.min(lengths)), 1)
     limits = limits or VECTOR_LIMITS
-    if constraints.resources or constraints.max_samples_per_row is None:
-        pricing = _VectorPricing(highspy, vectors, items.caps)
-    else:
-        pricing = _CapPricing(highspy, vectors, items.caps)
+    pricing = _pricing(highspy, vectors, items.caps, constraints)
     try:
         lower, _ = _generate_columns(
             master, pricing, counts, start_rows, _Work(limits), lower_bound, LP_EPS * per_row
