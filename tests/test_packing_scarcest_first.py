@@ -73,6 +73,8 @@ def test_a_large_plan_keeps_the_start_with_fewer_rows(monkeypatch, start_sample)
     """Above SECOND_ORDER_MAX samples the engine runs one greedy start, the one with fewer rows on an evenly
     strided subsample (here the whole set, or every 2nd sample): the scarcest budget's on the omni mix, the
     tokens' on a mix where the tokens bind nearly as hard (there the other start has more rows)."""
+    # the fills far over the bound off (seconds here): this is the greedy start
+    monkeypatch.setattr(engine, "MORE_FILLS_MIN_GAP", 0)
     monkeypatch.setattr(engine, "SECOND_ORDER_MAX", 1000)
     monkeypatch.setattr(engine, "START_SAMPLE", start_sample)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 0)  # the starts alone

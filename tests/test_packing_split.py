@@ -78,6 +78,8 @@ def test_a_large_plan_its_steps_leave_over_the_goal_is_packed_again_in_groups(mo
     the ~280-row plan over ``deep_goal``, it is packed again in three groups of 1,000 samples, each by every
     step (``improve``) and not split again, to the bound; every sample placed once, the cap and widths held,
     deterministic."""
+    # the vector LP on these few lengths off (~5 s): this is the groups' search
+    monkeypatch.setattr(engine, "CONSTRAINED_LP_MAX_CLASSES", 0)
     _stalling_pools(monkeypatch)
     lengths, constraints = _short_text(3, 3000, 4096), PackConstraints(max_samples_per_row=12)
     bound = _bound(lengths, 4096, 12)
@@ -152,6 +154,8 @@ def test_media_plans_are_not_split(monkeypatch):
 def test_a_split_with_no_fewer_rows_than_the_plan_is_not_kept(monkeypatch):
     """Where the merged groups have as many rows as the whole plan's steps left, that plan is kept, sample by
     sample (a tie goes to the earlier plan)."""
+    # the vector LP on these few lengths off (~3 s): this is the groups' search
+    monkeypatch.setattr(engine, "CONSTRAINED_LP_MAX_CLASSES", 0)
     _stalling_pools(monkeypatch)
     lengths, constraints = _short_text(3, 3000, 4096), PackConstraints(max_samples_per_row=12)
     monkeypatch.setattr(engine, "SPLIT_ROWS", 0)

@@ -50,6 +50,8 @@ def greedy_only(monkeypatch):
 def test_the_swap_search_reaches_the_vector_bound_where_the_greedy_packers_stop_above_it(monkeypatch):
     """1,000 and 3,000 samples of the media mix: the greedy packers end 3-16 rows over the vector bound (no
     packing has fewer rows), the search at it, with every budget held; the same plan on a second run."""
+    # the fills far over the bound off (seconds here): this is the search from the greedy starts
+    monkeypatch.setattr(engine, "MORE_FILLS_MIN_GAP", 0)
     for seed, n in ((1, 1000), (3, 1000), (0, 3000)):
         lengths, constraints = media_mix(seed, n, WIDTH)
         bound = _bound(lengths, constraints)
@@ -155,6 +157,8 @@ def _first_fit_plan(dims: np.ndarray, caps: np.ndarray) -> np.ndarray:
 def test_a_plan_larger_than_the_pool_gets_pools_one_after_another(monkeypatch):
     """Above VECTOR_SWAP_POOL_ROWS rows each pass searches the rows least filled after the last one: more
     passes, fewer rows (the same plan on every run)."""
+    # the fills far over the bound off (seconds here): this is the pools from the greedy start
+    monkeypatch.setattr(engine, "MORE_FILLS_MIN_GAP", 0)
     lengths, constraints = media_mix(0, 3000, WIDTH)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
     monkeypatch.setattr(engine, "VECTOR_SWAP_SMALL_BUDGET", 0)
@@ -172,6 +176,8 @@ def test_a_plan_larger_than_the_pool_gets_pools_one_after_another(monkeypatch):
 def test_smaller_pools_follow_the_large_ones_while_they_cut_rows(monkeypatch):
     """After the large pools' passes, pools of VECTOR_SWAP_SMALL_POOL_ROWS rows go on cutting rows (each
     reaches its own bound within its work limit); every budget holds, never below the bound."""
+    # the fills far over the bound off (seconds here): this is the pools from the greedy start
+    monkeypatch.setattr(engine, "MORE_FILLS_MIN_GAP", 0)
     lengths, constraints = media_mix(0, 3000, WIDTH)
     monkeypatch.setattr(engine, "VECTOR_SWAP_POOL_ROWS", 40)  # of ~425 rows
     monkeypatch.setattr(engine, "VECTOR_SWAP_PASSES", 1)
