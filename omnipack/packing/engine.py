@@ -366,13 +366,13 @@ def _assign_constrained(
     """The constrained fast best fit; with ``improve``, the steps that may cut rows (the other item order,
     the start by the scarcest budget, the balanced fill, the exact BFD, the swap search on plans above the
     vector bound, on plans of up to BUDGET_FIRST_MAX_ROWS rows still above it the swap search from the start
-    by that budget alone, on small plans still above it the vector pattern LP, on plans of up to
-    DEEP_MAX_ROWS rows still above ``deep_goal`` the deep passes); the plan with the fewest rows wins, ties
-    keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen on a
-    subsample (``_large_plan_start``). A start far over the bound also gets the other fills
-    (``_more_fills_if_fewer``). A large plan under a sample cap alone whose start was far over the
-    bound and whose steps left it over ``deep_goal`` is packed again in stratified groups, each by these
-    steps (``_split_if_fewer``)."""
+    by that budget alone, on small plans (or of few item vectors) still above it the vector pattern LP, on
+    plans of up to DEEP_MAX_ROWS rows still above ``deep_goal`` the deep passes); the plan with the fewest
+    rows wins, ties keep the earlier one. Above SECOND_ORDER_MAX samples there is one greedy start, chosen
+    on a subsample (``_large_plan_start``). A start far over the bound also gets the other fills
+    (``_more_fills_if_fewer``). A large plan under a sample cap alone whose start was far over the bound and
+    whose steps left it over ``deep_goal`` is packed again in stratified groups, each by these steps
+    (``_split_if_fewer``)."""
     if not improve:
         # Windows (bounded memory) take the fast best fit, and the balanced fill where it fits (a few ms per
         # thousand samples): under a sample cap a best fit by tokens alone ends 20-33% over the bound.
@@ -907,11 +907,11 @@ def pack(
     search (``vector_swap``; a plan of more than VECTOR_SWAP_POOL_ROWS rows in pools of that many, then
     smaller; one under a cap alone left over ``deep_goal``: again in groups, ``_split_if_fewer``); up to
     BUDGET_FIRST_MAX_ROWS rows the search again from the scarcest budget's 1-D plan (``budget_first``); up to
-    CONSTRAINED_LP_MAX_SAMPLES samples the vector pattern LP (``vector_patterns``, with ``highspy``); up to
-    DEEP_MAX_ROWS rows, while more than 0.1% and a row over the bound (``deep_goal``), deeper swap passes. The
-    plan with fewer rows wins. ``balance`` evens out per-row attention cost (sum of squared lengths) with at
-    most +0.1% rows. Rows are shuffled with ``seed`` unless ``shuffle=False``; deterministic.
-    """
+    CONSTRAINED_LP_MAX_SAMPLES samples or CONSTRAINED_LP_MAX_CLASSES item vectors the vector pattern LP
+    (``vector_patterns``, with ``highspy``); up to DEEP_MAX_ROWS rows, while more than 0.1% and a row over
+    the bound (``deep_goal``), deeper swap passes. The plan with fewer rows wins. ``balance`` evens out
+    per-row attention cost (sum of squared lengths) with at most +0.1% rows. Rows are shuffled with ``seed``
+    unless ``shuffle=False``; deterministic."""
     capacity = operator.index(capacity)  # an np.int64 would overflow the refill's Python-int bitsets
     lengths = validate_lengths(lengths, capacity)
     if algorithm not in ALGORITHMS:

@@ -16,11 +16,13 @@ On the tokens+media benchmark this ends within 0.04% of the vector bound, which 
 Gilmore–Gomory LP bound there (column generation on a 2k instance), where a norm-based rule (Panigrahy
 et al., "Heuristics for vector bin packing") stays 1.0-1.4% over.
 
-It needs the resource amounts to take few distinct vectors (counts of media items, not patch counts):
-items are grouped by amount vector; in each group the candidates are the lengths next to the one that
-would level the row, found by bisection over the group's available lengths. Without resource budgets a
-sample cap is levelled the same way, as one unit per sample: text under a cap of 12 samples a row
-(benchmarks/README.md) ends within 0.5% of the bound, where the best fit by tokens ends 20-33% over.
+Items are grouped by amount vector where those are few (counts of media items); in each group the
+candidates are the lengths next to the one that would level the row, found by bisection over the group's
+available lengths. Where they are many (patch counts), ``bucketed`` groups them into quantile buckets, each
+checked by its largest amounts. ``level`` picks what is levelled: the budgets, the cap, every one, or the
+binding ones (``fill_levels``). Without resource budgets a sample cap is levelled the same way, as one
+unit per sample: text under a cap of 12 samples a row (benchmarks/README.md) ends within 0.5% of the bound,
+where the best fit by tokens ends 20-33% over.
 """
 
 from __future__ import annotations

@@ -8,12 +8,14 @@ differs: the pattern worth most at the LP's prices is a multi-dimensional bounde
 price first (cheap, and nearly always one beats a row), valued at the fractional bound of the tightest
 budget; only when none does, a small HiGHS MIP (one integer per class, one ``<= budget`` row per
 dimension) whose dual bound is the value, so Farley's bound stays valid when it stops at its node limit.
+Under a sample cap alone the pricing is exact instead (``_CapPricing``: a knapsack table, samples x tokens).
 What the rounding leaves is packed by the constrained greedy packers (``constraints``), the best of
 ``constrained_pack`` (both item orders) and ``constrained_bfd``.
 
 On the media benchmark sets every item is its own class (patch counts vary), so the LP has one row per
-item and its column generation tails beyond a few hundred items; ``engine`` runs the step on small plans
-above the vector bound only (``CONSTRAINED_LP_MAX_SAMPLES``). Limits are counts (LP solves, columns,
+item and its column generation tails beyond a few hundred items; ``engine`` runs the step on plans above
+the vector bound of few samples or few distinct item vectors only (``CONSTRAINED_LP_MAX_SAMPLES``,
+``CONSTRAINED_LP_MAX_CLASSES``). Limits are counts (LP solves, columns,
 MIP nodes), HiGHS runs on one thread with a fixed seed: the plan is the same on every run.
 """
 
