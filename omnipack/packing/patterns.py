@@ -291,6 +291,12 @@ class Pricing(Protocol):
         ...
 
 
+def smoothing_weight(num_classes: int) -> float:
+    """``_generate_columns``' dual smoothing weight for a pricing over ``num_classes`` classes: SMOOTHING from
+    SMOOTHING_MIN_CLASSES on, else none."""
+    return SMOOTHING if num_classes >= SMOOTHING_MIN_CLASSES else 0.0
+
+
 @dataclass(frozen=True)
 class KnapsackPricing:
     """1-D pricing: greedy fills first (``greedy_patterns``), the exact bounded knapsack over length classes
@@ -304,7 +310,7 @@ class KnapsackPricing:
     @property
     def smoothing(self) -> float:
         """``_generate_columns``' dual smoothing weight for this LP."""
-        return SMOOTHING if len(self.values) >= SMOOTHING_MIN_CLASSES else 0.0
+        return smoothing_weight(len(self.values))
 
     def floor(self, demand: np.ndarray) -> int:
         return -(-int(demand @ self.values) // self.capacity)

@@ -29,8 +29,6 @@ import numpy as np
 from .constraints import PackConstraints, constrained_bfd, constrained_pack
 from .patterns import (
     LP_EPS,
-    SMOOTHING,
-    SMOOTHING_MIN_CLASSES,
     LpLimits,
     LpNotSolved,
     _generate_columns,
@@ -42,6 +40,7 @@ from .patterns import (
     residual_patterns,
     round_pattern_lp,
     run_highs,
+    smoothing_weight,
 )
 
 PRICING_MAX_NODES = 100  # branch-and-bound nodes per pricing MIP (its dual bound stays a valid value)
@@ -184,7 +183,7 @@ class _CapPricing(_VectorPricing):
     @property
     def smoothing(self) -> float:
         """``_generate_columns``' dual smoothing weight for this LP (as ``patterns.KnapsackPricing``'s)."""
-        return SMOOTHING if len(self.vectors) >= SMOOTHING_MIN_CLASSES else 0.0
+        return smoothing_weight(len(self.vectors))
 
     def price(self, demand: np.ndarray, prices: np.ndarray) -> tuple[float, list[np.ndarray], int]:
         upper = np.where(prices > LP_EPS, np.minimum(demand, self.fit), 0)
